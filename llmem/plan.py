@@ -1,0 +1,225 @@
+"""How a model is trained: the `TrainingPlan` and its enums (DESIGN.md sections 2 and 3).
+
+A plan says nothing about the model; `validate_plan_for_model` checks the parts that depend on it
+(tensor-parallel degree against the head counts, supported families).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+
+from llmem.errors import InputError
+
+
+class Choice(str, Enum):
+    """An enum whose values are the command-line spellings."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, field: str, value: object) -> "Choice":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise InputError(field, f"{value!r} is not one of: {allowed}") from None
+
+
+class Precision(Choice):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "fp16-mixed"
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of parameters, gradients and optimizer states."""
+        return 2 if self in (Precision.BF16, Precision.FP16) else 4
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of activations (autocast computes in the half dtype)."""
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def is_mixed(self) -> bool:
+        return self in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+
+    @property
+    def torch_dtype_name(self) -> str:
+        """Name of the dtype parameters are stored in (`torch.<name>`)."""
+        return {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(self, "float32")
+
+    @property
+    def compute_dtype_name(self) -> str:
+        return {
+            Precision.BF16: "bfloat16",
+            Precision.FP16: "float16",
+            Precision.BF16_MIXED: "bfloat16",
+            Precision.FP16_MIXED: "float16",
+        }.get(self, "float32")
+
+
+class Optimizer(Choice):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class OptimizerImpl(Choice):
+    DEFAULT = "default"  # what torch picks for the device: foreach on CUDA, for-loop on CPU
+    FOREACH = "foreach"
+    FUSED = "fused"
+    FORLOOP = "forloop"
+
+
+class GradCkpt(Choice):
+    NONE = "none"
+    FULL = "full"
+
+
+class Attention(Choice):
+    SDPA = "sdpa"
+    EAGER = "eager"
+
+
+class Device(Choice):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class Scheme(Choice):
+    """What runs, derived from (gpus, tp, zero) exactly as DESIGN.md section 2 fixes it."""
+
+    SINGLE = "single"
+    DDP = "ddp"
+    ZERO1 = "zero1"  # DDP + ZeroRedundancyOptimizer
+    ZERO2 = "zero2"  # FSDP2, reshard_after_forward=False
+    ZERO3 = "zero3"  # FSDP2, reshard_after_forward=True
+    TP = "tp"
+    TP_ZERO3 = "tp+zero3"  # 2-D mesh: TP inside, FSDP2 across
+
+    @property
+    def label(self) -> str:
+        return SCHEME_LABELS[self]
+
+
+SCHEME_LABELS = {
+    Scheme.SINGLE: "single GPU",
+    Scheme.DDP: "DDP",
+    Scheme.ZERO1: "ZeRO-1 (DDP + ZeroRedundancyOptimizer)",
+    Scheme.ZERO2: "ZeRO-2 (FSDP2, no reshard after forward)",
+    Scheme.ZERO3: "ZeRO-3 (FSDP2, reshard after forward)",
+    Scheme.TP: "tensor parallel",
+    Scheme.TP_ZERO3: "TP × FSDP2 (ZeRO-3)",
+}
+
+MAX_GPUS = 65536
+MAX_TOKENS = 1 << 24
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How one training step runs. Defaults follow DESIGN.md's command line."""
+
+    gpus: int = 1
+    tp: int = 1
+    zero: int = 0
+    batch_size: int = 1
+    seq_len: int = 2048
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    grad_ckpt: GradCkpt = GradCkpt.NONE
+    attn: Attention = Attention.SDPA
+    device: Device = Device.CUDA
+
+    def __post_init__(self) -> None:
+        for name, enum in _ENUM_FIELDS.items():
+            object.__setattr__(self, name, enum.parse(name.replace("_", "-"), getattr(self, name)))
+        for name in ("gpus", "tp", "batch_size", "seq_len"):
+            value = _as_int(name, getattr(self, name))
+            object.__setattr__(self, name, value)
+            if value < 1:
+                raise InputError(_flag(name), f"must be a positive whole number, got {value}")
+        object.__setattr__(self, "zero", _as_int("zero", self.zero))
+        if self.gpus > MAX_GPUS:
+            raise InputError("gpus", f"at most {MAX_GPUS} GPUs are supported, got {self.gpus}")
+        if self.batch_size * self.seq_len > MAX_TOKENS:
+            raise InputError("batch-size", f"batch-size × seq-len must stay under {MAX_TOKENS:,} tokens per GPU")
+        if self.zero not in (0, 1, 2, 3):
+            raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero}")
+        if self.gpus % self.tp:
+            raise InputError("tp", f"TP degree {self.tp} must divide the GPU count {self.gpus}")
+        if self.gpus == 1 and self.zero:
+            raise InputError("zero", "ZeRO shards across GPUs; with --gpus 1 use --zero 0")
+        if self.tp > 1 and self.gpus == self.tp and self.zero:
+            raise InputError("zero", f"with --tp {self.tp} on {self.gpus} GPUs there is no data-parallel "
+                             "group to shard over; use --zero 0, or more GPUs with --zero 3")
+        if self.tp > 1 and self.gpus > self.tp and self.zero != 3:
+            raise InputError("zero", "TP combined with data parallelism runs FSDP2 across the TP groups; "
+                             "use --zero 3")
+
+    @property
+    def scheme(self) -> Scheme:
+        if self.tp > 1:
+            return Scheme.TP if self.gpus == self.tp else Scheme.TP_ZERO3
+        if self.gpus == 1:
+            return Scheme.SINGLE
+        return (Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Scheme.ZERO3)[self.zero]
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many ranks see different data."""
+        return self.gpus // self.tp
+
+    @property
+    def effective_optimizer_impl(self) -> OptimizerImpl:
+        """The implementation that runs: torch picks foreach on CUDA and the for-loop one on CPU."""
+        if self.optimizer_impl is not OptimizerImpl.DEFAULT:
+            return self.optimizer_impl
+        return OptimizerImpl.FOREACH if self.device is Device.CUDA else OptimizerImpl.FORLOOP
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens the whole job processes per optimizer step (micro-batch × seq × data-parallel ranks)."""
+        return self.batch_size * self.seq_len * self.dp
+
+    def with_(self, **changes) -> "TrainingPlan":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Enum) else v) for f in fields(self)}
+
+
+_ENUM_FIELDS = {
+    "precision": Precision,
+    "optimizer": Optimizer,
+    "optimizer_impl": OptimizerImpl,
+    "grad_ckpt": GradCkpt,
+    "attn": Attention,
+    "device": Device,
+}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise InputError(_flag(name), f"must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InputError(_flag(name), f"must be a whole number, got {value!r}")
