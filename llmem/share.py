@@ -1,0 +1,227 @@
+"""The app's inputs <-> a URL query string, so that the address bar is always a link to the same view.
+
+`encode` writes every input under its command-line option name (`?model=...&gpu-type=a100-80gb&gpus=8&...`).
+`decode` never raises: an unknown key, a bad value, an out-of-range number or an invalid strategy combination
+becomes a warning that names the field and the default used instead.
+
+A link never names a file. The model value must be a preset name or a Hugging Face id (`org/name`); anything
+that looks like a path (`/`, `~`, `.`, `..`, backslashes, more than one `/`, a file extension, or a name that
+exists on disk) is refused, so a link can never make the server open one of its own files. An uploaded
+config.json cannot travel in a link; `upload` only carries its display name so the app can say so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from llmem.errors import InputError
+from llmem.gpus import get_gpu
+from llmem.plan import (
+    MAX_TOKENS,
+    Attention,
+    GradCkpt,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    TrainingPlan,
+)
+
+ALL = "all"  # zero=all: compare every strategy for the GPU count and show the recommended one
+MAX_APP_GPUS = 4096
+MAX_APP_BATCH = 4096
+MAX_MODEL_CHARS = 200
+MAX_UPLOAD_NAME_CHARS = 80
+
+# One path-free part of a model name: what Hugging Face allows in an org or repo name.
+_NAME_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+_MODEL_RE = re.compile(rf"{_NAME_PART}(/{_NAME_PART})?")
+_FILE_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".py", ".bin", ".safetensors", ".gguf", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class AppInputs:
+    """Everything the app's view depends on. `zero` is 0-3, or "all" to compare every strategy."""
+
+    model: str = "llama-3.1-8b"
+    gpu_type: str = "a100-80gb"
+    gpus: int = 1
+    tp: int = 1
+    zero: int | str = ALL
+    batch_size: int = 1
+    seq_len: int = 2048
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    grad_ckpt: GradCkpt = GradCkpt.NONE
+    attn: Attention = Attention.SDPA
+    upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
+
+    @property
+    def compare_all(self) -> bool:
+        return self.zero == ALL
+
+    def to_plan(self) -> TrainingPlan:
+        """The plan to estimate. With zero=all this is the data-parallel base plan that `compare` varies."""
+        tp, zero = (1, 0) if self.compare_all else (self.tp, int(self.zero))
+        return TrainingPlan(
+            gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
+            precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
+            grad_ckpt=self.grad_ckpt, attn=self.attn,
+        )
+
+    def with_(self, **changes) -> AppInputs:
+        return replace(self, **changes)
+
+
+# attribute -> query key (the command-line option name, so the URL reads like the CLI)
+KEYS: dict[str, str] = {
+    "model": "model",
+    "gpu_type": "gpu-type",
+    "gpus": "gpus",
+    "tp": "tp",
+    "zero": "zero",
+    "batch_size": "batch-size",
+    "seq_len": "seq-len",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "optimizer_impl": "optimizer-impl",
+    "grad_ckpt": "grad-ckpt",
+    "attn": "attn",
+    "upload": "upload",
+}
+_ATTR = {v: k for k, v in KEYS.items()}
+_ENUMS = {
+    "precision": Precision,
+    "optimizer": Optimizer,
+    "optimizer_impl": OptimizerImpl,
+    "grad_ckpt": GradCkpt,
+    "attn": Attention,
+}
+_INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
+               "seq_len": (1, MAX_TOKENS)}
+
+
+def encode(inputs: AppInputs) -> dict[str, str]:
+    """Every input as `{query key: value}`; `upload` only when a config was uploaded."""
+    out = {}
+    for f in fields(inputs):
+        value = getattr(inputs, f.name)
+        if f.name == "upload" and not value:
+            continue
+        out[KEYS[f.name]] = str(value)
+    return out
+
+
+def check_model_name(value: str) -> str:
+    """`value` if it is a preset name or a Hugging Face id; InputError("model") if it could name a file."""
+    text = value.strip()
+    if not text:
+        raise InputError("model", "is empty; choose a preset or give a Hugging Face id such as org/name")
+    if len(text) > MAX_MODEL_CHARS:
+        raise InputError("model", f"is longer than {MAX_MODEL_CHARS} characters")
+    looks_like_path = (
+        text.startswith(("/", "~", ".", "\\"))
+        or ".." in text
+        or "\\" in text
+        or text.count("/") > 1
+        or text.lower().endswith(_FILE_SUFFIXES)
+        or not _MODEL_RE.fullmatch(text)
+    )
+    if looks_like_path or os.path.lexists(text):
+        raise InputError("model", f"{_show(text)} looks like a file path; a link may only name a preset or a "
+                         "Hugging Face id (org/name). Upload a config.json in the app instead")
+    return text
+
+
+def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tuple[AppInputs, list[str]]:
+    """Inputs from a query string, and one warning per value that was ignored. Never raises."""
+    defaults = defaults or AppInputs()
+    values: dict[str, object] = {}
+    warnings: list[str] = []
+
+    def warn(attr: str, message: str) -> None:
+        warnings.append(f"{KEYS[attr]}: {message}; using {getattr(defaults, attr)!s}")
+
+    for key in sorted(query, key=str):
+        raw = query[key]
+        if isinstance(raw, list | tuple):  # a repeated key: the last value wins, as in st.query_params
+            raw = raw[-1] if raw else ""
+        attr = _ATTR.get(str(key))
+        if attr is None:
+            warnings.append(f"unknown link parameter {_show(str(key))} ignored")
+            continue
+        text = str(raw).strip()
+        try:
+            values[attr] = _parse(attr, text)
+        except InputError as err:
+            warn(attr, _reason(err))
+    inputs = replace(defaults, **values)
+    return _make_consistent(inputs, defaults, warnings), warnings
+
+
+def _parse(attr: str, text: str) -> object:
+    field = KEYS[attr]
+    if attr == "model":
+        return check_model_name(text)
+    if attr == "upload":
+        name = re.sub(r"[^A-Za-z0-9._ -]", "_", text)[:MAX_UPLOAD_NAME_CHARS]
+        return name
+    if attr == "gpu_type":
+        return get_gpu(text).key
+    if attr in _ENUMS:
+        return _ENUMS[attr].parse(field, text)
+    if attr == "zero" and text.lower() == ALL:
+        return ALL
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise InputError(field, f"{_show(text)} is not a whole number")
+    number = int(text)
+    if attr == "zero":
+        if number not in (0, 1, 2, 3):
+            raise InputError(field, f"{number} is not 0, 1, 2, 3 or all")
+        return number
+    low, high = _INT_RANGES[attr]
+    if not low <= number <= high:
+        raise InputError(field, f"{number} is outside {low}..{high}")
+    return number
+
+
+def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]) -> AppInputs:
+    """Fix combinations that are each valid alone but not together (TP vs GPU count, tokens per GPU)."""
+    if inputs.batch_size * inputs.seq_len > MAX_TOKENS:
+        warnings.append(f"batch-size: {inputs.batch_size} × seq-len {inputs.seq_len} exceeds {MAX_TOKENS:,} "
+                        f"tokens per GPU; using batch-size 1")
+        inputs = replace(inputs, batch_size=1)
+    if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
+        warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
+        inputs = replace(inputs, tp=1)
+    if inputs.compare_all:
+        return inputs
+    for _ in range(2):
+        try:
+            inputs.to_plan()
+            return inputs
+        except InputError as err:
+            zero = _valid_zero(inputs.gpus, inputs.tp)
+            warnings.append(f"{err.field}: {_reason(err)}; using zero {zero}")
+            inputs = replace(inputs, zero=zero)
+    return replace(inputs, tp=1, zero=ALL)  # unreachable with the rules of TrainingPlan; never raise anyway
+
+
+def _valid_zero(gpus: int, tp: int) -> int:
+    if gpus == 1 or tp == gpus:
+        return 0
+    return 3 if tp > 1 else 0
+
+
+def _reason(err: InputError) -> str:
+    prefix = f"{err.field}: "
+    text = str(err)
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _show(text: str) -> str:
+    """A user-supplied value, quoted and cut short, safe to put in a message."""
+    return repr(text[:60] + ("…" if len(text) > 60 else ""))

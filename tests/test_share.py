@@ -1,0 +1,139 @@
+"""Inputs <-> URL query string: round trips, tampered links and path refusal; decode never raises."""
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmem.errors import InputError
+from llmem.gpus import list_gpus
+from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision
+from llmem.share import ALL, KEYS, AppInputs, check_model_name, decode, encode
+
+
+def test_encode_uses_cli_option_names_and_every_input():
+    query = encode(AppInputs(model="meta-llama/Llama-3.1-8B", gpu_type="h100-sxm", gpus=8, tp=2, zero=3,
+                             batch_size=4, seq_len=4096, precision=Precision.BF16, grad_ckpt=GradCkpt.FULL))
+    assert query == {
+        "model": "meta-llama/Llama-3.1-8B", "gpu-type": "h100-sxm", "gpus": "8", "tp": "2", "zero": "3",
+        "batch-size": "4", "seq-len": "4096", "precision": "bf16", "optimizer": "adamw",
+        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa",
+    }
+    assert all(isinstance(v, str) for v in query.values())
+
+
+def test_round_trip_without_warnings():
+    inputs = AppInputs(model="qwen2.5-0.5b", gpu_type="l4", gpus=4, zero=2, batch_size=2, seq_len=1024,
+                       optimizer=Optimizer.SGD, optimizer_impl=OptimizerImpl.FUSED, attn=Attention.EAGER)
+    assert decode(encode(inputs)) == (inputs, [])
+    assert decode({}) == (AppInputs(), [])
+
+
+def test_missing_values_take_the_defaults_given():
+    defaults = AppInputs(model="gpt2", gpus=2)
+    inputs, warnings = decode({"batch-size": "8"}, defaults)
+    assert inputs == defaults.with_(batch_size=8) and warnings == []
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"gpus": "-3"}, "gpus"), ({"gpus": "1e9"}, "gpus"), ({"gpus": "99999"}, "gpus"),
+    ({"batch-size": "0"}, "batch-size"), ({"seq-len": "abc"}, "seq-len"), ({"zero": "7"}, "zero"),
+    ({"precision": "int3"}, "precision"), ({"gpu-type": "tpu"}, "gpu-type"), ({"attn": "flash"}, "attn"),
+    ({"optimizer": "lion"}, "optimizer"), ({"grad-ckpt": "some"}, "grad-ckpt"), ({"colour": "red"}, "colour"),
+])
+def test_tampered_values_warn_naming_the_field_and_the_default(query, field):
+    inputs, warnings = decode(query)
+    assert inputs == AppInputs()
+    assert len(warnings) == 1 and field in warnings[0]
+    if field != "colour":
+        assert warnings[0].startswith(f"{field}:") and "using" in warnings[0]
+
+
+def test_invalid_combinations_are_repaired_with_a_warning():
+    inputs, warnings = decode({"gpus": "1", "zero": "3"})
+    assert (inputs.gpus, inputs.zero) == (1, 0) and any(w.startswith("zero:") for w in warnings)
+    inputs, warnings = decode({"gpus": "6", "tp": "4", "zero": "0"})
+    assert (inputs.tp, inputs.zero) == (1, 0) and any(w.startswith("tp:") for w in warnings)
+    inputs, warnings = decode({"gpus": "8", "tp": "2", "zero": "1"})
+    assert (inputs.tp, inputs.zero) == (2, 3) and any(w.startswith("zero:") for w in warnings)
+    inputs, warnings = decode({"batch-size": "4096", "seq-len": "1000000"})
+    assert inputs.batch_size == 1 and any(w.startswith("batch-size:") for w in warnings)
+    inputs.to_plan()
+
+
+@pytest.mark.parametrize("value", [
+    "/etc/passwd", "~/secrets", "../config.json", "./config.json", ".hidden", "a/b/c", "org/../x",
+    "config.json", "C:\\model", "org\\name", "presets/llama/config.yaml", "x" * 300, "", "   ",
+    "org/name?x=1", "org//name", "name with space",
+])
+def test_model_values_that_could_name_a_file_are_refused(value):
+    with pytest.raises(InputError) as err:
+        check_model_name(value)
+    assert err.value.field == "model"
+    inputs, warnings = decode({"model": value})
+    assert inputs.model == AppInputs().model and warnings and warnings[0].startswith("model:")
+
+
+def test_a_name_that_exists_on_disk_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodel").mkdir()
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").mkdir()
+    for value in ("mymodel", "org/name"):
+        with pytest.raises(InputError, match="file path"):
+            check_model_name(value)
+    assert check_model_name("org/other") == "org/other"
+    assert os.getcwd() == str(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["llama-3.1-8b", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "gpt2"])
+def test_preset_names_and_hub_ids_are_accepted(value):
+    assert check_model_name(value) == value
+
+
+def test_upload_travels_only_as_a_sanitised_display_name():
+    inputs, warnings = decode({"upload": "my<script>config.json"})
+    assert inputs.upload == "my_script_config.json" and warnings == []
+    assert encode(inputs)["upload"] == inputs.upload
+    assert "upload" not in encode(AppInputs())
+
+
+def test_repeated_keys_take_the_last_value():
+    inputs, _ = decode({"gpus": ["2", "4"]})
+    assert inputs.gpus == 4
+
+
+_keys = st.one_of(st.sampled_from(sorted(KEYS.values())), st.text(max_size=12))
+_values = st.one_of(
+    st.text(max_size=40),
+    st.integers(-10, 10**7).map(str),
+    st.sampled_from([ALL, "bf16", "fp16-mixed", "a100-80gb", "h100", "sgd", "fused", "full", "eager", "../x", "/"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_keys, _values, max_size=14))
+def test_decode_never_raises_and_is_idempotent(query):
+    inputs, warnings = decode(query)
+    assert isinstance(inputs, AppInputs) and all(isinstance(w, str) for w in warnings)
+    inputs.to_plan()  # always a valid plan
+    check_model_name(inputs.model)
+    assert decode(encode(inputs)) == (inputs, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gpu=st.sampled_from([g.key for g in list_gpus()]),
+    gpus=st.sampled_from([1, 2, 4, 8, 16, 64]),
+    batch=st.integers(1, 64), seq=st.integers(1, 32768),
+    precision=st.sampled_from(list(Precision)), ckpt=st.sampled_from(list(GradCkpt)),
+    data=st.data(),
+)
+def test_valid_inputs_round_trip_exactly(gpu, gpus, batch, seq, precision, ckpt, data):
+    tp = data.draw(st.sampled_from([t for t in (1, 2, 4, 8) if gpus % t == 0]))
+    zeros = [ALL] + ([0] if gpus == 1 or tp == gpus else [3] if tp > 1 else [0, 1, 2, 3])
+    zero = data.draw(st.sampled_from(zeros))
+    inputs = AppInputs(gpu_type=gpu, gpus=gpus, tp=tp, zero=zero, batch_size=batch, seq_len=seq,
+                       precision=precision, grad_ckpt=ckpt)
+    assert decode(encode(inputs)) == (inputs, [])
