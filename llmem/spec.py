@@ -1,0 +1,115 @@
+"""What the model is: `ModelSpec`, read from a Hugging Face `config.json` with an explicit adapter.
+
+The spec lists every parameter tensor by its transformers name and shape (`ParamTensor`), so the parameter count is
+exact in closed form and the sharding schemes (FSDP's per-tensor padding, ZeRO-1's greedy partition, TP's
+column/row splits) can be computed tensor by tensor. No parallelism lives here: that is the `TrainingPlan`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llmem.errors import InputError
+
+
+class TpSplit(str, Enum):
+    """How Megatron-style tensor parallelism splits a tensor (DESIGN.md section 2)."""
+
+    NONE = "replicated"
+    COLWISE = "colwise"  # output features split: weight dim 0, bias dim 0
+    ROWWISE = "rowwise"  # input features split: weight dim 1; bias replicated
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    name: str
+    shape: tuple[int, ...]
+    layer: int | None = None  # decoder layer index; None for embeddings, final norm, lm_head
+    tp_split: TpSplit = TpSplit.NONE
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An architecture's sizes, normalised across families (see `llmem.families` for the alias tables)."""
+
+    model_type: str
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    options: dict = field(default_factory=dict, compare=False, hash=False)
+    params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
+
+    @property
+    def family(self):
+        """The `llmem.families.Family` that describes this architecture's layer structure."""
+        from llmem.families import FAMILIES
+
+        return FAMILIES[self.model_type]
+
+    @property
+    def total_params(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def trainable_params(self) -> int:
+        """Full fine-tuning trains every parameter."""
+        return self.total_params
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def supports_tp(self) -> bool:
+        return self.family.tp_plan
+
+    def layer_params(self, layer: int) -> tuple[ParamTensor, ...]:
+        return tuple(p for p in self.params if p.layer == layer)
+
+    @property
+    def outer_params(self) -> tuple[ParamTensor, ...]:
+        """Parameters outside the decoder layers (embeddings, final norm, untied lm_head)."""
+        return tuple(p for p in self.params if p.layer is None)
+
+    @classmethod
+    def from_config(cls, config: dict | str | bytes) -> ModelSpec:
+        """Build from a config dict (or its JSON text). Unknown architectures raise `InputError`."""
+        if isinstance(config, (str, bytes)):
+            try:
+                config = json.loads(config)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise InputError("config", f"not valid JSON ({e})") from None
+        if hasattr(config, "to_dict"):  # a transformers PretrainedConfig
+            config = config.to_dict()
+        if not isinstance(config, dict):
+            raise InputError("config", f"expected a JSON object, got {type(config).__name__}")
+        model_type = config.get("model_type")
+        if not isinstance(model_type, str) or not model_type:
+            raise InputError("model_type", "missing from config.json; it names the architecture (e.g. \"llama\")")
+        from llmem.families import FAMILIES
+
+        family = FAMILIES.get(model_type)
+        if family is None:
+            raise InputError(
+                "model_type",
+                f"{model_type!r} has no closed-form adapter (supported: {', '.join(sorted(FAMILIES))}); "
+                "use `llmem.meta_count` with torch installed to count it on the meta device",
+            )
+        return family.build(config)
