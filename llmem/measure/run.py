@@ -1,0 +1,58 @@
+"""Measure one plan on this rank: build + wrap, reset the peak, run the iterations, report the peak.
+
+Used in-process for one rank and by every worker of a torchrun job (worker.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from llmem.plan import TrainingPlan
+from llmem.runtime import Topology, prepare, train_step
+
+
+def make_tracker(device_type: str, topo: Topology):
+    if device_type == "cuda":
+        from llmem.measure.cuda import CudaTracker
+
+        return CudaTracker(topo.device)
+    from llmem.measure.cpu import CpuTracker
+
+    return CpuTracker()
+
+
+def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topology | None = None,
+                 tracker=None, mark_hook=None) -> dict:
+    """This rank's figures: {rank, peak_bytes, live_at_reset, [reserved_bytes], seconds}.
+
+    `tracker` defaults to the device's (profiler on CPU, CUDA statistics on CUDA); `mark_hook(session, mark)`
+    may install extra phase marks (timeline.py) after wrapping.
+    """
+    topo = topo or Topology(device_type=plan.device.value)
+    if topo.device_type == "cpu":
+        # One intra-op thread: deterministic kernel scratch, and ranks do not fight over 2 cores.
+        torch.set_num_threads(1)
+    if topo.device_type == "cuda":
+        torch.cuda.set_device(topo.device)
+    gc.collect()
+    tracker = tracker or make_tracker(topo.device_type, topo)
+    start = time.perf_counter()
+    with tracker:
+        session = prepare(config, plan, topo, mark=tracker.mark)
+        if mark_hook is not None:
+            mark_hook(session, tracker.mark)
+        tracker.reset_peak()
+        for _ in range(steps):
+            train_step(session, mark=tracker.mark)
+        del session
+    result = {"rank": topo.rank, "peak_bytes": int(tracker.peak_bytes), "seconds": time.perf_counter() - start}
+    if topo.device_type == "cuda":
+        result["reserved_bytes"] = int(tracker.reserved_bytes)
+        result["live_at_reset"] = int(tracker.live_at_reset)
+    else:
+        result["live_at_reset"] = int(tracker.trace.live_at_reset)
+    gc.collect()
+    return result

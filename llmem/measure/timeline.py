@@ -1,0 +1,139 @@
+"""Timeline of live bytes per phase of a real CPU run, and the largest live allocations at the peak.
+
+    python -m llmem.measure.timeline CONFIG.json [--steps 2] [--top 15] [plan options: --batch-size 2 ...]
+
+Phases: build, wrap, then per iteration forward (layer i), lm_head+loss, backward (layer i, lm_head),
+optimizer, zero_grad. For each phase: live bytes when it starts, the highest live total inside it, and the
+live bytes when it ends. A calibration aid for the estimator: it is the same run `measure` does (one rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.measure.cpu import RESET, CpuTrace, CpuTracker
+from llmem.plan import TrainingPlan
+from llmem.runtime import decoder_layers
+
+
+@dataclass
+class Phase:
+    name: str
+    start: int
+    peak: int
+    end: int
+
+
+def install_layer_marks(session, mark) -> None:
+    """Forward / backward marks on each decoder layer and on the output head (where the loss follows)."""
+    model = session.model
+    inner = getattr(model, "module", model)
+    for i, layer in enumerate(decoder_layers(inner)):
+        layer.register_forward_pre_hook(lambda *_, i=i: mark(f"forward layer {i}"))
+        layer.register_full_backward_pre_hook(lambda *_, i=i: mark(f"backward layer {i}"))
+    head = inner.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(lambda *_: mark("lm_head + loss"))
+        head.register_full_backward_pre_hook(lambda *_: mark("backward lm_head"))
+
+
+def phases(trace: CpuTrace) -> list[Phase]:
+    """Split the event series at the marks."""
+    out: list[Phase] = []
+    bounds = [(t, name.removeprefix("llmem::")) for t, name in trace.marks]
+    idx = 0
+    n = len(trace.events)
+    for k, (t, name) in enumerate(bounds):
+        t_next = bounds[k + 1][0] if k + 1 < len(bounds) else None
+        while idx < n and trace.events[idx].t < t:
+            idx += 1
+        start = trace.live_at(idx)
+        j = idx
+        while j < n and (t_next is None or trace.events[j].t < t_next):
+            j += 1
+        peak = max([start, *trace.series[idx:j]])
+        out.append(Phase(name, start, peak, trace.live_at(j)))
+        idx = j
+    return out
+
+
+def phase_of(trace: CpuTrace, t: int) -> str:
+    name = "start"
+    for tm, mark in trace.marks:
+        if tm > t:
+            break
+        name = mark.removeprefix("llmem::")
+    return name
+
+
+def fmt(n: int) -> str:
+    return f"{n / 2**20:10.3f} MiB"
+
+
+def render(trace: CpuTrace, top: int = 15) -> str:
+    lines = [f"{'phase':<28}{'start':>15}{'peak':>15}{'end':>15}"]
+    for ph in phases(trace):
+        if ph.name == RESET.removeprefix("llmem::"):
+            lines.append("-- peak statistic reset --")
+            continue
+        lines.append(f"{ph.name:<28}{fmt(ph.start)}{fmt(ph.peak)}{fmt(ph.end)}")
+    i = trace.peak_index
+    peak_t = trace.events[i].t if 0 <= i < len(trace.events) else 0
+    lines.append("")
+    lines.append(f"peak {trace.peak_bytes:,} bytes ({fmt(trace.peak_bytes).strip()}) in phase "
+                 f"'{phase_of(trace, peak_t)}', at the reset {trace.live_at_reset:,} bytes")
+    live = sorted(trace.live_allocations(i).values(), key=lambda a: -a.size)
+    lines.append(f"largest of the {len(live)} live allocations at the peak:")
+    lines.append(f"{'bytes':>14}  {'allocated by':<32}phase")
+    for a in live[:top]:
+        lines.append(f"{a.size:>14,}  {a.op or '-':<32}{phase_of(trace, a.t)}")
+    return "\n".join(lines)
+
+
+def timeline(config: dict, plan: TrainingPlan, steps: int = 2) -> CpuTrace:
+    from llmem.measure.run import measure_rank
+
+    if plan.gpus != 1:
+        raise InputError("gpus", "the timeline runs one rank; use --gpus 1")
+    tracker = CpuTracker()
+    measure_rank(config, plan, steps, tracker=tracker, mark_hook=install_layer_marks)
+    return tracker.trace
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--optimizer", default="adamw")
+    parser.add_argument("--optimizer-impl", default="default")
+    parser.add_argument("--grad-ckpt", default="none")
+    parser.add_argument("--attn", default="sdpa")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmem.measure.timeline", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="path to a config.json")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15)
+    _plan_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        with open(args.config) as fh:
+            config = json.load(fh)
+        plan = TrainingPlan(gpus=1, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                            optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt,
+                            attn=args.attn, device="cpu")
+        trace = timeline(config, plan, args.steps)
+    except (InputError, OSError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(trace, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

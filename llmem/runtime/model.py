@@ -1,0 +1,57 @@
+"""Build the model of a plan: `AutoModelForCausalLM.from_config`, directly in its target dtype (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmem.errors import InputError
+from llmem.plan import TrainingPlan
+
+
+def hf_config(config: dict, plan: TrainingPlan):
+    """A transformers config from a plain config dict, with `use_cache=False` and the plan's attention."""
+    from transformers import AutoConfig
+
+    if not isinstance(config, dict):
+        raise InputError("model", f"expected a config dict, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not model_type:
+        raise InputError("model", "the config has no 'model_type'")
+    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    try:
+        cfg = AutoConfig.for_model(model_type, **rest)
+    except ValueError as exc:
+        raise InputError("model", f"transformers cannot build model_type {model_type!r}: {exc}") from None
+    cfg.use_cache = False
+    return cfg
+
+
+def build_model(config: dict, plan: TrainingPlan, device: torch.device | str = "cpu") -> nn.Module:
+    """The model, built on `device` in the plan's parameter dtype (fp32 for mixed precision), in train mode."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(config, plan)
+    dtype = getattr(torch, plan.precision.torch_dtype_name)
+    with torch.device(device):
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=str(plan.attn))
+        except ValueError as exc:
+            raise InputError("attn", str(exc).splitlines()[0]) from None
+    model.config.use_cache = False
+    model.train()
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list (`model.model.layers`, `transformer.h`, `gpt_neox.layers`, …): the longest ModuleList
+    whose children are the classes transformers declares as not splittable."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    best = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and type(module[0]).__name__ in names:
+            if best is None or len(module) > len(best):
+                best = module
+    if best is None:
+        raise InputError("model", f"cannot find the decoder layers of {type(model).__name__}")
+    return best

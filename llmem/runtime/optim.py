@@ -1,0 +1,28 @@
+"""The optimizer of a plan: AdamW or SGD (momentum 0.9), implementation flags always explicit (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import torch
+
+from llmem.plan import Optimizer, OptimizerImpl, TrainingPlan
+
+LR = 1e-4
+SGD_MOMENTUM = 0.9
+
+
+def optimizer_class_and_kwargs(plan: TrainingPlan) -> tuple[type, dict]:
+    """The class and keyword arguments; `foreach` and `fused` are both passed so torch never picks for us."""
+    impl = plan.effective_optimizer_impl
+    flags = {"foreach": impl is OptimizerImpl.FOREACH, "fused": impl is OptimizerImpl.FUSED}
+    if plan.optimizer is Optimizer.ADAMW:
+        return torch.optim.AdamW, {"lr": LR, **flags}
+    return torch.optim.SGD, {"lr": LR, "momentum": SGD_MOMENTUM, **flags}
+
+
+def make_optimizer(params, plan: TrainingPlan, zero1: bool = False):
+    cls, kwargs = optimizer_class_and_kwargs(plan)
+    if zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    return cls(params, **kwargs)

@@ -1,0 +1,105 @@
+"""Wrap a built model for its scheme, exactly as docs/DESIGN.md section 2 says.
+
+| scheme    | wrapping                                                                                 |
+|-----------|------------------------------------------------------------------------------------------|
+| single    | none                                                                                     |
+| ddp       | `DistributedDataParallel` (default bucket size)                                          |
+| zero1     | DDP; the optimizer is `ZeroRedundancyOptimizer` (see optim.py)                           |
+| zero2/3   | FSDP2 `fully_shard(reshard_after_forward=False/True)` on each decoder layer, then the root |
+| tp        | `parallelize_module` per decoder layer: q/k/v/gate/up colwise, o/down rowwise             |
+| tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
+
+Mixed precision is fp32 parameters + `torch.autocast` (session.py), except under FSDP2 where
+`MixedPrecisionPolicy(param_dtype=<half>, reduce_dtype=float32)` casts instead and no autocast runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmem.errors import InputError
+from llmem.plan import Scheme, TrainingPlan
+from llmem.runtime.model import decoder_layers
+
+# Families whose decoder layers have separate q/k/v/o and gate/up/down projections: the Megatron plan applies.
+TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
+
+FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
+
+
+def uses_fsdp(plan: TrainingPlan) -> bool:
+    return plan.scheme in FSDP_SCHEMES
+
+
+def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
+    """Raise InputError for a plan this runtime cannot run on this model (before anything is built)."""
+    if plan.tp > 1:
+        if model_type not in TP_FAMILIES:
+            raise InputError("tp", f"tensor parallelism supports the families {', '.join(TP_FAMILIES)}; "
+                             f"{model_type!r} has no separate q/k/v/gate/up/down projections")
+        if config is not None:
+            heads = config.get("num_attention_heads")
+            kv = config.get("num_key_value_heads") or heads
+            inter = config.get("intermediate_size")
+            for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv),
+                                ("intermediate_size", inter)):
+                if isinstance(value, int) and value % plan.tp:
+                    raise InputError("tp", f"TP degree {plan.tp} must divide {name} = {value}")
+
+
+def tp_layer_plan() -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+
+
+def _apply_tp(model: nn.Module, tp_mesh) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, tp_layer_plan())
+
+
+def _apply_fsdp(model: nn.Module, plan: TrainingPlan, dp_mesh, reshard: bool) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": dp_mesh, "reshard_after_forward": reshard}
+    if plan.precision.is_mixed:
+        half = getattr(torch, plan.precision.compute_dtype_name)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.Module:
+    """The model wrapped for `plan.scheme`; the default process group must be initialised for multi-rank."""
+    scheme = plan.scheme
+    if scheme is Scheme.SINGLE:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if scheme in (Scheme.DDP, Scheme.ZERO1):
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    if scheme in (Scheme.ZERO2, Scheme.ZERO3):
+        mesh = init_device_mesh(device_type, (plan.gpus,))
+        _apply_fsdp(model, plan, mesh, reshard=scheme is Scheme.ZERO3)
+        return model
+    if scheme is Scheme.TP:
+        _apply_tp(model, init_device_mesh(device_type, (plan.tp,)))
+        return model
+    mesh = init_device_mesh(device_type, (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
+    _apply_tp(model, mesh["tp"])
+    _apply_fsdp(model, plan, mesh["dp"], reshard=True)
+    return model

@@ -1,0 +1,89 @@
+"""Prepare a plan's training (model, wrapping, optimizer, inputs) and run one iteration (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llmem.errors import InputError
+from llmem.plan import Scheme, TrainingPlan
+from llmem.runtime.model import build_model
+from llmem.runtime.optim import make_optimizer
+from llmem.runtime.parallel import check_supported, uses_fsdp, wrap
+from llmem.runtime.topology import Topology
+
+SEED = 1234
+
+Mark = Callable[[str], None]
+
+
+def _no_mark(_name: str) -> None:
+    pass
+
+
+@dataclass
+class Session:
+    """Everything one rank needs to run iterations of a plan."""
+
+    plan: TrainingPlan
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    input_ids: torch.Tensor
+    device_type: str
+
+    def autocast(self):
+        """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead."""
+        if not self.plan.precision.is_mixed or uses_fsdp(self.plan):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=getattr(torch, self.plan.precision.compute_dtype_name))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark: Mark = _no_mark) -> Session:
+    """Build (in the target dtype), wrap and make the optimizer; inputs are random token ids of (batch, seq).
+
+    Every rank builds the same weights (same seed); the inputs differ per data-parallel rank and are equal within
+    a tensor-parallel group. MoE routing depends on the data, so the seeds make runs repeatable.
+    """
+    topo = topo or Topology()
+    if topo.world_size != plan.gpus:
+        raise InputError("gpus", f"the plan needs {plan.gpus} processes, this launch has {topo.world_size}")
+    check_supported(str(config.get("model_type")), plan, config)
+    seed_everything(SEED)
+    mark("build")
+    model = build_model(config, plan, topo.device)
+    if plan.grad_ckpt.value == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mark("wrap")
+    wrapped = wrap(model, plan, topo.device_type)
+    optimizer = make_optimizer(wrapped.parameters(), plan, zero1=plan.scheme is Scheme.ZERO1)
+    dp_rank = topo.rank // plan.tp
+    gen = torch.Generator().manual_seed(SEED + 1 + dp_rank)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
+    seed_everything(SEED + 2 + dp_rank)
+    return Session(plan, wrapped, optimizer, ids, topo.device_type)
+
+
+def train_step(session: Session, mark: Mark = _no_mark) -> None:
+    """One iteration exactly as DESIGN.md §1: forward with labels (HF loss), backward, step, zero_grad."""
+    mark("forward")
+    with session.autocast():
+        out = session.model(input_ids=session.input_ids, labels=session.input_ids)
+    mark("backward")
+    out.loss.backward()
+    mark("optimizer")
+    session.optimizer.step()
+    mark("zero_grad")
+    session.optimizer.zero_grad(set_to_none=True)
+    del out
+    mark("end")
