@@ -19,7 +19,7 @@ class Choice(str, Enum):
         return self.value
 
     @classmethod
-    def parse(cls, field: str, value: object) -> "Choice":
+    def parse(cls, field: str, value: object) -> Choice:
         if isinstance(value, cls):
             return value
         try:
@@ -189,7 +189,7 @@ class TrainingPlan:
         """Tokens the whole job processes per optimizer step (micro-batch × seq × data-parallel ranks)."""
         return self.batch_size * self.seq_len * self.dp
 
-    def with_(self, **changes) -> "TrainingPlan":
+    def with_(self, **changes) -> TrainingPlan:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
