@@ -126,6 +126,14 @@ class CpuTracker:
     def peak_bytes(self) -> int:
         return self.trace.peak_bytes
 
+    @property
+    def live_at_reset(self) -> int:
+        return self.trace.live_at_reset
+
+    @property
+    def end_bytes(self) -> int:
+        return self.trace.end_bytes
+
 
 def _parse(prof) -> CpuTrace:
     from torch._C._profiler import _EventType

@@ -6,6 +6,7 @@ Used in-process for one rank and by every worker of a torchrun job (worker.py).
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import torch
@@ -19,6 +20,10 @@ def make_tracker(device_type: str, topo: Topology):
         from llmem.measure.cuda import CudaTracker
 
         return CudaTracker(topo.device)
+    from llmem.measure import counting
+
+    if counting.available() and not os.environ.get("LLMEM_CPU_TRACKER") == "profiler":
+        return counting.CountingTracker()
     from llmem.measure.cpu import CpuTracker
 
     return CpuTracker()
@@ -28,7 +33,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
                  tracker=None, mark_hook=None) -> dict:
     """This rank's figures: {rank, peak_bytes, live_at_reset, [reserved_bytes], seconds}.
 
-    `tracker` defaults to the device's (profiler on CPU, CUDA statistics on CUDA); `mark_hook(session, mark)`
+    `tracker` defaults to the device's (counting allocator on CPU, CUDA statistics on CUDA); `mark_hook(session, mark)`
     may install extra phase marks (timeline.py) after wrapping.
     """
     topo = topo or Topology(device_type=plan.device.value)
@@ -48,11 +53,14 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         for _ in range(steps):
             train_step(session, mark=tracker.mark)
         del session
+        gc.collect()
     result = {"rank": topo.rank, "peak_bytes": int(tracker.peak_bytes), "seconds": time.perf_counter() - start}
     if topo.device_type == "cuda":
         result["reserved_bytes"] = int(tracker.reserved_bytes)
-        result["live_at_reset"] = int(tracker.live_at_reset)
-    else:
-        result["live_at_reset"] = int(tracker.trace.live_at_reset)
+        result["end_bytes"] = int(torch.cuda.memory_allocated(topo.device) - tracker.baseline)
+    # Bytes still counted after everything was released (should be 0; more means missed frees).
+    result["end_bytes"] = int(getattr(tracker, "end_bytes", 0) or result.get("end_bytes", 0))
+    result["live_at_reset"] = int(tracker.live_at_reset)
+    result["tracker"] = type(tracker).__name__
     gc.collect()
     return result

@@ -1,0 +1,130 @@
+"""A measuring job: one or many rows (config + plan), run by every rank of one launch.
+
+    torchrun --nproc_per_node N -m llmem.measure.worker JOB.json OUT.jsonl
+
+JOB.json: {"device": "cpu"|"cuda", "rows": [{"id", "config", "plan", "steps"}, ...]}; every row needs the
+launch's world size. Each row is isolated: an exception becomes that row's error and the job goes on. Rank 0
+gathers every rank's figures and appends one JSON line per row to OUT.jsonl as soon as the row is done, so a
+crash later in the job loses nothing already measured. Also runs without torchrun (one process).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import sys
+import traceback
+
+from llmem.errors import InputError
+from llmem.plan import TrainingPlan
+from llmem.runtime.topology import Topology, under_torchrun
+
+ROW_TIMEOUT_S = int(os.environ.get("LLMEM_COLLECTIVE_TIMEOUT", "300"))
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def init_distributed(device_type: str) -> Topology:
+    topo = Topology.from_env(device_type)
+    if topo.world_size > 1 or under_torchrun():
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if device_type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=ROW_TIMEOUT_S))
+    return topo
+
+
+def gather(obj, topo: Topology) -> list:
+    if topo.world_size == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * topo.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def error_text(exc: BaseException) -> str:
+    if isinstance(exc, InputError):
+        return str(exc)
+    name = type(exc).__name__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "out of memory" in str(exc).lower():
+        return f"OOM: {first}"
+    return f"{name}: {first}"
+
+
+def run_row(row: dict, topo: Topology, device_type: str) -> dict:
+    from llmem.measure.run import measure_rank
+
+    try:
+        plan = TrainingPlan(**{**row["plan"], "device": device_type})
+        res = measure_rank(row["config"], plan, int(row.get("steps", 2)), topo)
+    except Exception as exc:  # one bad row must not stop the grid
+        if os.environ.get("LLMEM_DEBUG"):
+            traceback.print_exc()
+        res = {"rank": topo.rank, "error": error_text(exc)}
+    gc.collect()
+    return res
+
+
+def summarize(row: dict, per_rank: list[dict], device_type: str) -> dict:
+    errors = [(r["rank"], r["error"]) for r in per_rank if "error" in r]
+    out = {"id": row.get("id"), "device": device_type, "plan": row["plan"], "world_size": len(per_rank), **versions()}
+    if errors:
+        if len(errors) == len(per_rank) and len({e for _, e in errors}) == 1:
+            out["error"] = errors[0][1]
+        else:
+            out["error"] = "; ".join(f"rank {r}: {e}" for r, e in errors)
+        return out
+    out["per_rank"] = [int(r["peak_bytes"]) for r in per_rank]
+    out["peak_bytes"] = max(out["per_rank"])
+    out["live_at_reset"] = [int(r["live_at_reset"]) for r in per_rank]
+    if device_type == "cuda":
+        out["reserved_bytes"] = [int(r["reserved_bytes"]) for r in per_rank]
+    out["end_bytes"] = [int(r["end_bytes"]) for r in per_rank]
+    out["seconds"] = round(max(r["seconds"] for r in per_rank), 3)
+    return out
+
+
+def run_job(job: dict, out_path: str | None) -> list[dict]:
+    device_type = job.get("device", "cpu")
+    topo = init_distributed(device_type)
+    results = []
+    for row in job["rows"]:
+        per_rank = gather(run_row(row, topo, device_type), topo)
+        if topo.rank == 0:
+            res = summarize(row, per_rank, device_type)
+            results.append(res)
+            if out_path:
+                with open(out_path, "a") as fh:
+                    fh.write(json.dumps(res) + "\n")
+                    fh.flush()
+    if topo.world_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (1, 2):
+        print("usage: python -m llmem.measure.worker JOB.json [OUT.jsonl]", file=sys.stderr)
+        return 2
+    with open(argv[0]) as fh:
+        job = json.load(fh)
+    run_job(job, argv[1] if len(argv) == 2 else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
