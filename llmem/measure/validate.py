@@ -1,0 +1,285 @@
+"""Validation grids: estimate vs measure for every row of a suite; CSV, markdown table and ACCURACY.md.
+
+Suite file (YAML or JSON):
+
+    models:                       # name -> an inline HF config dict, or a preset name / config.json path / hub id
+      llama-gqa: {model_type: llama, hidden_size: 64, ...}
+    defaults: {batch_size: 1, seq_len: 64, precision: fp32}
+    rows:
+      - {id: llama-ddp, model: llama-gqa, gpus: 2, zero: 0}
+
+Rows are grouped by world size: all single-rank rows run in one process, all rows of one world size inside one
+torchrun job (each row isolated; results appended as they come). A job that dies loses only the rows it had not
+finished; those are re-run one by one, and a row that fails alone is reported as failed — the grid goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmem.errors import InputError
+from llmem.plan import Scheme, TrainingPlan
+
+PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
+               "grad_ckpt", "attn")
+# Pass criteria of the accuracy suite: |estimate - measured| / measured.
+TOLERANCE_SINGLE = 0.02
+TOLERANCE_MULTI = 0.03
+
+CSV_COLUMNS = ["id", "model", "model_type", "scheme", *PLAN_FIELDS, "device", "estimated_bytes", "measured_bytes",
+               "per_rank", "error_pct", "status", "message", "torch", "transformers"]
+
+
+@dataclass
+class Row:
+    id: str
+    model: str
+    config: dict
+    plan: dict  # PLAN_FIELDS only
+    steps: int = 2
+
+    def training_plan(self, device: str) -> TrainingPlan:
+        return TrainingPlan(**self.plan, device=device)
+
+    def job_row(self) -> dict:
+        return {"id": self.id, "config": self.config, "plan": self.plan, "steps": self.steps}
+
+
+@dataclass
+class Suite:
+    rows: list[Row]
+    path: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _load_file(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError("suite", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise InputError("suite", f"{path.name} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise InputError("suite", f"{path.name} needs a 'rows' list")
+    return data
+
+
+def _resolve(name: str, models: dict) -> dict:
+    spec = models.get(name, name)
+    if isinstance(spec, dict):
+        return spec
+    try:
+        from llmem.sources import resolve_model
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        return resolve_model(str(spec)).config
+    with open(spec) as fh:
+        return json.load(fh)
+
+
+def load_suite(path: str | Path) -> Suite:
+    path = Path(path)
+    data = _load_file(path)
+    models = data.get("models") or {}
+    defaults = data.get("defaults") or {}
+    rows, seen = [], set()
+    for i, raw in enumerate(data["rows"]):
+        if not isinstance(raw, dict) or "model" not in raw:
+            raise InputError("suite", f"row {i + 1} needs a 'model'")
+        merged = {**defaults, **raw}
+        unknown = set(merged) - {*PLAN_FIELDS, "id", "model", "steps"}
+        if unknown:
+            raise InputError("suite", f"row {i + 1}: unknown field(s) {', '.join(sorted(unknown))}")
+        row_id = str(merged.get("id") or f"row{i + 1}")
+        if row_id in seen:
+            raise InputError("suite", f"row id {row_id!r} appears twice")
+        seen.add(row_id)
+        plan = {k: merged[k] for k in PLAN_FIELDS if k in merged}
+        TrainingPlan(**plan)  # validate now: a bad row names its field before anything runs
+        rows.append(Row(row_id, str(merged["model"]), _resolve(str(merged["model"]), models), plan,
+                        int(merged.get("steps", 2))))
+    return Suite(rows, str(path))
+
+
+def estimate_row(row: Row, device: str) -> tuple[int | None, str]:
+    """(estimated peak bytes, message). The estimator is imported lazily: measuring works without it."""
+    try:
+        from llmem.estimate import estimate
+        from llmem.spec import ModelSpec
+    except ImportError as exc:
+        return None, f"no estimator: {exc}"
+    try:
+        result = estimate(ModelSpec.from_config(row.config), row.training_plan(device))
+    except InputError as exc:
+        return None, f"estimate: {exc}"
+    return int(result.peak_bytes), ""
+
+
+def measure_rows(rows: list[Row], device: str, jsonl: Path, log=print, resume: bool = False) -> dict[str, dict]:
+    """Measure every row; returns id -> result (with 'error' for failed rows). Appends to `jsonl` as it goes."""
+    from llmem.measure import counting
+    from llmem.measure.launch import read_jsonl, run_job
+
+    if device == "cpu":
+        counting.available()  # build the extension once, before any worker starts
+    if not resume:
+        jsonl.unlink(missing_ok=True)
+    # With resume, rows an earlier (interrupted) run measured with the same plan are kept, not re-run.
+    plans = {r.id: r.plan for r in rows}
+    done = {r["id"]: r for r in read_jsonl(jsonl) if "error" not in r and plans.get(r["id"]) == r.get("plan")}
+    todo = [r for r in rows if r.id not in done]
+    by_world: dict[int, list[Row]] = {}
+    for r in todo:
+        by_world.setdefault(r.training_plan(device).gpus, []).append(r)
+    for world, group in sorted(by_world.items()):
+        t0 = time.perf_counter()
+        results, err = run_job([r.job_row() for r in group], world, device, jsonl)
+        for res in results:
+            done[res["id"]] = res
+        log(f"{len(group)} row(s) on {world} process(es): {time.perf_counter() - t0:.1f} s"
+            + (f" ({err})" if err else ""))
+        missing = [r for r in group if r.id not in done]
+        for r in missing:  # the job died: re-run each unfinished row on its own
+            results, err = run_job([r.job_row()], world, device, jsonl)
+            if results:
+                done[r.id] = results[0]
+            else:
+                failed = {"id": r.id, "device": device, "plan": r.plan, "world_size": world,
+                          "error": err or "the run produced no result"}
+                with open(jsonl, "a") as fh:
+                    fh.write(json.dumps(failed) + "\n")
+                done[r.id] = failed
+            log(f"re-ran {r.id} alone: {'ok' if 'error' not in done[r.id] else done[r.id]['error']}")
+    return done
+
+
+def result_rows(suite: Suite, measured: dict[str, dict], device: str) -> list[dict]:
+    out = []
+    for row in suite.rows:
+        plan = row.training_plan(device)
+        res = measured.get(row.id, {"error": "not measured"})
+        est, est_msg = estimate_row(row, device)
+        meas = res.get("peak_bytes")
+        rec = {"id": row.id, "model": row.model, "model_type": row.config.get("model_type", ""),
+               "scheme": plan.scheme.value, **plan.to_dict(), "estimated_bytes": est, "measured_bytes": meas,
+               "per_rank": " ".join(str(b) for b in res.get("per_rank", [])), "error_pct": None,
+               "torch": res.get("torch", ""), "transformers": res.get("transformers", "")}
+        if "error" in res:
+            rec["status"], rec["message"] = "failed", res["error"]
+        elif est is None:
+            rec["status"], rec["message"] = "no estimate", est_msg
+        else:
+            rec["error_pct"] = round(100.0 * (est - meas) / meas, 3)
+            limit = 100 * (TOLERANCE_SINGLE if plan.gpus == 1 else TOLERANCE_MULTI)
+            rec["status"] = "ok" if abs(rec["error_pct"]) <= limit else "over tolerance"
+            rec["message"] = ""
+        out.append(rec)
+    return out
+
+
+def write_csv(records: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in CSV_COLUMNS})
+
+
+def scheme_summary(records: list[dict]) -> list[dict]:
+    """Per scheme: rows, rows compared, mean absolute and worst signed error (%)."""
+    out = []
+    for scheme in Scheme:
+        rows = [r for r in records if r["scheme"] == scheme.value]
+        errs = [r["error_pct"] for r in rows if r["error_pct"] is not None]
+        if not rows:
+            continue
+        out.append({"scheme": scheme.value, "label": scheme.label, "rows": len(rows), "compared": len(errs),
+                    "failed": sum(r["status"] == "failed" for r in rows),
+                    "mae_pct": round(sum(map(abs, errs)) / len(errs), 3) if errs else None,
+                    "worst_pct": max(errs, key=abs) if errs else None})
+    return out
+
+
+def _mib(n) -> str:
+    return "" if n is None else f"{n / 2**20:.3f}"
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{x:+.2f}%"
+
+
+def markdown_table(records: list[dict]) -> str:
+    lines = ["| id | model | scheme | gpus | tp | zero | b×s | precision | optimizer | ckpt | attn | estimate MiB | "
+             "measured MiB | error | status |", "|" + "---|" * 15]
+    for r in records:
+        status = r["status"] if not r["message"] else f"{r['status']}: {r['message']}"
+        lines.append(f"| {r['id']} | {r['model']} | {r['scheme']} | {r['gpus']} | {r['tp']} | {r['zero']} | "
+                     f"{r['batch_size']}×{r['seq_len']} | {r['precision']} | {r['optimizer']}/{r['optimizer_impl']} |"
+                     f" {r['grad_ckpt']} | {r['attn']} | {_mib(r['estimated_bytes'])} | {_mib(r['measured_bytes'])} |"
+                     f" {_pct(r['error_pct'])} | {status.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def summary_table(records: list[dict]) -> str:
+    lines = ["| scheme | rows | compared | failed | mean abs. error | worst error |", "|---|---|---|---|---|---|"]
+    for s in scheme_summary(records):
+        mae = "" if s["mae_pct"] is None else f"{s['mae_pct']:.2f}%"
+        lines.append(f"| {s['label']} | {s['rows']} | {s['compared']} | {s['failed']} | {mae} | "
+                     f"{_pct(s['worst_pct'])} |")
+    return "\n".join(lines)
+
+
+def accuracy_markdown(records: list[dict], suite_path: str, device: str, command: str) -> str:
+    torch_v = next((r["torch"] for r in records if r["torch"]), "")
+    tf_v = next((r["transformers"] for r in records if r["transformers"]), "")
+    return "\n".join([
+        "# Accuracy: estimate vs measured peak",
+        "",
+        f"Generated by `{command}` — do not edit by hand.",
+        "",
+        f"- suite: `{suite_path}` ({len(records)} configurations)",
+        f"- device profile: `{device}`; torch {torch_v}, transformers {tf_v}",
+        "- measured: per-rank peak of allocated tensor bytes over two iterations after the model was built and "
+        "wrapped (docs/DESIGN.md §1); on CPU, a counting wrapper of the CPU allocator; on CUDA, "
+        "`torch.cuda.max_memory_allocated()`; multi-rank figures are the maximum over ranks",
+        "- error = (estimate − measured) / measured; tolerance "
+        f"{100 * TOLERANCE_SINGLE:.0f}% single-rank, {100 * TOLERANCE_MULTI:.0f}% multi-rank",
+        "",
+        "## Per scheme",
+        "",
+        summary_table(records),
+        "",
+        "## Every configuration",
+        "",
+        markdown_table(records),
+        "",
+    ])
+
+
+def validate(suite_path: str | Path, device: str = "cpu", out_dir: str | Path = "out/validate",
+             accuracy_md: str | Path | None = None, command: str = "", log=print, resume: bool = False) -> list[dict]:
+    suite = load_suite(suite_path)
+    for row in suite.rows:
+        row.training_plan(device)  # validates the device too
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    measured = measure_rows(suite.rows, device, out / "measured.jsonl", log, resume)
+    records = result_rows(suite, measured, device)
+    write_csv(records, out / "validate.csv")
+    (out / "validate.md").write_text(summary_table(records) + "\n\n" + markdown_table(records) + "\n")
+    if accuracy_md:
+        cmd = command or f"python -m llmem validate --suite {suite_path} --device {device}"
+        Path(accuracy_md).write_text(accuracy_markdown(records, str(suite_path), device, cmd))
+    return records
