@@ -2,5 +2,19 @@
 
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
 
-__all__ = ["InputError", "TrainingPlan"]
+
+def estimate(spec, plan):
+    from llmem.estimate import estimate as _estimate
+
+    return _estimate(spec, plan)
+
+
+def compare(spec, plan, capacity_bytes):
+    from llmem.compare import compare as _compare
+
+    return _compare(spec, plan, capacity_bytes)
+
+
+__all__ = ["InputError", "ModelSpec", "TrainingPlan", "compare", "estimate"]

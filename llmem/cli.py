@@ -1,0 +1,156 @@
+"""Command line (DESIGN.md section 3): `estimate`, `compare`, `measure`, `validate`.
+
+Builds a TrainingPlan from the options, calls the library, renders. Errors: one line on stderr naming the field,
+exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from llmem.errors import InputError
+from llmem.help import HELP
+from llmem.plan import Attention, Device, GradCkpt, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.units import format_gib, format_params
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: same one-line form, exit 2
+        raise InputError("arguments", message)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help=HELP["model"])
+    p.add_argument("--gpus", default=1, help=HELP["gpus"])
+    p.add_argument("--tp", default=1, help=HELP["tp"])
+    p.add_argument("--zero", default=0, help=HELP["zero"])
+    p.add_argument("--batch-size", default=1, help=HELP["batch-size"])
+    p.add_argument("--seq-len", default=2048, help=HELP["seq-len"])
+    p.add_argument("--precision", default=str(Precision.BF16_MIXED), help=HELP["precision"],
+                   metavar="|".join(m.value for m in Precision))
+    p.add_argument("--optimizer", default=str(Optimizer.ADAMW), help=HELP["optimizer"],
+                   metavar="|".join(m.value for m in Optimizer))
+    p.add_argument("--optimizer-impl", default=str(OptimizerImpl.DEFAULT), help=HELP["optimizer-impl"],
+                   metavar="|".join(m.value for m in OptimizerImpl))
+    p.add_argument("--grad-ckpt", default=str(GradCkpt.NONE), help=HELP["grad-ckpt"],
+                   metavar="|".join(m.value for m in GradCkpt))
+    p.add_argument("--attn", default=str(Attention.SDPA), help=HELP["attn"],
+                   metavar="|".join(m.value for m in Attention))
+    p.add_argument("--device", default=str(Device.CUDA), help=HELP["device"],
+                   metavar="|".join(m.value for m in Device))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
+    return TrainingPlan(gpus=args.gpus, tp=args.tp, zero=args.zero, batch_size=args.batch_size,
+                        seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
+                        optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
+                        device=args.device)
+
+
+def _spec_and_origin(model: str):
+    from llmem.sources import resolve_model
+    from llmem.spec import ModelSpec
+
+    source = resolve_model(model)
+    config = {"_name_or_path": model, **source.config}
+    return ModelSpec.from_config(config), source.origin
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from llmem.estimate import estimate
+
+    plan = plan_from_args(args)
+    spec, origin = _spec_and_origin(args.model)
+    est = estimate(spec, plan)
+    gpu = _gpu(args)
+    if args.json:
+        out = est.to_dict() | {"origin": origin}
+        if gpu is not None:
+            out |= {"gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes,
+                    "fits": est.device_total_bytes <= gpu.memory_bytes}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{spec.name} ({spec.model_type}, {format_params(spec.total_params)} parameters) — from {origin}")
+    print(f"{plan.scheme.label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
+          f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
+    print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
+    width = max(len(str(c)) for c in est.breakdown)
+    for cat, b in est.breakdown.items():
+        if b:
+            print(f"  {str(cat):<{width}}  {format_gib(b):>12}")
+    print("outside the allocator's count:")
+    print(f"  {'fragmentation allowance':<{width}}  {format_gib(est.fragmentation_bytes):>12}")
+    print(f"  {'CUDA context':<{width}}  {format_gib(est.cuda_context_bytes):>12}")
+    print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
+    if gpu is not None:
+        spare = gpu.memory_bytes - est.device_total_bytes
+        verdict = (f"fits on {gpu.name} with {format_gib(spare)} to spare" if spare >= 0
+                   else f"does NOT fit on {gpu.name}: short by {format_gib(-spare)}")
+        print(f"verdict: {verdict}")
+    return 0
+
+
+def _gpu(args):
+    if not getattr(args, "gpu_type", None):
+        return None
+    from llmem.gpus import get_gpu
+
+    return get_gpu(args.gpu_type)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from llmem.compare import compare
+
+    plan = plan_from_args(args)
+    spec, origin = _spec_and_origin(args.model)
+    gpu = _gpu(args)
+    result = compare(spec, plan, gpu.memory_bytes)
+    frame = result.to_frame()
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+    if args.json:
+        print(json.dumps({"origin": origin, "gpu_type": gpu.key, "rows": frame.to_dict("records"),
+                          "recommended": result.recommended.label if result.recommended else None,
+                          "reason": result.reason}, indent=2))
+        return 0
+    print(f"{spec.name} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), micro-batch "
+          f"{plan.batch_size} × {plan.seq_len}, {plan.precision} — GiB per GPU")
+    cols = ["strategy", "peak_gib", "device_total_gib", "fits", "headroom_gib", "max_batch_size", "peak_phase"]
+    print(frame[cols + ["recommended"]].to_string(index=False))
+    print(f"\nrecommended: {result.reason}")
+    if args.csv:
+        print(f"table written to {args.csv}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m llmem", description="Per-GPU memory of LLM fine-tuning, by strategy.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    est = sub.add_parser("estimate", help="per-GPU peak memory of one plan")
+    add_plan_arguments(est)
+    est.add_argument("--gpu-type", default=None, help=HELP["gpu-type"])
+    est.set_defaults(func=cmd_estimate)
+    cmp_ = sub.add_parser("compare", help="every strategy for a GPU count and type")
+    add_plan_arguments(cmp_)
+    cmp_.add_argument("--gpu-type", default="h100-80gb", help=HELP["gpu-type"])
+    cmp_.add_argument("--csv", default=None, help="write the comparison table to this CSV file")
+    cmp_.set_defaults(func=cmd_compare)
+    try:
+        from llmem.measure.cli import register
+    except ImportError:  # measurement needs torch; the estimator does not
+        register = None
+    if register is not None:
+        register(sub, add_plan_arguments, plan_from_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except InputError as e:
+        print(f"llmem: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,175 @@
+"""Every valid strategy for a GPU count and capacity: per-GPU peak, fit, headroom, largest micro-batch, and a
+recommendation.
+
+The largest micro-batch is solved, not scanned: every phase of `estimate.iteration_phases` is linear in the
+micro-batch (activations and logits scale with tokens; eager attention's seq² term scales with the batch too), so
+each phase's total is c + k·b and the device total is a fixed function of the peak. Two evaluations give c and k per
+phase; the answer is the smallest (capacity − c) / k over phases, confirmed by one more estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
+from llmem.plan import MAX_TOKENS, Scheme, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.units import format_gib
+
+# Less communication first: the tie-break of the recommendation.
+COMMUNICATION_ORDER = [Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Scheme.ZERO3, Scheme.TP,
+                       Scheme.TP_ZERO3]
+
+
+@dataclass(frozen=True)
+class Row:
+    plan: TrainingPlan
+    estimate: Estimate
+    capacity_bytes: int
+    max_batch_size: int
+
+    @property
+    def scheme(self) -> Scheme:
+        return self.plan.scheme
+
+    @property
+    def tp(self) -> int:
+        return self.plan.tp
+
+    @property
+    def zero(self) -> int:
+        return self.plan.zero
+
+    @property
+    def label(self) -> str:
+        return self.plan.scheme.label if self.tp == 1 else f"{self.plan.scheme.label} (TP={self.tp})"
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.estimate.peak_bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.estimate.device_total_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.device_total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step at the largest fitting micro-batch (0 when nothing fits)."""
+        return self.max_batch_size * self.plan.seq_len * self.plan.dp
+
+    def to_dict(self) -> dict:
+        return {
+            "strategy": self.label,
+            "scheme": str(self.scheme),
+            "gpus": self.plan.gpus,
+            "tp": self.tp,
+            "zero": self.zero,
+            "peak_bytes": self.peak_bytes,
+            "peak_gib": round(self.peak_bytes / (1 << 30), 3),
+            "device_total_bytes": self.device_total_bytes,
+            "device_total_gib": round(self.device_total_bytes / (1 << 30), 3),
+            "peak_phase": self.estimate.peak_phase,
+            "fits": self.fits,
+            "headroom_gib": round(self.headroom_bytes / (1 << 30), 3),
+            "max_batch_size": self.max_batch_size,
+            "tokens_per_step": self.tokens_per_step,
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: tuple[Row, ...]
+    recommended: Row | None
+    reason: str
+
+    def to_frame(self):
+        import pandas as pd
+
+        frame = pd.DataFrame([r.to_dict() for r in self.rows])
+        frame["recommended"] = [r is self.recommended for r in self.rows]
+        return frame
+
+
+def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
+    """Every (TP, ZeRO) of DESIGN.md section 2 that is valid for this model on plan.gpus GPUs."""
+    n = plan.gpus
+    if n == 1:
+        return [plan.with_(tp=1, zero=0)]
+    out = [plan.with_(tp=1, zero=z) for z in range(4)]
+    for tp in range(2, n + 1):
+        if n % tp:
+            continue
+        candidate = plan.with_(tp=tp, zero=0 if tp == n else 3)
+        try:
+            validate_plan_for_model(spec, candidate)
+        except InputError:
+            continue
+        out.append(candidate)
+    return out
+
+
+def _device_total(peak: int, plan: TrainingPlan) -> int:
+    from llmem.components import outside
+
+    return peak + outside.fragmentation_bytes(peak, plan) + outside.cuda_context_bytes(plan)
+
+
+def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
+    """Largest micro-batch whose device total fits `capacity_bytes` (0 if even 1 does not)."""
+    one = [p.total for p in iteration_phases(spec, plan.with_(batch_size=1))]
+    two = [p.total for p in iteration_phases(spec, plan.with_(batch_size=2))]
+    limit = MAX_TOKENS // plan.seq_len
+    best = limit
+    for lo, hi in zip(one, two, strict=True):
+        slope, base = hi - lo, lo - (hi - lo)
+        if slope <= 0:
+            continue
+        # device total is monotone in the peak: find the largest peak that fits, then the batch for this phase
+        best = min(best, max(0, (_largest_fitting_peak(capacity_bytes, plan) - base) // slope))
+    if best < 1:
+        return 0
+    while best >= 1 and _device_total(estimate(spec, plan.with_(batch_size=best)).peak_bytes, plan) > capacity_bytes:
+        best -= 1
+    return best
+
+
+def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:
+    """Inverse of `_device_total` (monotone), by bisection over bytes."""
+    lo, hi = 0, capacity_bytes
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _device_total(mid, plan) <= capacity_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> Comparison:
+    """All strategies for plan.gpus GPUs of `capacity_bytes` each, at plan.batch_size, with a recommendation."""
+    if capacity_bytes <= 0:
+        raise InputError("gpu-type", "GPU memory must be positive")
+    rows = tuple(
+        Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes))
+        for p in strategies(spec, plan)
+    )
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        best = min(rows, key=lambda r: r.device_total_bytes)
+        return Comparison(rows, None, f"nothing fits at micro-batch {plan.batch_size}: the smallest need is "
+                          f"{best.label} at {format_gib(best.device_total_bytes)} per GPU, "
+                          f"short by {format_gib(-best.headroom_bytes)}")
+    rec = max(fitting, key=lambda r: (r.tokens_per_step, -COMMUNICATION_ORDER.index(r.scheme), -r.tp))
+    reason = (f"{rec.label} fits with {format_gib(rec.headroom_bytes)} to spare and allows micro-batch "
+              f"{rec.max_batch_size} ({rec.tokens_per_step:,} tokens per step), the most of the fitting strategies"
+              f"{'; ties go to less communication' if len(fitting) > 1 else ''}")
+    return Comparison(rows, rec, reason)

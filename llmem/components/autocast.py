@@ -1,0 +1,47 @@
+"""Autocast weight copies under bf16-/fp16-mixed precision (torch.autocast, not FSDP2's MixedPrecisionPolicy).
+
+`torch.autocast` casts each Linear weight to the half dtype once per autocast region and caches the copy; matmul
+saves it for backward, so a layer's copies live from its forward to its backward: bytes = linear_weights * 2.
+The embedding is not an autocast op (no copy); lm_head is. In backward, the half-precision weight gradient is cast
+to the fp32 `.grad` (`_to_copy` backward), so the largest weight's half gradient exists transiently.
+"""
+
+from __future__ import annotations
+
+from llmem.components.sharding import local_numel
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+
+def _applies(plan: TrainingPlan) -> bool:
+    from llmem.components.sharding import FSDP_SCHEMES
+
+    return plan.precision.is_mixed and plan.scheme not in FSDP_SCHEMES
+
+
+def _linear_weights(spec: ModelSpec, layer: int) -> list:
+    return [p for p in spec.layer_params(layer) if p.name.endswith(".weight") and len(p.shape) >= 2]
+
+
+def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if not _applies(plan):
+        return 0
+    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
+
+
+def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if not _applies(plan):
+        return 0
+    return spec.vocab_size * spec.hidden_size * plan.precision.compute_bytes
+
+
+def head_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The half-precision lm_head weight gradient before its cast to fp32."""
+    return head_weight_copy_bytes(spec, plan)
+
+
+def layer_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The largest half-precision weight gradient of a layer before its cast to fp32."""
+    if not _applies(plan):
+        return 0
+    return max((local_numel(p, plan) for p in _linear_weights(spec, 0)), default=0) * plan.precision.compute_bytes

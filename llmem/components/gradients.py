@@ -1,0 +1,51 @@
+"""Gradients held on one rank once backward has produced them.
+
+bytes = local_params * param_bytes: `.grad` has the parameter's dtype (fp32 under mixed precision: autocast's cast
+backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeRO-1 keep full gradients.
+Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them).
+"""
+
+from llmem.components.sharding import local_numel
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+
+def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(local_numel(p, plan) for p in spec.params) * plan.precision.param_bytes
+
+
+def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    return sum(local_numel(p, plan) for p in spec.layer_params(layer)) * plan.precision.param_bytes
+
+
+def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Gradients that exist once the lm_head and final norm have run backward: every tensor outside the decoder
+    layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's."""
+    outer = spec.outer_params
+    skip = () if spec.tie_word_embeddings else (outer[0],)
+    positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
+    return sum(local_numel(p, plan) for p in outer if p not in skip + positional) * plan.precision.param_bytes
+
+
+def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """A layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus two
+    intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed."""
+    mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
+    weight = max((local_numel(p, plan) for p in mlp), default=0)
+    tokens = plan.batch_size * plan.seq_len
+    inter = spec.intermediate_size // plan.tp
+    return weight * plan.precision.param_bytes + 2 * tokens * inter * plan.precision.compute_bytes
+
+
+def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The gradient arriving at the embedding output (tokens × h) while the embedding's backward runs."""
+    return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+
+
+def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Tied embeddings: `embedding_dense_backward` returns a full V×h gradient that AccumulateGrad adds into the
+    lm_head's existing `.grad` — one extra embedding-sized tensor at the end of backward."""
+    if not spec.tie_word_embeddings:
+        return 0
+    emb = spec.outer_params[0]
+    return local_numel(emb, plan) * plan.precision.param_bytes

@@ -1,0 +1,53 @@
+"""lm-head logits and the cross-entropy loss (transformers 5.23.0 `loss/loss_utils.py: ForCausalLMLoss`).
+
+With T = micro-batch × seq tokens, V = vocab (local to the rank), Lc = T*V*compute_bytes, L32 = T*V*4:
+  forward   logits = lm_head(h): Lc, kept in the model output until the iteration ends (DESIGN.md section 1)
+            logits.float(): a copy L32 when the logits are half (freed when the loss function returns)
+            log_softmax output L32 (saved by nll_loss); labels padded (T + batch)*8 and shifted copy T*8
+  backward  nll_loss_backward L32 and _log_softmax_backward_data L32 while the log_softmax output lives
+            lm_head: grad of logits (Lc), grad_weight V*h*compute_bytes (+ fp32 cast under mixed precision)
+"""
+
+from __future__ import annotations
+
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+FP32, INT64 = 4, 8
+
+
+def _sizes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
+    tokens = plan.batch_size * plan.seq_len
+    elems = tokens * spec.vocab_size
+    return elems * plan.precision.compute_bytes, elems * FP32, tokens
+
+
+def logits_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The model output's logits, alive from the lm_head forward to the end of the iteration."""
+    return _sizes(spec, plan)[0]
+
+
+def label_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`nn.functional.pad(labels, (0, 1))` and `labels[..., 1:].contiguous()` (int64)."""
+    tokens = plan.batch_size * plan.seq_len
+    return (tokens + plan.batch_size) * INT64 + tokens * INT64
+
+
+def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Logits-related bytes at the end of cross_entropy's forward."""
+    lc, l32, _ = _sizes(spec, plan)
+    upcast = l32 if plan.precision.compute_bytes != FP32 else 0
+    return lc + upcast + l32 + label_bytes(spec, plan)
+
+
+def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads."""
+    lc, l32, tokens = _sizes(spec, plan)
+    return lc + 3 * l32 + tokens * INT64
+
+
+def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Logits and their gradient while the lm_head's backward runs (the weight gradient is counted with
+    gradients, its half-precision copy under mixed precision as a temporary)."""
+    lc, _, _ = _sizes(spec, plan)
+    return 2 * lc

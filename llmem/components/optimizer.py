@@ -1,0 +1,65 @@
+"""Optimizer states and the temporaries of `optimizer.step()` (torch/optim/adamw.py, torch/optim/sgd.py, torch 2.13).
+
+States, per parameter the rank optimizes, in the parameter's dtype:
+  AdamW: exp_avg + exp_avg_sq = 2 * numel * param_bytes, plus a 0-dim fp32 `step` tensor per parameter tensor
+         (on the device only for the fused implementation; on CPU otherwise, which the CPU profile counts).
+  SGD (momentum 0.9): momentum_buffer = numel * param_bytes.
+Step temporaries (beyond states, gradients and parameters):
+  AdamW for-loop: `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` holds two copies of the largest tensor at once.
+  AdamW foreach: `torch._foreach_sqrt(exp_avg_sqs)` allocates one copy of every parameter the rank optimizes.
+  AdamW fused, SGD (all implementations): update in place, no temporaries.
+"""
+
+from __future__ import annotations
+
+from llmem.components.sharding import local_numel
+from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
+from llmem.spec import ModelSpec, ParamTensor
+
+STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
+
+
+def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
+    sizes = [local_numel(p, plan) for p in spec.params]
+    if plan.scheme is not Scheme.ZERO1:
+        return sizes
+    return max(zero1_partitions(spec.params, plan.dp), key=sum)
+
+
+def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
+    """`ZeroRedundancyOptimizer._partition_parameters`: tensors sorted by size, largest first, each to the rank
+    with the least assigned so far (ties to the lowest rank)."""
+    parts: list[list[int]] = [[] for _ in range(world)]
+    totals = [0] * world
+    for n in sorted((p.numel for p in params), reverse=True):
+        r = totals.index(min(totals))
+        parts[r].append(n)
+        totals[r] += n
+    return parts
+
+
+def _step_tensors_on_device(plan: TrainingPlan) -> bool:
+    return plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
+
+
+def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    sizes = optimized_params(spec, plan)
+    pb = plan.precision.param_bytes
+    if plan.optimizer is Optimizer.SGD:
+        return sum(sizes) * pb
+    steps = len(sizes) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0
+    return 2 * sum(sizes) * pb + steps
+
+
+def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if plan.optimizer is not Optimizer.ADAMW:
+        return 0
+    sizes = optimized_params(spec, plan)
+    pb = plan.precision.param_bytes
+    impl = plan.effective_optimizer_impl
+    if impl is OptimizerImpl.FORLOOP:
+        return 2 * max(sizes, default=0) * pb
+    if impl is OptimizerImpl.FOREACH:
+        return sum(sizes) * pb
+    return 0

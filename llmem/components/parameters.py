@@ -1,0 +1,13 @@
+"""Parameters resident on one rank.
+
+bytes = local_params * param_bytes; param_bytes = 4 for fp32 and the mixed precisions (fp32 master weights),
+2 for pure bf16/fp16. Sharding per scheme: `llmem.components.sharding` (FSDP2 pads each tensor's dim 0).
+"""
+
+from llmem.components.sharding import local_params
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+
+def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return local_params(spec, plan) * plan.precision.param_bytes

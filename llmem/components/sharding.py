@@ -1,0 +1,55 @@
+"""How many elements of each parameter one rank stores, per scheme (DESIGN.md section 2).
+
+- TP (`torch.distributed.tensor.parallel`): colwise tensors keep dim 0 / tp rows, rowwise weights dim 1 / tp columns.
+- FSDP2 (`fully_shard`): each tensor is chunked on dim 0 over the data-parallel ranks and padded to the largest chunk,
+  ceil(d0 / dp) rows (`torch.distributed.fsdp._fully_shard._fsdp_param.FSDPParam._init_sharded_param`).
+The per-GPU figure is the largest rank's, so padded sizes are exact for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmem.plan import Scheme, TrainingPlan
+from llmem.spec import ModelSpec, ParamTensor, TpSplit
+
+FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tp_local_shape(p: ParamTensor, tp: int) -> tuple[int, ...]:
+    """The shape one TP rank holds (ceil split, as DTensor's Shard placement gives the first ranks the extra)."""
+    if tp == 1 or p.tp_split is TpSplit.NONE:
+        return p.shape
+    dim = 0 if p.tp_split is TpSplit.COLWISE or len(p.shape) == 1 else 1
+    shape = list(p.shape)
+    shape[dim] = ceil_div(shape[dim], tp)
+    return tuple(shape)
+
+
+def fsdp_padded_numel(shape: tuple[int, ...], dp: int) -> int:
+    """FSDP2's padded shard: ceil(d0 / dp) rows of the remaining dims."""
+    return ceil_div(shape[0], dp) * math.prod(shape[1:])
+
+
+def local_numel(p: ParamTensor, plan: TrainingPlan) -> int:
+    """Elements of `p` stored on the largest rank."""
+    shape = tp_local_shape(p, plan.tp)
+    if plan.scheme in FSDP_SCHEMES:
+        return fsdp_padded_numel(shape, plan.dp)
+    return math.prod(shape)
+
+
+def unsharded_numel(p: ParamTensor, plan: TrainingPlan) -> int:
+    """Elements of `p` while gathered for compute: the TP-local tensor (FSDP all-gather output keeps the padding)."""
+    shape = tp_local_shape(p, plan.tp)
+    if plan.scheme in FSDP_SCHEMES:
+        return fsdp_padded_numel(shape, plan.dp) * plan.dp
+    return math.prod(shape)
+
+
+def local_params(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(local_numel(p, plan) for p in spec.params)

@@ -1,0 +1,178 @@
+"""Walk one steady-state iteration (DESIGN.md section 1) phase by phase and take the largest live total.
+
+Iteration 2 is the steady state: optimizer states exist from the start. Decoder layers are identical, so the walk
+evaluates the phases where live memory can peak — the end of forward, the loss forward and backward, the lm_head
+backward, the backward of the first and last decoder layers, the end of backward, and the optimizer step — each as
+a breakdown by category that sums exactly to the phase total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmem.components import Category, autocast, outside
+from llmem.components import activations as act
+from llmem.components import communication as comm
+from llmem.components import logits as lg
+from llmem.components.gradients import (
+    embedding_gradient_accumulate_bytes,
+    embedding_input_gradient_bytes,
+    gradient_bytes,
+    head_gradient_bytes,
+    layer_backward_peak_extra_bytes,
+    layer_gradient_bytes,
+)
+from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.components.parameters import parameter_bytes
+from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    breakdown: dict  # Category -> bytes
+
+    @property
+    def total(self) -> int:
+        return sum(self.breakdown.values())
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one rank's steady-state iteration costs. Sizes in bytes; `breakdown` sums to `peak_bytes`."""
+
+    spec: ModelSpec
+    plan: TrainingPlan
+    peak_phase: str
+    breakdown: dict  # Category -> bytes at the peak
+    phases: tuple[Phase, ...] = field(repr=False)
+    cuda_context_bytes: int = 0
+    fragmentation_bytes: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.breakdown.values())
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Predicted `max_memory_reserved`: the peak plus the caching allocator's rounding and fragmentation."""
+        return self.peak_bytes + self.fragmentation_bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        """What `nvidia-smi` shows: reserved memory plus the CUDA context outside the allocator."""
+        return self.reserved_bytes + self.cuda_context_bytes
+
+    @property
+    def total_params(self) -> int:
+        return self.spec.total_params
+
+    @property
+    def trainable_params(self) -> int:
+        return self.spec.trainable_params
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.spec.name,
+            "model_type": self.spec.model_type,
+            "plan": self.plan.to_dict(),
+            "scheme": str(self.plan.scheme),
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "breakdown": {str(k): v for k, v in self.breakdown.items()},
+            "total_params": self.total_params,
+            "trainable_params": self.trainable_params,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "device_total_bytes": self.device_total_bytes,
+            "phases": {p.name: p.total for p in self.phases},
+        }
+
+
+_PART_CATEGORY = {"standing": Category.COMMUNICATION, "optimizer": Category.OPTIMIZER}
+
+
+def _phase(name: str, **parts: int) -> Phase:
+    breakdown = {c: 0 for c in Category}
+    for key, value in parts.items():
+        breakdown[_PART_CATEGORY.get(key) or Category[key.upper()]] += value
+    return Phase(name, breakdown)
+
+
+def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The candidate peak moments of one steady-state iteration on the largest rank."""
+    layers, last = spec.num_layers, spec.num_layers - 1
+    persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan),
+                      standing=comm.standing_buffer_bytes(spec, plan))
+    grads_all, grads_outer = gradient_bytes(spec, plan), head_gradient_bytes(spec, plan)
+    kept = act.kept_per_layer_bytes(spec, plan)
+    outer_act = act.outer_saved_bytes(spec, plan)
+    forward_acts = layers * kept + outer_act + act.final_norm_bytes(spec, plan)
+    recompute = act.layer_activation_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
+    casts = autocast.layer_weight_copy_bytes(spec, plan)
+    head_cast = autocast.head_weight_copy_bytes(spec, plan)
+    logits = lg.logits_bytes(spec, plan)
+    gathered = comm.gathered_parameter_bytes(spec, plan)
+
+    phases = [
+        _phase("forward (last layer)", **persistent, activations=forward_acts,
+               temporaries=layers * casts, communication=gathered(layers)),
+        _phase("loss forward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
+               logits=lg.loss_forward_peak_bytes(spec, plan), communication=gathered(layers)),
+        _phase("loss backward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
+               logits=lg.loss_backward_peak_bytes(spec, plan), communication=gathered(layers)),
+        _phase("lm_head backward", **persistent, activations=forward_acts, gradients=grads_outer,
+               temporaries=layers * casts + head_cast + autocast.head_gradient_copy_bytes(spec, plan),
+               logits=lg.lm_head_backward_bytes(spec, plan), communication=gathered(layers)),
+    ]
+    for layer, name in ((last, "backward (last layer)"), (0, "backward (first layer)")):
+        later = sum(layer_gradient_bytes(spec, plan, k) for k in range(layer + 1, layers))
+        phases.append(_phase(
+            name, **persistent,
+            activations=layer * kept + outer_act + (recompute or kept),
+            gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, plan),
+            temporaries=(layer + 1) * casts + autocast.layer_gradient_copy_bytes(spec, plan),
+            logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
+        ))
+    phases.append(_phase("backward end", **persistent, gradients=grads_all, logits=logits,
+                         temporaries=embedding_gradient_accumulate_bytes(spec, plan)
+                         + embedding_input_gradient_bytes(spec, plan)))
+    phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
+                         temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    return phases
+
+
+def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
+    """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
+    validate_plan_for_model(spec, plan)
+    phases = iteration_phases(spec, plan)
+    peak = max(phases, key=lambda p: p.total)
+    return Estimate(
+        spec=spec,
+        plan=plan,
+        peak_phase=peak.name,
+        breakdown=dict(peak.breakdown),
+        phases=tuple(phases),
+        cuda_context_bytes=outside.cuda_context_bytes(plan),
+        fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
+    )
+
+
+def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
+    """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan."""
+    from llmem.errors import InputError
+
+    if plan.tp == 1:
+        return
+    if not spec.supports_tp:
+        raise InputError("tp", f"tensor parallelism needs separate q/k/v/o and gate/up/down projections; "
+                         f"{spec.model_type!r} has fused ones. Use --tp 1 (DDP or ZeRO) for this model")
+    for name, value in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
+                        ("intermediate_size", spec.intermediate_size)):
+        if value % plan.tp:
+            raise InputError("tp", f"TP degree {plan.tp} must divide {name} = {value}; "
+                             f"choose a divisor of {value}")
+    if plan.scheme not in (Scheme.TP, Scheme.TP_ZERO3):
+        raise InputError("tp", "internal: TP degree without a TP scheme")

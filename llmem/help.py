@@ -1,0 +1,23 @@
+"""Help text for each knob — what it does to memory. Written once, shown by the CLI and the app."""
+
+HELP = {
+    "model": "A preset name (e.g. llama-3.1-8b), a path to a config.json, or a Hugging Face model id (online).",
+    "gpus": "GPUs in the job. Data parallelism replicates the model; ZeRO/TP divide parts of it by this count.",
+    "tp": "Tensor-parallel degree: splits attention heads and the MLP width over this many GPUs, dividing the "
+          "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
+    "zero": "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 shards "
+            "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer.",
+    "batch-size": "Micro-batch per GPU. Activations and logits grow linearly with it.",
+    "seq-len": "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
+    "precision": "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
+                 "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
+    "optimizer": "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one.",
+    "optimizer-impl": "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary "
+                      "copy of all parameters during step(); for-loop two copies of the largest tensor; fused none.",
+    "grad-ckpt": "full: keep only each layer's input and recompute the layer in backward (activations shrink to "
+                 "one hidden-size tensor per layer, at about one extra forward of compute).",
+    "attn": "sdpa: fused attention keeps no seq×seq matrices. eager: keeps scores and probabilities, "
+            "heads × seq² per sequence per layer.",
+    "device": "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
+    "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
+}
