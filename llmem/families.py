@@ -16,6 +16,7 @@ from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
 COL, ROW, REP = TpSplit.COLWISE, TpSplit.ROWWISE, TpSplit.NONE
 MAX_DIM = 1 << 22  # no real model has a single dimension above ~4M; larger values are typos
+MAX_COUNT = {"num_layers": 4096, "num_experts": 4096}  # bound the parameter inventory a config can ask for
 
 # Canonical name -> config keys that may hold it, first match wins (transformers' attribute_map plus old spellings).
 ALIASES = {
@@ -45,13 +46,14 @@ class Config:
         return name, self.defaults.get(name)
 
     def int(self, name: str, minimum: int = 1) -> int:
+        maximum = MAX_COUNT.get(name, MAX_DIM)
         key, value = self._lookup(name)
         if value is None:
             raise InputError(key, "missing from config.json and has no default for this model_type")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
             raise InputError(key, f"must be a whole number, got {value!r}")
-        if not minimum <= value <= MAX_DIM:
-            raise InputError(key, f"must be between {minimum} and {MAX_DIM:,}, got {value}")
+        if not minimum <= value <= maximum:
+            raise InputError(key, f"must be between {minimum} and {maximum:,}, got {value}")
         return int(value)
 
     def opt_int(self, name: str, minimum: int = 1) -> int | None:
