@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from enum import Enum
+from functools import cached_property
 
 from llmem.errors import InputError
 
@@ -164,7 +165,7 @@ class TrainingPlan:
             raise InputError("zero", "TP combined with data parallelism runs FSDP2 across the TP groups; "
                              "use --zero 3")
 
-    @property
+    @cached_property
     def scheme(self) -> Scheme:
         if self.tp > 1:
             return Scheme.TP if self.gpus == self.tp else Scheme.TP_ZERO3

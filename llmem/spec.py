@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 from llmem.errors import InputError
 
@@ -63,7 +64,7 @@ class ModelSpec:
 
         return FAMILIES[self.model_type]
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         return sum(p.numel for p in self.params)
 
@@ -81,12 +82,19 @@ class ModelSpec:
         return self.family.tp_plan
 
     def layer_params(self, layer: int) -> tuple[ParamTensor, ...]:
-        return tuple(p for p in self.params if p.layer == layer)
+        return self._by_layer.get(layer, ())
 
     @property
     def outer_params(self) -> tuple[ParamTensor, ...]:
         """Parameters outside the decoder layers (embeddings, final norm, untied lm_head)."""
-        return tuple(p for p in self.params if p.layer is None)
+        return self._by_layer.get(None, ())
+
+    @cached_property
+    def _by_layer(self) -> dict:
+        groups: dict = {}
+        for p in self.params:
+            groups.setdefault(p.layer, []).append(p)
+        return {k: tuple(v) for k, v in groups.items()}
 
     @classmethod
     def from_config(cls, config: dict | str | bytes) -> ModelSpec:

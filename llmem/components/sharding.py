@@ -35,12 +35,18 @@ def fsdp_padded_numel(shape: tuple[int, ...], dp: int) -> int:
     return ceil_div(shape[0], dp) * math.prod(shape[1:])
 
 
+_LOCAL_NUMEL: dict = {}  # (shape, split, tp, dp, fsdp) -> elements; shapes repeat across layers, so it stays small
+
+
 def local_numel(p: ParamTensor, plan: TrainingPlan) -> int:
     """Elements of `p` stored on the largest rank."""
-    shape = tp_local_shape(p, plan.tp)
-    if plan.scheme in FSDP_SCHEMES:
-        return fsdp_padded_numel(shape, plan.dp)
-    return math.prod(shape)
+    fsdp = plan.scheme in FSDP_SCHEMES
+    key = (p.shape, p.tp_split, plan.tp, plan.dp, fsdp)
+    n = _LOCAL_NUMEL.get(key)
+    if n is None:
+        shape = tp_local_shape(p, plan.tp)
+        n = _LOCAL_NUMEL[key] = fsdp_padded_numel(shape, plan.dp) if fsdp else math.prod(shape)
+    return n
 
 
 def unsharded_numel(p: ParamTensor, plan: TrainingPlan) -> int:

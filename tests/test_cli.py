@@ -1,0 +1,69 @@
+"""The command line through a subprocess, as users' scripts call it (DESIGN.md section 3)."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmem", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_json_has_the_contract_fields():
+    out = run("estimate", "--model", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("peak_bytes", "peak_phase", "breakdown", "total_params", "trainable_params", "reserved_bytes",
+                "device_total_bytes"):
+        assert key in data
+    assert sum(data["breakdown"].values()) == data["peak_bytes"]
+    assert data["total_params"] == 8_030_261_248
+    assert data["device_total_bytes"] >= data["reserved_bytes"] >= data["peak_bytes"]
+
+
+def test_estimate_human_output_names_phase_and_verdict():
+    out = run("estimate", "--model", "qwen2.5-0.5b", "--gpu-type", "a100-80gb")
+    assert out.returncode == 0, out.stderr
+    assert "GiB" in out.stdout and "verdict: fits" in out.stdout and "peak" in out.stdout
+
+
+def test_compare_writes_the_csv(tmp_path):
+    path = tmp_path / "cmp.csv"
+    out = run("compare", "--model", "llama-3.1-8b", "--gpus", "8", "--gpu-type", "a100-80gb", "--csv", str(path))
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 7
+    assert sum(r["recommended"] == "True" for r in rows) == 1
+
+
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (["--model", "llama-3.1-8b", "--batch-size", "0"], "batch-size"),
+        (["--model", "llama-3.1-8b", "--batch-size", "-4"], "batch-size"),
+        (["--model", "llama-3.1-8b", "--gpus", "4", "--tp", "3"], "tp"),
+        (["--model", "llama-3.1-8b", "--gpus", "6", "--tp", "6"], "tp"),
+        (["--model", "llama-3.1-8b", "--precision", "int3"], "precision"),
+        (["--model", "no-such-model"], "model"),
+        (["--model", "llama-3.1-8b", "--gpu-type", "tpu-v9"], "gpu-type"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(args, field):
+    out = run("estimate", *args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert field in out.stderr
+
+
+def test_malformed_and_unknown_configs(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": ')
+    out = run("estimate", "--model", str(bad))
+    assert out.returncode == 2 and "JSON" in out.stderr and "Traceback" not in out.stderr
+    bad.write_text('{"model_type": "t5", "d_model": 512}')
+    out = run("estimate", "--model", str(bad))
+    assert out.returncode == 2 and "model_type" in out.stderr
