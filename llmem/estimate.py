@@ -24,7 +24,8 @@ from llmem.components.gradients import (
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
-from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.components.sharding import FSDP_SCHEMES, local_numel
+from llmem.plan import GradCkpt, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -103,6 +104,8 @@ def _phase(name: str, **parts: int) -> Phase:
 
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
+    if plan.scheme in FSDP_SCHEMES:
+        return fsdp_phases(spec, plan)
     layers, last = spec.num_layers, spec.num_layers - 1
     persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan),
                       standing=comm.standing_buffer_bytes(spec, plan))
@@ -140,6 +143,68 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))
     phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
+                         temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    if plan.scheme in (Scheme.DDP, Scheme.ZERO1):
+        # Iteration 2's forward starts with `Reducer::rebuild_buckets`: new buckets before the old are freed.
+        phases.append(_phase("DDP bucket rebuild", **persistent, communication=comm.ddp_rebuild_bytes(spec, plan)))
+    return phases
+
+
+def compute_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The plan whose single-device walk matches one FSDP2 rank's compute: TP-local tensors, unsharded; under a
+    MixedPrecisionPolicy the whole forward runs in the half dtype (no autocast), as pure half precision does."""
+    precision = plan.precision
+    if precision.is_mixed:
+        precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
+    return plan.with_(gpus=plan.tp, zero=0, precision=precision)
+
+
+def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """FSDP2 (ZeRO-2/3, and TP x FSDP2): the walk of `iteration_phases` with FSDP2's buffers
+    (see `llmem.components.communication`). Gradients of the root stay unsharded in param_dtype until the final
+    callback; a layer's unsharded gradients exist from its backward to its reduce-scatter."""
+    cp = compute_plan(plan)
+    layers = spec.num_layers
+    persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan))
+    kept = act.kept_per_layer_bytes(spec, cp)
+    outer_act = act.outer_saved_bytes(spec, cp)
+    forward_acts = layers * kept + outer_act + act.final_norm_bytes(spec, cp)
+    recompute = act.layer_activation_bytes(spec, cp) if plan.grad_ckpt is GradCkpt.FULL else 0
+    logits = lg.logits_bytes(spec, cp)
+    root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
+    root_grads_all = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
+    sharded_layer = [layer_gradient_bytes(spec, plan, k) for k in range(layers)]
+    layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
+    rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
+    bwd_head = comm.backward_gather_bytes(spec, plan, None)
+    phases = [
+        _phase("forward (last layer)", **persistent, activations=forward_acts,
+               communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
+        _phase("loss forward", **persistent, activations=forward_acts, logits=lg.loss_forward_peak_bytes(spec, cp),
+               communication=comm.forward_gather_bytes(spec, plan, in_layer=False)),
+        _phase("loss backward", **persistent, activations=forward_acts,
+               logits=lg.loss_backward_peak_bytes(spec, cp), communication=bwd_head),
+        _phase("lm_head backward", **persistent, activations=forward_acts, gradients=root_grads_head,
+               logits=lg.lm_head_backward_bytes(spec, cp), communication=bwd_head),
+    ]
+    for layer in sorted({layers - 1, 0}, reverse=True):
+        later = sum(sharded_layer[layer + 1:])
+        retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
+        phases.append(_phase(
+            f"backward (layer {layer})", **persistent,
+            activations=layer * kept + outer_act + (recompute or kept),
+            gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, cp),
+            logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+        phases.append(_phase(
+            f"reduce-scatter (layer {layer})", **persistent, activations=layer * kept + outer_act,
+            gradients=root_grads_head + later + sharded_layer[layer] + layer_grads, logits=logits,
+            communication=comm.backward_gather_bytes(spec, plan, layer, own=False) + rs_in))
+    root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
+    phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
+                         gradients=sum(sharded_layer) + root_grads_all + root_sharded,
+                         communication=comm.root_unsharded_bytes(spec, plan)
+                         + comm.root_reduce_scatter_input_bytes(spec, plan)))
+    phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan), logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
     return phases
 

@@ -1,12 +1,30 @@
-"""Communication buffers of the data-parallel schemes (torch 2.13 DDP and FSDP2).
+"""Communication buffers of the data-parallel schemes (torch 2.13 DDP and FSDP2), each named after the tensor that
+allocates it and its source in torch.
 
-DDP (and ZeRO-1, which runs under DDP): `Reducer` allocates flat gradient buckets, one full copy of the gradients
-in the parameters' dtype, at construction (`gradient_as_bucket_view=False`: the `.grad` tensors come on top).
-FSDP2 (`fully_shard`): each decoder layer's parameters are all-gathered into unsharded tensors (padded to a
-multiple of the data-parallel degree, in `MixedPrecisionPolicy.param_dtype`) before its forward and backward;
-ZeRO-3 frees them after the layer's forward, ZeRO-2 keeps them until its backward. The root module (embeddings,
-final norm, lm_head) stays gathered from its forward to its backward. Backward prefetches the next layer's
-all-gather, and reduce-scatters each layer's unsharded gradients (in `reduce_dtype`, fp32 under mixed precision).
+DDP (and ZeRO-1, which runs under DDP):
+  bucket tensors  `torch/csrc/distributed/c10d/reducer.cpp: Reducer::initialize_buckets` allocates one flat
+                  gradient bucket per bucket group at construction: together one full copy of the gradients in the
+                  parameters' dtype, alive for the whole run (`gradient_as_bucket_view=False`: `.grad` on top).
+FSDP2 (`fully_shard`, torch/distributed/fsdp/_fully_shard), A = one decoder layer's parameters all-gathered (padded
+to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (embeddings, final norm, lm_head):
+  all_gather_output  `_fsdp_collectives.py: foreach_all_gather` allocates world × padded-shard elements (the
+                  all-gather input is a narrow view into it); `wait_for_unshard` copies it out into the unsharded
+                  parameters (`FSDPParam.init_unsharded_param`, storage re-allocated with `resize_`), so a gather
+                  briefly holds 2A. In forward the output is kept in `comm_ctx.all_gather_state` until the next
+                  group's copy-out, and the last one until the root's post-forward (`_fsdp_state.py:
+                  _post_forward`), i.e. through the loss: one retained A at the loss forward.
+  unsharded params ZeRO-3 frees a layer's after its forward (`reshard`), ZeRO-2 keeps them to its backward; the
+                  root is never resharded after forward (`_lazy_init` sets the root's `post_forward_mesh_info=None`).
+  prefetch        the backward pre-hook of a group all-gathers the next group in reverse forward order
+                  (`_backward_prefetch`): from the start of backward (root pre-backward prefetches the last layer)
+                  one all-gather output A waits for its copy-out (ZeRO-3; under ZeRO-2 the layers are gathered).
+  unsharded grads  autograd's gradients of the unsharded parameters, in param_dtype, until `post_backward`.
+  reduce_scatter_input `_fsdp_collectives.py: foreach_reduce` allocates world × padded-shard elements in
+                  `reduce_dtype` (fp32 under mixed precision) and copies the unsharded grads in; it is kept in
+                  `comm_ctx.reduce_scatter_states` until the next group's post-backward (one buffer,
+                  `reduce_scatter_max_input_buffers=1`) and the last one until the root's final callback.
+  root gradients   the root's post-backward runs in the final callback (its inputs need no grad), so the lm_head,
+                  final-norm and embedding gradients stay unsharded in param_dtype until the end of backward.
 """
 
 from __future__ import annotations
@@ -19,9 +37,15 @@ from llmem.spec import ModelSpec
 
 
 def ddp_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`Reducer` bucket tensors: one gradient copy, standing."""
     if plan.scheme not in (Scheme.DDP, Scheme.ZERO1):
         return 0
     return spec.total_params * plan.precision.param_bytes
+
+
+def ddp_rebuild_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`Reducer::rebuild_buckets` (forward of iteration 2) allocates the new buckets before the old ones go."""
+    return ddp_bucket_bytes(spec, plan)
 
 
 def standing_buffer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -29,32 +53,72 @@ def standing_buffer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return ddp_bucket_bytes(spec, plan)
 
 
-def _gather_bytes(plan: TrainingPlan) -> int:
+def gather_bytes(plan: TrainingPlan) -> int:
     """Bytes per element of all-gathered parameters: the MixedPrecisionPolicy's param_dtype, else the params'."""
     return plan.precision.compute_bytes if plan.precision.is_mixed else plan.precision.param_bytes
 
 
+def reduce_bytes(plan: TrainingPlan) -> int:
+    """Bytes per element of the reduce-scatter input: `reduce_dtype` (fp32) under mixed precision."""
+    return 4 if plan.precision.is_mixed else plan.precision.param_bytes
+
+
 def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * _gather_bytes(plan)
+    """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage."""
+    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * gather_bytes(plan)
 
 
 def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(unsharded_numel(p, plan) for p in spec.outer_params) * _gather_bytes(plan)
+    """R: the root group's unsharded parameters."""
+    return sum(unsharded_numel(p, plan) for p in spec.outer_params) * gather_bytes(plan)
+
+
+def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """One decoder layer's `reduce_scatter_input` (padded, reduce dtype)."""
+    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * reduce_bytes(plan)
+
+
+def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(unsharded_numel(p, plan) for p in spec.outer_params) * reduce_bytes(plan)
 
 
 def gathered_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> Callable[[int], int]:
-    """f(n): all-gathered parameter bytes when n decoder layers have run forward (n = layers at the loss) or,
-    in backward, when layers 0..n-1 still await their backward."""
+    """f(n): unsharded parameter bytes (root + layers) once n decoder layers have run forward."""
     if plan.scheme not in FSDP_SCHEMES:
         return lambda n: 0
     layer, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
     if plan.scheme is Scheme.ZERO2:
         return lambda n: root + n * layer
-    return lambda n: root + (2 * layer if n < spec.num_layers else 0)
+    return lambda n: root + (layer if n else 0)
+
+
+def forward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, in_layer: bool) -> int:
+    """At the end of forward — inside the last decoder layer (`in_layer`) or at the loss, after ZeRO-3 resharded
+    it: unsharded parameters plus the retained all-gather output of the last layer (`comm_ctx.all_gather_state`)."""
+    if plan.scheme not in FSDP_SCHEMES:
+        return 0
+    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    if plan.scheme is Scheme.ZERO2:
+        return root + spec.num_layers * a + a
+    return root + (a if in_layer else 0) + a
+
+
+def backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None, own: bool = True) -> int:
+    """During the backward of decoder layer `layer` (None: the loss / lm_head, before any layer): the root,
+    the layer's own unsharded parameters (`own`; False once `post_backward` resharded them), the layers still
+    gathered (ZeRO-2) and the prefetched all-gather output of the next layer backward runs (ZeRO-3)."""
+    if plan.scheme not in FSDP_SCHEMES:
+        return 0
+    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    if layer is None:
+        layer_count = spec.num_layers
+        return root + (layer_count * a if plan.scheme is Scheme.ZERO2 else a)
+    earlier = layer * a if plan.scheme is Scheme.ZERO2 else (a if layer > 0 else 0)
+    return root + (a if own else 0) + earlier
 
 
 def backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """FSDP2 reduce-scatter input of one layer: its unsharded gradients in the reduce dtype."""
     if plan.scheme not in FSDP_SCHEMES:
         return 0
-    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * plan.precision.param_bytes
+    return layer_reduce_scatter_input_bytes(spec, plan)
