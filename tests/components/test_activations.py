@@ -1,0 +1,79 @@
+"""Independent-measurement accuracy: the estimator's single-rank peak against a real CPU run (allocator trace).
+
+Tiny configs with unequal dimensions (heads·head_dim ≠ hidden where allowed, kv heads ≠ heads, intermediate not a
+multiple of hidden) so that terms cannot alias. Dropout is off (the activation model does not count dropout masks).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.measure.timeline import timeline
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+_LLAMA = dict(vocab_size=1000, hidden_size=192, intermediate_size=400, num_hidden_layers=2, num_attention_heads=6,
+              num_key_value_heads=2, head_dim=40, max_position_embeddings=512)
+CONFIGS = {
+    "llama": dict(model_type="llama", **_LLAMA),
+    "qwen3": dict(model_type="qwen3", **_LLAMA),
+    "gemma": dict(model_type="gemma", **_LLAMA),
+    "phi3": dict(model_type="phi3", vocab_size=1000, hidden_size=192, intermediate_size=400, num_hidden_layers=2,
+                 num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0),
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, **_LLAMA),
+    "qwen2_moe": dict(model_type="qwen2_moe", vocab_size=1000, hidden_size=192, intermediate_size=400,
+                      num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=144, shared_expert_intermediate_size=272,
+                      max_position_embeddings=512),
+    "gpt2": dict(model_type="gpt2", vocab_size=1000, n_embd=192, n_inner=400, n_layer=2, n_head=6, n_positions=256,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "opt": dict(model_type="opt", vocab_size=1000, hidden_size=192, ffn_dim=400, num_hidden_layers=2,
+                num_attention_heads=6, max_position_embeddings=256, word_embed_proj_dim=160, dropout=0.0),
+    "gpt_neox": dict(model_type="gpt_neox", vocab_size=1000, hidden_size=192, intermediate_size=400,
+                     num_hidden_layers=2, num_attention_heads=6, rotary_pct=0.25, max_position_embeddings=256),
+    "falcon": dict(model_type="falcon", vocab_size=1000, hidden_size=192, ffn_hidden_size=400, num_hidden_layers=2,
+                   num_attention_heads=6, num_kv_heads=2, new_decoder_architecture=True, parallel_attn=True,
+                   bias=False),
+    "falcon_mq": dict(model_type="falcon", vocab_size=1000, hidden_size=192, num_hidden_layers=2,
+                      num_attention_heads=6, multi_query=True, parallel_attn=True, new_decoder_architecture=False,
+                      bias=False),
+}
+# Not yet exact (see llmem/components/activations.py): bloom's embedding LayerNorm/alibi outside the layers,
+# gemma2's sandwich norms and softcapping.
+APPROXIMATE = {
+    "bloom": dict(model_type="bloom", vocab_size=1000, hidden_size=192, n_layer=2, n_head=6),
+    "gemma2": dict(model_type="gemma2", sliding_window=32, **_LLAMA),
+}
+
+
+def _error(cfg: dict, **plan) -> float:
+    p = TrainingPlan(device="cpu", optimizer_impl="forloop", **plan)
+    measured = timeline(cfg, p).peak_bytes
+    return (estimate(ModelSpec.from_config(cfg), p).peak_bytes - measured) / measured
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_fp32_sdpa_peak_within_2_percent(family):
+    assert abs(_error(CONFIGS[family], batch_size=4, seq_len=64, precision="fp32")) < 0.02
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral"])
+def test_bf16_mixed_peak_within_2_percent(family):
+    assert abs(_error(CONFIGS[family], batch_size=2, seq_len=64, precision="bf16-mixed")) < 0.02
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_checkpointed_peak_within_2_percent(family):
+    assert abs(_error(CONFIGS[family], batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full")) < 0.02
+
+
+@pytest.mark.parametrize("family", ["opt"])
+def test_eager_peak_within_2_percent(family):
+    assert abs(_error(CONFIGS[family], batch_size=2, seq_len=64, precision="fp32", attn="eager")) < 0.02
+
+
+@pytest.mark.parametrize("family", sorted(APPROXIMATE))
+@pytest.mark.xfail(reason="activation table not yet exact for this family", strict=False)
+def test_approximate_families(family):
+    assert abs(_error(APPROXIMATE[family], batch_size=2, seq_len=64, precision="fp32", attn="eager")) < 0.02
