@@ -172,7 +172,6 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     recompute = act.layer_activation_bytes(spec, cp) if plan.grad_ckpt is GradCkpt.FULL else 0
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
-    root_grads_all = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
     sharded_layer = [layer_gradient_bytes(spec, plan, k) for k in range(layers)]
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
@@ -195,15 +194,24 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             activations=layer * kept + outer_act + (recompute or kept),
             gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, cp),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
-        phases.append(_phase(
-            f"reduce-scatter (layer {layer})", **persistent, activations=layer * kept + outer_act,
-            gradients=root_grads_head + later + sharded_layer[layer] + layer_grads, logits=logits,
-            communication=comm.backward_gather_bytes(spec, plan, layer, own=False) + rs_in))
+        earlier = dict(**persistent, activations=layer * kept + outer_act, logits=logits)
+        gather = comm.backward_gather_bytes(spec, plan, layer, own=False)
+        phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input
+            f"reduce-scatter copy-in (layer {layer})", **earlier,
+            gradients=root_grads_head + later + layer_grads, communication=gather + rs_in))
+        phases.append(_phase(  # the collective: unsharded grads freed, the output shard and gloo's copy allocated
+            f"reduce-scatter (layer {layer})", **earlier, gradients=root_grads_head + later + sharded_layer[layer],
+            communication=gather + rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)))
+    # The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
+    # gradients the lm_head weight's is still referenced during the collective (seen in every run; the holder of
+    # the reference is not pinned down), the others are freed after the copy-in.
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
+    head = spec.outer_params[-1] if not spec.tie_word_embeddings else spec.outer_params[0]
+    head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
     phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
-                         gradients=sum(sharded_layer) + root_grads_all + root_sharded,
-                         communication=comm.root_unsharded_bytes(spec, plan)
-                         + comm.root_reduce_scatter_input_bytes(spec, plan)))
+                         gradients=sum(sharded_layer) + root_sharded + head_unsharded,
+                         communication=comm.root_reduce_scatter_input_bytes(spec, plan)
+                         + comm.reduce_scatter_scratch_bytes(spec, plan, root=True)))
     phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan), logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
     return phases

@@ -23,6 +23,9 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
                   `reduce_dtype` (fp32 under mixed precision) and copies the unsharded grads in; it is kept in
                   `comm_ctx.reduce_scatter_states` until the next group's post-backward (one buffer,
                   `reduce_scatter_max_input_buffers=1`) and the last one until the root's final callback.
+  gloo scratch     (CPU profile) the gloo backend has no native reduce-scatter: `reduce_scatter_tensor` all-reduces
+                  a copy of the whole input (`empty_strided` on the calling thread, freed on gloo's worker
+                  thread) and copies this rank's chunk out; NCCL (CUDA profile) reduce-scatters in place.
   root gradients   the root's post-backward runs in the final callback (its inputs need no grad), so the lm_head,
                   final-norm and embedding gradients stay unsharded in param_dtype until the end of backward.
 """
@@ -80,6 +83,15 @@ def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int
 
 def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(unsharded_numel(p, plan) for p in spec.outer_params) * reduce_bytes(plan)
+
+
+def reduce_scatter_scratch_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """gloo's copy of the reduce-scatter input (CPU profile only)."""
+    from llmem.plan import Device
+
+    if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
+        return 0
+    return root_reduce_scatter_input_bytes(spec, plan) if root else layer_reduce_scatter_input_bytes(spec, plan)
 
 
 def gathered_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> Callable[[int], int]:
