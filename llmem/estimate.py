@@ -186,7 +186,9 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=root_grads_head,
                logits=lg.lm_head_backward_bytes(spec, cp), communication=bwd_head),
     ]
-    for layer in sorted({layers - 1, 0}, reverse=True):
+    # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
+    # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
+    for layer in sorted({layers - 1, max(layers - 2, 0), min(1, layers - 1), 0}, reverse=True):
         later = sum(sharded_layer[layer + 1:])
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
         phases.append(_phase(
