@@ -67,7 +67,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     est = estimate(spec, plan)
     gpu = _gpu(args)
     if args.json:
-        out = est.to_dict() | {"origin": origin}
+        out = est.to_dict() | {"origin": origin, "caveats": list(spec.caveats)}
         if gpu is not None:
             out |= {"gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes,
                     "fits": est.device_total_bytes <= gpu.memory_bytes}
@@ -85,6 +85,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"  {'fragmentation allowance':<{width}}  {format_gib(est.fragmentation_bytes):>12}")
     print(f"  {'CUDA context':<{width}}  {format_gib(est.cuda_context_bytes):>12}")
     print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
+    for caveat in spec.caveats:
+        print(f"note: {caveat}")
     if gpu is not None:
         spare = gpu.memory_bytes - est.device_total_bytes
         verdict = (f"fits on {gpu.name} with {format_gib(spare)} to spare" if spare >= 0

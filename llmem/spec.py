@@ -55,6 +55,7 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     options: dict = field(default_factory=dict, compare=False, hash=False)
+    caveats: tuple[str, ...] = ()  # what the estimate cannot vouch for (e.g. a family without activation table)
     params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
 
     @property
@@ -79,7 +80,9 @@ class ModelSpec:
 
     @property
     def supports_tp(self) -> bool:
-        return self.family.tp_plan
+        from llmem.families import FAMILIES
+
+        return self.model_type in FAMILIES and self.family.tp_plan
 
     def layer_params(self, layer: int) -> tuple[ParamTensor, ...]:
         return self._by_layer.get(layer, ())
@@ -115,9 +118,7 @@ class ModelSpec:
 
         family = FAMILIES.get(model_type)
         if family is None:
-            raise InputError(
-                "model_type",
-                f"{model_type!r} has no closed-form adapter (supported: {', '.join(sorted(FAMILIES))}); "
-                "use `llmem.meta_count` with torch installed to count it on the meta device",
-            )
+            from llmem.meta import meta_spec
+
+            return meta_spec(config)
         return family.build(config)

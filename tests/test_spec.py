@@ -97,3 +97,21 @@ def test_bad_configs_name_the_field(config, field):
 def test_malformed_json_text():
     with pytest.raises(InputError, match="JSON"):
         ModelSpec.from_config('{"model_type": "llama",')
+
+
+def test_unknown_architecture_falls_back_to_the_meta_device_with_a_caveat():
+    config = {"model_type": "stablelm", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 1000}
+    spec = ModelSpec.from_config(config)
+    expected = meta_shapes({**config, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0})
+    assert {p.name: p.shape for p in spec.params} == expected
+    assert {p.layer for p in spec.params} == {0, 1, None}
+    assert spec.caveats and "stablelm" in spec.caveats[0]
+
+
+@pytest.mark.parametrize("config", [{"model_type": "t5"}, {"model_type": "no-such-arch"},
+                                    {"model_type": "custom_llama", "auto_map": {"AutoModelForCausalLM": "x.Y"}},
+                                    {"model_type": "stablelm", "num_hidden_layers": 10**7}])
+def test_unbuildable_architectures_are_input_errors(config):
+    with pytest.raises(InputError):
+        ModelSpec.from_config(config)

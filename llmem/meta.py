@@ -1,0 +1,73 @@
+"""Fallback for architectures without a closed-form adapter: count parameters on the meta device.
+
+`AutoModelForCausalLM.from_config` under `torch.device("meta")` allocates no memory; the parameter list (tied
+weights once) gives exact counts and shapes. Sizes the activation model needs come from the standard config
+attributes; the activation table is the Llama-style one, which the spec states as a caveat. This is the only
+place the estimator imports torch. Remote code is never executed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from llmem.errors import InputError
+from llmem.spec import ModelSpec, ParamTensor
+
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def meta_spec(config: dict) -> ModelSpec:
+    model_type = config["model_type"]
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise InputError("model_type", f"{model_type!r} has no closed-form adapter, and counting it on the meta "
+                         "device needs torch and transformers installed") from None
+    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    layers = rest.get("num_hidden_layers", rest.get("n_layer", 1))
+    if not isinstance(layers, int) or not 1 <= layers <= 4096:
+        raise InputError("num_hidden_layers", f"must be a whole number from 1 to 4,096, got {layers!r}")
+    if "auto_map" in config:
+        raise InputError("model_type", f"{model_type!r} needs trust_remote_code, which llmem never enables; use "
+                         "an architecture that transformers ships")
+    try:
+        cfg = AutoConfig.for_model(model_type, **rest)
+    except (ValueError, KeyError, TypeError):
+        raise InputError("model_type", f"transformers {_version()} does not know {model_type!r}; check the "
+                         "spelling, or pass a config.json of an architecture it ships") from None
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise InputError("model_type", f"{model_type!r} is not a causal language model transformers can build "
+                         f"({str(e).splitlines()[0]})") from None
+    params = []
+    for name, p in model.named_parameters():  # tied weights are listed once
+        m = _LAYER.search(name)
+        params.append(ParamTensor(name, tuple(p.shape), int(m.group(1)) if m else None))
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    spec = ModelSpec(
+        model_type=model_type,
+        name=str(config.get("_name_or_path") or model_type),
+        vocab_size=int(text.vocab_size),
+        hidden_size=hidden,
+        intermediate_size=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        num_layers=int(text.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+        tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+        caveats=(f"{model_type!r} has no activation table: parameters are exact (meta device), activations use "
+                 "the Llama-style layer and may be off",),
+    )
+    object.__setattr__(spec, "params", tuple(params))
+    return spec
