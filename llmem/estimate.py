@@ -208,7 +208,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # gradients the lm_head weight's is still referenced during the collective (seen in every run; the holder of
     # the reference is not pinned down), the others are freed after the copy-in.
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
-    head = spec.outer_params[-1] if not spec.tie_word_embeddings else spec.outer_params[0]
+    head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), spec.outer_params[0])
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
     phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
                          gradients=sum(sharded_layer) + root_sharded + head_unsharded,
