@@ -1,0 +1,8 @@
+"""Fake-tensor runs of the real runtime: per-op allocation timeline, peak, caching-allocator model.
+
+Imports torch (through llmem.runtime); the pure estimator never imports this package.
+"""
+
+from llmem.simulate.run import LiveTensor, Phase, Simulation, simulate
+
+__all__ = ["LiveTensor", "Phase", "Simulation", "simulate"]

@@ -1,0 +1,155 @@
+"""Record every storage allocation and free of a run under fake tensors, with its op, phase and module.
+
+`AllocationTracker` is a `TorchDispatchMode` entered *inside* `FakeTensorMode`, so it sees each aten op before the
+fake kernel runs and the (fake) outputs after. A new storage among the outputs is an allocation of its
+`nbytes()`; a weak reference to the storage's Python object (storages keep their Python object alive as long
+as the C++ storage lives) reports the free. Three ways of changing a storage's size bypass "new output storage":
+  * `UntypedStorage.resize_` (FSDP2 frees and re-allocates unsharded parameters this way, outside dispatch):
+    patched for the duration of the run;
+  * in-place `aten.resize_` / `aten.set_` on an existing tensor: the storage's size is re-read after the op;
+  * DTensor ops decompose into local-tensor ops, which the tracker sees like any other.
+What it cannot see: memory a kernel allocates for itself and frees before returning (CPU LayerNorm backward,
+bf16 matmul packing, cuBLAS workspaces). docs/SIMULATION.md lists the consequences.
+
+Events are (op_index, block, delta) with delta > 0 for an allocation and < 0 for a free; a block is one
+allocation's lifetime (a storage resized from 0 to n and back is a new block each time). `blocks[b]` says who
+allocated it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_aten = torch.ops.aten
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_RESIZING = {_aten.resize_.default, _aten.resize_as_.default, _aten.set_.source_Storage,
+             _aten.set_.source_Storage_storage_offset, _aten.set_.source_Tensor}
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One allocation: its size and origin."""
+
+    nbytes: int
+    op: str  # the aten op (or "resize_", or a closed-form label)
+    module: str  # the innermost module running when it was allocated ("" outside any module)
+    phase: int  # index into the tracker's phase list
+    shape: str = ""
+    closed_form: bool = False
+
+
+class AllocationTracker(TorchDispatchMode):
+    """`with FakeTensorMode(), AllocationTracker() as t: ...`; then `t.events`, `t.blocks`, `t.phases`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[int, int, int]] = []
+        self.blocks: list[BlockInfo] = []
+        self.phases: list[tuple[str, int, int, int]] = []  # (name, iteration, first op index, first event index)
+        self.op_index = 0
+        self.module = ""
+        self._live: dict[int, tuple[int, int, object]] = {}  # storage key -> (block, nbytes, weakref)
+        self._phase = -1
+        self._iteration = 0
+        self._orig_resize = None
+
+    # phases and modules ------------------------------------------------------------------------------------
+    def mark(self, name: str) -> None:
+        if name == "forward":
+            self._iteration += 1
+        self.phases.append((name, self._iteration, self.op_index, len(self.events)))
+        self._phase = len(self.phases) - 1
+
+    def reset_peak(self) -> None:
+        self.phases.append(("reset", self._iteration, self.op_index, len(self.events)))
+        self._phase = len(self.phases) - 1
+
+    @property
+    def reset_event(self) -> int:
+        return next((ev for name, _, _, ev in self.phases if name == "reset"), 0)
+
+    # allocations ----------------------------------------------------------------------------------------
+    def add_block(self, nbytes: int, op: str, shape: str = "", closed_form: bool = False) -> int:
+        """Record an allocation (also used for the closed-form buffers) and return its block number."""
+        block = len(self.blocks)
+        self.blocks.append(BlockInfo(nbytes, op, self.module, self._phase, shape, closed_form))
+        self.events.append((self.op_index, block, nbytes))
+        return block
+
+    def free_block(self, block: int) -> None:
+        self.events.append((self.op_index, block, -self.blocks[block].nbytes))
+
+    def _freed(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None and entry[1]:
+            self.free_block(entry[0])
+
+    def _track(self, storage, op: str, tensor: torch.Tensor | None) -> None:
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        entry = self._live.get(key)
+        if entry is not None:
+            if entry[1] == nbytes:
+                return
+            # resized: the new block is allocated before the old one is released (copy then free)
+            block = self.add_block(nbytes, op, _shape(tensor)) if nbytes else -1
+            if entry[1]:
+                self.free_block(entry[0])
+            self._live[key] = (block, nbytes, entry[2])
+            return
+        block = self.add_block(nbytes, op, _shape(tensor)) if nbytes else -1
+        ref = weakref.ref(storage, lambda _r, key=key: self._freed(key))
+        self._live[key] = (block, nbytes, ref)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in _PLAIN and not issubclass(t, _FakeTensor) for t in types):
+            return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
+        out = func(*args, **(kwargs or {}))
+        self.op_index += 1
+        name = None
+        if func in _RESIZING and args and isinstance(args[0], torch.Tensor):
+            self._track(args[0].untyped_storage(), func.__name__, args[0])
+        if isinstance(out, torch.Tensor):
+            name = func.__name__
+            self._track(out.untyped_storage(), name, out)
+        elif isinstance(out, (tuple, list)):
+            name = func.__name__
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._track(t.untyped_storage(), name, t)
+                elif isinstance(t, (tuple, list)):
+                    for u in t:
+                        if isinstance(u, torch.Tensor):
+                            self._track(u.untyped_storage(), name, u)
+        return out
+
+    def __enter__(self):
+        tracker = self
+        orig = torch.UntypedStorage.resize_
+        self._orig_resize = orig
+
+        def resize_(storage, size):
+            result = orig(storage, size)
+            tracker._track(storage, "UntypedStorage.resize_", None)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*exc)
+
+    def live_bytes(self) -> int:
+        return sum(nbytes for _, nbytes, _ in self._live.values())
+
+
+def _shape(t: torch.Tensor | None) -> str:
+    if t is None:
+        return ""
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
