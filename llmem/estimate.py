@@ -19,12 +19,13 @@ from llmem.components.gradients import (
     embedding_input_gradient_bytes,
     gradient_bytes,
     head_gradient_bytes,
+    later_layers_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
-from llmem.components.sharding import FSDP_SCHEMES, local_numel
+from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -92,13 +93,14 @@ class Estimate:
         }
 
 
-_PART_CATEGORY = {"standing": Category.COMMUNICATION, "optimizer": Category.OPTIMIZER}
+_PART_CATEGORY = {c.name.lower(): c for c in Category} | {"standing": Category.COMMUNICATION}
+_EMPTY = dict.fromkeys(Category, 0)
 
 
 def _phase(name: str, **parts: int) -> Phase:
-    breakdown = {c: 0 for c in Category}
+    breakdown = dict(_EMPTY)
     for key, value in parts.items():
-        breakdown[_PART_CATEGORY.get(key) or Category[key.upper()]] += value
+        breakdown[_PART_CATEGORY[key]] += value
     return Phase(name, breakdown)
 
 
@@ -131,7 +133,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                logits=lg.lm_head_backward_bytes(spec, plan), communication=gathered(layers)),
     ]
     for layer, name in ((last, "backward (last layer)"), (0, "backward (first layer)")):
-        later = sum(layer_gradient_bytes(spec, plan, k) for k in range(layer + 1, layers))
+        later = later_layers_gradient_bytes(spec, plan, layer)
         phases.append(_phase(
             name, **persistent,
             activations=layer * kept + outer_act + (recompute or kept),
@@ -172,7 +174,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     recompute = act.layer_activation_bytes(spec, cp) if plan.grad_ckpt is GradCkpt.FULL else 0
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
-    sharded_layer = [layer_gradient_bytes(spec, plan, k) for k in range(layers)]
+    pb = plan.precision.param_bytes
+    sharded_layer = [n * pb for n in shard_summary(spec, plan).per_layer]
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmem.components.sharding import FSDP_SCHEMES, unsharded_numel
+from llmem.components.sharding import FSDP_SCHEMES, shard_summary
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -68,21 +68,21 @@ def reduce_bytes(plan: TrainingPlan) -> int:
 
 def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage."""
-    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * gather_bytes(plan)
+    return shard_summary(spec, plan).gathered_layer * gather_bytes(plan)
 
 
 def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """R: the root group's unsharded parameters."""
-    return sum(unsharded_numel(p, plan) for p in spec.outer_params) * gather_bytes(plan)
+    return shard_summary(spec, plan).gathered_outer * gather_bytes(plan)
 
 
 def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """One decoder layer's `reduce_scatter_input` (padded, reduce dtype)."""
-    return sum(unsharded_numel(p, plan) for p in spec.layer_params(0)) * reduce_bytes(plan)
+    return shard_summary(spec, plan).gathered_layer * reduce_bytes(plan)
 
 
 def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(unsharded_numel(p, plan) for p in spec.outer_params) * reduce_bytes(plan)
+    return shard_summary(spec, plan).gathered_outer * reduce_bytes(plan)
 
 
 def reduce_scatter_scratch_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:

@@ -5,17 +5,22 @@ backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeR
 Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them).
 """
 
-from llmem.components.sharding import local_numel
+from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
 
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(local_numel(p, plan) for p in spec.params) * plan.precision.param_bytes
+    return shard_summary(spec, plan).total * plan.precision.param_bytes
 
 
 def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    return sum(local_numel(p, plan) for p in spec.layer_params(layer)) * plan.precision.param_bytes
+    return shard_summary(spec, plan).per_layer[layer] * plan.precision.param_bytes
+
+
+def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """Gradients of the layers after `layer`, which backward has already produced."""
+    return sum(shard_summary(spec, plan).per_layer[layer + 1:]) * plan.precision.param_bytes
 
 
 def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -12,7 +12,7 @@ Step temporaries (beyond states, gradients and parameters):
 
 from __future__ import annotations
 
-from llmem.components.sharding import local_numel
+from llmem.components.sharding import shard_summary
 from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
@@ -21,7 +21,7 @@ STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
-    sizes = [local_numel(p, plan) for p in spec.params]
+    sizes = list(shard_summary(spec, plan).sizes)
     if plan.scheme is not Scheme.ZERO1:
         return sizes
     return max(zero1_partitions(spec.params, plan.dp), key=sum)

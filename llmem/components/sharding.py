@@ -9,6 +9,7 @@ The per-GPU figure is the largest rank's, so padded sizes are exact for it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
@@ -57,5 +58,42 @@ def unsharded_numel(p: ParamTensor, plan: TrainingPlan) -> int:
     return math.prod(shape)
 
 
+@dataclass(frozen=True)
+class ShardSummary:
+    """Per-rank element counts of a spec under one sharding (the same for every plan with equal tp, dp, FSDP)."""
+
+    sizes: tuple[int, ...]  # local elements of each tensor, in spec.params order
+    per_layer: tuple[int, ...]  # local elements of each decoder layer
+    outer: int  # local elements outside the decoder layers
+    gathered_layer: int  # elements of layer 0 while all-gathered (FSDP2 keeps the padding; TP-local)
+    gathered_outer: int  # the same for the tensors outside the decoder layers
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_layer) + self.outer
+
+
+def shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
+    """Cached on the spec: an estimate needs these sums in many places, and compare calls it many times."""
+    key = (plan.tp, plan.dp, plan.scheme in FSDP_SCHEMES)
+    cache = spec.__dict__.setdefault("_shard_summaries", {})
+    summary = cache.get(key)
+    if summary is None:
+        sizes = tuple(local_numel(p, plan) for p in spec.params)
+        per_layer = [0] * spec.num_layers
+        outer = 0
+        for p, n in zip(spec.params, sizes, strict=True):
+            if p.layer is None:
+                outer += n
+            else:
+                per_layer[p.layer] += n
+        summary = cache[key] = ShardSummary(
+            sizes, tuple(per_layer), outer,
+            gathered_layer=sum(unsharded_numel(p, plan) for p in spec.layer_params(0)),
+            gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
+        )
+    return summary
+
+
 def local_params(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(local_numel(p, plan) for p in spec.params)
+    return shard_summary(spec, plan).total
