@@ -39,6 +39,8 @@ ROWS = {
         "large-zero1-fp32-adamw": {"zero": 1, **LARGE_BASE},
         "tp-fp32-adamw": {"tp": 2},
         "tp-fp32-sgd": {"tp": 2, "optimizer": "sgd"},
+        # foreach under TP: two parameter groups (DTensor / plain); the step's temporaries are the larger group's
+        "large-tp-bf16mix-foreach": {"tp": 2, "precision": "bf16-mixed", "optimizer_impl": "foreach", **LARGE_BASE},
     },
     4: {
         "zero2-fp32-adamw": {"zero": 2},

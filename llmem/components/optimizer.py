@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from llmem.components.sharding import shard_summary
 from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor
+from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
 STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 
@@ -39,6 +39,20 @@ def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[i
     return parts
 
 
+def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
+    """Local sizes per optimizer parameter group (`llmem.runtime.optim.param_groups`): under TP the sharded
+    DTensor parameters (TP-plan Linear weights and their biases) and the replicated plain ones form two groups, and
+    a foreach step's temporaries are allocated and freed group by group. Other schemes: one group."""
+    sizes = optimized_params(spec, plan)
+    if plan.scheme is not Scheme.TP:
+        return [sizes]
+    row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
+    dtensor = [p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in spec.params]
+    pairs = list(zip(sizes, dtensor, strict=True))
+    groups = [[n for n, d in pairs if d], [n for n, d in pairs if not d]]
+    return [g for g in groups if g]
+
+
 def _step_tensors_on_device(plan: TrainingPlan) -> bool:
     return plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
 
@@ -61,5 +75,5 @@ def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if impl is OptimizerImpl.FORLOOP:
         return 2 * max(sizes, default=0) * pb
     if impl is OptimizerImpl.FOREACH:
-        return sum(sizes) * pb
+        return max(sum(group) for group in param_groups(spec, plan)) * pb
     return 0

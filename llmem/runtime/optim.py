@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmem.plan import Optimizer, OptimizerImpl, TrainingPlan
+from llmem.plan import Optimizer, OptimizerImpl, Scheme, TrainingPlan
 
 LR = 1e-4
 SGD_MOMENTUM = 0.9
@@ -19,10 +19,24 @@ def optimizer_class_and_kwargs(plan: TrainingPlan) -> tuple[type, dict]:
     return torch.optim.SGD, {"lr": LR, "momentum": SGD_MOMENTUM, **flags}
 
 
+def param_groups(params, plan: TrainingPlan) -> list:
+    """Under tensor parallelism (no FSDP) the sharded parameters are DTensors and the replicated ones (embeddings,
+    norms, lm_head) plain tensors; torch's foreach and fused kernels cannot mix the two in one call, so they go in
+    two parameter groups (sharded first). Every other scheme has one group."""
+    params = list(params)
+    if plan.scheme is not Scheme.TP:
+        return params
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (sharded, plain) if group]
+
+
 def make_optimizer(params, plan: TrainingPlan, zero1: bool = False):
     cls, kwargs = optimizer_class_and_kwargs(plan)
     if zero1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
-    return cls(params, **kwargs)
+    return cls(param_groups(params, plan), **kwargs)
