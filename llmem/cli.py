@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         register = None
     if register is not None:
         register(sub, add_plan_arguments, plan_from_args)
+    from llmem.simulate.cli import register as register_simulate
+
+    register_simulate(sub, add_plan_arguments, plan_from_args)
     return parser
 
 

@@ -168,6 +168,28 @@ def _real_device_mesh():
 
 
 @contextlib.contextmanager
+def _untracked_sharding_propagation(tracker):
+    """DTensor's sharding propagation builds fake copies of its arguments to infer output metadata
+    (`OpSchema.gen_fake_args`); a real run makes them under its own fake mode, never on the device."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    orig = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, *args, **kwargs):
+        tracker.paused += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            tracker.paused -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = orig
+
+
+@contextlib.contextmanager
 def _no_packed_sequence_check():
     """transformers treats fake tensors as traced and would build an explicit float mask per layer; the
     packed-sequence check is what sends it there (position ids 0..s-1 are never packed)."""
@@ -287,6 +309,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     torch.set_num_threads(1)
     try:
         with _fake_process_group(run_plan, sim_rank), _no_packed_sequence_check(), _real_device_mesh(), \
+                _untracked_sharding_propagation(tracker), \
                 FakeTensorMode(allow_non_fake_inputs=True), tracker:
             session = prepare(config, run_plan, topo, mark=tracker.mark)
             handles = _install_module_tracking(tracker, session.model)

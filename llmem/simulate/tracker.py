@@ -57,11 +57,13 @@ class AllocationTracker(TorchDispatchMode):
         self._phase = -1
         self._iteration = 0
         self._orig_resize = None
+        self.paused = 0  # > 0: ops run untracked (DTensor's sharding propagation builds throw-away fake args)
 
     # phases and modules ------------------------------------------------------------------------------------
     def mark(self, name: str) -> None:
         if name == "forward":
             self._iteration += 1
+        self.module = ""
         self.phases.append((name, self._iteration, self.op_index, len(self.events)))
         self._phase = len(self.phases) - 1
 
@@ -110,6 +112,8 @@ class AllocationTracker(TorchDispatchMode):
         if any(t not in _PLAIN and not issubclass(t, _FakeTensor) for t in types):
             return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
         self.op_index += 1
         name = None
         if func in _RESIZING and args and isinstance(args[0], torch.Tensor):
@@ -139,10 +143,21 @@ class AllocationTracker(TorchDispatchMode):
             return result
 
         torch.UntypedStorage.resize_ = resize_
+        orig_rng = torch.get_rng_state
+        self._orig_rng = orig_rng
+
+        def get_rng_state():
+            # a real CPU byte tensor made outside dispatch; activation checkpointing saves one per region
+            state = orig_rng()
+            tracker._track(state.untyped_storage(), "get_rng_state", state)
+            return state
+
+        torch.get_rng_state = get_rng_state
         return super().__enter__()
 
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._orig_resize
+        torch.get_rng_state = self._orig_rng
         return super().__exit__(*exc)
 
     def live_bytes(self) -> int:

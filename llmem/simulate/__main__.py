@@ -1,0 +1,5 @@
+import sys
+
+from llmem.simulate.cli import main
+
+sys.exit(main())
