@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmem.components import Category, autocast, outside
+from llmem.components import Category, autocast, lora, outside
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -68,11 +68,12 @@ class Estimate:
 
     @property
     def total_params(self) -> int:
-        return self.spec.total_params
+        """Every parameter of the model that runs (LoRA: base plus adapters)."""
+        return lora.total_params(self.spec, self.plan)
 
     @property
     def trainable_params(self) -> int:
-        return self.spec.trainable_params
+        return lora.trainable_params(self.spec, self.plan)
 
     def to_dict(self) -> dict:
         return {
@@ -114,8 +115,16 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     grads_all, grads_outer = gradient_bytes(spec, plan), head_gradient_bytes(spec, plan)
     kept = act.kept_per_layer_bytes(spec, plan)
     outer_act = act.outer_saved_bytes(spec, plan)
-    forward_acts = layers * kept + outer_act + act.final_norm_bytes(spec, plan)
+    final_norm = act.final_norm_bytes(spec, plan)
     recompute = act.layer_activation_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
+    if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
+        final_norm = lora.final_norm_bytes(spec, plan)
+        if plan.grad_ckpt is GradCkpt.FULL:
+            recompute = lora.layer_activation_bytes(spec, plan)
+        else:
+            kept = lora.layer_activation_bytes(spec, plan)
+            outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
+    forward_acts = layers * kept + outer_act + final_norm
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     head_cast = autocast.head_weight_copy_bytes(spec, plan)
     logits = lg.logits_bytes(spec, plan)
@@ -146,10 +155,38 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                          + embedding_input_gradient_bytes(spec, plan)))
     phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    if plan.grad_accum > 1:
+        phases += accumulation_phases(spec, plan, phases)
     if plan.scheme in (Scheme.DDP, Scheme.ZERO1):
         # Iteration 2's forward starts with `Reducer::rebuild_buckets`: new buckets before the old are freed.
         phases.append(_phase("DDP bucket rebuild", **persistent, communication=comm.ddp_rebuild_bytes(spec, plan)))
     return phases
+
+
+def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]) -> list[Phase]:
+    """`--grad-accum K > 1`: micro-steps 2..K run forward and backward while every gradient of the previous
+    micro-steps is alive (`.grad` is only freed by zero_grad after the step). The forward and loss phases of micro-
+    step 1 gain all gradients; in the backward phases the gradients micro-step 1 had (the newly produced ones:
+    the lm_head's, a layer's MLP weight gradient) are now transient — AccumulateGrad adds each new gradient into the
+    existing `.grad` in place and frees it — on top of all gradients. At the end of backward the input embedding's
+    new dense gradient is added into its `.grad` the same way (the tied case already counts it)."""
+    grads_all = gradient_bytes(spec, plan)
+    later = {"backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
+             "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
+    out = []
+    for ph in phases:
+        if ph.name in ("backward end", "optimizer step"):
+            continue
+        b = dict(ph.breakdown)
+        new = b[Category.GRADIENTS] - later.get(ph.name, 0)  # what this moment of micro-step 1 had just produced
+        b[Category.GRADIENTS] = grads_all + new
+        out.append(Phase(f"{ph.name}, gradients alive (micro-step 2)", b))
+    end = dict(next(p for p in phases if p.name == "backward end").breakdown)
+    if not spec.tie_word_embeddings and not lora.is_lora(plan):
+        emb = spec.outer_params[0]
+        end[Category.TEMPORARIES] += local_numel(emb, plan) * plan.precision.param_bytes
+    out.append(Phase("backward end, embedding gradient accumulated (micro-step 2)", end))
+    return out
 
 
 def compute_plan(plan: TrainingPlan) -> TrainingPlan:
@@ -242,6 +279,8 @@ def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan."""
     from llmem.errors import InputError
 
+    lora.validate(spec, plan)
+    lora.check_supported(spec, plan)
     if plan.tp == 1:
         return
     if not spec.supports_tp:

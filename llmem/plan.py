@@ -93,6 +93,14 @@ class Device(Choice):
     CPU = "cpu"
 
 
+class Method(Choice):
+    """Fine-tuning method (DESIGN.md section 3 reserved names; "Project extensions" for what runs)."""
+
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"  # reserved name; rejected until a quantized frozen base is modelled
+
+
 class Scheme(Choice):
     """What runs, derived from (gpus, tp, zero) exactly as DESIGN.md section 2 fixes it."""
 
@@ -138,11 +146,17 @@ class TrainingPlan:
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
     device: Device = Device.CUDA
+    method: Method = Method.FULL
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: str = "all-linear"
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
             object.__setattr__(self, name, enum.parse(name.replace("_", "-"), getattr(self, name)))
-        for name in ("gpus", "tp", "batch_size", "seq_len"):
+        for name in ("gpus", "tp", "batch_size", "seq_len", "lora_rank", "lora_alpha", "grad_accum"):
             value = _as_int(name, getattr(self, name))
             object.__setattr__(self, name, value)
             if value < 1:
@@ -164,6 +178,19 @@ class TrainingPlan:
         if self.tp > 1 and self.gpus > self.tp and self.zero != 3:
             raise InputError("zero", "TP combined with data parallelism runs FSDP2 across the TP groups; "
                              "use --zero 3")
+        self._validate_method()
+
+    def _validate_method(self) -> None:
+        object.__setattr__(self, "lora_dropout", _as_probability("lora-dropout", self.lora_dropout))
+        object.__setattr__(self, "lora_targets", parse_lora_targets(self.lora_targets))
+        if self.method is Method.QLORA:
+            raise InputError("method", "qlora (quantized frozen base) is not yet supported here; use full or lora")
+        if self.method is Method.LORA and self.gpus > 1:
+            raise InputError("method", "lora is modelled and measured on one GPU only so far; use --gpus 1 "
+                             "(or --method full for DDP/ZeRO/TP)")
+        if self.grad_accum > 1 and self.gpus > 1:
+            raise InputError("grad-accum", "gradient accumulation is modelled on one GPU only so far; "
+                             "use --gpus 1 or --grad-accum 1")
 
     @cached_property
     def scheme(self) -> Scheme:
@@ -204,11 +231,43 @@ _ENUM_FIELDS = {
     "grad_ckpt": GradCkpt,
     "attn": Attention,
     "device": Device,
+    "method": Method,
 }
+
+ALL_LINEAR = "all-linear"
+
+
+def parse_lora_targets(value: object) -> str:
+    """`all-linear` (every Linear but the output layer, as PEFT resolves it) or a comma-separated list of PEFT
+    module names (a module is targeted when its name equals one or ends with "." + one). Normalised spelling."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise InputError("lora-targets", f"expected all-linear or a comma-separated list of names, got {value!r}")
+    text = value.strip()
+    if text.lower() == ALL_LINEAR:
+        return ALL_LINEAR
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise InputError("lora-targets", "give all-linear or module names such as q_proj,v_proj")
+    for n in names:
+        if not all(part.isidentifier() or part.isdigit() for part in n.split(".")):
+            raise InputError("lora-targets", f"{n!r} is not a module name (letters, digits, _ and .)")
+    return ",".join(dict.fromkeys(names))
 
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def _as_probability(name: str, value: object) -> float:
+    try:
+        p = float(value.strip() if isinstance(value, str) else value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InputError(name, f"must be a number in [0, 1), got {value!r}") from None
+    if isinstance(value, bool) or not 0.0 <= p < 1.0:
+        raise InputError(name, f"must be a number in [0, 1), got {value!r}")
+    return p
 
 
 def _as_int(name: str, value: object) -> int:

@@ -3,29 +3,40 @@
 bytes = local_params * param_bytes: `.grad` has the parameter's dtype (fp32 under mixed precision: autocast's cast
 backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeRO-1 keep full gradients.
 Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them).
+LoRA: only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embeddings run no backward.
 """
 
+from llmem.components import lora
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
 
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if lora.is_lora(plan):
+        return lora.adapter_bytes(spec, plan)
     return shard_summary(spec, plan).total * plan.precision.param_bytes
 
 
 def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    if lora.is_lora(plan):
+        return lora.layer_adapter_bytes(spec, plan, layer)
     return shard_summary(spec, plan).per_layer[layer] * plan.precision.param_bytes
 
 
 def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Gradients of the layers after `layer`, which backward has already produced."""
+    if lora.is_lora(plan):
+        return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
     return sum(shard_summary(spec, plan).per_layer[layer + 1:]) * plan.precision.param_bytes
 
 
 def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients that exist once the lm_head and final norm have run backward: every tensor outside the decoder
-    layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's."""
+    layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's.
+    LoRA: the adapters outside the decoder layers (none with all-linear on llama-like models)."""
+    if lora.is_lora(plan):
+        return lora.outer_adapter_bytes(spec, plan)
     outer = spec.outer_params
     skip = () if spec.tie_word_embeddings else (outer[0],)
     positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
@@ -39,18 +50,23 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     weight = max((local_numel(p, plan) for p in mlp), default=0)
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
+    if lora.is_lora(plan):  # the frozen down_proj gets no weight gradient; its adapters' gradients instead
+        return lora.largest_mlp_adapter_bytes(spec, plan) + 2 * tokens * inter * plan.precision.compute_bytes
     return weight * plan.precision.param_bytes + 2 * tokens * inter * plan.precision.compute_bytes
 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The gradient arriving at the embedding output (tokens × h) while the embedding's backward runs."""
+    """The gradient arriving at the embedding output (tokens × h) while the embedding's backward runs.
+    LoRA: the frozen embedding runs no backward."""
+    if lora.is_lora(plan):
+        return 0
     return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
 
 def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Tied embeddings: `embedding_dense_backward` returns a full V×h gradient that AccumulateGrad adds into the
     lm_head's existing `.grad` — one extra embedding-sized tensor at the end of backward."""
-    if not spec.tie_word_embeddings:
+    if not spec.tie_word_embeddings or lora.is_lora(plan):
         return 0
     emb = spec.outer_params[0]
     return local_numel(emb, plan) * plan.precision.param_bytes

@@ -8,10 +8,12 @@ Step temporaries (beyond states, gradients and parameters):
   AdamW for-loop: `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` holds two copies of the largest tensor at once.
   AdamW foreach: `torch._foreach_sqrt(exp_avg_sqs)` allocates one copy of every parameter the rank optimizes.
   AdamW fused, SGD (all implementations): update in place, no temporaries.
+LoRA: the optimizer gets only the trainable adapters (fp32 under every precision, `llmem.components.lora`).
 """
 
 from __future__ import annotations
 
+from llmem.components import lora
 from llmem.components.sharding import shard_summary
 from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
@@ -21,6 +23,8 @@ STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
+    if lora.is_lora(plan):
+        return lora.adapter_sizes(spec, plan)
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.scheme is not Scheme.ZERO1:
         return sizes
@@ -53,13 +57,18 @@ def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     return [g for g in groups if g]
 
 
+def _state_bytes(plan: TrainingPlan) -> int:
+    """Bytes per element of the optimized tensors (and so of their states and step temporaries)."""
+    return lora.ADAPTER_BYTES if lora.is_lora(plan) else plan.precision.param_bytes
+
+
 def _step_tensors_on_device(plan: TrainingPlan) -> bool:
     return plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
 
 
 def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     sizes = optimized_params(spec, plan)
-    pb = plan.precision.param_bytes
+    pb = _state_bytes(plan)
     if plan.optimizer is Optimizer.SGD:
         return sum(sizes) * pb
     steps = len(sizes) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0
@@ -70,7 +79,7 @@ def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
     sizes = optimized_params(spec, plan)
-    pb = plan.precision.param_bytes
+    pb = _state_bytes(plan)
     impl = plan.effective_optimizer_impl
     if impl is OptimizerImpl.FORLOOP:
         return 2 * max(sizes, default=0) * pb

@@ -2,12 +2,15 @@
 
 bytes = local_params * param_bytes; param_bytes = 4 for fp32 and the mixed precisions (fp32 master weights),
 2 for pure bf16/fp16. Sharding per scheme: `llmem.components.sharding` (FSDP2 pads each tensor's dim 0).
+LoRA: the frozen base as above plus the fp32 adapters (`llmem.components.lora`).
 """
 
+from llmem.components import lora
 from llmem.components.sharding import local_params
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
 
 def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return local_params(spec, plan) * plan.precision.param_bytes
+    base = local_params(spec, plan) * plan.precision.param_bytes
+    return base + (lora.adapter_bytes(spec, plan) if lora.is_lora(plan) else 0)

@@ -12,6 +12,7 @@ from torch import nn
 
 from llmem.errors import InputError
 from llmem.plan import Scheme, TrainingPlan
+from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
 from llmem.runtime.optim import make_optimizer
 from llmem.runtime.parallel import check_supported, uses_fsdp, wrap
@@ -63,9 +64,11 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     model = build_model(config, plan, topo.device)
     if plan.grad_ckpt.value == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = apply_method(model, plan)
     mark("wrap")
     wrapped = wrap(model, plan, topo.device_type)
-    optimizer = make_optimizer(wrapped.parameters(), plan, zero1=plan.scheme is Scheme.ZERO1)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    optimizer = make_optimizer(trainable, plan, zero1=plan.scheme is Scheme.ZERO1)
     dp_rank = topo.rank // plan.tp
     gen = torch.Generator().manual_seed(SEED + 1 + dp_rank)
     vocab = int(model.config.vocab_size)
@@ -75,12 +78,19 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
 
 
 def train_step(session: Session, mark: Mark = _no_mark) -> None:
-    """One iteration exactly as DESIGN.md §1: forward with labels (HF loss), backward, step, zero_grad."""
-    mark("forward")
-    with session.autocast():
-        out = session.model(input_ids=session.input_ids, labels=session.input_ids)
-    mark("backward")
-    out.loss.backward()
+    """One iteration exactly as DESIGN.md §1: forward with labels (HF loss), backward, step, zero_grad.
+    With `--grad-accum K`: K micro-steps (forward + backward, outputs dropped in between; the gradients accumulate
+    in `.grad`), then one step and zero_grad. Every micro-step uses the same micro-batch; the last micro-step's
+    outputs live until after zero_grad, as with K = 1."""
+    out = None
+    for micro in range(session.plan.grad_accum):
+        suffix = f" (micro-step {micro + 1})" if micro else ""
+        del out  # the previous micro-step's outputs (logits, loss) are dropped before the next forward
+        mark("forward" + suffix)
+        with session.autocast():
+            out = session.model(input_ids=session.input_ids, labels=session.input_ids)
+        mark("backward" + suffix)
+        out.loss.backward()
     mark("optimizer")
     session.optimizer.step()
     mark("zero_grad")

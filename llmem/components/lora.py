@@ -1,0 +1,260 @@
+"""LoRA via PEFT (`--method lora`): the adapters' parameters and the activations the adapted Linears keep.
+
+What runs: `peft.get_peft_model(model, LoraConfig(r, lora_alpha, lora_dropout, target_modules, bias="none",
+task_type="CAUSAL_LM"))` (peft 0.21). Every targeted Linear (a module whose name equals a target or ends with
+"." + target; `all-linear` = every Linear/Conv1D except the output layer) gets
+  lora_A: Linear(in, r) -> weight (r, in);  lora_B: Linear(r, out) -> weight (out, r)
+so it adds r * (in + out) trainable elements (Conv1D stores its weight (in, out); the count is the same).
+PEFT casts bf16/fp16 adapters to fp32 (`autocast_adapter_dtype=True`), and fp32 bases make fp32 adapters: adapter
+parameters, gradients and optimizer states are 4 bytes per element under every precision.
+The base weights are frozen: no gradients, no optimizer states.
+
+Forward of an adapted Linear (`peft/tuners/lora/layer.py: Linear.forward`):
+  result = base_layer(x); x = x.to(lora_A.weight.dtype); result = result + lora_B(lora_A(dropout(x))) * scaling
+Saved for backward, compared with full fine-tuning:
+  - base_layer: mm saves only what the input gradient needs (its weight); its input is no longer saved for a weight
+    gradient. The same holds for the frozen lm_head and for norm weights (`weight * normalized` saves no
+    `normalized`).
+  - lora_A saves its input: x itself when dropout is 0 (shared by the Linears that read the same x, e.g. q/k/v);
+    with dropout > 0, each adapted Linear's own dropout output plus the dropout noise (CPU, x's dtype) or bool mask
+    (CUDA) (`activations.dropout_saved`). Under autocast lora_A saves its own half-precision cast of that input;
+    under pure half, `x.to(fp32)` is a per-Linear fp32 copy.
+  - lora_B saves the A output, r per token, in the compute dtype of the adapter (fp32 unless autocast).
+  - Under autocast the adapters' half-precision weight casts (cached: fp32 leaves that require grad) are saved.
+  - Layer 0's input does not require grad (the embeddings are frozen), so its first norm saves nothing.
+"""
+
+from __future__ import annotations
+
+from llmem.errors import InputError
+from llmem.plan import ALL_LINEAR, Method, Precision, TrainingPlan
+from llmem.spec import ModelSpec, ParamTensor
+
+ADAPTER_BYTES = 4  # fp32 adapters under every precision (see module docstring)
+FP32 = 4
+_EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
+_HEADS = ("lm_head", "embed_out")
+_CONV1D_FAMILIES = ("gpt2",)  # transformers' Conv1D: weight (in, out)
+
+
+def is_lora(plan: TrainingPlan) -> bool:
+    return plan.method is Method.LORA
+
+
+def _module(p: ParamTensor) -> str:
+    return p.name.removesuffix(".weight")
+
+
+def linear_weights(spec: ModelSpec) -> list[ParamTensor]:
+    """The weights of the spec's nn.Linear / Conv1D modules other than the output layer: 2-D `.weight` tensors that
+    are not embeddings; MoE routers (`mlp.gate` of mixtral/qwen2_moe) are their own modules in transformers 5, and
+    fused 3-D experts are not Linears."""
+    out = []
+    for p in spec.params:
+        name = _module(p)
+        last = name.rsplit(".", 1)[-1]
+        if not p.name.endswith(".weight") or len(p.shape) != 2 or last in _EMBEDDINGS or last in _HEADS:
+            continue
+        if spec.is_moe and name.endswith("mlp.gate"):
+            continue
+        out.append(p)
+    return out
+
+
+def _matches(module: str, target: str) -> bool:
+    return module == target or module.endswith("." + target)
+
+
+def targeted(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
+    """The base weights that get adapters, in spec order."""
+    linears = linear_weights(spec)
+    if plan.lora_targets == ALL_LINEAR:
+        return linears
+    names = plan.lora_targets.split(",")
+    return [p for p in linears if any(_matches(_module(p), t) for t in names)]
+
+
+def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
+    """Every named target must match a Linear of this model (PEFT only fails when none does)."""
+    if not is_lora(plan) or plan.lora_targets == ALL_LINEAR:
+        return
+    modules = [_module(p) for p in linear_weights(spec)]
+    for t in plan.lora_targets.split(","):
+        if t.rsplit(".", 1)[-1] in _HEADS:
+            raise InputError("lora-targets", f"adapting the output layer ({t}) is not supported here")
+        if not any(_matches(m, t) for m in modules):
+            known = sorted({m.rsplit(".", 1)[-1] for m in modules})
+            raise InputError("lora-targets", f"{t!r} matches no Linear of {spec.model_type}; "
+                             f"its Linears are: {', '.join(known)} (or all-linear)")
+
+
+def in_out(spec: ModelSpec, p: ParamTensor) -> tuple[int, int]:
+    if spec.model_type in _CONV1D_FAMILIES:
+        return p.shape[0], p.shape[1]
+    return p.shape[1], p.shape[0]
+
+
+def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
+    """lora_A (r, in) and lora_B (out, r) of every targeted Linear, named as PEFT names them (base_model.model.
+    prefix omitted), in the layer of their base Linear."""
+    r = plan.lora_rank
+    out = []
+    for p in targeted(spec, plan):
+        i, o = in_out(spec, p)
+        m = _module(p)
+        out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer),
+                ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer)]
+    return out
+
+
+def _summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(sizes of every adapter tensor, adapter elements per decoder layer, adapter elements outside the layers)."""
+    key = (plan.lora_rank, plan.lora_targets)
+    cache = spec.__dict__.setdefault("_lora_summaries", {})
+    if key not in cache:
+        adapters = adapter_params(spec, plan)
+        per_layer = [0] * spec.num_layers
+        outer = 0
+        for a in adapters:
+            if a.layer is None:
+                outer += a.numel
+            else:
+                per_layer[a.layer] += a.numel
+        cache[key] = (tuple(a.numel for a in adapters), tuple(per_layer), outer)
+    return cache[key]
+
+
+def trainable_params(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Parameters the plan trains: all of them for full fine-tuning, the adapters' for LoRA (equal to PEFT's
+    `get_nb_trainable_parameters()[0]`)."""
+    if not is_lora(plan):
+        return spec.trainable_params
+    return sum(_summary(spec, plan)[0])
+
+
+def total_params(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Every parameter of the model that runs (LoRA: base plus adapters)."""
+    return spec.total_params + (trainable_params(spec, plan) if is_lora(plan) else 0)
+
+
+def adapter_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    return list(_summary(spec, plan)[0])
+
+
+def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES
+
+
+def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    return _summary(spec, plan)[1][layer] * ADAPTER_BYTES
+
+
+def outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return _summary(spec, plan)[2] * ADAPTER_BYTES
+
+
+def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The gradients of the adapters of a layer's last MLP Linear (its A and B), produced during its backward."""
+    mlp = [p for p in targeted(spec, plan) if p.layer == 0 and (".mlp." in p.name or ".fc" in p.name)]
+    if not mlp:
+        return 0
+    i, o = in_out(spec, mlp[-1])
+    return plan.lora_rank * (i + o) * ADAPTER_BYTES
+
+
+# --- activations -------------------------------------------------------------------------------------------------
+# Llama-like decoder layers (the `llama_family_saved` table without phi3's fused projections and the MoE MLPs): which
+# Linears read the same input, that input's width, and the full-fine-tuning entries that exist only because those
+# Linears save their input for a weight gradient.
+LORA_ACTIVATION_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+_INPUT_GROUPS = (  # (Linear names, width key, full-FT entries saved for their weight gradient)
+    (("q_proj", "k_proj", "v_proj"), "h", ("input_layernorm.output", "autocast input casts q/k/v")),
+    (("o_proj",), "q", ()),  # its input is the sdpa output, which sdpa saves anyway
+    (("gate_proj", "up_proj"), "h", ("post_attention_layernorm.output", "autocast input casts gate/up")),
+    (("down_proj",), "i", ("silu(gate) * up",)),
+)
+_FIRST_LAYER_UNSAVED = ("input (residual stream)", "input_layernorm.rsqrt", "input_layernorm.to_fp32",
+                        "input_layernorm.(1+weight) fp32")
+
+
+def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
+    if is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
+        raise InputError("method", f"LoRA activations are modelled for {', '.join(LORA_ACTIVATION_FAMILIES)} so "
+                         f"far; {spec.model_type!r} is not one of them (use --method full)")
+
+
+def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool) -> list:
+    """What lora_A (and the dropout before it) keep of the input of `n` adapted Linears that read the same tensor.
+    `shared`: that tensor is saved anyway by full fine-tuning only for weight gradients (so with dropout 0 in fp32,
+    lora_A's save of it costs one copy for the group); False for o_proj, whose input sdpa keeps in any case."""
+    from llmem.components.activations import Saved, dropout_saved
+
+    mixed = plan.precision.is_mixed
+    pure_half = plan.precision in (Precision.BF16, Precision.FP16)
+    p = plan.lora_dropout
+    items = []
+    if not p:
+        if mixed:
+            items.append(Saved(f"{name}: lora_A autocast input casts", n * tokens * width * 2))
+        elif pure_half:
+            items.append(Saved(f"{name}: x.to(fp32) (lora_A input)", n * tokens * width * FP32))
+        elif shared:
+            items.append(Saved(f"{name}: input kept by lora_A", tokens * width * FP32))
+        return items
+    for _ in range(n):  # each adapted Linear runs its own nn.Dropout on an fp32 input
+        items += dropout_saved(f"{name} lora_dropout", plan, tokens * width, FP32, p)
+    if mixed:
+        items.append(Saved(f"{name}: lora_A autocast casts of the dropout outputs", n * tokens * width * 2))
+    else:
+        items.append(Saved(f"{name}: lora_dropout outputs (lora_A input)", n * tokens * width * FP32))
+    return items
+
+
+def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> list:
+    """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad)."""
+    from llmem.components import activations as act
+    from llmem.components.activations import Saved
+
+    tokens = plan.batch_size * plan.seq_len
+    drop = {".normalized"}
+    dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names}
+    if first:
+        dropped_names |= set(_FIRST_LAYER_UNSAVED)
+    items = [s for s in act.layer_saved(spec, plan)
+             if s.name not in dropped_names and not any(s.name.endswith(d) for d in drop)]
+    widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
+    mods = [p for p in targeted(spec, plan) if p.layer == 0]
+    a_bytes = 2 if plan.precision.is_mixed else FP32
+    for names, width, full_ft in _INPUT_GROUPS:
+        group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
+        if not group:
+            continue
+        label = "/".join(names)
+        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=bool(full_ft))
+        items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
+        if plan.precision.is_mixed:
+            cast = sum(plan.lora_rank * sum(in_out(spec, p)) for p in group) * 2
+            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", cast))
+    return items
+
+
+def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> int:
+    return sum(s.bytes for s in layer_saved(spec, plan, first))
+
+
+def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """How much less layer 0 keeps than the others (its input needs no gradient)."""
+    return layer_activation_bytes(spec, plan) - layer_activation_bytes(spec, plan, first=True)
+
+
+def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
+    """The final norm under LoRA: the frozen norm weight and lm_head save neither `normalized` nor the lm_head
+    input; the last layer's output and the rsqrt stay (the input gradient needs them)."""
+    from llmem.components import activations as act
+
+    return [s for s in act.final_norm_saved(spec, plan)
+            if not s.name.endswith(".normalized") and not s.name.startswith("lm_head input")]
+
+
+def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(s.bytes for s in final_norm_saved(spec, plan))
