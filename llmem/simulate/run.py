@@ -190,6 +190,37 @@ def _untracked_sharding_propagation(tracker):
 
 
 @contextlib.contextmanager
+def _cuda_kernel_choices(plan: TrainingPlan):
+    """On the cuda profile, take the branches CUDA takes where CPU code paths differ in memory:
+      * `F.dropout`: `at::native::dropout` runs the fused `native_dropout` (bool mask saved) only on CUDA; on
+        CPU `_dropout_impl` saves a noise tensor in the input's dtype;
+      * `F.scaled_dot_product_attention` with dropout: CUDA's flash / memory-efficient kernels apply dropout
+        inside (philox seed and offset only); the CPU flash kernel refuses dropout and the math path would run.
+        The simulation calls it with dropout_p = 0, which allocates what the fused kernels do."""
+    if plan.device is not Device.CUDA:
+        yield
+        return
+    import torch
+    from torch.nn import functional
+
+    orig_dropout, orig_sdpa = functional.dropout, functional.scaled_dot_product_attention
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if inplace or not training or p == 0 or input.numel() == 0:
+            return orig_dropout(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return orig_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    functional.dropout, functional.scaled_dot_product_attention = dropout, scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        functional.dropout, functional.scaled_dot_product_attention = orig_dropout, orig_sdpa
+
+
+@contextlib.contextmanager
 def _no_packed_sequence_check():
     """transformers treats fake tensors as traced and would build an explicit float mask per layer; the
     packed-sequence check is what sends it there (position ids 0..s-1 are never packed)."""
@@ -309,7 +340,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     torch.set_num_threads(1)
     try:
         with _fake_process_group(run_plan, sim_rank), _no_packed_sequence_check(), _real_device_mesh(), \
-                _untracked_sharding_propagation(tracker), \
+                _untracked_sharding_propagation(tracker), _cuda_kernel_choices(plan), \
                 FakeTensorMode(allow_non_fake_inputs=True), tracker:
             session = prepare(config, run_plan, topo, mark=tracker.mark)
             handles = _install_module_tracking(tracker, session.model)
