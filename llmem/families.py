@@ -8,6 +8,7 @@ model instantiated on the meta device, tensor by tensor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,7 +51,8 @@ class Config:
         key, value = self._lookup(name)
         if value is None:
             raise InputError(key, "missing from config.json and has no default for this model_type")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or int(value) != value):
             raise InputError(key, f"must be a whole number, got {value!r}")
         if not minimum <= value <= maximum:
             raise InputError(key, f"must be between {minimum} and {maximum:,}, got {value}")
@@ -392,6 +394,7 @@ def _bloom_outer(c: Config, s: ModelSpec) -> list:
 
 # --- The table -----------------------------------------------------------------------------------------------------
 
+_DROP = ("attention_dropout",)  # eager attention's dropout on the probabilities (transformers default 0.0)
 _LLAMA_BASE = dict(tie_word_embeddings=False, num_kv_heads=None, head_dim=None, attention_bias=False, mlp_bias=False)
 
 FAMILIES: dict[str, Family] = {
@@ -400,57 +403,67 @@ FAMILIES: dict[str, Family] = {
         Family("llama", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
                          "num_layers": 32, "num_heads": 32},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias")), _llama_outer,
-               tp_plan=True),
+               tp_plan=True, extra=_DROP),
         Family("mistral", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
                            "num_layers": 32, "num_heads": 32, "num_kv_heads": 8},
-               _llama_layer(lambda c: False), _llama_outer, tp_plan=True),
+               _llama_layer(lambda c: False), _llama_outer, tp_plan=True, extra=_DROP),
         Family("qwen2", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
                          "num_layers": 32, "num_heads": 32},
-               _llama_layer(lambda c: True), _llama_outer, tp_plan=True),
+               _llama_layer(lambda c: True), _llama_outer, tp_plan=True, extra=_DROP),
         Family("qwen3", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
                          "num_layers": 32, "num_heads": 32, "head_dim": 128},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias"), qk_norm=True),
-               _llama_outer, tp_plan=True),
+               _llama_outer, tp_plan=True, extra=_DROP),
         Family("gemma", {**_LLAMA_BASE, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
                          "num_layers": 28, "num_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias")), _llama_outer,
-               tp_plan=True),
+               tp_plan=True, extra=_DROP),
         Family("gemma2", {**_LLAMA_BASE, "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
                           "num_layers": 26, "num_heads": 8, "num_kv_heads": 4, "head_dim": 256,
-                          "tie_word_embeddings": True},
+                          "tie_word_embeddings": True, "attn_logit_softcapping": 50.0,
+                          "final_logit_softcapping": 30.0},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias"),
-                            sandwich_norms=True), _llama_outer, tp_plan=True),
+                            sandwich_norms=True), _llama_outer, tp_plan=True,
+               extra=(*_DROP, "attn_logit_softcapping", "final_logit_softcapping")),
         Family("phi3", {**_LLAMA_BASE, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
-                        "num_layers": 32, "num_heads": 32},
-               _phi3_layer, _llama_outer),
+                        "num_layers": 32, "num_heads": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+               _phi3_layer, _llama_outer, extra=(*_DROP, "resid_pdrop", "embd_pdrop")),
         Family("mixtral", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
                            "num_layers": 32, "num_heads": 32, "num_kv_heads": 8, "num_experts": 8,
                            "num_experts_per_tok": 2},
-               _mixtral_layer, _llama_outer),
+               _mixtral_layer, _llama_outer, extra=_DROP),
         Family("qwen2_moe", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
                              "num_layers": 24, "num_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
                              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
                              "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True},
-               _qwen2_moe_layer, _llama_outer, extra=("norm_topk_prob",)),
+               _qwen2_moe_layer, _llama_outer, extra=("norm_topk_prob", *_DROP)),
         Family("gpt2", {"vocab_size": 50257, "hidden_size": 768, "intermediate_size": None, "num_layers": 12,
-                        "num_heads": 12, "tie_word_embeddings": True, "n_positions": 1024},
-               _gpt2_layer, _gpt2_outer, norm="layer", aliases={"intermediate_size": ("n_inner",)}),
+                        "num_heads": 12, "tie_word_embeddings": True, "n_positions": 1024, "resid_pdrop": 0.1,
+                        "embd_pdrop": 0.1, "attn_pdrop": 0.1},
+               _gpt2_layer, _gpt2_outer, norm="layer", aliases={"intermediate_size": ("n_inner",)},
+               extra=("resid_pdrop", "embd_pdrop", "attn_pdrop")),
         Family("opt", {"vocab_size": 50272, "hidden_size": 768, "intermediate_size": 3072, "num_layers": 12,
                        "num_heads": 12, "tie_word_embeddings": True, "max_position_embeddings": 2048,
                        "word_embed_proj_dim": None, "do_layer_norm_before": True, "enable_bias": True,
-                       "_remove_final_layer_norm": False, "layer_norm_elementwise_affine": True},
-               _opt_layer, _opt_outer, norm="layer", aliases={"intermediate_size": ("ffn_dim",)}),
+                       "_remove_final_layer_norm": False, "layer_norm_elementwise_affine": True, "dropout": 0.1,
+                       "attention_dropout": 0.0},
+               _opt_layer, _opt_outer, norm="layer", aliases={"intermediate_size": ("ffn_dim",)},
+               extra=("dropout", "attention_dropout")),
         Family("gpt_neox", {"vocab_size": 50432, "hidden_size": 6144, "intermediate_size": 24576, "num_layers": 44,
-                            "num_heads": 64, "tie_word_embeddings": False, "attention_bias": True},
-               _neox_layer, _neox_outer, norm="layer", extra=("use_parallel_residual",)),
+                            "num_heads": 64, "tie_word_embeddings": False, "attention_bias": True,
+                            "rotary_pct": 0.25, "attention_dropout": 0.0, "hidden_dropout": 0.0},
+               _neox_layer, _neox_outer, norm="layer",
+               extra=("use_parallel_residual", "rotary_pct", "attention_dropout", "hidden_dropout"),
+               aliases={"rotary_pct": ("rotary_pct", "partial_rotary_factor")}),
         Family("falcon", {"vocab_size": 65024, "hidden_size": 4544, "num_layers": 32, "num_heads": 71,
                           "num_kv_heads": None, "tie_word_embeddings": True, "new_decoder_architecture": False,
                           "multi_query": True, "parallel_attn": True, "bias": False, "num_ln_in_parallel_attn": None},
                _falcon_layer, _falcon_outer, norm="layer", kv_heads=_falcon_kv_heads,
-               extra=("new_decoder_architecture", "parallel_attn"),
+               extra=("new_decoder_architecture", "parallel_attn", "attention_dropout", "hidden_dropout"),
                aliases={"intermediate_size": ("ffn_hidden_size",)}),
         Family("bloom", {"vocab_size": 250880, "hidden_size": 64, "num_layers": 2, "num_heads": 8,
                          "tie_word_embeddings": True},
-               _bloom_layer, _bloom_outer, norm="layer", aliases={"intermediate_size": ()}),
+               _bloom_layer, _bloom_outer, norm="layer", aliases={"intermediate_size": ()},
+               extra=("attention_dropout", "hidden_dropout")),
     ]
 }

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmem.plan import Attention, GradCkpt, Precision, TrainingPlan
+from llmem.errors import InputError
+from llmem.plan import Attention, Device, GradCkpt, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 
 FP32 = 4
@@ -36,6 +37,84 @@ def _bytes(plan: TrainingPlan) -> tuple[int, int]:
     cb = plan.precision.compute_bytes
     rb = 4 if plan.precision in (Precision.FP32,) or plan.precision.is_mixed else 2
     return cb, rb
+
+
+def _p(spec: ModelSpec, key: str) -> float:
+    """A dropout probability (or fraction) from the config (`Family.extra`); 0 when the family has no such key."""
+    value = spec.options.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise InputError(key, f"must be a number between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _proj_dim(spec: ModelSpec) -> int:
+    """OPT's word_embed_proj_dim: the width of project_out when the model has it (else hidden)."""
+    for p in spec.outer_params:
+        if p.name.endswith("project_out.weight"):
+            return p.shape[0]
+    return spec.hidden_size
+
+
+def dropout_saved(name: str, plan: TrainingPlan, numel: int, elem_bytes: int, p: float) -> list[Saved]:
+    """`nn.functional.dropout(x, p, training=True)` keeps, besides its output (a new tensor):
+    CPU: `at::native::dropout` uses the fused kernel only on CUDA/XPU; `_dropout_impl` allocates
+      `noise = empty_like(x).bernoulli_(1-p).div_(1-p)` in x's dtype and returns `x * noise`: mul saves the noise.
+    CUDA: `native_dropout` returns (output, mask) with a bool mask (1 byte/element) saved by NativeDropoutBackward0.
+    p == 0 returns x itself (nothing allocated)."""
+    if not p:
+        return []
+    if plan.device is Device.CPU:
+        return [Saved(f"{name} dropout noise", numel * elem_bytes)]
+    return [Saved(f"{name} dropout mask (bool)", numel)]
+
+
+def _flash(spec: ModelSpec, plan: TrainingPlan, key: str = "attention_dropout") -> bool:
+    """Whether attention runs a fused sdpa kernel (not eager, not the CPU math fallback for dropout)."""
+    return plan.attn is Attention.SDPA and (plan.device is Device.CUDA or not _p(spec, key))
+
+
+def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
+                    p: float = 0.0, output_copy: bool = True, softcap: bool = False) -> list[Saved]:
+    """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
+
+    sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
+      (`sdpa_inputs`, views of fused projections where the family has them), output and fp32 logsumexp; attention
+      dropout runs inside the CUDA kernels (philox state only). On CPU the flash kernel refuses dropout > 0
+      (`check_for_dropout`): `_scaled_dot_product_attention_math` then upcasts half q/k/v to fp32 and saves
+      q*sqrt(scale), k*sqrt(scale), v (bmm copies, full heads), the fp32 `_safe_softmax` output, the dropout noise
+      and the dropped probabilities (all fp32), then casts the output back.
+    eager (`eager_attention_forward`): q, k and v as bmm operands (contiguous full-head copies: repeat_kv output or
+      the reshape of a transposed view), softmax in fp32 (its output saved by softmax and, in fp32, by the bmm),
+      cast back to the compute dtype when half (saved by the bmm), dropout on the probabilities;
+      gemma2's attention softcapping `tanh(scores / cap) * cap` saves the tanh output (fp32 scores).
+    The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
+    cb, _ = _bytes(plan)
+    q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
+    scores = tokens * heads * seq
+    if plan.attn is Attention.SDPA and (not p or plan.device is Device.CUDA):  # fused kernel
+        items = [*sdpa_inputs, Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
+        return items + ([Saved("attention output contiguous (o_proj input)", tokens * q * cb)] if output_copy else [])
+    if plan.attn is Attention.SDPA:  # CPU math path
+        return [Saved("math sdpa q*scale (fp32)", tokens * q * FP32),
+                Saved("math sdpa k*scale (fp32)", tokens * q * FP32),
+                Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32),
+                Saved("math sdpa _safe_softmax output (fp32)", scores * FP32),
+                *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
+                Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
+                Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
+             Saved("eager v (bmm operand)", tokens * q * cb)]
+    if softcap:
+        items.append(Saved("attention softcapping tanh output", scores * FP32))
+    items.append(Saved("softmax output (fp32)", scores * FP32))
+    if p:  # the dropout input (the cast, when half) is not saved: mul/native_dropout keep only noise or mask
+        items += [*dropout_saved("attention probabilities", plan, scores, cb, p),
+                  Saved("dropped probabilities (bmm operand)", scores * cb)]
+    elif cb != FP32:
+        items.append(Saved("probabilities cast to the compute dtype (bmm operand)", scores * cb))
+    return items + [Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
 
 
 def rms_norm_saved(name: str, spec: ModelSpec, plan: TrainingPlan, tokens: int, output_saved: bool) -> list[Saved]:
@@ -57,7 +136,6 @@ def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
     h, tp = spec.hidden_size, plan.tp
     q = spec.num_heads * spec.head_dim // tp
     kv = spec.num_kv_heads * spec.head_dim // tp
-    heads = spec.num_heads // tp
     i = spec.intermediate_size // tp
     cb, rb = _bytes(plan)
     mixed = plan.precision.is_mixed
@@ -67,22 +145,10 @@ def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
     items += rms_norm_saved("input_layernorm", spec, plan, tokens, output_saved=not mixed)
     if mixed:
         items.append(Saved("autocast input casts q/k/v", 3 * tokens * h * 2))
-    items += [
-        Saved("q_embed (RoPE)", tokens * q * cb),
-        Saved("k_embed (RoPE)", tokens * kv * cb),
-        Saved("v_proj", tokens * kv * cb),
-    ]
-    if plan.attn is Attention.SDPA:
-        items += [Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
-    else:
-        groups = spec.num_heads // spec.num_kv_heads
-        if groups > 1:
-            items.append(Saved("repeat_kv k, v", 2 * tokens * q * cb))
-        items += [
-            Saved("attention scores (fp32 softmax input)", tokens * heads * seq * FP32),
-            Saved("attention probabilities", tokens * heads * seq * cb),
-            Saved("attention output", tokens * q * cb),
-        ]
+    sdpa_inputs = [Saved("q_embed (RoPE)", tokens * q * cb), Saved("k_embed (RoPE)", tokens * kv * cb),
+                   Saved("v_proj", tokens * kv * cb)]
+    items += attention_saved(spec, plan, tokens, seq, sdpa_inputs, _p(spec, "attention_dropout"), output_copy=False,
+                             softcap=bool(spec.options.get("attn_logit_softcapping")))
     if rb == 4:
         items.append(Saved("residual after attention", tokens * h * rb))
     items += rms_norm_saved("post_attention_layernorm", spec, plan, tokens, output_saved=not mixed)
@@ -111,117 +177,134 @@ def _cast(plan: TrainingPlan, tokens: int, h: int, n: int, what: str) -> list[Sa
     return [Saved(f"autocast input cast {what}", n * tokens * h * 2)] if plan.precision.is_mixed and n else []
 
 
-def _sdpa(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    cb, _ = _bytes(plan)
-    q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
-    if plan.attn is Attention.SDPA:
-        return [Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
-    return [Saved("attention scores (fp32 softmax input)", tokens * heads * seq * FP32),
-            Saved("attention probabilities", tokens * heads * seq * cb), Saved("attention output", tokens * q * cb)]
-
-
 def gpt2_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    """`models/gpt2/modeling_gpt2.py: GPT2Block` (dropout off). Conv1D is `addmm(bias, x, W)`: c_attn's (tokens, 3h)
-    output stays alive through the q/k/v views sdpa saves. GPT2MLP's gelu_new
+    """`models/gpt2/modeling_gpt2.py: GPT2Block`. Conv1D is `addmm(bias, x, W)`; with a fused sdpa kernel c_attn's
+    (tokens, 3h) output stays alive through the q/k/v views sdpa saves (the output's reshape is a view, c_proj's
+    input); eager and the CPU math path copy q/k/v instead (`attention_saved`). attn_pdrop on the
+    probabilities, resid_pdrop after c_proj (attention) and after the MLP. GPT2MLP's gelu_new
     0.5*x*(1+tanh(c*(x+0.044715*x^3))) saves x, 0.5*x, tanh, 1+tanh, and the product (c_proj's input): 5 × inner."""
     h, i = spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
     q = spec.num_heads * spec.head_dim
+    resid = _p(spec, "resid_pdrop")
     return [
         Saved("input (residual stream, ln_1 input)", tokens * h * rb),
         *layer_norm_saved("ln_1", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_attn"),
-        Saved("c_attn output (q, k, v views)", tokens * 3 * q * cb), *_sdpa(spec, plan, tokens, seq),
+        *attention_saved(spec, plan, tokens, seq, [Saved("c_attn output (q, k, v views)", tokens * 3 * q * cb)],
+                         _p(spec, "attn_pdrop"), output_copy=False),
+        *dropout_saved("resid_dropout (attention)", plan, tokens * h, cb, resid),
         Saved("residual after attention (ln_2 input)", tokens * h * rb),
         *layer_norm_saved("ln_2", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_fc"),
         Saved("c_fc output x (pow input)", tokens * i * cb), Saved("gelu_new 0.5*x", tokens * i * cb),
         Saved("gelu_new tanh output", tokens * i * cb), Saved("gelu_new 1+tanh", tokens * i * cb),
         Saved("gelu_new product (c_proj input)", tokens * i * cb),
+        *dropout_saved("mlp dropout", plan, tokens * h, cb, resid),
     ]
 
 
 def opt_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    """`models/opt/modeling_opt.py: OPTDecoderLayer` (pre-LN, dropout off): q_proj(x)*scaling, k, v; relu saves
+    """`models/opt/modeling_opt.py: OPTDecoderLayer` (pre-LN): q_proj(x)*scaling, k, v saved by sdpa (its output is
+    out_proj's input); `dropout` after out_proj and after fc2, `attention_dropout` on the probabilities; relu saves
     its output (fc2's input) only."""
     h, i = spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
     q = spec.num_heads * spec.head_dim
+    p = _p(spec, "dropout")
     return [
         Saved("input (residual stream)", tokens * h * rb),
         *layer_norm_saved("self_attn_layer_norm", plan, tokens, h), *_cast(plan, tokens, h, 3, "q/k/v"),
-        Saved("q_proj * scaling", tokens * q * cb), Saved("k_proj", tokens * q * cb), Saved("v_proj", tokens * q * cb),
-        *_sdpa(spec, plan, tokens, seq),
+        *attention_saved(spec, plan, tokens, seq, [Saved("q_proj * scaling", tokens * q * cb),
+                                                   Saved("k_proj", tokens * q * cb), Saved("v_proj", tokens * q * cb)],
+                         _p(spec, "attention_dropout"), output_copy=False),
+        *dropout_saved("attention output", plan, tokens * h, cb, p),
         Saved("residual after attention", tokens * h * rb),
         *layer_norm_saved("final_layer_norm", plan, tokens, h), *_cast(plan, tokens, h, 1, "fc1"),
         Saved("relu(fc1) output", tokens * i * cb),
+        *dropout_saved("fc2 output", plan, tokens * h, cb, p),
     ]
 
 
 def neox_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    """`models/gpt_neox/modeling_gpt_neox.py: GPTNeoXLayer` (parallel residual): fused query_key_value output
-    (v is a view of it), partial rotary `cat(rotated, pass)` copies of q and k, the attention output's contiguous
-    reshape (dense's input), gelu saves the h_to_4h output and dense_4h_to_h its output."""
+    """`models/gpt_neox/modeling_gpt_neox.py: GPTNeoXLayer` (parallel residual): with a fused sdpa kernel the
+    query_key_value output stays alive (v is a view of it) with the partial rotary `cat(rotated, pass)` copies of q
+    and k; the attention output's contiguous reshape is dense's input; hidden_dropout after dense and after the
+    MLP, attention_dropout on the probabilities; gelu saves the h_to_4h output and dense_4h_to_h its output."""
     h, i = spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
     q = spec.num_heads * spec.head_dim
+    hidden = _p(spec, "hidden_dropout")
     items = [
         Saved("input (residual stream)", tokens * h * rb),
         *layer_norm_saved("input_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "query_key_value"),
-        Saved("query_key_value output", tokens * 3 * q * cb),
-        Saved("q rotary cat", tokens * q * cb), Saved("k rotary cat", tokens * q * cb),
-        *_sdpa(spec, plan, tokens, seq), Saved("attention output reshape (dense input)", tokens * q * cb),
+        *attention_saved(spec, plan, tokens, seq, [
+            Saved("query_key_value output", tokens * 3 * q * cb),
+            Saved("q rotary cat", tokens * q * cb), Saved("k rotary cat", tokens * q * cb)],
+            _p(spec, "attention_dropout")),
+        *dropout_saved("post_attention_dropout", plan, tokens * h, cb, hidden),
     ]
     if spec.options.get("use_parallel_residual") is False:
         items.append(Saved("residual after attention", tokens * h * rb))
     return items + [
         *layer_norm_saved("post_attention_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "dense_h_to_4h"),
         Saved("dense_h_to_4h output (gelu input)", tokens * i * cb), Saved("gelu output", tokens * i * cb),
+        *dropout_saved("post_mlp_dropout", plan, tokens * h, cb, hidden),
     ]
 
 
 def falcon_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
     """`models/falcon/modeling_falcon.py: FalconDecoderLayer` (parallel attention). Old architecture (multi-query):
-    attention runs the math path (q, k scaled, k/v expanded to all heads, fp32 probabilities); new architecture:
-    RoPE q and k (k expanded to all heads), v, sdpa. MLP: dense_h_to_4h output and gelu output.
-    Approximate: measured in fp32/sdpa only; eager and the non-parallel layout reuse these terms."""
+    sdpa with an explicit mask runs the math path in both attention modes (q, k scaled, k/v expanded to all heads,
+    fp32 probabilities); new architecture: RoPE q and k (k expanded to all heads), v, sdpa; eager as
+    `attention_saved`. MLP: dense_h_to_4h output and gelu output. `dropout_add` applies hidden_dropout once per
+    parallel layer (twice otherwise), attention_dropout on the probabilities.
+    Approximate: measured in fp32 only; the non-parallel layout reuses these terms."""
     h, i = spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim, spec.num_heads
     kv = spec.num_kv_heads * spec.head_dim
     new = bool(spec.options.get("new_decoder_architecture"))
+    parallel = spec.options.get("parallel_attn", True)
     items = [Saved("input (residual stream)", tokens * h * rb)]
     items += layer_norm_saved("ln_attn" if new else "input_layernorm", plan, tokens, h)
     if new:
         items += layer_norm_saved("ln_mlp", plan, tokens, h)
     items += _cast(plan, tokens, h, 2, "query_key_value, dense_h_to_4h")
     if new:
-        items += [Saved("query (RoPE)", tokens * q * cb), Saved("key (RoPE)", tokens * q * cb),
-                  Saved("key expanded to all heads", tokens * q * cb), Saved("value", tokens * kv * cb),
-                  *_sdpa(spec, plan, tokens, seq)]
+        items += attention_saved(spec, plan, tokens, seq, [
+            Saved("query (RoPE)", tokens * q * cb), Saved("key (RoPE)", tokens * q * cb),
+            Saved("key expanded to all heads", tokens * q * cb), Saved("value", tokens * kv * cb)],
+            _p(spec, "attention_dropout"), output_copy=False)
     else:
-        items += [Saved("query scaled (math sdpa)", tokens * q * cb), Saved("key expanded, scaled", tokens * q * cb),
+        items += [Saved("query_key_value split indices [-2], [-1] (int64)", 16),
+                  Saved("query scaled (math sdpa)", tokens * q * cb), Saved("key expanded, scaled", tokens * q * cb),
                   Saved("attention probabilities (softmax)", tokens * heads * seq * FP32),
                   Saved("value expanded", tokens * q * cb), Saved("attention output", tokens * q * cb)]
-    if not spec.options.get("parallel_attn", True):
-        items += [Saved("residual after attention", tokens * h * rb),
+    hidden = _p(spec, "hidden_dropout")
+    if not parallel:
+        items += [*dropout_saved("attention dropout_add", plan, tokens * h, cb, hidden),
+                  Saved("residual after attention", tokens * h * rb),
                   *layer_norm_saved("post_attention_layernorm", plan, tokens, h)]
-    return items + [Saved("dense_h_to_4h output (gelu input)", tokens * i * cb), Saved("gelu output", tokens * i * cb)]
+    return items + [Saved("dense_h_to_4h output (gelu input)", tokens * i * cb), Saved("gelu output", tokens * i * cb),
+                    *dropout_saved("mlp dropout_add", plan, tokens * h, cb, hidden)]
 
 
 def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    """`models/bloom/modeling_bloom.py: BloomBlock` (eager only): fused query_key_value split into q, k, v copies,
-    alibi `baddbmm` scores → fp32 softmax, context; bloom_gelu_forward saves x and its output (4h MLP).
-    Approximate: measured in fp32 only."""
+    """`models/bloom/modeling_bloom.py: BloomBlock` (eager only): fused query_key_value split into q, k, v copies
+    (baddbmm / bmm operands), alibi `baddbmm` scores → fp32 softmax (cast back when half), context (dense input);
+    hidden_dropout in both `dropout_add`s, attention_dropout on the probabilities; bloom_gelu_forward saves x and
+    its output (4h MLP)."""
     h, i = spec.hidden_size, 4 * spec.hidden_size
     cb, rb = _bytes(plan)
-    heads = spec.num_heads
+    hidden = _p(spec, "hidden_dropout")
     return [
         Saved("input (residual stream)", tokens * h * rb),
         *layer_norm_saved("input_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "query_key_value"),
-        Saved("query", tokens * h * cb), Saved("key", tokens * h * cb), Saved("value", tokens * h * cb),
-        Saved("alibi baddbmm scores softmax", tokens * heads * seq * FP32), Saved("context", tokens * h * cb),
+        *attention_saved(spec, plan.with_(attn="eager"), tokens, seq, [], _p(spec, "attention_dropout")),
+        *dropout_saved("attention dropout_add", plan, tokens * h, cb, hidden),
         Saved("residual after attention", tokens * h * rb),
         *layer_norm_saved("post_attention_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "dense_h_to_4h"),
         Saved("dense_h_to_4h output", tokens * i * cb), Saved("bloom_gelu output", tokens * i * cb),
+        *dropout_saved("mlp dropout_add", plan, tokens * h, cb, hidden),
     ]
 
 
@@ -257,9 +340,21 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
     q = spec.num_heads * spec.head_dim // plan.tp
     kv = spec.num_kv_heads * spec.head_dim // plan.tp
     i = spec.intermediate_size // plan.tp
+    h = spec.hidden_size
     if mt in ("gemma", "gemma2"):
-        items += [Saved(f"{n}.(1+weight) fp32", spec.hidden_size * FP32)
-                  for n in ("input_layernorm", "post_attention_layernorm")]
+        # GemmaRMSNorm keeps its normalized product in fp32 (`output * (1 + weight.float())`, cast after)
+        items = [Saved(s.name, tokens * h * FP32) if s.name.endswith(".normalized") else s for s in items]
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if mt == "gemma2":
+            # Gemma2DecoderLayer: post_attention_layernorm on the o_proj output and post_feedforward_layernorm on the
+            # MLP output (their outputs go to the residual add, unsaved); x.float() (the fp32 input, a copy when
+            # half) saved by pow/mul, rsqrt, fp32 normalized. The llama pre-MLP norm above is pre_feedforward.
+            for n, what in (("post_attention_layernorm", "o_proj output"),
+                            ("post_feedforward_layernorm", "mlp output")):
+                items += [Saved(f"{n} input ({what}, fp32)", tokens * h * FP32), Saved(f"{n}.rsqrt", tokens * FP32),
+                          Saved(f"{n}.normalized", tokens * h * FP32)]
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        items += [Saved(f"{n}.(1+weight) fp32", h * FP32) for n in norms]
     if mt == "qwen3":
         for name, width, n in (("q_norm", q, spec.num_heads // plan.tp), ("k_norm", kv, spec.num_kv_heads // plan.tp)):
             items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.normalized", tokens * width * rb),
@@ -267,9 +362,13 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
     if mt == "phi3":
         items = [s for s in items if s.name not in ("v_proj", "gate_proj", "up_proj", "autocast input casts q/k/v",
                                                      "autocast input casts gate/up")]
-        items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
-                  Saved("gate_up_proj output", tokens * 2 * i * cb)]
+        if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
+            items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
+                      Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+        items += [Saved("gate_up_proj output", tokens * 2 * i * cb)]
         items += _cast(plan, tokens, spec.hidden_size, 2, "qkv_proj, gate_up_proj")
+        for n in ("resid_attn_dropout", "resid_mlp_dropout"):
+            items += dropout_saved(n, plan, tokens * h, cb, _p(spec, "resid_pdrop"))
     if mt in ("mixtral", "qwen2_moe"):
         mlp = ("gate_proj", "silu(gate)", "up_proj", "silu(gate) * up", "autocast input casts gate/up")
         items = [s for s in items if s.name not in mlp]
@@ -314,21 +413,78 @@ def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+    """The final norm and what the lm_head saves of its input: the last layer's output (saved by the norm: LayerNorm
+    always, RMSNorm when fp32 — under pure half its fp32 copy is in `rms_norm_saved`), the norm's statistics, and the
+    lm_head's input (the norm output, or its autocast cast to half under mixed precision: tokens*h*cb either way).
+    OPT with word_embed_proj_dim != hidden: project_out saves the norm output and the lm_head its output."""
     tokens = plan.batch_size * plan.seq_len
-    _, rb = _bytes(plan)
+    h = spec.hidden_size
+    cb, rb = _bytes(plan)
+    layer = spec.family.norm == "layer"
     items = []
-    if rb == 4:
-        items.append(Saved("last layer output", tokens * spec.hidden_size * rb))
-    return items + rms_norm_saved("final norm", spec, plan, tokens, output_saved=not plan.precision.is_mixed)
+    if rb == 4 or layer:
+        items.append(Saved("last layer output (final norm input)", tokens * h * rb))
+    if layer:
+        items += [Saved("final norm.mean", tokens * FP32), Saved("final norm.rstd", tokens * FP32)]
+    else:
+        items += rms_norm_saved("final norm", spec, plan, tokens, output_saved=False)
+        if spec.model_type in ("gemma", "gemma2"):
+            items = [Saved(s.name, tokens * h * FP32) if s.name.endswith(".normalized") else s for s in items]
+            items.append(Saved("final norm.(1+weight) fp32", h * FP32))
+    items.append(Saved("lm_head input (final norm output or its autocast cast)", tokens * h * cb))
+    proj = _proj_dim(spec)
+    if spec.model_type == "opt" and proj != h:
+        items.append(Saved("project_out output (lm_head input)", tokens * proj * cb))
+    return items
 
 
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 
 
-def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Outside the layers: RoPE cos and sin (`LlamaRotaryEmbedding`, cast to the hidden states' dtype, one row per
-    token) and the int64 position ids (1 × seq)."""
+ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "gpt_neox",
+                 "falcon")
+
+
+def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+    """Outside the decoder layers, before them (alive until the embedding's backward):
+    the step's input_ids (also the labels; allocated before the peak reset, int64);
+    RoPE cos and sin (`*RotaryEmbedding`, position_ids of batch 1: seq × rotary dim, in the hidden states' dtype;
+    gpt_neox rotates rotary_pct of head_dim);
+    gpt2: wpe's position ids (1 × seq int64) and embd_pdrop's dropout; opt: position ids (batch × seq int64) and
+    project_in's input when word_embed_proj_dim != hidden; gpt_neox: emb_dropout (hidden_dropout); phi3: embd_pdrop;
+    bloom: word_embeddings_layernorm's input (the embedding output), mean and rstd; gemma: the √h normalizer tensor.
+    The embeddings' output that enters layer 0 is that layer's input (`layer_saved`)."""
     _, rb = _bytes(plan)
-    tokens = plan.batch_size * plan.seq_len
-    return 2 * tokens * spec.head_dim * rb + plan.seq_len * 8
+    cb, _ = _bytes(plan)
+    tokens, seq, h = plan.batch_size * plan.seq_len, plan.seq_len, spec.hidden_size
+    mt = spec.model_type
+    items = [Saved("input_ids (labels)", tokens * 8)]
+    if mt in ROPE_FAMILIES:
+        rot = spec.head_dim
+        if mt == "gpt_neox":
+            rot = int(spec.head_dim * (_p(spec, "rotary_pct") if spec.options.get("rotary_pct") is not None else 1))
+        items.append(Saved("RoPE cos, sin", 2 * seq * rot * rb))
+    if mt == "gpt2":
+        items += [Saved("wpe position ids", seq * 8), *dropout_saved("embd_pdrop", plan, tokens * h, rb,
+                                                                      _p(spec, "embd_pdrop"))]
+    if mt == "opt":
+        items.append(Saved("embed_positions position ids", tokens * 8))
+        proj = _proj_dim(spec)
+        if proj != h:
+            items.append(Saved("project_in input (embeddings)", tokens * proj * cb))
+    if mt == "gpt_neox":
+        items += dropout_saved("emb_dropout", plan, tokens * h, rb, _p(spec, "hidden_dropout"))
+    if mt == "phi3":
+        items += dropout_saved("embd_dropout", plan, tokens * h, rb, _p(spec, "embd_pdrop"))
+    if mt == "bloom":
+        items += [Saved("word_embeddings_layernorm input", tokens * h * rb),
+                  Saved("word_embeddings_layernorm.mean", tokens * FP32),
+                  Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
+    if mt in ("gemma", "gemma2"):
+        items.append(Saved("embedding normalizer (scalar)", rb))
+    return items
+
+
+def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(s.bytes for s in outer_saved(spec, plan))

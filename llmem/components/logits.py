@@ -4,6 +4,8 @@ With T = micro-batch × seq tokens, V = vocab (local to the rank), Lc = T*V*comp
   forward   logits = lm_head(h): Lc, kept in the model output until the iteration ends (DESIGN.md section 1)
             logits.float(): a copy L32 when the logits are half (freed when the loss function returns)
             log_softmax output L32 (saved by nll_loss); labels padded (T + batch)*8 and shifted copy T*8
+  softcap   gemma2 `final_logit_softcapping`: logits = tanh(logits / cap) * cap keeps the tanh output (Lc) until
+            its backward (right after the loss's)
   backward  nll_loss_backward L32 and _log_softmax_backward_data L32 while the log_softmax output lives
             lm_head: grad of logits (Lc), grad_weight V*h*compute_bytes (+ fp32 cast under mixed precision)
 """
@@ -33,17 +35,22 @@ def label_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return (tokens + plan.batch_size) * INT64 + tokens * INT64
 
 
+def softcap_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """gemma2 (`Gemma2ForCausalLM.forward`): `tanh(logits / final_logit_softcapping)` saved by TanhBackward0."""
+    return _sizes(spec, plan)[0] if spec.options.get("final_logit_softcapping") else 0
+
+
 def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes at the end of cross_entropy's forward."""
     lc, l32, _ = _sizes(spec, plan)
     upcast = l32 if plan.precision.compute_bytes != FP32 else 0
-    return lc + upcast + l32 + label_bytes(spec, plan)
+    return lc + upcast + l32 + label_bytes(spec, plan) + softcap_bytes(spec, plan)
 
 
 def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads."""
     lc, l32, tokens = _sizes(spec, plan)
-    return lc + 3 * l32 + tokens * INT64
+    return lc + 3 * l32 + tokens * INT64 + softcap_bytes(spec, plan)
 
 
 def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
