@@ -12,7 +12,7 @@ import sys
 
 from llmem.errors import InputError
 from llmem.help import HELP
-from llmem.plan import Attention, Device, GradCkpt, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.plan import Attention, Device, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, TrainingPlan
 from llmem.units import format_gib, format_params
 
 
@@ -40,6 +40,13 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="|".join(m.value for m in Attention))
     p.add_argument("--device", default=str(Device.CUDA), help=HELP["device"],
                    metavar="|".join(m.value for m in Device))
+    p.add_argument("--method", default=str(Method.FULL), help=HELP["method"],
+                   metavar="|".join(m.value for m in Method))
+    p.add_argument("--lora-rank", default=16, help=HELP["lora-rank"])
+    p.add_argument("--lora-alpha", default=32, help=HELP["lora-alpha"])
+    p.add_argument("--lora-dropout", default=0.05, help=HELP["lora-dropout"])
+    p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
+    p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -47,7 +54,9 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     return TrainingPlan(gpus=args.gpus, tp=args.tp, zero=args.zero, batch_size=args.batch_size,
                         seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
-                        device=args.device)
+                        device=args.device, method=args.method, lora_rank=args.lora_rank,
+                        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
+                        grad_accum=args.grad_accum)
 
 
 def _spec_and_origin(model: str):

@@ -20,4 +20,13 @@ HELP = {
             "heads × seq² per sequence per layer.",
     "device": "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
     "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
+    "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
+              "states for the base, fp32 adapters get both; fewer saved activations. qlora: not yet supported.",
+    "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
+    "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
+    "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
+                    "mask for backward.",
+    "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
+    "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
+                  "and backward, so the peak grows by about one gradient copy.",
 }

@@ -183,10 +183,12 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
                          f"far; {spec.model_type!r} is not one of them (use --method full)")
 
 
-def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool) -> list:
+def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool,
+                         input_grad: bool = True) -> list:
     """What lora_A (and the dropout before it) keep of the input of `n` adapted Linears that read the same tensor.
     `shared`: that tensor is saved anyway by full fine-tuning only for weight gradients (so with dropout 0 in fp32,
-    lora_A's save of it costs one copy for the group); False for o_proj, whose input sdpa keeps in any case."""
+    lora_A's save of it costs one copy for the group); False for o_proj, whose input sdpa keeps in any case.
+    `input_grad`: whether that input requires grad (not in layer 0's q/k/v: dropout then keeps no noise or mask)."""
     from llmem.components.activations import Saved, dropout_saved
 
     mixed = plan.precision.is_mixed
@@ -201,7 +203,7 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
         elif shared:
             items.append(Saved(f"{name}: input kept by lora_A", tokens * width * FP32))
         return items
-    for _ in range(n):  # each adapted Linear runs its own nn.Dropout on an fp32 input
+    for _ in range(n if input_grad else 0):  # each adapted Linear runs its own nn.Dropout on an fp32 input
         items += dropout_saved(f"{name} lora_dropout", plan, tokens * width, FP32, p)
     if mixed:
         items.append(Saved(f"{name}: lora_A autocast casts of the dropout outputs", n * tokens * width * 2))
@@ -225,13 +227,16 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> lis
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
     mods = [p for p in targeted(spec, plan) if p.layer == 0]
     a_bytes = 2 if plan.precision.is_mixed else FP32
-    for names, width, full_ft in _INPUT_GROUPS:
+    for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
         group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
         if not group:
             continue
         label = "/".join(names)
-        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=bool(full_ft))
+        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=bool(full_ft),
+                                      input_grad=not (first and k == 0))
         items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
+        # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
+        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", len(group) * 8))
         if plan.precision.is_mixed:
             cast = sum(plan.lora_rank * sum(in_out(spec, p)) for p in group) * 2
             items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", cast))
