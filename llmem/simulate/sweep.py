@@ -56,8 +56,13 @@ def compare_one(name: str, config: dict, spec, strategy: str, base: dict) -> dic
     try:
         plan = TrainingPlan(**base, **STRATEGIES[strategy])
         est = estimate(spec, plan)
+        simulate_attn_check(config, plan)
     except InputError as exc:
-        return rec | {"status": "n/a", "message": str(exc)}
+        if exc.field != "attn":
+            return rec | {"status": "n/a", "message": str(exc)}
+        plan = plan.with_(attn="eager")  # families without an sdpa path (bloom)
+        est = estimate(spec, plan)
+        rec["attn"] = "eager"
     try:
         t0 = time.perf_counter()
         sim = simulate(config, plan)
@@ -72,6 +77,17 @@ def compare_one(name: str, config: dict, spec, strategy: str, base: dict) -> dic
                   "estimate_phase": est.peak_phase, "simulated_phase": f"{sim.peak_phase} {sim.peak_iteration}",
                   "reserved_bytes": sim.reserved_bytes, "estimate_reserved_bytes": est.reserved_bytes,
                   "closed_form": bool(sim.closed_form), "seconds": round(seconds, 2)}
+
+
+def simulate_attn_check(config: dict, plan) -> None:
+    """InputError("attn") when transformers has no such attention for the family (checked on the meta device)."""
+    import torch
+
+    from llmem.runtime import build_model
+
+    small = {**config, "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1}
+    with torch.device("meta"):
+        build_model(small, plan, "meta")
 
 
 def markdown(records: list[dict]) -> str:

@@ -1,0 +1,100 @@
+"""The simulation against real CPU runs (small configurations) and against the closed-form estimate (full size)."""
+
+import json
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.measure.run import measure_rank
+from llmem.plan import TrainingPlan
+from llmem.presets import load_preset
+from llmem.simulate import simulate
+from llmem.spec import ModelSpec
+from tests.measure.conftest import GPT2, LLAMA
+
+SMALL = dict(device="cpu", batch_size=2, seq_len=64, precision="fp32", optimizer_impl="forloop")
+
+
+@pytest.mark.parametrize("config,plan", [
+    (LLAMA, {}),
+    (LLAMA, {"precision": "bf16-mixed", "optimizer_impl": "foreach"}),
+    (LLAMA, {"grad_ckpt": "full", "attn": "eager"}),
+    (LLAMA, {"precision": "bf16", "optimizer_impl": "fused", "optimizer": "adamw"}),
+    (GPT2, {}),
+], ids=["llama-fp32", "llama-bf16mix-foreach", "llama-ckpt-eager", "llama-bf16-fused", "gpt2-fp32"])
+def test_single_rank_matches_real_cpu_run(config, plan):
+    """Same runtime, real tensors vs fake: the peak agrees to within 0.1% (to the byte for most rows; a few
+    bytes of 0-dim tensors made outside dispatch are the known difference, see docs/SIMULATION.md)."""
+    p = TrainingPlan(**{**SMALL, **plan})
+    real = measure_rank(dict(config), p)["peak_bytes"]
+    sim = simulate(dict(config), p)
+    assert abs(sim.peak_bytes - real) <= max(64, real // 1000), (sim.peak_bytes, real)
+    assert sim.peak_iteration in (1, 2)
+
+
+@pytest.mark.parametrize("plan", [{"gpus": 2, "zero": 3}, {"gpus": 2, "tp": 2}, {"gpus": 2}],
+                         ids=["zero3", "tp", "ddp"])
+def test_multi_rank_matches_real_gloo_run(plan):
+    from llmem.measure.cli import measure
+
+    p = TrainingPlan(**{**SMALL, **plan})
+    real = measure(dict(LLAMA), p)["peak_bytes"]
+    sim = simulate(dict(LLAMA), p)
+    assert abs(sim.peak_bytes - real) <= 64, (sim.peak_bytes, real)
+
+
+@pytest.mark.parametrize("preset,plan", [
+    ("smollm2-135m", {}),
+    ("smollm2-135m", {"gpus": 8, "zero": 3}),
+    ("qwen2.5-0.5b", {"gpus": 4, "tp": 2, "zero": 3}),
+    ("llama-3.2-1b-instruct", {"gpus": 8, "zero": 1}),
+])
+def test_full_size_agrees_with_closed_form(preset, plan):
+    config = load_preset(preset)
+    p = TrainingPlan(batch_size=1, seq_len=2048, **plan)
+    sim = simulate(config, p)
+    est = estimate(ModelSpec.from_config(config), p)
+    assert abs(est.peak_bytes - sim.peak_bytes) <= 0.02 * sim.peak_bytes, (est.peak_bytes, sim.peak_bytes)
+    assert sim.reserved_bytes >= sim.allocated_rounded_bytes >= sim.peak_bytes
+
+
+def test_result_shape_and_timeline():
+    sim = simulate(dict(LLAMA), TrainingPlan(**SMALL))
+    d = sim.to_dict(max_points=50)
+    json.dumps(d)
+    assert d["peak_bytes"] == sim.peak_bytes and len(d["timeline"]) <= 50
+    assert max(p[1] for p in sim.timeline) == sim.peak_bytes
+    assert max(p[1] for p in sim.timeline_points(50)) == sim.peak_bytes  # thinning keeps the peak
+    assert {p[2] for p in sim.timeline} >= {"forward", "loss", "backward", "optimizer"}
+    assert len(sim.top_tensors) == 20 and sim.top_tensors[0].nbytes >= sim.top_tensors[-1].nbytes
+    assert sum(t.nbytes for t in sim.top_tensors) <= sim.peak_bytes
+    assert any(t.module.startswith("model.layers.") for t in sim.top_tensors)
+    assert sim.fragmentation_bytes == sim.reserved_bytes - sim.peak_bytes >= 0
+
+
+def test_ddp_buckets_are_marked_closed_form():
+    sim = simulate(dict(LLAMA), TrainingPlan(**SMALL, gpus=2))
+    assert sim.closed_form and any(t.closed_form for t in sim.top_tensors)
+
+
+def test_moe_is_refused_with_the_field():
+    from llmem.errors import InputError
+    from tests.measure.conftest import MIXTRAL
+
+    with pytest.raises(InputError) as exc:
+        simulate(dict(MIXTRAL), TrainingPlan(**SMALL))
+    assert exc.value.field == "model"
+
+
+def test_cli_json_and_timeline(tmp_path, capsys):
+    from llmem.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    tl = tmp_path / "tl.csv"
+    rc = main(["simulate", "--model", str(cfg), "--batch-size", "2", "--seq-len", "32", "--precision", "fp32",
+               "--device", "cpu", "--json", "--timeline", str(tl)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["peak_bytes"] > 0 and out["reserved_bytes"] >= out["peak_bytes"]
+    assert tl.read_text().splitlines()[0] == "op_index,live_bytes,phase"
