@@ -63,7 +63,8 @@ def test_plan_validation_names_the_flag():
 def _error(family: str, **plan) -> float:
     from llmem.measure.timeline import timeline
 
-    p = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=4, seq_len=64, precision="fp32", **plan)
+    plan = {"precision": "fp32", **plan}
+    p = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=4, seq_len=64, **plan)
     measured = timeline(CONFIGS[family], p).peak_bytes
     return (estimate(ModelSpec.from_config(CONFIGS[family]), p).peak_bytes - measured) / measured
 
