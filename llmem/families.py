@@ -223,7 +223,10 @@ def _mixtral_layer(c: Config, s: ModelSpec, i: int) -> list:
 def qwen2_moe_is_sparse(c: Config, s: ModelSpec, i: int) -> bool:
     """transformers `Qwen2MoeDecoderLayer`: sparse unless listed in mlp_only_layers or off the sparse step."""
     step = c.int("decoder_sparse_step")
-    return i not in (c.get("mlp_only_layers") or []) and s.num_experts > 0 and (i + 1) % step == 0
+    dense = c.get("mlp_only_layers") or []
+    if not isinstance(dense, list):
+        raise InputError("mlp_only_layers", f"must be a list of layer indices, got {dense!r}")
+    return i not in dense and s.num_experts > 0 and (i + 1) % step == 0
 
 
 def _qwen2_moe_layer(c: Config, s: ModelSpec, i: int) -> list:

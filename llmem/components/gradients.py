@@ -45,14 +45,26 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """A layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus two
-    intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed."""
+    intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed,
+    plus the gradient of the layer output (tokens × h), which the residual add hands to the attention branch later."""
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
     weight = max((local_numel(p, plan) for p in mlp), default=0)
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
+    if spec.model_type == "bloom":
+        # BloomGelu's custom backward (`bloom_gelu_back`): tanh_out and four more 4h-sized products of
+        # `0.5*x*((1-tanh_out*tanh_out)*(c + c3*x*x)) + 0.5*(1+tanh_out)` live with the incoming gradient, after
+        # dense_4h_to_h's backward freed the gelu output it saved: 5 intermediate-sized tensors beyond it.
+        inter_grads = 5
+    else:
+        inter_grads = 2
+    # The gradient of the layer's output stays referenced by the residual branch through the whole layer backward.
+    residual_grad = tokens * spec.hidden_size * plan.precision.param_bytes
     if lora.is_lora(plan):  # the frozen down_proj gets no weight gradient; its adapters' gradients instead
-        return lora.largest_mlp_adapter_bytes(spec, plan) + 2 * tokens * inter * plan.precision.compute_bytes
-    return weight * plan.precision.param_bytes + 2 * tokens * inter * plan.precision.compute_bytes
+        return (lora.largest_mlp_adapter_bytes(spec, plan) + inter_grads * tokens * inter * plan.precision.compute_bytes
+                + residual_grad)
+    return (weight * plan.precision.param_bytes + inter_grads * tokens * inter * plan.precision.compute_bytes
+            + residual_grad)
 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
