@@ -114,6 +114,10 @@ class Simulation:
 
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
+    method = str(getattr(plan, "method", "full"))
+    if method != "full":
+        raise InputError("method", f"{method}: PEFT's adapter layers cannot be moved onto fake parameters "
+                         "(`Module._apply` refuses to swap them); the simulation runs --method full only")
     if any(config.get(k) for k in MOE_KEYS):
         raise InputError("model", "mixture-of-experts routing depends on the data (and its grouped matmul refuses "
                          "fake fp32 tensors); the simulation does not run MoE models — use estimate or measure")

@@ -111,6 +111,32 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def reestimate(path: Path, markdown_path: str | None) -> int:
+    """Recompute the estimate of every compared row (the estimator changes more often than the runtime)."""
+    from llmem.estimate import estimate
+    from llmem.plan import TrainingPlan
+    from llmem.presets import load_preset
+    from llmem.spec import ModelSpec
+
+    base = {"batch_size": 1, "precision": "bf16-mixed", "device": "cuda"}
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        if "simulated_bytes" not in r:
+            continue
+        spec = ModelSpec.from_config(load_preset(r["preset"]))
+        plan = TrainingPlan(**base, seq_len=r["seq_len"], attn=r.get("attn", "sdpa"), **STRATEGIES[r["strategy"]])
+        est = estimate(spec, plan)
+        err = (est.peak_bytes - r["simulated_bytes"]) / r["simulated_bytes"]
+        r.update(estimate_bytes=est.peak_bytes, estimate_phase=est.peak_phase, error_pct=round(100 * err, 4),
+                 estimate_reserved_bytes=est.reserved_bytes, status="ok" if abs(err) <= TOLERANCE else "over")
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = markdown([r for r in records if r["status"] in ("ok", "over")])
+    if markdown_path:
+        Path(markdown_path).write_text(table + "\n")
+    print(table)
+    return 1 if any(r["status"] in ("over", "failed") for r in records) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmem.simulate.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--max-params", type=float, default=8.1e9)
@@ -119,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="preset names")
     p.add_argument("--strategies", nargs="*", default=list(STRATEGIES))
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--reestimate", action="store_true",
+                   help="keep the simulated figures of --out and recompute only the closed-form estimates")
     args = p.parse_args(argv)
+    if args.reestimate:
+        return reestimate(Path(args.out), args.markdown)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {}

@@ -98,3 +98,16 @@ def test_cli_json_and_timeline(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["peak_bytes"] > 0 and out["reserved_bytes"] >= out["peak_bytes"]
     assert tl.read_text().splitlines()[0] == "op_index,live_bytes,phase"
+
+
+def test_grad_accum_matches_real_cpu_run():
+    p = TrainingPlan(**SMALL, grad_accum=2)
+    assert simulate(dict(LLAMA), p).peak_bytes == measure_rank(dict(LLAMA), p)["peak_bytes"]
+
+
+def test_lora_is_refused_with_the_field():
+    from llmem.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        simulate(dict(LLAMA), TrainingPlan(**SMALL, method="lora"))
+    assert exc.value.field == "method"
