@@ -8,7 +8,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
-    STREAMLIT_SERVER_HEADLESS=true
+    STREAMLIT_SERVER_HEADLESS=true \
+    STREAMLIT_SERVER_MAX_UPLOAD_SIZE=1
 
 WORKDIR /app
 
@@ -17,11 +18,12 @@ WORKDIR /app
 COPY requirements.txt ./
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
 
-COPY pyproject.toml README.md app.py ./
+# Run from the source tree (not an installed wheel): the presets live next to the package, in presets/.
+COPY app.py ./
 COPY llmem ./llmem
 COPY presets ./presets
-RUN pip install --no-deps . \
-    && useradd --create-home --uid 1000 llmem
+ENV PYTHONPATH=/app
+RUN useradd --create-home --uid 1000 llmem
 USER llmem
 
 EXPOSE 8501

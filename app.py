@@ -1,0 +1,421 @@
+"""llmem web app: widgets -> TrainingPlan -> llmem.estimate / llmem.compare -> verdict, charts, table.
+
+Run with `streamlit run app.py`. Every input lives in the URL query string (`llmem.share`), so the address bar is
+always a link that reopens the same view. No memory arithmetic happens here: the numbers come from the library;
+this file only chooses what to show and converts bytes to GiB for the axes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from llmem import share
+from llmem.errors import InputError
+from llmem.gpus import get_gpu, list_gpus
+from llmem.help import HELP
+from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.units import format_gib, format_params, gib
+
+WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
+               "w_optimizer", "w_impl", "w_ckpt", "w_attn")
+SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
+UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
+BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+CATEGORY_COLORS = ("#4C78A8", "#F58518", "#E45756", "#72B7B2", "#54A24B", "#EECA3B", "#B279A2", "#9D755D")
+
+
+# ---------------------------------------------------------------- library calls, cached per process
+
+def _help(key: str) -> str:
+    return HELP.get(key, "")
+
+
+@st.cache_resource(show_spinner=False)
+def _presets() -> list:
+    from llmem.presets import list_presets
+
+    return list_presets()
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _spec_for_model(model: str):
+    """(ModelSpec, origin) for a preset name or Hugging Face id; InputError is not cached, so a retry refetches."""
+    from llmem.sources import resolve_model
+    from llmem.spec import ModelSpec
+
+    share.check_model_name(model)  # never let the app open a server path, whatever the caller passed
+    source = resolve_model(model)
+    return ModelSpec.from_config(source.config), source.origin
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _spec_for_upload(digest: str, _data: bytes, name: str):
+    from llmem.sources import config_from_bytes
+    from llmem.spec import ModelSpec
+
+    parsed = config_from_bytes(_data, name)
+    config = getattr(parsed, "config", parsed)  # ModelSource or plain dict
+    return ModelSpec.from_config(config), f"uploaded {name}"
+
+
+def _plan_key(plan: TrainingPlan) -> str:
+    """A cheap cache key for a plan (hashing a short string beats hashing a tuple of pairs)."""
+    return repr(sorted(plan.to_dict().items()))
+
+
+@st.cache_resource(show_spinner=False, max_entries=2048)
+def _estimate(spec_key: str, plan_key: str, _spec, _plan: TrainingPlan):
+    from llmem.estimate import estimate
+
+    return estimate(_spec, _plan)
+
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def _compare(spec_key: str, plan_key: str, capacity: int, _spec, _plan: TrainingPlan):
+    from llmem.compare import compare
+
+    return compare(_spec, _plan, capacity)
+
+
+# ---------------------------------------------------------------- inputs: URL <-> widgets
+
+def _defaults() -> share.AppInputs:
+    names = [p.name for p in _presets()]
+    model = share.AppInputs().model
+    return share.AppInputs(model=model if model in names or not names else names[0])
+
+
+def _init_from_url() -> None:
+    """First run of a session: put the link's values into the widgets and keep the warnings to show."""
+    if "w_source" in st.session_state:
+        return
+    defaults = _defaults()
+    inputs, warnings = share.decode(st.query_params.to_dict(), defaults)
+    if inputs.upload:
+        warnings.append(f"upload: this link was made from an uploaded config ({inputs.upload}), which cannot travel "
+                        f"in a URL; showing {inputs.model} instead. Upload the file again, or share a preset or "
+                        "Hugging Face id")
+    preset_names = [p.name for p in _presets()]
+    ss = st.session_state
+    ss.w_source = SOURCE_PRESET if inputs.model in preset_names else SOURCE_HUB
+    ss.w_preset = inputs.model if inputs.model in preset_names else defaults.model
+    ss.w_hub = "" if inputs.model in preset_names else inputs.model
+    ss.w_gpu = inputs.gpu_type
+    ss.w_gpus = inputs.gpus
+    ss.w_strategy = "all" if inputs.compare_all else f"{inputs.tp}:{inputs.zero}"
+    ss.w_batch = inputs.batch_size
+    ss.w_seq = inputs.seq_len
+    ss.w_precision = inputs.precision.value
+    ss.w_optimizer = inputs.optimizer.value
+    ss.w_impl = inputs.optimizer_impl.value
+    ss.w_ckpt = inputs.grad_ckpt.value
+    ss.w_attn = inputs.attn.value
+    if ss.w_source == SOURCE_HUB:
+        try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
+            _spec_for_model(inputs.model)
+        except InputError as err:
+            warnings.append(f"{err}; showing {defaults.model} instead")
+            ss.w_source, ss.w_hub = SOURCE_PRESET, ""
+    ss.link_warnings = warnings
+
+
+def _restore_widgets() -> None:
+    """Streamlit forgets the value of a widget that a run did not draw (the preset box while an id is typed);
+    keep a copy so that switching back, or an error that stops the page early, loses nothing."""
+    for key, value in st.session_state.get("kept", {}).items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+
+
+def _remember_widgets() -> None:
+    st.session_state.kept = {k: st.session_state[k] for k in WIDGET_KEYS if k in st.session_state}
+
+
+def _model_widgets():
+    """The model inputs: (model for the link, spec or None, origin, upload name, cache key of the spec)."""
+    sb = st.sidebar
+    source = sb.radio("Model", (SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD), key="w_source", horizontal=False,
+                      help=_help("model") or "Which model to size: its architecture sets every memory term.")
+    presets = {p.name: p for p in _presets()}
+    if st.session_state.w_preset not in presets and presets:
+        st.session_state.w_preset = next(iter(presets))
+    if source == SOURCE_PRESET:
+        sb.selectbox("Preset (type to search)", list(presets), key="w_preset",
+                     format_func=lambda n: f"{n} — {presets[n].hf_id}")
+        return st.session_state.w_preset, None, None, "", ""
+    if source == SOURCE_HUB:
+        sb.text_input("Hugging Face model id", key="w_hub", placeholder="org/name, e.g. Qwen/Qwen2.5-7B",
+                      help="Only the model's config.json is fetched (needs network; gated models need HF_TOKEN). "
+                           "Remote code is never run.")
+        return (st.session_state.w_hub.strip() or st.session_state.w_preset), None, None, "", ""
+    upload = sb.file_uploader("config.json", type=["json"], key="w_upload",
+                              help="A Hugging Face config.json (at most 256 KiB). It stays in this session only.")
+    sb.info("An uploaded config can't travel in a share link: the link keeps only its file name. "
+            "To share, pick the matching preset or use its Hugging Face id.")
+    if upload is None:
+        return st.session_state.w_preset, None, None, "", ""
+    if upload.size > UPLOAD_LIMIT:
+        raise InputError("model", f"{upload.name} is {upload.size:,} bytes; a config.json is a few kilobytes "
+                                  f"(limit {UPLOAD_LIMIT // 1024} KiB)")
+    data = upload.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    spec, origin = _spec_for_upload(digest, data, upload.name)
+    return st.session_state.w_preset, spec, origin, upload.name, f"upload:{digest}"
+
+
+def _training_widgets() -> None:
+    sb = st.sidebar
+    gpus = {g.key: g for g in list_gpus()}
+    sb.selectbox("GPU type", list(gpus), key="w_gpu", help=_help("gpu-type") or "Sets the memory capacity per GPU.",
+                 format_func=lambda k: f"{gpus[k].name} ({format_gib(gpus[k].memory_bytes)})")
+    sb.number_input("GPU count", 1, share.MAX_APP_GPUS, step=1, key="w_gpus",
+                    help=_help("gpus") or "More GPUs let ZeRO/TP shard the model; DDP replicates it on each.")
+    sb.number_input("Micro-batch per GPU", 1, share.MAX_APP_BATCH, step=1, key="w_batch",
+                    help=_help("batch-size") or "Activations and logits grow linearly with it.")
+    sb.number_input("Sequence length (tokens)", 1, None, step=256, key="w_seq",
+                    help=_help("seq-len") or "Activations grow linearly (eager attention: quadratically).")
+    sb.selectbox("Precision", [p.value for p in Precision], key="w_precision",
+                 help=_help("precision") or "Bytes per parameter, gradient, optimizer state and activation.")
+    sb.selectbox("Optimizer", [o.value for o in Optimizer], key="w_optimizer",
+                 help=_help("optimizer") or "AdamW keeps two states per parameter, SGD with momentum one.")
+    sb.selectbox("Optimizer implementation", [i.value for i in OptimizerImpl], key="w_impl",
+                 help=_help("optimizer-impl") or "foreach needs temporary copies during the step; fused does not.")
+    sb.selectbox("Activation checkpointing", [g.value for g in GradCkpt], key="w_ckpt",
+                 help=_help("grad-ckpt") or "full keeps only each layer's input and recomputes the rest.")
+    sb.selectbox("Attention", [a.value for a in Attention], key="w_attn",
+                 help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
+
+
+def _inputs(model: str, upload: str) -> share.AppInputs:
+    ss = st.session_state
+    strategy = ss.get("w_strategy", "all")
+    tp, zero = (1, share.ALL) if strategy == "all" else map(int, strategy.split(":"))
+    return share.AppInputs(
+        model=model, gpu_type=ss.w_gpu, gpus=int(ss.w_gpus), tp=tp, zero=zero, batch_size=int(ss.w_batch),
+        seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
+        optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
+        upload=upload,
+    )
+
+
+def _sync_url(inputs: share.AppInputs) -> str:
+    """Write the inputs into the address bar (only when they changed) and return the share link."""
+    query = share.encode(inputs)
+    if st.query_params.to_dict() != query:
+        st.query_params.from_dict(query)
+    base = st.context.url or "http://localhost:8501/"
+    return f"{base}?{urlencode(query)}"
+
+
+def _strategy_widget(comparison) -> None:
+    """The strategy choice: compare all (and show the recommended one) or one valid (TP, ZeRO) row."""
+    options = {"all": "Compare all — show the recommended"}
+    for row in comparison.rows:
+        options[f"{row.tp}:{row.zero}"] = f"{row.label} (TP {row.tp}, ZeRO {row.zero})"
+    if st.session_state.get("w_strategy") not in options:
+        wanted = st.session_state.get("w_strategy")
+        st.session_state.w_strategy = "all"
+        if wanted:
+            st.warning(f"strategy: {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
+                       f"{st.session_state.w_gpus} GPU(s); comparing all strategies instead.")
+    st.sidebar.selectbox("Strategy", list(options), key="w_strategy", format_func=options.get,
+                         help=_help("zero") or "How the work is split: DDP replicates everything, ZeRO-1/2/3 "
+                                               "shard optimizer states / gradients / parameters, TP splits layers.")
+
+
+# ---------------------------------------------------------------- rendering
+
+def _verdict(row, gpu, gpus: int, comparison, compare_all: bool) -> None:
+    where = f"{gpus}× {gpu.name}" if gpus > 1 else gpu.name
+    text = (f"{row.label}: {format_gib(row.device_total_bytes)} per GPU of {format_gib(gpu.memory_bytes)}")
+    if row.fits:
+        st.success(f"**Fits on {where} with {format_gib(row.headroom_bytes)} to spare** per GPU — {text}.")
+    else:
+        st.error(f"**Short by {format_gib(abs(row.headroom_bytes))} per GPU on {where}** — {text}.")
+    rec = comparison.recommended
+    if rec is not None:
+        lead = "Recommended" if compare_all or (rec.tp, rec.zero) == (row.tp, row.zero) else "Recommended instead"
+        st.info(f"**{lead}: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")
+    else:
+        st.warning(f"**No strategy fits on {where}.** {comparison.reason}")
+
+
+def _hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
+    """A horizontal line across the plot and its label (plain dicts: much faster than Figure.add_hline)."""
+    shape = dict(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash))
+    label = dict(xref="paper", x=0, y=y, text=text, showarrow=False, xanchor="left", yanchor="bottom",
+                 font=dict(color=color, size=11))
+    return shape, label
+
+
+def _breakdown_figure(est, gpu) -> dict:
+    """Stacked bar of the allocator peak by category; the items outside the allocator in a hatched bar apart."""
+    x = [f"per-GPU peak ({est.peak_phase})"]
+    data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
+                 hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
+            for i, (category, n) in enumerate(est.breakdown.items())]
+    outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
+               "CUDA context (outside the allocator)": est.cuda_context_bytes}
+    data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
+                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
+                  hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]
+    shape, label = _hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
+    layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
+                  annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
+                  yaxis=dict(title=dict(text="GiB per GPU")),
+                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"))
+    return dict(data=data, layout=layout)
+
+
+def _comparison_table(comparison) -> pd.DataFrame:
+    rec = comparison.recommended
+    rows = []
+    for row in comparison.rows:
+        rows.append({
+            "strategy": row.label,
+            "recommended": "★" if rec is not None and (row.tp, row.zero) == (rec.tp, rec.zero) else "",
+            "TP": row.tp,
+            "ZeRO": row.zero,
+            "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
+            "device total (GiB)": round(gib(row.device_total_bytes), 2),
+            "fits": "yes" if row.fits else "no",
+            "headroom (GiB)": round(gib(row.headroom_bytes), 2),
+            "max micro-batch": row.max_batch_size,
+            "tokens/step": row.tokens_per_step,
+        })
+    return pd.DataFrame(rows)
+
+
+def _csv(table: pd.DataFrame, inputs: share.AppInputs, link: str, spec) -> str:
+    """The table exactly as shown, after `#` comment lines with the inputs that produced it."""
+    lines = ["# llmem strategy comparison (GiB = 2^30 bytes; peak = max_memory_allocated per GPU)"]
+    lines += [f"# {k}: {v}" for k, v in share.encode(inputs).items()]
+    lines += [f"# parameters: {spec.total_params}", f"# link: {link}"]
+    return "\n".join(lines) + "\n" + table.to_csv(index=False)
+
+
+def _curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> dict:
+    """Allocator peak and device total against one input, with the capacity line and the largest fitting value."""
+    data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
+                 name="allocator peak"),
+            dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.device_total_bytes) for e in ests],
+                 name="device total (+ context, fragmentation)")]
+    shape, label = _hline(gib(capacity), "capacity", "red", "dash")
+    shapes, annotations = [shape], [label]
+    if largest is not None:
+        shapes.append(dict(type="line", yref="paper", y0=0, y1=1, x0=largest, x1=largest,
+                           line=dict(color="green", dash="dot")))
+        annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
+                                showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
+    top = min(max(gib(e.device_total_bytes) for e in ests) * 1.05, gib(capacity) * 1.6)  # capacity stays readable
+    layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
+                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
+                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))
+    return dict(data=data, layout=layout)
+
+
+def _curves(spec_key: str, spec, row, gpu, left, right) -> None:
+    plan = row.plan
+    cap = gpu.memory_bytes
+    batches = sorted({b for b in BATCH_POINTS if b * plan.seq_len <= share.MAX_TOKENS} | {plan.batch_size})
+    seqs = sorted({s for s in SEQ_POINTS if s * plan.batch_size <= share.MAX_TOKENS} | {plan.seq_len})
+    by_batch = [_estimate(spec_key, _plan_key(p), spec, p) for p in (plan.with_(batch_size=b) for b in batches)]
+    largest_batch = row.max_batch_size or None
+    left.plotly_chart(_curve_figure(batches, by_batch, cap, f"vs micro-batch (seq-len {plan.seq_len})",
+                                    "micro-batch per GPU", largest_batch), key="curve_batch")
+    by_seq = [_estimate(spec_key, _plan_key(p), spec, p) for p in (plan.with_(seq_len=s) for s in seqs)]
+    fitting = [s for s, e in zip(seqs, by_seq, strict=True) if e.device_total_bytes <= cap]
+    right.plotly_chart(_curve_figure(seqs, by_seq, cap, f"vs sequence length (batch {plan.batch_size})",
+                                     "sequence length (tokens)", max(fitting) if fitting else None),
+                       key="curve_seq")
+    right.caption("Largest fitting micro-batch: from the strategy search. Largest fitting sequence length: the "
+                  "largest plotted point whose device total is within the GPU's memory.")
+
+
+# ---------------------------------------------------------------- the page
+
+def main() -> None:
+    started = time.perf_counter()
+    st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
+    st.title("llmem: will it fit?")
+    st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
+               "All memory in GiB (2^30 bytes); parameter counts in SI (B = 10^9).")
+    _init_from_url()
+    _restore_widgets()
+    for message in st.session_state.get("link_warnings", []):
+        st.warning(f"Share link: {message}")
+
+    try:
+        model, spec, origin, upload, spec_key = _model_widgets()
+    except InputError as err:
+        model = st.session_state.w_preset
+        st.error(str(err))
+        _training_widgets()
+        _remember_widgets()
+        _sync_url(_inputs(model, ""))
+        st.stop()
+    _training_widgets()
+    _remember_widgets()
+    inputs = _inputs(model, upload)
+
+    try:
+        if spec is None:
+            share.check_model_name(model)
+            spec, origin = _spec_for_model(model)
+            spec_key = f"model:{model}"
+        gpu = get_gpu(inputs.gpu_type)
+        base = inputs.with_(zero=share.ALL).to_plan()
+        comparison = _compare(spec_key, _plan_key(base), gpu.memory_bytes, spec, base)
+        _strategy_widget(comparison)
+        _remember_widgets()
+        inputs = _inputs(model, upload)
+        link = _sync_url(inputs)
+        _render(spec_key, spec, origin, inputs, gpu, comparison, link)
+    except InputError as err:
+        _sync_url(inputs)
+        st.error(str(err))
+        st.stop()
+    st.session_state.last_render_ms = (time.perf_counter() - started) * 1000
+    st.caption(f"Rendered in {st.session_state.last_render_ms:.0f} ms.")
+
+
+def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comparison, link: str) -> None:
+    st.markdown(f"**{spec.name}** ({spec.model_type}) — {format_params(spec.total_params)} parameters "
+                f"({format_params(spec.trainable_params)} trainable); config from {origin}")
+    if inputs.compare_all:
+        row = comparison.recommended or min(comparison.rows, key=lambda r: r.device_total_bytes)
+    else:
+        row = next(r for r in comparison.rows if (r.tp, r.zero) == (inputs.tp, inputs.zero))
+    _verdict(row, gpu, inputs.gpus, comparison, inputs.compare_all)
+
+    st.subheader(f"Strategies on {inputs.gpus} GPU(s) of {gpu.name}")
+    table = _comparison_table(comparison)
+    st.table(table.set_index("strategy").style.format(precision=2))
+    st.caption("per-GPU peak = largest allocated tensor memory per GPU (torch max_memory_allocated); device total adds "
+               "fragmentation and the CUDA context (what nvidia-smi shows); headroom = GPU memory − device total; "
+               "max micro-batch = largest micro-batch per GPU that fits (0: none).")
+    csv_col, link_col = st.columns([1, 3])
+    csv_col.download_button("Download CSV (table + inputs)", _csv(table, inputs, link, spec),
+                            file_name="llmem-strategies.csv", mime="text/csv", key="csv")
+    with link_col:
+        st.markdown("**Share link** — the address bar is always this link; copy it with the icon at its right:")
+        st.code(link, language=None, wrap_lines=True)
+
+    est = _estimate(spec_key, _plan_key(row.plan), spec, row.plan)
+    st.subheader(f"{row.label}: breakdown and curves")
+    left, middle, right = st.columns(3)
+    with left:
+        st.plotly_chart(_breakdown_figure(est, gpu), key="breakdown")
+        st.caption(f"Peak phase: **{est.peak_phase}**. The stacked categories sum to the allocator peak "
+                   f"({format_gib(est.peak_bytes)}); hatched items are outside it and only count toward the "
+                   f"device total ({format_gib(est.device_total_bytes)}).")
+    _curves(spec_key, spec, row, gpu, middle, right)
+
+main()

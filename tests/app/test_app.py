@@ -1,0 +1,219 @@
+"""The Streamlit app driven headless with AppTest: presets, uploads, share links, tampered links, CSV, speed."""
+
+import io
+import json
+import time
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from llmem.gpus import get_gpu
+from llmem.share import KEYS
+
+from .conftest import APP, ROOT
+
+for _module in ("llmem.estimate", "llmem.compare", "llmem.units"):  # the library the app renders
+    pytest.importorskip(_module, reason=f"{_module} has not landed yet; the app cannot render without it")
+
+PRESET = "qwen2.5-7b"
+TIMEOUT = 120
+
+
+def run(query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query or {})
+    return at.run()
+
+
+def assert_clean(at: AppTest) -> None:
+    """No traceback and no error box (an OOM verdict is shown as an error box; that one is an answer)."""
+    assert not at.exception, at.exception[0].message if at.exception else ""
+    errors = [e.value for e in at.error if "Short by" not in e.value]
+    assert not errors, errors
+
+
+def verdict(at: AppTest) -> str:
+    texts = [e.value for e in at.success] + [e.value for e in at.error]
+    hits = [t for t in texts if "Fits on" in t or "Short by" in t]
+    assert len(hits) == 1, texts
+    return hits[0]
+
+
+def link_warnings(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning if w.value.startswith("Share link")]
+
+
+def table(at: AppTest) -> pd.DataFrame:
+    assert len(at.table) == 1
+    return at.table[0].value
+
+
+def test_default_view_answers_first_and_fills_the_link():
+    at = run()
+    assert_clean(at)
+    assert not link_warnings(at)
+    assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
+    assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
+    assert set(at.query_params) == set(KEYS.values()) - {"upload"}
+    assert at.query_params["zero"] == "all"
+    assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
+    assert len(at.get("plotly_chart")) == 3  # breakdown + two curves
+
+
+def test_preset_and_gpu_count_change_the_view_and_the_link():
+    at = run()
+    at.selectbox(key="w_preset").set_value(PRESET)
+    at.number_input(key="w_gpus").set_value(8)
+    at.selectbox(key="w_gpu").set_value("h100-sxm")
+    at.run()
+    assert_clean(at)
+    assert at.query_params["model"] == PRESET and at.query_params["gpus"] == "8"
+    assert at.query_params["gpu-type"] == "h100-sxm"
+    frame = table(at)
+    assert len(frame) >= 4  # DDP, ZeRO-1, ZeRO-2, ZeRO-3 at least
+    assert (frame["recommended"] == "★").sum() <= 1
+    assert "8× NVIDIA H100 SXM 80GB" in verdict(at)
+    assert frame.index.name == "strategy"
+    assert set(frame["fits"]) <= {"yes", "no"}
+
+
+def test_a_specific_strategy_is_shown_and_kept_in_the_link():
+    at = run({"model": PRESET, "gpus": "8"})
+    assert len(at.selectbox(key="w_strategy").options) >= 5  # compare all + DDP, ZeRO-1/2/3 (+ TP)
+    at.selectbox(key="w_strategy").set_value("1:3")
+    at.run()
+    assert_clean(at)
+    assert at.query_params["zero"] == "3" and at.query_params["tp"] == "1"
+    assert "ZeRO-3" in verdict(at)
+
+
+def test_share_link_round_trip_reopens_the_same_view():
+    at = run()
+    at.selectbox(key="w_preset").set_value(PRESET)
+    at.number_input(key="w_gpus").set_value(4)
+    at.number_input(key="w_batch").set_value(2)
+    at.number_input(key="w_seq").set_value(1024)
+    at.selectbox(key="w_precision").set_value("bf16")
+    at.selectbox(key="w_ckpt").set_value("full")
+    at.selectbox(key="w_gpu").set_value("l40s")
+    at.run()
+    at.selectbox(key="w_strategy").set_value("1:2")
+    at.run()
+    assert_clean(at)
+    link = dict(at.query_params)
+    reopened = run(link)
+    assert_clean(reopened)
+    assert not link_warnings(reopened)
+    assert dict(reopened.query_params) == link
+    for key in ("w_preset", "w_gpu", "w_gpus", "w_batch", "w_seq", "w_precision", "w_ckpt", "w_strategy"):
+        assert reopened.session_state[key] == at.session_state[key], key
+    assert verdict(reopened) == verdict(at)
+    pd.testing.assert_frame_equal(table(reopened), table(at))
+    code = [c.value for c in reopened.code]
+    assert any("gpu-type=l40s" in c and "zero=2" in c for c in code), code  # the copyable link
+
+
+@pytest.mark.parametrize("query, fields", [
+    ({"gpus": "-4", "batch-size": "lots", "precision": "fp8", "colour": "blue"},
+     ["gpus", "batch-size", "precision", "colour"]),
+    ({"model": "../../etc/passwd", "gpu-type": "tpu-v9"}, ["model", "gpu-type"]),
+    ({"model": "/etc/passwd"}, ["model"]),
+    ({"gpus": "1", "zero": "3", "seq-len": "99999999999"}, ["zero", "seq-len"]),
+    ({"upload": "secret-config.json"}, ["upload"]),
+])
+def test_tampered_link_opens_with_warnings_and_defaults(query, fields):
+    at = run(query)
+    assert not at.exception
+    warnings = " ".join(link_warnings(at))
+    for field in fields:
+        assert field in warnings, (field, warnings)
+    verdict(at)  # the page still answers, with defaults
+    assert "passwd" not in json.dumps(dict(at.query_params))
+    assert at.query_params["model"] == "llama-3.1-8b"
+
+
+def test_unloadable_model_in_a_link_falls_back_to_the_default_preset():
+    at = run({"model": "no-such-org-llmem/no-such-model-llmem"})
+    assert not at.exception
+    warnings = " ".join(link_warnings(at))
+    assert "no-such-org-llmem/no-such-model-llmem" in warnings and "llama-3.1-8b" in warnings
+    verdict(at)
+
+
+def test_hub_id_typed_in_the_app_shows_a_message_not_a_traceback():
+    at = run()
+    at.radio(key="w_source").set_value("Hugging Face id")
+    at.run()
+    at.text_input(key="w_hub").set_value("no-such-org-llmem/no-such-model-llmem")
+    at.run()
+    assert not at.exception
+    assert any("no-such-org-llmem/no-such-model-llmem" in e.value for e in at.error)
+    at.text_input(key="w_hub").set_value("/etc/passwd")
+    at.run()
+    assert not at.exception
+    assert any("file path" in e.value for e in at.error)
+
+
+def test_uploaded_config_is_sized_and_the_link_says_it_cannot_travel():
+    data = (ROOT / "presets" / PRESET / "config.json").read_bytes()
+    at = run()
+    at.radio(key="w_source").set_value("Upload config.json")
+    at.run()
+    assert any("can't travel" in i.value for i in at.sidebar.info)
+    at.file_uploader(key="w_upload").set_value(("my-config.json", data, "application/json"))
+    at.run()
+    assert_clean(at)
+    assert at.query_params["upload"] == "my-config.json"
+    assert any("uploaded my-config.json" in m.value for m in at.markdown)
+    preset = run({"model": PRESET})
+    assert verdict(at) == verdict(preset)  # same config, same answer
+    pd.testing.assert_frame_equal(table(at), table(preset))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{" + b" " * (300 * 1024) + b"}", "256 KiB"),
+    (b"not json", "JSON"),
+    (b'{"hidden_size": 8}', "model_type"),
+])
+def test_bad_uploads_are_refused_with_a_message(content, message):
+    at = run()
+    at.radio(key="w_source").set_value("Upload config.json")
+    at.run()
+    at.file_uploader(key="w_upload").set_value(("config.json", content, "application/json"))
+    at.run()
+    assert not at.exception
+    assert any(message in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_csv_is_the_table_plus_the_inputs(served_files):
+    at = run({"model": PRESET, "gpus": "8", "gpu-type": "a100-40gb", "batch-size": "2"})
+    assert_clean(at)
+    csvs = [data for mimetype, data, _ in served_files if mimetype == "text/csv"]
+    assert csvs
+    text = csvs[-1].decode()
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    for key, value in dict(at.query_params).items():
+        assert f"# {key}: {value}" in comments
+    frame = pd.read_csv(io.StringIO(text), comment="#", keep_default_na=False).set_index("strategy")
+    shown = table(at)
+    assert list(frame.columns) == list(shown.columns)
+    assert frame.index.tolist() == shown.index.tolist()
+    pd.testing.assert_frame_equal(frame, shown, check_dtype=False)
+    gib = get_gpu("a100-40gb").memory_bytes / 2**30
+    assert ((frame["fits"] == "yes") == (frame["device total (GiB)"] <= gib)).all()
+
+
+def test_an_input_change_redraws_fast():
+    at = run({"model": PRESET, "gpus": "8"})
+    timings = []
+    for batch in (2, 3, 2, 3):
+        at.number_input(key="w_batch").set_value(batch)
+        start = time.perf_counter()
+        at.run()
+        timings.append((time.perf_counter() - start) * 1000)
+        assert_clean(at)
+    # the app's own measurement of the script (what a browser waits for, minus the websocket round trip)
+    rendered = at.session_state["last_render_ms"]
+    print(f"AppTest rerun ms: {[round(t) for t in timings]}; script render ms: {rendered:.0f}")
+    assert min(timings[2:]) < 1000 and rendered < 1000  # budget 300 ms on a 2-core machine; slack for CI noise
