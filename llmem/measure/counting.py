@@ -52,6 +52,11 @@ class CountingTracker:
         self.ext.reset_peak()
         self.live_at_reset = self.ext.current()
 
+    def foreign_free_bytes(self) -> int:
+        """Counted bytes freed on another thread (gloo's) since the reset: such a free lands at a moment that
+        varies from run to run."""
+        return int(self.ext.foreign_frees()[1])
+
     def __exit__(self, *exc) -> None:
         self.peak_bytes = self.ext.peak()
         self.end_bytes = self.ext.current()

@@ -25,6 +25,8 @@ struct Entry {
 std::mutex mu;
 int64_t current = 0;
 int64_t peak = 0;
+int64_t foreign_free_count = 0;  // counted allocations freed on another thread than the training thread
+int64_t foreign_free_bytes = 0;
 uint64_t generation = 0;  // bumped by every start(); frees of older generations are ignored
 bool active = false;
 std::thread::id owner;
@@ -41,6 +43,10 @@ void counted_delete(void* data) {
     if (it == live->end()) return;
     if (it->second.generation && it->second.generation == generation) {
       current -= static_cast<int64_t>(it->second.nbytes);
+      if (std::this_thread::get_id() != owner) {
+        ++foreign_free_count;
+        foreign_free_bytes += static_cast<int64_t>(it->second.nbytes);
+      }
     }
     orig = std::move(it->second.orig);
     live->erase(it);
@@ -85,6 +91,8 @@ void start() {
   ++generation;
   current = 0;
   peak = 0;
+  foreign_free_count = 0;
+  foreign_free_bytes = 0;
   owner = std::this_thread::get_id();
   active = true;
 }
@@ -97,6 +105,8 @@ void stop() {
 void reset_peak() {
   std::lock_guard<std::mutex> guard(mu);
   peak = current;
+  foreign_free_count = 0;  // counted from the reset on: the window the peak is taken over
+  foreign_free_bytes = 0;
 }
 
 int64_t get_current() {
@@ -109,6 +119,11 @@ int64_t get_peak() {
   return peak;
 }
 
+pybind11::tuple get_foreign_frees() {
+  std::lock_guard<std::mutex> guard(mu);
+  return pybind11::make_tuple(foreign_free_count, foreign_free_bytes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -117,4 +132,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_peak", &reset_peak);
   m.def("current", &get_current);
   m.def("peak", &get_peak);
+  m.def("foreign_frees", &get_foreign_frees);
 }

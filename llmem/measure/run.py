@@ -5,12 +5,14 @@ Used in-process for one rank and by every worker of a torchrun job (worker.py).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
 
 import torch
 
+from llmem.measure import gloo_fence
 from llmem.plan import TrainingPlan
 from llmem.runtime import Topology, prepare, train_step
 
@@ -49,9 +51,14 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         session = prepare(config, plan, topo, mark=tracker.mark)
         if mark_hook is not None:
             mark_hook(session, tracker.mark)
+        # On CPU, gloo's frees land where the training thread drops its reference, as on CUDA (gloo_fence.py).
+        fence = gloo_fence.fenced(session.model) if topo.device_type == "cpu" and topo.world_size > 1 \
+            else contextlib.nullcontext()
         tracker.reset_peak()
-        for _ in range(steps):
-            train_step(session, mark=tracker.mark)
+        with fence:
+            for _ in range(steps):
+                train_step(session, mark=tracker.mark)
+        foreign = tracker.foreign_free_bytes() if hasattr(tracker, "foreign_free_bytes") else None
         del session
         gc.collect()
     result = {"rank": topo.rank, "peak_bytes": int(tracker.peak_bytes), "seconds": time.perf_counter() - start}
@@ -62,5 +69,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
     result["end_bytes"] = int(getattr(tracker, "end_bytes", 0) or result.get("end_bytes", 0))
     result["live_at_reset"] = int(tracker.live_at_reset)
     result["tracker"] = type(tracker).__name__
+    if foreign is not None:  # counted bytes freed on gloo's threads during the iterations (0 when fenced)
+        result["foreign_free_bytes"] = int(foreign)
     gc.collect()
     return result

@@ -1,0 +1,123 @@
+"""Make FSDP2's frees on gloo happen where the training thread drops its reference, as they do on CUDA.
+
+gloo runs a collective on a worker thread that keeps its own reference to the input and output tensors until its
+loop drops the finished work — sometimes after `work.wait()` has already returned on the training thread. A buffer
+FSDP2 releases right after its collective (the all-gather input, the reduce-scatter input) is then freed on gloo's
+thread at a moment that varies from run to run, and the measured peak of ZeRO-2/ZeRO-3 rows varied by up to one
+layer's gradients. On CUDA the caching allocator frees at the Python drop point (FSDP2 keeps explicit references
+instead of `record_stream`), so the fence below only restores the CUDA semantics on CPU.
+
+The fence: each synchronous collective gets fresh views of its tensors, and returns only once gloo has released
+them (weak references to the views die when the worker thread drops the work). No allocation is added: views share
+the storage. The reduce-scatter is gloo's own algorithm written out (clone, all-reduce, copy out) so that its
+clone can be fenced too. Asynchronous calls (`async_op=True`, unused by the runtime) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+RELEASE_TIMEOUT_S = 10.0
+
+
+def wait_released(refs: list[weakref.ref], timeout: float = RELEASE_TIMEOUT_S) -> None:
+    """Spin (yielding the GIL) until every referent is gone; gloo drops its work within microseconds."""
+    deadline = time.monotonic() + timeout
+    while any(r() is not None for r in refs):
+        if time.monotonic() > deadline:
+            raise RuntimeError("gloo did not release a collective's tensors within "
+                               f"{timeout:.0f} s; the measured peak would depend on thread timing")
+        time.sleep(0)
+
+
+def _fenced(call, output_tensor, input_tensor, rest: tuple, async_op: bool):
+    if async_op:
+        return call(output_tensor, input_tensor, *rest, async_op=True)
+    out_view, in_view = output_tensor.view(output_tensor.shape), input_tensor.view(input_tensor.shape)
+    refs = [weakref.ref(out_view), weakref.ref(in_view)]
+    work = call(out_view, in_view, *rest, async_op=True)
+    del out_view, in_view
+    work.wait()
+    del work
+    wait_released(refs)
+    return None
+
+
+class FencedAllGather(DefaultAllGather):
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        return _fenced(super().__call__, output_tensor, input_tensor, (group,), async_op)
+
+
+class FencedReduceScatter(DefaultReduceScatter):
+    """gloo's `reduce_scatter_tensor` on CPU, step for step (ProcessGroupGloo::reduce_scatter_tensor_coalesced):
+    clone the input on the calling thread, all-reduce the clone, copy this rank's chunk out. The clone is freed
+    once gloo has released it instead of whenever its worker thread drops the all-reduce."""
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        if async_op:
+            return super().__call__(output_tensor, input_tensor, group, op, async_op=True)
+        import torch.distributed as dist
+
+        buffer = input_tensor.clone()
+        view = buffer.view(buffer.shape)
+        refs = [weakref.ref(view)]
+        work = dist.all_reduce(view, op=op, group=group, async_op=True)
+        del view
+        work.wait()
+        del work
+        wait_released(refs)
+        output_tensor.copy_(buffer.chunk(group.size())[group.rank()])
+        return None
+
+
+def fenced_functional_all_reduce(original):
+    """`torch.distributed._functional_collectives.all_reduce` as the functional op runs it (a contiguous clone,
+    all-reduced in place), waited and fenced. Tensor parallelism's DTensor redistributions go through it."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+           "max": dist.ReduceOp.MAX}
+
+    def all_reduce(self, reduceOp: str, group, tag: str = ""):
+        op = ops.get(reduceOp.lower())
+        if op is None or self.is_complex():
+            return original(self, reduceOp, group, tag)
+        resolved = funcol._resolve_group(group, tag)
+        pg = resolved if isinstance(resolved, dist.ProcessGroup) else _resolve_process_group(
+            funcol._group_or_group_name(resolved))
+        out = self.clone(memory_format=torch.contiguous_format)
+        view = out.view(out.shape)
+        refs = [weakref.ref(view)]
+        work = dist.all_reduce(view, op=op, group=pg, async_op=True)
+        del view
+        work.wait()
+        del work
+        wait_released(refs)
+        return out
+
+    return all_reduce
+
+
+@contextlib.contextmanager
+def fenced(model):
+    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(FencedAllGather())
+            module.set_custom_reduce_scatter(FencedReduceScatter())
+    original = funcol.all_reduce
+    funcol.all_reduce = fenced_functional_all_reduce(original)
+    try:
+        yield
+    finally:
+        funcol.all_reduce = original
