@@ -20,6 +20,7 @@ struct Entry {
   c10::DataPtr orig;
   size_t nbytes;
   uint64_t generation;  // 0: not counted
+  uint64_t reset_serial;  // the number of reset_peak() calls before this allocation
 };
 
 std::mutex mu;
@@ -27,6 +28,7 @@ int64_t current = 0;
 int64_t peak = 0;
 int64_t foreign_free_count = 0;  // counted allocations freed on another thread than the training thread
 int64_t foreign_free_bytes = 0;
+uint64_t reset_serial = 0;
 uint64_t generation = 0;  // bumped by every start(); frees of older generations are ignored
 bool active = false;
 std::thread::id owner;
@@ -43,7 +45,7 @@ void counted_delete(void* data) {
     if (it == live->end()) return;
     if (it->second.generation && it->second.generation == generation) {
       current -= static_cast<int64_t>(it->second.nbytes);
-      if (std::this_thread::get_id() != owner) {
+      if (std::this_thread::get_id() != owner && it->second.reset_serial == reset_serial) {
         ++foreign_free_count;
         foreign_free_bytes += static_cast<int64_t>(it->second.nbytes);
       }
@@ -67,7 +69,7 @@ struct CountingAllocator final : c10::Allocator {
       current += static_cast<int64_t>(nbytes);
       if (current > peak) peak = current;
     }
-    live->emplace(data, Entry{std::move(inner), nbytes, gen});
+    live->emplace(data, Entry{std::move(inner), nbytes, gen, reset_serial});
     return c10::DataPtr(data, data, &counted_delete, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
@@ -105,6 +107,7 @@ void stop() {
 void reset_peak() {
   std::lock_guard<std::mutex> guard(mu);
   peak = current;
+  ++reset_serial;
   foreign_free_count = 0;  // counted from the reset on: the window the peak is taken over
   foreign_free_bytes = 0;
 }

@@ -34,22 +34,24 @@ def wait_released(refs: list[weakref.ref], timeout: float = RELEASE_TIMEOUT_S) -
         time.sleep(0)
 
 
-def _fenced(call, output_tensor, input_tensor, rest: tuple, async_op: bool):
-    if async_op:
-        return call(output_tensor, input_tensor, *rest, async_op=True)
-    out_view, in_view = output_tensor.view(output_tensor.shape), input_tensor.view(input_tensor.shape)
-    refs = [weakref.ref(out_view), weakref.ref(in_view)]
-    work = call(out_view, in_view, *rest, async_op=True)
-    del out_view, in_view
-    work.wait()
-    del work
-    wait_released(refs)
-    return None
-
-
 class FencedAllGather(DefaultAllGather):
+    """gloo's `all_gather_into_tensor` on CPU as ProcessGroupGloo::_allgather_base runs it — the output chunked
+    into one view per rank, then `allgather` — with the chunks made here, so that all of them can be fenced."""
+
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        return _fenced(super().__call__, output_tensor, input_tensor, (group,), async_op)
+        if async_op:
+            return super().__call__(output_tensor, input_tensor, group, async_op=True)
+        import torch.distributed as dist
+
+        chunks = list(output_tensor.chunk(group.size()))
+        view = input_tensor.view(input_tensor.shape)
+        refs = [weakref.ref(t) for t in (*chunks, view)]
+        work = dist.all_gather(chunks, view, group=group, async_op=True)
+        del chunks, view
+        work.wait()
+        del work
+        wait_released(refs)
+        return None
 
 
 class FencedReduceScatter(DefaultReduceScatter):

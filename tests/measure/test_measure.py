@@ -22,24 +22,29 @@ def test_same_config_same_peak_to_the_byte():
 
 
 def test_multi_rank_job_isolates_rows_and_is_repeatable(tmp_path):
-    base = {"seq_len": 32, "batch_size": 2, "precision": "fp32", "gpus": 2}
+    """Every scheme repeats its per-rank peaks to the byte within one job, ZeRO-3 and TP included: their gloo
+    collectives are fenced (llmem/measure/gloo_fence.py); unfenced, ZeRO-3 spread by a layer's gradients."""
+    base = {"seq_len": 32, "batch_size": 2, "precision": "bf16-mixed", "gpus": 2}
     rows = [
-        # ZeRO-2, not ZeRO-3: see docs/MEASURING-NOTES.md for ZeRO-3's run-to-run spread on gloo
-        {"id": "zero2", "config": LLAMA, "plan": {**base, "zero": 2}},
+        {"id": "zero3", "config": LLAMA, "plan": {**base, "zero": 3}},
         {"id": "bad-tp", "config": GPT2, "plan": {**base, "tp": 2}},  # gpt2 has no q/k/v split: InputError
+        {"id": "tp", "config": LLAMA, "plan": {**base, "tp": 2}},
         {"id": "ddp", "config": LLAMA, "plan": base},
-        {"id": "zero2-again", "config": LLAMA, "plan": {**base, "zero": 2}},
+        {"id": "zero3-again", "config": LLAMA, "plan": {**base, "zero": 3}},
+        {"id": "tp-again", "config": LLAMA, "plan": {**base, "tp": 2}},
+        {"id": "zero3-third", "config": LLAMA, "plan": {**base, "zero": 3}},
     ]
     out = tmp_path / "m.jsonl"
     results, err = run_job(rows, 2, "cpu", out)
     assert err == ""
     by_id = {r["id"]: r for r in results}
-    assert set(by_id) == {"zero2", "bad-tp", "ddp", "zero2-again"}
+    assert set(by_id) == {r["id"] for r in rows}
     assert "tp" in by_id["bad-tp"]["error"] and "gpt2" in by_id["bad-tp"]["error"]
-    assert by_id["zero2"]["per_rank"] == by_id["zero2-again"]["per_rank"]
+    assert by_id["zero3"]["per_rank"] == by_id["zero3-again"]["per_rank"] == by_id["zero3-third"]["per_rank"]
+    assert by_id["tp"]["per_rank"] == by_id["tp-again"]["per_rank"]
     assert len(by_id["ddp"]["per_rank"]) == 2 and by_id["ddp"]["end_bytes"] == [0, 0]
     # FSDP2 shards parameters and optimizer states: less live after the build than DDP
-    assert max(by_id["zero2"]["live_at_reset"]) < min(by_id["ddp"]["live_at_reset"])
+    assert max(by_id["zero3"]["live_at_reset"]) < min(by_id["ddp"]["live_at_reset"])
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in rows]
 
 
