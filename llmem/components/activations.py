@@ -88,7 +88,8 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
     eager (`eager_attention_forward`): q, k and v as bmm operands (contiguous full-head copies: repeat_kv output or
       the reshape of a transposed view), softmax in fp32 (its output saved by softmax and, in fp32, by the bmm),
       cast back to the compute dtype when half (saved by the bmm), dropout on the probabilities;
-      gemma2's attention softcapping `tanh(scores / cap) * cap` saves the tanh output (fp32 scores).
+      gemma2's attention softcapping `tanh(scores / cap) * cap` saves the tanh output (TanhBackward0), in the
+      scores' dtype: the compute dtype (the q·kᵀ matmul runs in half under autocast; div/tanh/mul keep it).
     The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
@@ -107,7 +108,7 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
     items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
              Saved("eager v (bmm operand)", tokens * q * cb)]
     if softcap:
-        items.append(Saved("attention softcapping tanh output", scores * FP32))
+        items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     items.append(Saved("softmax output (fp32)", scores * FP32))
     if p:  # the dropout input (the cast, when half) is not saved: mul/native_dropout keep only noise or mask
         items += [*dropout_saved("attention probabilities", plan, scores, cb, p),
