@@ -116,7 +116,9 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     kept = act.kept_per_layer_bytes(spec, plan)
     outer_act = act.outer_saved_bytes(spec, plan)
     final_norm = act.final_norm_bytes(spec, plan)
-    recompute = act.layer_activation_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
+    recompute = 0
+    if plan.grad_ckpt is GradCkpt.FULL:
+        recompute = act.layer_activation_bytes(spec, plan) + act.checkpointed_input_extra_bytes(spec, plan)
     if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
         final_norm = lora.final_norm_bytes(spec, plan)
         if plan.grad_ckpt is GradCkpt.FULL:
@@ -208,7 +210,9 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     kept = act.kept_per_layer_bytes(spec, cp)
     outer_act = act.outer_saved_bytes(spec, cp)
     forward_acts = layers * kept + outer_act + act.final_norm_bytes(spec, cp)
-    recompute = act.layer_activation_bytes(spec, cp) if plan.grad_ckpt is GradCkpt.FULL else 0
+    recompute = 0
+    if plan.grad_ckpt is GradCkpt.FULL:
+        recompute = act.layer_activation_bytes(spec, cp) + act.checkpointed_input_extra_bytes(spec, cp)
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
     pb = plan.precision.param_bytes

@@ -309,6 +309,12 @@ def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
     ]
 
 
+def moe_routing_weight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Element size of the routing weights the experts receive: `MixtralTopKRouter` returns the fp32 topk of its
+    fp32 softmax; `Qwen2MoeTopKRouter` casts them back to the router logits' dtype (the compute dtype)."""
+    return FP32 if spec.model_type == "mixtral" else plan.precision.compute_bytes
+
+
 def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
     """transformers 5 `MixtralSparseMoeBlock` / `Qwen2MoeSparseMoeBlock` with grouped experts: router softmax
     (fp32), top-k indices, routing weights, tokens sorted by expert and gathered (tokens × top_k rows), grouped
@@ -322,7 +328,8 @@ def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
         items += [Saved("topk weight sum", tokens * FP32), Saved("normalized routing weights", r * FP32)]
     return items + [
         Saved("sorted expert ids", r * 8), Saved("sort permutation", r * 8),
-        Saved("gathered tokens (tokens × top_k)", r * h * cb), Saved("gathered routing weights", r * FP32),
+        Saved("gathered tokens (tokens × top_k)", r * h * cb),
+        Saved("gathered routing weights", r * moe_routing_weight_bytes(spec, plan)),
         Saved("expert offsets (cumsum)", e * FP32), Saved("grouped gate_up output", r * 2 * i * cb),
         Saved("silu(gate)", r * i * cb), Saved("silu(gate) * up", r * i * cb),
         Saved("grouped down_proj output", r * h * cb), Saved("inverse permutation", r * 8),
@@ -380,7 +387,7 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             items += [Saved(f"shared_expert {n}", tokens * si * cb)
                       for n in ("gate_proj", "silu(gate)", "up_proj", "silu(gate) * up")]
             items += [Saved("shared_expert output", tokens * spec.hidden_size * cb),
-                      Saved("shared_expert_gate sigmoid", tokens * FP32)]
+                      Saved("shared_expert_gate sigmoid", tokens * cb)]
         elif plan.precision.is_mixed:
             items += _cast(plan, tokens, spec.hidden_size, 1, "router")
     return items
@@ -405,6 +412,17 @@ def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """With checkpointing (`use_reentrant=False`), a layer keeps only its input hidden states."""
     _, rb = _bytes(plan)
     return plan.batch_size * plan.seq_len * spec.hidden_size * rb
+
+
+def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Full checkpointing: the checkpoint keeps the layer's input (tokens × h × rb), alive through the layer's
+    recompute and backward. `layer_saved` lists it where an op of the layer saves it too (the fp32 residual stream,
+    a LayerNorm's input); in pure half precision an RMSNorm saves its fp32 copy instead, so the input is extra."""
+    if plan.grad_ckpt is not GradCkpt.FULL:
+        return 0
+    if any(s.name.startswith("input (residual stream") for s in layer_saved(spec, plan)):
+        return 0
+    return checkpointed_layer_bytes(spec, plan)
 
 
 def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

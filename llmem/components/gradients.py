@@ -6,9 +6,10 @@ Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(s
 LoRA: only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embeddings run no backward.
 """
 
+from llmem.components import activations as act
 from llmem.components import lora
 from llmem.components.sharding import local_numel, shard_summary
-from llmem.plan import TrainingPlan
+from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -44,9 +45,14 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus two
-    intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed,
+    """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
+    layer's backward. Mixture-of-experts layers: `moe_layer_backward_peak_extra_bytes`.
+
+    Dense MLP: the layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus
+    two intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed,
     plus the gradient of the layer output (tokens × h), which the residual add hands to the attention branch later."""
+    if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
+        return moe_layer_backward_peak_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
     weight = max((local_numel(p, plan) for p in mlp), default=0)
     tokens = plan.batch_size * plan.seq_len
@@ -65,6 +71,105 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
                 + residual_grad)
     return (weight * plan.precision.param_bytes + inter_grads * tokens * inter * plan.precision.compute_bytes
             + residual_grad)
+
+
+def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """The candidate peaks of a grouped-experts MoE layer's backward (transformers 5.23 `MixtralSparseMoeBlock` /
+    `Qwen2MoeSparseMoeBlock` with `integrations/moe.py: grouped_mm_experts_forward`), each as bytes beyond the
+    layer's saved tensors (`activations.moe_saved`) plus the gradient of the layer output (tokens × h, the residual
+    branch holds it through the layer's backward).
+
+    T tokens, r = T × top_k expert rows, E experts, i the expert width; eb: bytes of the expert tensors (the grouped
+    mm runs in the weights' dtype: `input.to(weight.dtype)`); wb: bytes of the routing weights
+    (`activations.moe_routing_weight_bytes`); ob: bytes of `proj_out * weights` (type promotion of eb and wb — fp32
+    for mixtral in half precision).
+
+    - recompute end (full checkpointing only): the recomputed forward reaches the routing-weight mul, just before
+      the last saved tensor (the inverse permutation). Live besides the saved tensors recomputed so far: the
+      forward's locals (the decoder layer's `residual`, saved only when fp32; the router logits held by `_`; the
+      topk routing weights; `expert_ids_g` from sort; the histc input `expert_ids_g.float()` (`.int()` on CUDA) and
+      `tokens_per_expert`), the promoted copy of the down output TensorIterator makes when eb != ob, the product
+      (r × h × ob), and — mixtral, where the routed experts' `IndexBackward0` is the layer's first node to unpack
+      a saved tensor — its input that triggered the recompute (the reshaped sum gradient, r × h × ob). qwen2_moe's
+      recompute is triggered by the shared-expert gate's mul instead (its sigmoid is not yet recomputed).
+    - routing-weight mul backward (`MulBackward0` of `proj_out * weights`): `IndexBackward0`'s output (r × h × ob,
+      the inverse permutation freed), grad × proj_out (the routing weights' gradient before its sum) and
+      grad × weights (r × h × ob each); then the engine's `validate_outputs` converts the first output — the
+      cast of grad × weights to eb (r × h × eb) when eb != ob, else the sum of grad × proj_out (r × ob) — before
+      the node's saved tensors are released (with checkpointing the unpacked recomputed tensors are freed first).
+    - down grouped mm backward: the routing weights' gradient (r × wb) waits for its `IndexBackward0`; the saved
+      down output and gathered weights are freed; the incoming gradient (r × h × eb), grad_input (r × i × eb) and
+      grad_weight (E × h × i, the `.grad` of experts.down_proj).
+    - silu(gate) * up backward: the down mm's saved input freed, its grad_input (r × i × eb) and the products
+      grad × up, grad × silu(gate) (r × i × eb each).
+    - gate_up grouped mm backward: silu, silu*up, gate_up output freed; the `SplitBackward0` cat of the gate and
+      up gradients (r × 2i × eb), grad_weight (E × 2i × h) and grad_input (r × h × eb).
+    qwen2_moe: the shared-expert gate branch runs backward before the routed experts and leaves the gradient of
+    `shared_expert_output` (grad × sigmoid, T × h × cb, pending for the shared expert), the shared_expert_gate
+    weight gradient (h) and the block input's gradient from its Linear (T × h × cb, into which the other branches
+    accumulate); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
+    expert runs backward last, after every expert and router gradient exists and the routed part's saved tensors
+    are freed: the dense MLP transient of width shared_expert_intermediate_size (its largest weight gradient and
+    two intermediate-sized gradients)."""
+    T = plan.batch_size * plan.seq_len
+    h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
+    i = spec.moe_intermediate_size or spec.intermediate_size
+    r = T * k
+    cb, rb = act._bytes(plan)
+    pb = plan.precision.param_bytes
+    eb = pb
+    wb = act.moe_routing_weight_bytes(spec, plan)
+    ob = max(eb, wb)
+    ckpt = plan.grad_ckpt is GradCkpt.FULL
+    residual_grad = T * h * pb
+    # saved tensors (activations.moe_saved) freed along the way
+    inverse_permutation, down_output, gathered_weights = r * 8, r * h * eb, r * wb
+    silu_times_up, silu_gate, gate_up_output = r * i * eb, r * i * eb, r * 2 * i * eb
+    # gradients
+    routed_output_grad = r * h * ob  # IndexBackward0's input (reshaped sum gradient) or output
+    routing_weights_grad = r * wb
+    down_grad_weight, gate_up_grad_weight = e * h * i * pb, e * 2 * i * h * pb
+    shared = spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size
+    shared_gate = 0
+    if shared:  # left by the shared-expert gate branch's backward, which runs first
+        shared_output_grad = block_input_grad = shared_output_saved = T * h * cb
+        shared_gate = (shared_output_grad + h * pb + block_input_grad - shared_output_saved
+                       - T * cb)  # gate weight grad; the freed sigmoid
+    moments = {}
+    if ckpt:
+        residual_local = T * h * rb if rb == 2 else 0
+        router_logits, topk_weights, sorted_ids = T * e * cb, r * wb, r * 8
+        histc_input, tokens_per_expert = r * 4, e * 4
+        forward_locals = residual_local + router_logits + topk_weights + sorted_ids + histc_input + tokens_per_expert
+        trigger = routed_output_grad if not shared else -T * cb  # qwen2_moe: the gate sigmoid not yet recomputed
+        promoted_copy = r * h * ob if eb != ob else 0
+        weighted_product = r * h * ob
+        moments["recompute end (routing-weight mul)"] = (forward_locals - inverse_permutation + trigger
+                                                         + promoted_copy + weighted_product)
+    converted = 0 if ckpt else (r * h * eb if eb != ob else r * ob)
+    moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
+                                              + 2 * r * h * ob + converted)
+    freed = inverse_permutation + down_output + gathered_weights
+    moments["down grouped mm backward"] = (shared_gate + routing_weights_grad - freed + r * h * eb + r * i * eb
+                                           + down_grad_weight)
+    freed += silu_times_up
+    moments["silu(gate) * up backward"] = (shared_gate + routing_weights_grad - freed + down_grad_weight
+                                           + 3 * r * i * eb)
+    freed += silu_gate + gate_up_output
+    moments["gate_up grouped mm backward"] = (shared_gate + routing_weights_grad - freed + down_grad_weight
+                                              + r * 2 * i * eb + gate_up_grad_weight + r * h * eb)
+    if shared:
+        si = spec.shared_expert_intermediate_size
+        routed_saved = sum(s.bytes for s in act.moe_saved(spec, plan, T))
+        router_grad = e * h * pb
+        moments["shared expert backward"] = (shared_gate + down_grad_weight + gate_up_grad_weight + router_grad
+                                             - routed_saved + si * h * pb + 2 * T * si * cb)
+    return {name: extra + residual_grad for name, extra in moments.items()}
+
+
+def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The largest of `moe_layer_backward_moments`."""
+    return max(moe_layer_backward_moments(spec, plan).values())
 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
