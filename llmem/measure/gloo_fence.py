@@ -19,6 +19,8 @@ import contextlib
 import time
 import weakref
 
+import torch
+import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 RELEASE_TIMEOUT_S = 10.0
@@ -34,6 +36,17 @@ def wait_released(refs: list[weakref.ref], timeout: float = RELEASE_TIMEOUT_S) -
         time.sleep(0)
 
 
+def all_reduce_in_place(buffer, op, group) -> None:
+    """`dist.all_reduce(buffer)`, returning once gloo has released the view of `buffer` it was given."""
+    view = buffer.view(buffer.shape)
+    refs = [weakref.ref(view)]
+    work = dist.all_reduce(view, op=op, group=group, async_op=True)
+    del view
+    work.wait()
+    del work
+    wait_released(refs)
+
+
 class FencedAllGather(DefaultAllGather):
     """gloo's `all_gather_into_tensor` on CPU as ProcessGroupGloo::_allgather_base runs it — the output chunked
     into one view per rank, then `allgather` — with the chunks made here, so that all of them can be fenced."""
@@ -41,8 +54,6 @@ class FencedAllGather(DefaultAllGather):
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         if async_op:
             return super().__call__(output_tensor, input_tensor, group, async_op=True)
-        import torch.distributed as dist
-
         chunks = list(output_tensor.chunk(group.size()))
         view = input_tensor.view(input_tensor.shape)
         refs = [weakref.ref(t) for t in (*chunks, view)]
@@ -62,16 +73,8 @@ class FencedReduceScatter(DefaultReduceScatter):
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
         if async_op:
             return super().__call__(output_tensor, input_tensor, group, op, async_op=True)
-        import torch.distributed as dist
-
         buffer = input_tensor.clone()
-        view = buffer.view(buffer.shape)
-        refs = [weakref.ref(view)]
-        work = dist.all_reduce(view, op=op, group=group, async_op=True)
-        del view
-        work.wait()
-        del work
-        wait_released(refs)
+        all_reduce_in_place(buffer, op, group)
         output_tensor.copy_(buffer.chunk(group.size())[group.rank()])
         return None
 
@@ -79,8 +82,6 @@ class FencedReduceScatter(DefaultReduceScatter):
 def fenced_functional_all_reduce(original):
     """`torch.distributed._functional_collectives.all_reduce` as the functional op runs it (a contiguous clone,
     all-reduced in place), waited and fenced. Tensor parallelism's DTensor redistributions go through it."""
-    import torch
-    import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -95,13 +96,7 @@ def fenced_functional_all_reduce(original):
         pg = resolved if isinstance(resolved, dist.ProcessGroup) else _resolve_process_group(
             funcol._group_or_group_name(resolved))
         out = self.clone(memory_format=torch.contiguous_format)
-        view = out.view(out.shape)
-        refs = [weakref.ref(view)]
-        work = dist.all_reduce(view, op=op, group=pg, async_op=True)
-        del view
-        work.wait()
-        del work
-        wait_released(refs)
+        all_reduce_in_place(out, op, pg)
         return out
 
     return all_reduce
