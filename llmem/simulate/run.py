@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmem.errors import InputError
@@ -315,8 +316,10 @@ def _install_module_tracking(tracker, model) -> list:
     return handles
 
 
-def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: int = 2) -> Simulation:
-    """Simulate `steps` iterations (DESIGN.md §1) of one rank of `plan` on the model `config` (a config.json dict)."""
+def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: int = 2,
+             progress: Callable[[str], None] | None = None) -> Simulation:
+    """Simulate `steps` iterations (DESIGN.md §1) of one rank of `plan` on the model `config` (a config.json dict).
+    `progress(text)`, if given, is called as the run reaches each phase ("iteration 1 of 2: backward", ...)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -346,6 +349,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
         with _fake_process_group(run_plan, sim_rank), _no_packed_sequence_check(), _real_device_mesh(), \
                 _untracked_sharding_propagation(tracker), _cuda_kernel_choices(plan), \
                 FakeTensorMode(allow_non_fake_inputs=True), tracker:
+            if progress is not None:
+                progress("building and wrapping the model on fake tensors")
             session = prepare(config, run_plan, topo, mark=tracker.mark)
             handles = _install_module_tracking(tracker, session.model)
             buckets: list[int] = []
@@ -371,6 +376,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
 
             def mark(name: str) -> None:
                 base_mark(name)
+                if progress is not None and name in ("forward", "backward", "optimizer"):
+                    progress(f"iteration {tracker.phases[-1][1]} of {steps}: {name}")
                 if name == "forward" and buckets and tracker.phases[-1][1] == 2:
                     tracker.module = "DistributedDataParallel"
                     new = [tracker.add_block(tracker.blocks[b].nbytes, "closed form: DDP bucket rebuild",
@@ -392,6 +399,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
             del session
     finally:
         torch.set_num_threads(threads)
+    if progress is not None:
+        progress("replaying the allocations through the caching-allocator model")
     if step_blocks:
         notes.append(f"{len(step_blocks)} AdamW step counters left out: on CUDA they are host tensors unless "
                      "the implementation is fused")

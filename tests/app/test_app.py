@@ -217,3 +217,48 @@ def test_an_input_change_redraws_fast():
     rendered = at.session_state["last_render_ms"]
     print(f"AppTest rerun ms: {[round(t) for t in timings]}; script render ms: {rendered:.0f}")
     assert min(timings[2:]) < 1000 and rendered < 1000  # budget 300 ms on a 2-core machine; slack for CI noise
+
+
+def _metric(at: AppTest, label: str):
+    return next(m for m in at.metric if m.label == label)
+
+
+def test_simulate_this_step_shows_the_timeline_top_tensors_and_the_estimate_beside_it():
+    """The button runs the fake-tensor simulation of the shown strategy; the closed-form estimate stands beside the
+    simulated peak with their difference, which must be small (the estimator is checked against the simulation)."""
+    at = run({"model": "smollm2-135m", "gpus": "2", "zero": "3", "tp": "1", "batch-size": "1", "seq-len": "256"})
+    assert_clean(at)
+    assert not at.metric  # nothing simulated before the click
+    at.button(key="simulate").click()
+    at.run(timeout=300)
+    assert_clean(at)
+    simulated = _metric(at, "simulated peak (allocated)")
+    closed = _metric(at, "closed-form estimate")
+    assert simulated.value.endswith("GiB") and closed.value.endswith("GiB")
+    percent = float(closed.delta.split("%")[0])
+    assert abs(percent) < 2.0, closed.delta
+    top = at.dataframe[0].value
+    assert len(top) >= 10 and {"MiB", "op", "module", "allocated in"} <= set(top.columns)
+    assert top["MiB"].is_monotonic_decreasing
+    at.number_input(key="w_batch").set_value(2)  # another plan: its simulation is not shown until asked for
+    at.run()
+    assert_clean(at)
+    assert not at.metric
+
+
+def test_an_uploaded_config_is_simulated_from_the_session_bytes():
+    small = {"batch-size": "1", "seq-len": "128"}
+    preset = run({"model": "gpt2", **small})
+    preset.button(key="simulate").click()
+    preset.run(timeout=300)
+    at = run(small)
+    at.radio(key="w_source").set_value("Upload config.json")
+    at.run()
+    at.file_uploader(key="w_upload").set_value(("gpt2.json", (ROOT / "presets" / "gpt2" / "config.json").read_bytes(),
+                                                "application/json"))
+    at.run()
+    at.button(key="simulate").click()
+    at.run(timeout=300)
+    assert_clean(at)
+    label = "simulated peak (allocated)"
+    assert _metric(at, label).value == _metric(preset, label).value
