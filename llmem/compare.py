@@ -1,6 +1,11 @@
 """Every valid strategy for a GPU count and capacity: per-GPU peak, fit, headroom, largest micro-batch, and a
 recommendation.
 
+Other fine-tuning methods can stand beside the chosen one (`variants`: e.g. full fine-tuning with ZeRO-3 on 8 GPUs
+next to LoRA on 1): each variant is the plan with some fields changed, on the plan's GPU count when the variant
+runs there, else on one GPU. The recommendation stays among the chosen plan's own rows — another method trains
+something else, so it is shown for comparison, not silently preferred.
+
 The largest micro-batch is solved, not scanned: every phase of `estimate.iteration_phases` is linear in the
 micro-batch (activations and logits scale with tokens; eager attention's seq² term scales with the batch too), so
 each phase's total is c + k·b and the device total is a fixed function of the peak. Two evaluations give c and k per
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
-from llmem.plan import MAX_TOKENS, Scheme, TrainingPlan
+from llmem.plan import MAX_TOKENS, Method, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
@@ -43,7 +48,9 @@ class Row:
 
     @property
     def label(self) -> str:
-        return self.plan.scheme.label if self.tp == 1 else f"{self.plan.scheme.label} (TP={self.tp})"
+        strategy = self.plan.scheme.label if self.tp == 1 else f"{self.plan.scheme.label} (TP={self.tp})"
+        method = method_label(self.plan)
+        return strategy if not method else f"{method} · {strategy}"
 
     @property
     def peak_bytes(self) -> int:
@@ -69,6 +76,7 @@ class Row:
     def to_dict(self) -> dict:
         return {
             "strategy": self.label,
+            "method": str(self.plan.method),
             "scheme": str(self.scheme),
             "gpus": self.plan.gpus,
             "tp": self.tp,
@@ -97,6 +105,43 @@ class Comparison:
         frame = pd.DataFrame([r.to_dict() for r in self.rows])
         frame["recommended"] = [r is self.recommended for r in self.rows]
         return frame
+
+
+# What `--methods NAME` adds to a comparison: the plan fields each method changes.
+METHOD_VARIANTS = {
+    "full": {"method": Method.FULL},
+    "lora": {"method": Method.LORA},
+}
+
+
+def method_label(plan: TrainingPlan) -> str:
+    """"" for full fine-tuning; otherwise the method and its memory-relevant settings."""
+    if plan.method is Method.LORA:
+        return f"LoRA r={plan.lora_rank}"
+    if plan.method is not Method.FULL:
+        return str(plan.method)
+    return ""
+
+
+def variant_plans(spec: ModelSpec, plan: TrainingPlan, variants) -> list[TrainingPlan]:
+    """The plan with each variant's fields changed: every valid strategy on plan.gpus GPUs when the variant runs
+    there, else the single-GPU plan. Variants equal to the plan itself, or invalid even on one GPU, are left out."""
+    out: list[TrainingPlan] = []
+    for changes in variants:
+        try:
+            variant = plan.with_(**changes)
+            if variant == plan:
+                continue
+        except InputError:
+            try:
+                variant = plan.with_(**changes, gpus=1, tp=1, zero=0)
+            except InputError:
+                continue
+        try:
+            out += strategies(spec, variant)
+        except InputError:
+            continue
+    return list(dict.fromkeys(out))
 
 
 def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
@@ -154,17 +199,19 @@ def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:
     return lo
 
 
-def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> Comparison:
-    """All strategies for plan.gpus GPUs of `capacity_bytes` each, at plan.batch_size, with a recommendation."""
+def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=()) -> Comparison:
+    """All strategies for plan.gpus GPUs of `capacity_bytes` each, at plan.batch_size, with a recommendation among
+    them; then the rows of each variant (a dict of plan fields to change, e.g. `{"method": "lora"}`)."""
     if capacity_bytes <= 0:
         raise InputError("gpu-type", "GPU memory must be positive")
+    own = strategies(spec, plan)
     rows = tuple(
         Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes))
-        for p in strategies(spec, plan)
+        for p in own + [v for v in variant_plans(spec, plan, variants) if v not in own]
     )
-    fitting = [r for r in rows if r.fits]
+    fitting = [r for r in rows[:len(own)] if r.fits]
     if not fitting:
-        best = min(rows, key=lambda r: r.device_total_bytes)
+        best = min(rows[:len(own)], key=lambda r: r.device_total_bytes)
         return Comparison(rows, None, f"nothing fits at micro-batch {plan.batch_size}: the smallest need is "
                           f"{best.label} at {format_gib(best.device_total_bytes)} per GPU, "
                           f"short by {format_gib(-best.headroom_bytes)}")

@@ -29,4 +29,6 @@ HELP = {
     "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
                   "and backward, so the peak grows by about one gradient copy.",
+    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (e.g. lora): each runs "
+               "on the same GPU count where it can, else on one GPU. The recommendation stays with the chosen method.",
 }

@@ -67,3 +67,12 @@ def test_malformed_and_unknown_configs(tmp_path):
     bad.write_text('{"model_type": "t5", "d_model": 512}')
     out = run("estimate", "--model", str(bad))
     assert out.returncode == 2 and "model_type" in out.stderr
+
+
+def test_compare_methods_adds_rows_and_rejects_unknown_names():
+    out = run("compare", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--methods", "lora", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert [r["method"] for r in rows][-1] == "lora" and rows[-1]["gpus"] == 1
+    bad = run("compare", "--model", "llama-3.2-1b-instruct", "--methods", "dora")
+    assert bad.returncode == 2 and "methods" in bad.stderr and "dora" in bad.stderr and "Traceback" not in bad.stderr

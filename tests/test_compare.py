@@ -56,3 +56,27 @@ def test_nothing_fits_says_by_how_much():
     result = compare(SPEC, TrainingPlan(gpus=1), get_gpu("t4").memory_bytes)
     assert result.recommended is None
     assert "short by" in result.reason and "GiB" in result.reason
+
+
+def test_method_variants_stand_beside_the_strategies_without_changing_the_recommendation():
+    capacity = get_gpu("a100-80gb").memory_bytes
+    plan = TrainingPlan(gpus=8, seq_len=2048)
+    alone = compare(SPEC, plan, capacity)
+    both = compare(SPEC, plan, capacity, variants=[{"method": "lora"}, {"method": "full"}])
+    assert [r.plan for r in both.rows[:len(alone.rows)]] == [r.plan for r in alone.rows]
+    extra = both.rows[len(alone.rows):]
+    assert len(extra) == 1  # full is the plan itself; LoRA runs on one GPU only, so one single-GPU row
+    lora = extra[0]
+    assert lora.plan.gpus == 1 and str(lora.plan.method) == "lora" and lora.label.startswith("LoRA r=16")
+    assert lora.estimate.trainable_params < lora.estimate.total_params / 100
+    assert both.recommended.plan == alone.recommended.plan and both.reason == alone.reason
+    frame = both.to_frame()
+    assert list(frame["method"]) == ["full"] * len(alone.rows) + ["lora"]
+
+
+def test_a_variant_valid_on_the_gpu_count_gets_every_strategy():
+    capacity = get_gpu("h100-80gb").memory_bytes
+    lora = TrainingPlan(gpus=1, method="lora", seq_len=1024)
+    result = compare(SPEC, lora, capacity, variants=[{"method": "full"}])
+    assert [str(r.plan.method) for r in result.rows] == ["lora", "full"]
+    assert result.recommended is not None and str(result.recommended.plan.method) == "lora"
