@@ -15,6 +15,7 @@ from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
 from llmem.components.gradients import (
+    attention_backward_layer_gradient_bytes,
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
     gradient_bytes,
@@ -152,6 +153,15 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             temporaries=(layer + 1) * casts + autocast.layer_gradient_copy_bytes(spec, plan),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
+        if act.falcon_math_attention(spec) and not lora.is_lora(plan):
+            phases.append(_phase(
+                f"{name[:-1]}, attention core)", **persistent,
+                activations=layer * kept + outer_act + (recompute or kept)
+                - act.attention_backward_freed_bytes(spec, plan),
+                gradients=grads_outer + later + attention_backward_layer_gradient_bytes(spec, plan),
+                temporaries=layer * casts + autocast.attention_backward_weight_copy_bytes(spec, plan)
+                + act.attention_backward_transient_bytes(spec, plan),
+                logits=logits, communication=gathered(layer + 1)))
     phases.append(_phase("backward end", **persistent, gradients=grads_all, logits=logits,
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))
@@ -175,6 +185,9 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     grads_all = gradient_bytes(spec, plan)
     later = {"backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
              "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
+    # falcon's attention core runs after the layer's MLP and `dense` gradients were accumulated and freed
+    attention_grads = attention_backward_layer_gradient_bytes(spec, plan)
+    later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
     out = []
     for ph in phases:
         if ph.name in ("backward end", "optimizer step"):
@@ -240,6 +253,14 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             activations=layer * kept + outer_act + (recompute or kept),
             gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, cp),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+        if act.falcon_math_attention(spec):
+            phases.append(_phase(
+                f"backward (layer {layer}, attention core)", **persistent,
+                activations=layer * kept + outer_act + (recompute or kept)
+                - act.attention_backward_freed_bytes(spec, cp),
+                gradients=root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
+                temporaries=act.attention_backward_transient_bytes(spec, cp),
+                logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         earlier = dict(**persistent, activations=layer * kept + outer_act, logits=logits)
         gather = comm.backward_gather_bytes(spec, plan, layer, own=False)
         phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input

@@ -254,11 +254,12 @@ def neox_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int)
 
 def falcon_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
     """`models/falcon/modeling_falcon.py: FalconDecoderLayer` (parallel attention). Old architecture (multi-query):
-    sdpa with an explicit mask runs the math path in both attention modes (q, k scaled, k/v expanded to all heads,
-    fp32 probabilities); new architecture: RoPE q and k (k expanded to all heads), v, sdpa; eager as
-    `attention_saved`. MLP: dense_h_to_4h output and gelu output. `dropout_add` applies hidden_dropout once per
-    parallel layer (twice otherwise), attention_dropout on the probabilities.
-    Approximate: measured in fp32 only; the non-parallel layout reuses these terms."""
+    sdpa with an explicit mask runs the math path in both attention modes (q, k, v operands as in
+    `_falcon_math_sdpa_operands`, fp32 probabilities); new architecture: RoPE q and k (k expanded to all heads), v,
+    sdpa; eager as `attention_saved`. MLP: dense_h_to_4h output and gelu output. `dropout_add` applies
+    hidden_dropout once per parallel layer (twice otherwise), attention_dropout on the probabilities.
+    Checked in fp32 (real runs) and, old architecture, bf16 / bf16-mixed at full size (simulation); the
+    non-parallel layout reuses these terms."""
     h, i = spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim, spec.num_heads
@@ -277,9 +278,9 @@ def falcon_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             _p(spec, "attention_dropout"), output_copy=False)
     else:
         items += [Saved("query_key_value split indices [-2], [-1] (int64)", 16),
-                  Saved("query scaled (math sdpa)", tokens * q * cb), Saved("key expanded, scaled", tokens * q * cb),
+                  *_falcon_math_sdpa_operands(spec, plan, tokens),
                   Saved("attention probabilities (softmax)", tokens * heads * seq * FP32),
-                  Saved("value expanded", tokens * q * cb), Saved("attention output", tokens * q * cb)]
+                  Saved("attention output", tokens * q * cb)]
     hidden = _p(spec, "hidden_dropout")
     if not parallel:
         items += [*dropout_saved("attention dropout_add", plan, tokens * h, cb, hidden),
@@ -287,6 +288,61 @@ def falcon_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
                   *layer_norm_saved("post_attention_layernorm", plan, tokens, h)]
     return items + [Saved("dense_h_to_4h output (gelu input)", tokens * i * cb), Saved("gelu output", tokens * i * cb),
                     *dropout_saved("mlp dropout_add", plan, tokens * h, cb, hidden)]
+
+
+def _falcon_math_sdpa_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
+    """The q, k, v bmm operands `_scaled_dot_product_attention_math` saves for falcon's old architecture (k and v
+    with num_kv_heads heads, no `enable_gqa`: `at::matmul` broadcasts them over the query heads). Half inputs are
+    upcast to fp32 first (q*sqrt(scale), k*sqrt(scale), v.to(float32)); the broadcast k and v stay stride-0 views
+    of their kv-head tensors when the micro-batch is 1 (the expanded batch and head dims merge into one bmm batch
+    dim) and are copied to all heads otherwise. fp32 inputs: as measured, three query-sized operands."""
+    cb, _ = _bytes(plan)
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    if cb == FP32:
+        return [Saved("query scaled (math sdpa)", tokens * q * cb), Saved("key expanded, scaled", tokens * q * cb),
+                Saved("value expanded", tokens * q * cb)]
+    k_width = kv if plan.batch_size == 1 else q
+    return [Saved("math sdpa q*sqrt(scale) (fp32)", tokens * q * FP32),
+            Saved("math sdpa k*sqrt(scale) (fp32 bmm operand)", tokens * k_width * FP32),
+            Saved("math sdpa v.to(float32) (bmm operand)", tokens * k_width * FP32)]
+
+
+def falcon_math_attention(spec: ModelSpec) -> bool:
+    """Falcon's old architecture with parallel attention: sdpa with an explicit mask runs the math path."""
+    return (spec.model_type == "falcon" and not spec.options.get("new_decoder_architecture")
+            and bool(spec.options.get("parallel_attn", True)))
+
+
+def attention_backward_freed_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Saved tensors of a falcon (math-path) layer already released when its softmax backward runs: the MLP's
+    (dense_h_to_4h output, gelu output, and under autocast dense_h_to_4h's input cast) — the MLP ran last, so its
+    backward runs first —, the attention output (saved by `dense`) and the v operand (released by the bmm
+    backward)."""
+    if not falcon_math_attention(spec):
+        return 0
+    tokens = plan.batch_size * plan.seq_len
+    cb, _ = _bytes(plan)
+    i, q = spec.intermediate_size, spec.num_heads * spec.head_dim
+    value = _falcon_math_sdpa_operands(spec, plan, tokens)[2].bytes
+    mlp_cast = sum(s.bytes for s in _cast(plan, tokens, spec.hidden_size, 1, "dense_h_to_4h"))
+    return 2 * tokens * i * cb + mlp_cast + tokens * q * cb + value
+
+
+def attention_backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Gradients alive in a falcon (math-path) layer when `_softmax_backward_data` allocates its output:
+    that output and the probabilities' gradient from the `bmm` backward (fp32, batch × heads × seq² each, next to
+    the saved probabilities), v's gradient (the bmm gradient summed over the broadcast heads, fp32 when upcast),
+    the gradient of the layer output (held by the residual branch, param dtype) and the MLP branch's gradient of
+    the layernorm output (residual-stream dtype), which waits for the attention branch's to be added to it."""
+    if not falcon_math_attention(spec):
+        return 0
+    tokens = plan.batch_size * plan.seq_len
+    cb, rb = _bytes(plan)
+    scores = tokens * spec.num_heads * plan.seq_len
+    kv = spec.num_kv_heads * spec.head_dim
+    v_grad = tokens * kv * (cb if cb == FP32 else FP32)
+    return (2 * scores * FP32 + v_grad + tokens * spec.hidden_size * plan.precision.param_bytes
+            + tokens * spec.hidden_size * rb)
 
 
 def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
@@ -364,9 +420,12 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
         items += [Saved(f"{n}.(1+weight) fp32", h * FP32) for n in norms]
     if mt == "qwen3":
+        # Qwen3RMSNorm on the q/k projection (cb): `x.to(float32)` (a copy unless fp32) saved by pow and by the
+        # mul with rsqrt; `.normalized` = `(x * rsqrt).to(input_dtype)` (cb, a copy unless fp32) saved by
+        # `weight * x`. The norm's output goes to RoPE, whose muls by cos/sin (no grad) do not save it.
         for name, width, n in (("q_norm", q, spec.num_heads // plan.tp), ("k_norm", kv, spec.num_kv_heads // plan.tp)):
-            items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.normalized", tokens * width * rb),
-                      Saved(f"{name}.output", tokens * width * cb)]
+            items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.input in fp32", tokens * width * FP32),
+                      Saved(f"{name}.normalized", tokens * width * cb)]
     if mt == "phi3":
         items = [s for s in items if s.name not in ("v_proj", "gate_proj", "up_proj", "autocast input casts q/k/v",
                                                      "autocast input casts gate/up")]

@@ -45,3 +45,13 @@ def layer_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
     return max((local_numel(p, plan) for p in _linear_weights(spec, 0)), default=0) * plan.precision.compute_bytes
+
+
+def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Falcon (parallel attention) in its attention core's backward: of the layer's own copies only those of the
+    Linears whose backward has not run yet are left (query_key_value); the MLP's and `dense`'s were released with
+    their matmuls' saved tensors."""
+    if not _applies(plan):
+        return 0
+    left = [p for p in _linear_weights(spec, 0) if ".mlp." not in p.name and "self_attention.dense" not in p.name]
+    return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes

@@ -187,3 +187,10 @@ def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
         return 0
     emb = spec.outer_params[0]
     return local_numel(emb, plan) * plan.precision.param_bytes
+
+
+def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Falcon (parallel attention): the weight gradients a layer has produced when its attention core runs
+    backward — the MLP's (its backward ran first) and the attention output projection's (`dense`)."""
+    params = [p for p in spec.layer_params(0) if ".mlp." in p.name or "self_attention.dense" in p.name]
+    return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
