@@ -263,6 +263,8 @@ def _breakdown_figure(est, gpu) -> dict:
             for i, (category, n) in enumerate(est.breakdown.items())]
     outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
                "CUDA context (outside the allocator)": est.cuda_context_bytes}
+    if est.paged_state_bytes:
+        outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
     data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
                   marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
                   hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]

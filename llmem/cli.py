@@ -93,6 +93,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print("outside the allocator's count:")
     print(f"  {'fragmentation allowance':<{width}}  {format_gib(est.fragmentation_bytes):>12}")
     print(f"  {'CUDA context':<{width}}  {format_gib(est.cuda_context_bytes):>12}")
+    if est.paged_state_bytes:
+        print(f"  {'paged optimizer states':<{width}}  {format_gib(est.paged_state_bytes):>12}")
     print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
     for caveat in spec.caveats:
         print(f"note: {caveat}")

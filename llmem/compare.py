@@ -149,12 +149,17 @@ def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
     n = plan.gpus
     if n == 1:
         return [plan.with_(tp=1, zero=0)]
-    out = [plan.with_(tp=1, zero=z) for z in range(4)]
+    out = []
+    for z in range(4):
+        try:  # some optimizers run on DDP and ZeRO-1 only (TrainingPlan rejects the rest)
+            out.append(plan.with_(tp=1, zero=z))
+        except InputError:
+            continue
     for tp in range(2, n + 1):
         if n % tp:
             continue
-        candidate = plan.with_(tp=tp, zero=0 if tp == n else 3)
         try:
+            candidate = plan.with_(tp=tp, zero=0 if tp == n else 3)
             validate_plan_for_model(spec, candidate)
         except InputError:
             continue

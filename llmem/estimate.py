@@ -24,7 +24,7 @@ from llmem.components.gradients import (
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
 )
-from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes, paged_state_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, Precision, Scheme, TrainingPlan
@@ -52,6 +52,7 @@ class Estimate:
     phases: tuple[Phase, ...] = field(repr=False)
     cuda_context_bytes: int = 0
     fragmentation_bytes: int = 0
+    paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
 
     @property
     def peak_bytes(self) -> int:
@@ -64,8 +65,9 @@ class Estimate:
 
     @property
     def device_total_bytes(self) -> int:
-        """What `nvidia-smi` shows: reserved memory plus the CUDA context outside the allocator."""
-        return self.reserved_bytes + self.cuda_context_bytes
+        """What `nvidia-smi` shows: reserved memory plus the CUDA context and the paged optimizer states (unified
+        memory resident on the GPU) outside the allocator."""
+        return self.reserved_bytes + self.cuda_context_bytes + self.paged_state_bytes
 
     @property
     def total_params(self) -> int:
@@ -89,6 +91,7 @@ class Estimate:
             "trainable_params": self.trainable_params,
             "cuda_context_bytes": self.cuda_context_bytes,
             "fragmentation_bytes": self.fragmentation_bytes,
+            "paged_state_bytes": self.paged_state_bytes,
             "reserved_bytes": self.reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
             "phases": {p.name: p.total for p in self.phases},
@@ -297,6 +300,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         phases=tuple(phases),
         cuda_context_bytes=outside.cuda_context_bytes(plan),
         fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
+        paged_state_bytes=paged_state_bytes(spec, plan),
     )
 
 

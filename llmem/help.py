@@ -11,7 +11,13 @@ HELP = {
     "seq-len": "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
     "precision": "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
                  "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
-    "optimizer": "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one.",
+    "optimizer": "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one. adafactor "
+                 "(torch) keeps only a row and a column vector per weight matrix (a full vector for 1-D weights), "
+                 "no first moment; its default for-loop step briefly holds two weight-sized temporaries. adamw8bit "
+                 "(bitsandbytes) keeps both states in 1 byte per parameter plus an fp32 scale per 256 (tensors under "
+                 "4096 elements: fp32 states). paged-adamw8bit: the same, but on CUDA states of tensors with at least "
+                 "100k elements live in unified memory outside PyTorch's allocator (shown apart; the driver can page "
+                 "them to host RAM). The three run on one GPU, DDP and ZeRO-1.",
     "optimizer-impl": "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary "
                       "copy of all parameters during step(); for-loop two copies of the largest tensor; fused none.",
     "grad-ckpt": "full: keep only each layer's input and recompute the layer in backward (activations shrink to "

@@ -69,6 +69,9 @@ class Precision(Choice):
 class Optimizer(Choice):
     ADAMW = "adamw"
     SGD = "sgd"
+    ADAFACTOR = "adafactor"  # torch.optim.Adafactor: factored second moment, no first moment
+    ADAMW8BIT = "adamw8bit"  # bitsandbytes AdamW8bit: blockwise-quantized uint8 states
+    PAGED_ADAMW8BIT = "paged-adamw8bit"  # bitsandbytes PagedAdamW8bit: the same states in CUDA unified memory
 
 
 class OptimizerImpl(Choice):
@@ -191,6 +194,27 @@ class TrainingPlan:
         if self.grad_accum > 1 and self.gpus > 1:
             raise InputError("grad-accum", "gradient accumulation is modelled on one GPU only so far; "
                              "use --gpus 1 or --grad-accum 1")
+        self._validate_optimizer()
+
+    def _validate_optimizer(self) -> None:
+        """The memory-saving optimizers run on one GPU, DDP and ZeRO-1 (plain tensors). Under FSDP2 they fail on
+        DTensor parameters (Adafactor: an in-place pow_ on a partial norm; bitsandbytes: mixed Tensor and DTensor);
+        tensor parallelism is not measured with them."""
+        name = self.optimizer.value
+        if self.optimizer is Optimizer.ADAFACTOR and self.optimizer_impl is OptimizerImpl.FUSED:
+            raise InputError("optimizer-impl", "torch's Adafactor has no fused implementation; use default "
+                             "(the for-loop) or foreach")
+        if self.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT) \
+                and self.optimizer_impl is not OptimizerImpl.DEFAULT:
+            raise InputError("optimizer-impl", f"{name} runs bitsandbytes' own kernels; use --optimizer-impl default")
+        if self.optimizer in (Optimizer.ADAMW, Optimizer.SGD):
+            return
+        if self.tp > 1:
+            raise InputError("optimizer", f"{name} is not modelled with tensor parallelism; use --tp 1, or "
+                             "--optimizer adamw|sgd")
+        if self.zero >= 2:
+            raise InputError("optimizer", f"{name} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use "
+                             "--zero 0 or 1, or --optimizer adamw|sgd")
 
     @cached_property
     def scheme(self) -> Scheme:
@@ -207,9 +231,12 @@ class TrainingPlan:
 
     @property
     def effective_optimizer_impl(self) -> OptimizerImpl:
-        """The implementation that runs: torch picks foreach on CUDA and the for-loop one on CPU."""
+        """The implementation that runs: torch picks foreach on CUDA and the for-loop one on CPU (Adafactor: the
+        for-loop everywhere). bitsandbytes' optimizers ignore it (their own kernels)."""
         if self.optimizer_impl is not OptimizerImpl.DEFAULT:
             return self.optimizer_impl
+        if self.optimizer is Optimizer.ADAFACTOR:  # Adafactor(foreach=None) runs the for-loop on every device
+            return OptimizerImpl.FORLOOP
         return OptimizerImpl.FOREACH if self.device is Device.CUDA else OptimizerImpl.FORLOOP
 
     @property

@@ -197,13 +197,24 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
         warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
         inputs = replace(inputs, tp=1)
+    try:  # an optimizer and an implementation that never go together (adafactor + fused), whatever the strategy
+        TrainingPlan(optimizer=inputs.optimizer, optimizer_impl=inputs.optimizer_impl)
+    except InputError as err:
+        warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
+        inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
     if inputs.compare_all:
         return inputs
-    for _ in range(2):
+    for _ in range(3):
         try:
             inputs.to_plan()
             return inputs
         except InputError as err:
+            if err.field in ("optimizer", "optimizer-impl"):  # e.g. adafactor with FSDP2 or a fused impl
+                attr = err.field.replace("-", "_")
+                fallback = getattr(AppInputs(), attr)
+                warnings.append(f"{err.field}: {_reason(err)}; using {fallback!s}")
+                inputs = replace(inputs, **{attr: fallback})
+                continue
             zero = _valid_zero(inputs.gpus, inputs.tp)
             warnings.append(f"{err.field}: {_reason(err)}; using zero {zero}")
             inputs = replace(inputs, zero=zero)

@@ -50,6 +50,18 @@ def test_tampered_values_warn_naming_the_field_and_the_default(query, field):
         assert warnings[0].startswith(f"{field}:") and "using" in warnings[0]
 
 
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw8bit", "paged-adamw8bit"])
+def test_memory_saving_optimizers_round_trip_and_repair(optimizer):
+    inputs = AppInputs(model="qwen2.5-0.5b", gpus=2, zero=1, optimizer=Optimizer(optimizer))
+    assert decode(encode(inputs)) == (inputs, [])
+    inputs, warnings = decode({"optimizer": optimizer, "gpus": "4", "zero": "3"})
+    assert inputs.optimizer is Optimizer.ADAMW and warnings[0].startswith("optimizer:")
+    inputs.to_plan()
+    inputs, warnings = decode({"optimizer": optimizer, "optimizer-impl": "fused"})
+    assert inputs.optimizer_impl is OptimizerImpl.DEFAULT and warnings[0].startswith("optimizer-impl:")
+    inputs.to_plan()
+
+
 def test_invalid_combinations_are_repaired_with_a_warning():
     inputs, warnings = decode({"gpus": "1", "zero": "3"})
     assert (inputs.gpus, inputs.zero) == (1, 0) and any(w.startswith("zero:") for w in warnings)

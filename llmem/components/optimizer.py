@@ -9,12 +9,37 @@ Step temporaries (beyond states, gradients and parameters):
   AdamW foreach: `torch._foreach_sqrt(exp_avg_sqs)` allocates one copy of every parameter the rank optimizes.
   AdamW fused, SGD (all implementations): update in place, no temporaries.
 LoRA: the optimizer gets only the trainable adapters (fp32 under every precision, `llmem.components.lora`).
+
+Adafactor (torch/optim/_adafactor.py, torch 2.13; `foreach=None` runs the for-loop on every device):
+  States, in the gradient's dtype: a tensor of >= 2 dims gets `row_var` (shape[-1] -> 1) and `col_var`
+  (shape[-2] -> 1); a 1-D tensor a full `variance`; no first moment; a 0-dim fp32 `step` on the host (CPU).
+  For-loop step: per tensor, `row_mean` / `col_mean` (norms along the last / second-last dim), then
+  `var_estimate = row_var @ col_var` (full size) while the previous tensor's `update` (its `var_estimate`) is still
+  bound; a 1-D tensor's `grad_squared = grad * grad` and `var_estimate = variance.clone()`. Python locals live until
+  rebound, so the step walks the tensors in order (`adafactor_forloop_peak`).
+  Foreach step: tensors grouped into matrices and vectors (first-seen order); each group's full-size
+  `var_estimates` (vectors: `grads_squared`, then the clones) are allocated while the previous group's `updates` are
+  still bound: the sum of both groups.
+bitsandbytes AdamW8bit / PagedAdamW8bit (bitsandbytes/optim/optimizer.py: Optimizer2State.init_state, 0.50.2):
+  tensors with >= 4096 elements: `state1`, `state2` uint8 (numel each), `absmax1`, `absmax2` fp32 per block of 256;
+  the two shared 256-entry fp32 quantization maps (`dynamic`, `udynamic`) once. Smaller tensors: `state1`, `state2`
+  fp32 (whatever the parameter dtype). `step` is a Python int.
+  Paged: on CUDA the uint8/fp32 states of tensors with >= 1e5 elements are allocated by `F.get_paged` in CUDA unified
+  memory, outside PyTorch's allocator (not in `max_memory_allocated`; reported apart, `paged_state_bytes`); on CPU
+  bitsandbytes falls back to ordinary tensors.
+  Step: on CUDA one fused kernel per tensor updates the states in place (no temporaries). On CPU
+  (bitsandbytes/backends/cpu/ops.py) the 8-bit update dequantizes both states to fp32, `grad = g.float() * 1.0`,
+  `p.data.float()` (a copy unless fp32), `denom = (state2.sqrt() / c2).add_(eps)`: at its division
+  state1, state2, grad, [p copy], sqrt and the quotient are live (20 bytes per element, 24 if not fp32);
+  the 32-bit update holds `g.float() * 1.0`, [p copy] and `state1 / (state2.sqrt() + eps)`'s two operands.
 """
 
 from __future__ import annotations
 
+import math
+
 from llmem.components import lora
-from llmem.components.sharding import shard_summary
+from llmem.components.sharding import shard_summary, tp_local_shape
 from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
@@ -57,6 +82,123 @@ def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     return [g for g in groups if g]
 
 
+BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
+BNB_BLOCKSIZE = 256  # Optimizer2State.init_state: blocksize = 256
+BNB_QMAP_BYTES = 2 * 256 * 4  # name2qmap["dynamic"], ["udynamic"]: create_dynamic_map() -> 256 fp32 values each
+BNB_PAGED_MIN_SIZE = 100_000  # Optimizer8bit.get_state_buffer: paged only when p.numel() >= 1e5
+BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
+
+
+def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
+    """Shapes of the tensors this rank's optimizer updates, in the order it walks them (single GPU and DDP:
+    `model.parameters()` order; ZeRO-1: this rank's partition, largest first, as ZeroRedundancyOptimizer sorts)."""
+    if lora.is_lora(plan):
+        return [a.shape for a in lora.adapter_params(spec, plan)]
+    shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
+    if plan.scheme is not Scheme.ZERO1:
+        return shapes
+    parts: list[list[tuple[int, ...]]] = [[] for _ in range(plan.dp)]
+    totals = [0] * plan.dp
+    for shape in sorted(shapes, key=math.prod, reverse=True):
+        r = totals.index(min(totals))
+        parts[r].append(shape)
+        totals[r] += math.prod(shape)
+    return max(parts, key=lambda part: sum(map(math.prod, part)))
+
+
+_EMBEDDING_NAMES = ("emb", "wte", "wpe")
+
+
+def model_order(spec: ModelSpec) -> list[ParamTensor]:
+    """`model.parameters()` order as transformers registers modules: the embedding tables first, then the decoder
+    layers, then the final norm and the output head (spec order keeps the layers first). Checked against the
+    models on the meta device for llama, gpt2 and falcon; a family registering other modules before its layers
+    (OPT's project_in/out, final norm) only moves small tensors in the for-loop walk."""
+    outer = [p for p in spec.params if p.layer is None]
+    first = [p for p in outer if any(e in p.name.rsplit(".", 2)[-2] for e in _EMBEDDING_NAMES)]
+    rest = [p for p in outer if p not in first]
+    return first + [p for p in spec.params if p.layer is not None] + rest
+
+
+def adafactor_state_elements(shape: tuple[int, ...]) -> int:
+    """row_var + col_var for >= 2 dims, variance for 1-D (`Adafactor._init_group`)."""
+    n = math.prod(shape)
+    if len(shape) > 1:
+        return n // shape[-1] + n // shape[-2]
+    return n
+
+
+def adafactor_forloop_peak(shapes: list[tuple[int, ...]]) -> int:
+    """Largest number of temporary elements alive in `_single_tensor_adafactor` (see the module docstring)."""
+    live: dict[str, int] = {}
+    peak = 0
+
+    def bind(name: str, n: int) -> None:  # the new value exists before the old one bound to `name` is released
+        nonlocal peak
+        peak = max(peak, sum(live.values()) + n)
+        live[name] = n
+
+    for shape in shapes:
+        n = math.prod(shape)
+        if len(shape) > 1:
+            bind("row_mean", n // shape[-1])
+            bind("col_mean", n // shape[-2])
+            bind("var_estimate", n)  # row_var @ col_var
+            peak = max(peak, sum(live.values()) + n // (shape[-1] * shape[-2]))  # row_var.mean(dim=-2)
+        else:
+            bind("grad_squared", n)
+            bind("var_estimate", n)  # variance.clone()
+        live["update"] = live.pop("var_estimate")  # update = var_estimate.clamp_(...): the previous update freed
+    return peak
+
+
+def adafactor_foreach_peak(shapes: list[tuple[int, ...]]) -> int:
+    """`_multi_tensor_adafactor`: the matrix and the vector group's full-size temporaries, the second group's
+    allocated while the first group's `updates` are bound."""
+    matrices = sum(math.prod(s) for s in shapes if len(s) > 1)
+    vectors = sum(math.prod(s) for s in shapes if len(s) == 1)
+    return matrices + vectors
+
+
+def _bnb_state_bytes(shapes: list[tuple[int, ...]], device_only: bool = False) -> int:
+    """AdamW8bit states; `device_only`: leave out the paged (unified-memory) ones of PagedAdamW8bit on CUDA."""
+    total = 0
+    any_8bit = False
+    for shape in shapes:
+        n = math.prod(shape)
+        paged = device_only and n >= BNB_PAGED_MIN_SIZE
+        if n >= BNB_MIN_8BIT_SIZE:
+            any_8bit = True
+            total += 2 * 4 * math.ceil(n / BNB_BLOCKSIZE) + (0 if paged else 2 * n)
+        elif not paged:
+            total += 2 * 4 * n
+    return total + (BNB_QMAP_BYTES if any_8bit else 0)
+
+
+def paged_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """PagedAdamW8bit on CUDA: the states in CUDA unified memory, outside `max_memory_allocated`."""
+    if plan.optimizer is not Optimizer.PAGED_ADAMW8BIT or plan.device is not Device.CUDA:
+        return 0
+    shapes = optimized_shapes(spec, plan)
+    return _bnb_state_bytes(shapes) - _bnb_state_bytes(shapes, device_only=True)
+
+
+def _bnb_cpu_step_peak(shapes: list[tuple[int, ...]], pb: int) -> int:
+    """Bytes of the CPU kernels' temporaries for the largest tensor (nothing survives from one tensor to the next)."""
+    peak = 0
+    copy = 0 if pb == 4 else 1  # g.float() / p.data.float() return the tensor itself when it is fp32
+    for shape in shapes:
+        n = math.prod(shape)
+        if n >= BNB_MIN_8BIT_SIZE:
+            # state1_fp32, state2_fp32, grad, [p_fp32], sqrt, quotient; before: [g.float()] + grad beside the states
+            elems = max(5 + copy, 2 + 2 * copy + 1) * n
+        else:
+            # grad, [p_float], sqrt + eps-added / the sum and the quotient
+            elems = (3 + copy) * n
+        peak = max(peak, elems * 4)
+    return peak
+
+
 def _state_bytes(plan: TrainingPlan) -> int:
     """Bytes per element of the optimized tensors (and so of their states and step temporaries)."""
     return lora.ADAPTER_BYTES if lora.is_lora(plan) else plan.precision.param_bytes
@@ -67,8 +209,15 @@ def _step_tensors_on_device(plan: TrainingPlan) -> bool:
 
 
 def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """State tensors in the caching allocator (PagedAdamW8bit on CUDA: without its unified-memory states)."""
+    if plan.optimizer in BNB_OPTIMIZERS:
+        paged = plan.optimizer is Optimizer.PAGED_ADAMW8BIT and plan.device is Device.CUDA
+        return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged)
     sizes = optimized_params(spec, plan)
     pb = _state_bytes(plan)
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        steps = len(sizes) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
+        return sum(map(adafactor_state_elements, optimized_shapes(spec, plan))) * pb + steps
     if plan.optimizer is Optimizer.SGD:
         return sum(sizes) * pb
     steps = len(sizes) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0
@@ -76,6 +225,14 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        shapes = optimized_shapes(spec, plan)
+        foreach = plan.effective_optimizer_impl is OptimizerImpl.FOREACH  # Adafactor defaults to the for-loop
+        return (adafactor_foreach_peak(shapes) if foreach else adafactor_forloop_peak(shapes)) * _state_bytes(plan)
+    if plan.optimizer in BNB_OPTIMIZERS:
+        if plan.device is not Device.CPU:
+            return 0
+        return _bnb_cpu_step_peak(optimized_shapes(spec, plan), _state_bytes(plan))
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
     sizes = optimized_params(spec, plan)

@@ -16,6 +16,13 @@ def optimizer_class_and_kwargs(plan: TrainingPlan) -> tuple[type, dict]:
     flags = {"foreach": impl is OptimizerImpl.FOREACH, "fused": impl is OptimizerImpl.FUSED}
     if plan.optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW, {"lr": LR, **flags}
+    if plan.optimizer is Optimizer.ADAFACTOR:  # no fused kernel; foreach=False is the for-loop (its default)
+        return torch.optim.Adafactor, {"lr": LR, "foreach": flags["foreach"]}
+    if plan.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        import bitsandbytes as bnb  # imported only when asked for: an optional dependency
+
+        cls = bnb.optim.PagedAdamW8bit if plan.optimizer is Optimizer.PAGED_ADAMW8BIT else bnb.optim.AdamW8bit
+        return cls, {"lr": LR}
     return torch.optim.SGD, {"lr": LR, "momentum": SGD_MOMENTUM, **flags}
 
 
