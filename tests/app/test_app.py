@@ -217,3 +217,12 @@ def test_an_input_change_redraws_fast():
     rendered = at.session_state["last_render_ms"]
     print(f"AppTest rerun ms: {[round(t) for t in timings]}; script render ms: {rendered:.0f}")
     assert min(timings[2:]) < 1000 and rendered < 1000  # budget 300 ms on a 2-core machine; slack for CI noise
+
+
+def test_qlora_link_renders_and_lowers_the_peak():
+    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"}
+    full, qlora = run(query), run({**query, "quant": "nf4"})
+    assert_clean(full)
+    assert_clean(qlora)
+    assert qlora.selectbox(key="w_quant").value == "nf4" and not link_warnings(qlora)
+    assert verdict(qlora) != verdict(full)
