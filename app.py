@@ -19,11 +19,11 @@ from llmem import share
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
-from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
-               "w_optimizer", "w_impl", "w_ckpt", "w_attn")
+               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -117,6 +117,7 @@ def _init_from_url() -> None:
     ss.w_impl = inputs.optimizer_impl.value
     ss.w_ckpt = inputs.grad_ckpt.value
     ss.w_attn = inputs.attn.value
+    ss.w_quant = inputs.quant.value
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -191,6 +192,8 @@ def _training_widgets() -> None:
                  help=_help("grad-ckpt") or "full keeps only each layer's input and recomputes the rest.")
     sb.selectbox("Attention", [a.value for a in Attention], key="w_attn",
                  help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
+    sb.selectbox("QLoRA base quantization (none = full fine-tuning)", [q.value for q in Quant if q is not Quant.INT8],
+                 key="w_quant", help=_help("quant"))
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:
@@ -201,7 +204,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         model=model, gpu_type=ss.w_gpu, gpus=int(ss.w_gpus), tp=tp, zero=zero, batch_size=int(ss.w_batch),
         seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
         optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
-        upload=upload,
+        quant=Quant(ss.get("w_quant", "none")), upload=upload,
     )
 
 

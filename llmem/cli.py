@@ -12,7 +12,7 @@ import sys
 
 from llmem.errors import InputError
 from llmem.help import HELP
-from llmem.plan import Attention, Device, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.plan import Attention, Device, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
 from llmem.units import format_gib, format_params
 
 
@@ -47,6 +47,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dropout", default=0.05, help=HELP["lora-dropout"])
     p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
     p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
+    p.add_argument("--quant", default=str(Quant.NONE), help=HELP["quant"], metavar="|".join(m.value for m in Quant))
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -56,7 +57,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-                        grad_accum=args.grad_accum)
+                        grad_accum=args.grad_accum, quant=args.quant)
 
 
 def _spec_and_origin(model: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmem.components import Category, autocast, lora, outside
+from llmem.components import Category, autocast, lora, outside, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -165,6 +165,14 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 temporaries=layer * casts + autocast.attention_backward_weight_copy_bytes(spec, plan)
                 + act.attention_backward_transient_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
+    if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight on top of the forward / layer-backward moments
+        phases.append(_phase("forward (last layer), 4-bit weight dequantized", **persistent,
+                             activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))
+        extra = quant.dequant_backward_extra_bytes(spec, plan)
+        for ph in [p for p in phases if p.name.startswith("backward (")]:
+            b = dict(ph.breakdown)
+            b[Category.TEMPORARIES] += extra
+            phases.append(Phase(f"{ph.name}, 4-bit weight dequantized", b))
     phases.append(_phase("backward end", **persistent, gradients=grads_all, logits=logits,
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))

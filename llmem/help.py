@@ -27,7 +27,8 @@ HELP = {
     "device": "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
     "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
     "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
-              "states for the base, fp32 adapters get both; fewer saved activations. qlora: not yet supported.",
+              "states for the base, fp32 adapters get both; fewer saved activations. qlora: the same adapters over a "
+              "base whose Linears are stored 4-bit by bitsandbytes (choose --quant).",
     "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
     "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
     "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
@@ -37,4 +38,7 @@ HELP = {
                   "and backward, so the peak grows by about one gradient copy.",
     "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (e.g. lora): each runs "
                "on the same GPU count where it can, else on one GPU. The recommendation stays with the chosen method.",
+    "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
+             "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
+             "while it runs. none for full/lora. int8: not modelled yet.",
 }

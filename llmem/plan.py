@@ -101,7 +101,16 @@ class Method(Choice):
 
     FULL = "full"
     LORA = "lora"
-    QLORA = "qlora"  # reserved name; rejected until a quantized frozen base is modelled
+    QLORA = "qlora"  # LoRA over a bitsandbytes-quantized frozen base (`--quant`)
+
+
+class Quant(Choice):
+    """Storage of the frozen base's decoder-layer Linear weights under `--method qlora` (bitsandbytes)."""
+
+    NONE = "none"
+    NF4 = "nf4"
+    FP4 = "fp4"
+    INT8 = "int8"  # reserved name (LLM.int8); rejected: not modelled yet
 
 
 class Scheme(Choice):
@@ -155,6 +164,7 @@ class TrainingPlan:
     lora_dropout: float = 0.05
     lora_targets: str = "all-linear"
     grad_accum: int = 1
+    quant: Quant = Quant.NONE
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -187,9 +197,18 @@ class TrainingPlan:
         object.__setattr__(self, "lora_dropout", _as_probability("lora-dropout", self.lora_dropout))
         object.__setattr__(self, "lora_targets", parse_lora_targets(self.lora_targets))
         if self.method is Method.QLORA:
-            raise InputError("method", "qlora (quantized frozen base) is not yet supported here; use full or lora")
-        if self.method is Method.LORA and self.gpus > 1:
-            raise InputError("method", "lora is modelled and measured on one GPU only so far; use --gpus 1 "
+            if self.quant is Quant.NONE:
+                raise InputError("quant", "--method qlora quantizes the frozen base: choose --quant nf4 or fp4")
+            if self.quant is Quant.INT8:
+                raise InputError("quant", "int8 (LLM.int8) bases are not modelled yet; use --quant nf4 or fp4")
+            if self.precision.is_mixed:
+                raise InputError("precision", "qlora is modelled with the base built in its compute dtype (pure "
+                                 "bf16, fp16 or fp32, as QLoRA recipes load it); use --precision bf16")
+        elif self.quant is not Quant.NONE:
+            raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
+                             "or --method qlora")
+        if self.method in (Method.LORA, Method.QLORA) and self.gpus > 1:
+            raise InputError("method", f"{self.method} is modelled and measured on one GPU only so far; use --gpus 1 "
                              "(or --method full for DDP/ZeRO/TP)")
         if self.grad_accum > 1 and self.gpus > 1:
             raise InputError("grad-accum", "gradient accumulation is modelled on one GPU only so far; "
@@ -259,6 +278,7 @@ _ENUM_FIELDS = {
     "attn": Attention,
     "device": Device,
     "method": Method,
+    "quant": Quant,
 }
 
 ALL_LINEAR = "all-linear"

@@ -23,9 +23,11 @@ from llmem.plan import (
     MAX_TOKENS,
     Attention,
     GradCkpt,
+    Method,
     Optimizer,
     OptimizerImpl,
     Precision,
+    Quant,
     TrainingPlan,
 )
 
@@ -57,6 +59,7 @@ class AppInputs:
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
+    quant: Quant = Quant.NONE  # nf4/fp4: QLoRA (--method qlora --quant Q, PEFT's default LoRA settings); none: full
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
 
     @property
@@ -70,6 +73,7 @@ class AppInputs:
             gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
             precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
             grad_ckpt=self.grad_ckpt, attn=self.attn,
+            method=Method.QLORA if self.quant is not Quant.NONE else Method.FULL, quant=self.quant,
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -90,6 +94,7 @@ KEYS: dict[str, str] = {
     "optimizer_impl": "optimizer-impl",
     "grad_ckpt": "grad-ckpt",
     "attn": "attn",
+    "quant": "quant",
     "upload": "upload",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
@@ -99,6 +104,7 @@ _ENUMS = {
     "optimizer_impl": OptimizerImpl,
     "grad_ckpt": GradCkpt,
     "attn": Attention,
+    "quant": Quant,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
                "seq_len": (1, MAX_TOKENS)}
@@ -202,6 +208,12 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     except InputError as err:
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
+    if inputs.quant is not Quant.NONE:  # QLoRA: one GPU, the base in a pure dtype (TrainingPlan's rules)
+        try:
+            TrainingPlan(gpus=inputs.gpus, precision=inputs.precision, method=Method.QLORA, quant=inputs.quant)
+        except InputError as err:
+            warnings.append(f"quant: {_reason(err)}; using none")
+            inputs = replace(inputs, quant=Quant.NONE)
     if inputs.compare_all:
         return inputs
     for _ in range(3):

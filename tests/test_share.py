@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from llmem.errors import InputError
 from llmem.gpus import list_gpus
-from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision
+from llmem.plan import Attention, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, Quant
 from llmem.share import ALL, KEYS, AppInputs, check_model_name, decode, encode
 
 
@@ -18,7 +18,7 @@ def test_encode_uses_cli_option_names_and_every_input():
     assert query == {
         "model": "meta-llama/Llama-3.1-8B", "gpu-type": "h100-sxm", "gpus": "8", "tp": "2", "zero": "3",
         "batch-size": "4", "seq-len": "4096", "precision": "bf16", "optimizer": "adamw",
-        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa",
+        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa", "quant": "none",
     }
     assert all(isinstance(v, str) for v in query.values())
 
@@ -41,6 +41,7 @@ def test_missing_values_take_the_defaults_given():
     ({"batch-size": "0"}, "batch-size"), ({"seq-len": "abc"}, "seq-len"), ({"zero": "7"}, "zero"),
     ({"precision": "int3"}, "precision"), ({"gpu-type": "tpu"}, "gpu-type"), ({"attn": "flash"}, "attn"),
     ({"optimizer": "lion"}, "optimizer"), ({"grad-ckpt": "some"}, "grad-ckpt"), ({"colour": "red"}, "colour"),
+    ({"quant": "nf3"}, "quant"),
 ])
 def test_tampered_values_warn_naming_the_field_and_the_default(query, field):
     inputs, warnings = decode(query)
@@ -149,3 +150,23 @@ def test_valid_inputs_round_trip_exactly(gpu, gpus, batch, seq, precision, ckpt,
     inputs = AppInputs(gpu_type=gpu, gpus=gpus, tp=tp, zero=zero, batch_size=batch, seq_len=seq,
                        precision=precision, grad_ckpt=ckpt)
     assert decode(encode(inputs)) == (inputs, [])
+
+
+def test_quant_round_trips_and_selects_qlora():
+    inputs = AppInputs(model="llama-2-7b", gpus=1, zero=0, precision=Precision.BF16, quant=Quant.FP4)
+    assert decode(encode(inputs)) == (inputs, [])
+    plan = inputs.to_plan()
+    assert (plan.method, plan.quant) == (Method.QLORA, Quant.FP4)
+    assert AppInputs().to_plan().method is Method.FULL
+
+
+@pytest.mark.parametrize("query", [
+    {"quant": "nf4"},  # default precision bf16-mixed: qlora needs a pure dtype
+    {"quant": "nf4", "precision": "bf16", "gpus": "4"},  # qlora runs on one GPU
+    {"quant": "int8", "precision": "bf16"},  # reserved, not modelled
+])
+def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
+    inputs, warnings = decode(query)
+    assert inputs.quant is Quant.NONE
+    assert any(w.startswith("quant:") for w in warnings)
+    inputs.to_plan()  # a valid plan

@@ -38,7 +38,8 @@ _CONV1D_FAMILIES = ("gpt2",)  # transformers' Conv1D: weight (in, out)
 
 
 def is_lora(plan: TrainingPlan) -> bool:
-    return plan.method is Method.LORA
+    """LoRA adapters on the frozen base: `--method lora`, and `--method qlora` (quantized base, `quant.py`)."""
+    return plan.method in (Method.LORA, Method.QLORA)
 
 
 def _module(p: ParamTensor) -> str:

@@ -3,14 +3,17 @@
 bytes = local_params * param_bytes; param_bytes = 4 for fp32 and the mixed precisions (fp32 master weights),
 2 for pure bf16/fp16. Sharding per scheme: `llmem.components.sharding` (FSDP2 pads each tensor's dim 0).
 LoRA: the frozen base as above plus the fp32 adapters (`llmem.components.lora`).
+QLoRA: the quantized frozen base (`llmem.components.quant`) plus the fp32 adapters.
 """
 
-from llmem.components import lora
+from llmem.components import lora, quant
 from llmem.components.sharding import local_params
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
 
 def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if quant.is_qlora(plan):  # single GPU: the 4-bit Linears and the rest in the plan's dtype
+        return quant.base_parameter_bytes(spec, plan) + lora.adapter_bytes(spec, plan)
     base = local_params(spec, plan) * plan.precision.param_bytes
     return base + (lora.adapter_bytes(spec, plan) if lora.is_lora(plan) else 0)

@@ -25,7 +25,7 @@ from llmem.errors import InputError
 from llmem.plan import Scheme, TrainingPlan
 
 PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
-               "grad_ckpt", "attn")
+               "grad_ckpt", "attn", "method", "lora_dropout", "quant")
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.02
 TOLERANCE_MULTI = 0.03

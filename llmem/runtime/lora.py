@@ -1,11 +1,22 @@
 """LoRA via PEFT (DESIGN.md "Project extensions"): `peft.get_peft_model(model, LoraConfig(...))` on the built model,
-before it is wrapped; only the adapters stay trainable."""
+before it is wrapped; only the adapters stay trainable.
+
+QLoRA (`--method qlora --quant nf4|fp4`): first the frozen base is quantized exactly as transformers' bitsandbytes
+quantizer does when it loads a model with `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=Q,
+bnb_4bit_compute_dtype=<the plan's dtype>, bnb_4bit_use_double_quant=False)`: transformers'
+`replace_with_bnb_linear` swaps every `nn.Linear` but the output layer for a `bnb.nn.Linear4bit`, and each weight is
+quantized as its loader does, `bnb.nn.Params4bit(weight, requires_grad=False, **meta_param.__dict__).to(device)`.
+(`from_config` does not run a quantizer; this is the same replacement and quantization, done on the built model.)
+`peft.prepare_model_for_kbit_training` is not part of the program (see DESIGN.md)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
+
+NOT_CONVERTED = ("lm_head", "embed_out")  # transformers keeps the output embeddings unquantized
 
 
 def lora_config(plan: TrainingPlan):
@@ -16,10 +27,41 @@ def lora_config(plan: TrainingPlan):
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
 
 
+def bnb_config(plan: TrainingPlan):
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(plan.quant),
+                              bnb_4bit_compute_dtype=getattr(torch, plan.precision.torch_dtype_name),
+                              bnb_4bit_use_double_quant=False, bnb_4bit_quant_storage=torch.uint8)
+
+
+def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
+    """Replace the base's Linears by bitsandbytes 4-bit Linears holding the quantized weights (in place)."""
+    import bitsandbytes as bnb
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    weights = {name: m.weight.data for name, m in model.named_modules() if type(m) is nn.Linear}
+    skip = [n for n in weights if n.rsplit(".", 1)[-1] in NOT_CONVERTED]
+    if any(type(m) is nn.Linear and m.bias is not None for m in model.modules()):
+        raise NotImplementedError("Linear biases under qlora are not modelled")
+    replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=bnb_config(plan))
+    for name, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            value = weights.pop(name)
+            meta = module.weight
+            module.weight = bnb.nn.Params4bit(value, requires_grad=False, **meta.__dict__).to(value.device)
+            del value
+    weights.clear()
+    model.is_loaded_in_4bit = True  # what transformers' quantizer sets; PEFT dispatches its bnb LoRA layers on it
+    return model
+
+
 def apply_method(model: nn.Module, plan: TrainingPlan) -> nn.Module:
-    """The model the plan trains: itself for full fine-tuning, the PEFT model for LoRA."""
-    if plan.method is not Method.LORA:
+    """The model the plan trains: itself for full fine-tuning, the PEFT model for LoRA and QLoRA."""
+    if plan.method is Method.FULL:
         return model
     from peft import get_peft_model
 
+    if plan.method is Method.QLORA:
+        model = quantize_base(model, plan)
     return get_peft_model(model, lora_config(plan))

@@ -262,3 +262,12 @@ def test_an_uploaded_config_is_simulated_from_the_session_bytes():
     assert_clean(at)
     label = "simulated peak (allocated)"
     assert _metric(at, label).value == _metric(preset, label).value
+
+
+def test_qlora_link_renders_and_lowers_the_peak():
+    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"}
+    full, qlora = run(query), run({**query, "quant": "nf4"})
+    assert_clean(full)
+    assert_clean(qlora)
+    assert qlora.selectbox(key="w_quant").value == "nf4" and not link_warnings(qlora)
+    assert verdict(qlora) != verdict(full)

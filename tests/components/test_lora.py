@@ -44,8 +44,8 @@ def test_full_fine_tuning_trains_everything():
 
 
 def test_plan_validation_names_the_flag():
-    with pytest.raises(InputError, match="method"):
-        TrainingPlan(method="qlora")
+    with pytest.raises(InputError, match="quant"):
+        TrainingPlan(method="qlora")  # qlora needs --quant nf4|fp4
     with pytest.raises(InputError, match="method"):
         TrainingPlan(method="lora", gpus=2)
     with pytest.raises(InputError, match="lora-dropout"):

@@ -1,0 +1,76 @@
+"""Published GPU measurements (tests/data/published_measurements.csv): the rows `llmem.published` claims to model,
+estimate vs measured. Fails when the median absolute error of the claimed rows exceeds `published.BOUND` (10 %,
+justified in docs/PUBLISHED.md). `pytest -s` prints the table."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from llmem import published
+from llmem.plan import Method
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return published.load_rows()
+
+
+@pytest.fixture(scope="module")
+def results(rows):
+    return published.claimed_results(rows)
+
+
+def test_every_claim_names_a_row_and_matches_its_columns(rows):
+    by_id = {r["id"]: r for r in rows}
+    assert set(published.CLAIMS) <= set(by_id)
+    for rid, claim in published.CLAIMS.items():
+        row = by_id[rid]
+        plan = published.row_plan(row, claim)
+        assert plan.gpus == int(row["gpus"]) == 1
+        assert str(plan.batch_size) == row["batch_size_per_gpu"].strip()
+        assert str(plan.seq_len) in row["seq_len"]
+        assert plan.method.value == row["scheme"]
+        if plan.method is not Method.FULL:
+            assert plan.lora_rank == int(row["lora_rank"])
+        if plan.method is Method.QLORA:
+            assert plan.quant.value in row["quant"]
+        assert row["notes"].startswith(("TIER_A", "TIER_B"))
+        assert "unit_ambiguous" not in row["notes"]
+        stat = row["measured_metric"].lower()
+        assert (claim.statistic == published.ALLOCATED) == ("allocated" in stat), rid
+
+
+def test_claims_cover_full_lora_and_qlora(results):
+    assert {r.plan.method for r in results} == {Method.FULL, Method.LORA, Method.QLORA}
+
+
+def test_every_other_row_has_a_reason(rows):
+    for row in rows:
+        if row["id"] not in published.CLAIMS:
+            assert published.unclaimed_reason(row)
+
+
+def test_median_error_of_claimed_rows_within_bound(results):
+    print()
+    print(f"{'id':<30}{'source':<24}{'method':<7}{'statistic':<10}{'measured GB':>12}{'estimated GB':>13}{'error':>9}")
+    for r in results:
+        print(f"{r.id:<30}{r.source:<24}{r.method:<7}{r.statistic:<10}{r.measured_bytes / 1e9:>12.2f}"
+              f"{r.estimated_bytes / 1e9:>13.2f}{r.error * 100:>8.1f}%")
+    for source, (n, med, mean) in published.per_source(results).items():
+        print(f"  {source:<28} rows {n}  median |error| {med * 100:.1f} %  mean error {mean * 100:+.1f} %")
+    median = published.median_abs_error(results)
+    print(f"median |error| of {len(results)} claimed rows: {median * 100:.1f} % (bound {published.BOUND * 100:.0f} %)")
+    assert median <= published.BOUND
+
+
+def test_published_doc_is_generated_and_current():
+    spec = importlib.util.spec_from_file_location("gen_published_table", ROOT / "scripts" / "gen_published_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "docs" / "PUBLISHED.md").read_text() == published.render_markdown(), (
+        "docs/PUBLISHED.md is stale: run python scripts/gen_published_table.py")
