@@ -29,4 +29,8 @@ HELP = {
     "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
                   "and backward, so the peak grows by about one gradient copy.",
+    "ckpt-every": "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others "
+                  "keep all their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
+    "plan-ckpt": "Pick the checkpointing (none, every K-th layer, full) that recomputes the fewest layers and still "
+                 "fits the GPU; the recompute cost is shown as approximate extra forward FLOPs.",
 }

@@ -137,3 +137,15 @@ def test_valid_inputs_round_trip_exactly(gpu, gpus, batch, seq, precision, ckpt,
     inputs = AppInputs(gpu_type=gpu, gpus=gpus, tp=tp, zero=zero, batch_size=batch, seq_len=seq,
                        precision=precision, grad_ckpt=ckpt)
     assert decode(encode(inputs)) == (inputs, [])
+
+
+def test_ckpt_every_round_trips_and_tampered_values_warn():
+    inputs = AppInputs(model="qwen2.5-0.5b", grad_ckpt=GradCkpt.FULL, ckpt_every=3)
+    assert encode(inputs)["ckpt-every"] == "3" and "ckpt-every" not in encode(AppInputs())
+    assert decode(encode(inputs)) == (inputs, [])
+    assert inputs.to_plan().ckpt_every == 3
+    for bad in ("0", "-2", "x", "99999"):
+        got, warnings = decode({"grad-ckpt": "full", "ckpt-every": bad})
+        assert got.ckpt_every == 1 and len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
+    got, warnings = decode({"ckpt-every": "4"})  # without grad-ckpt full it has no meaning
+    assert got.ckpt_every == 1 and any(w.startswith("ckpt-every:") for w in warnings)
