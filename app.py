@@ -23,7 +23,7 @@ from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision,
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
-               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant")
+               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -118,6 +118,7 @@ def _init_from_url() -> None:
     ss.w_ckpt = inputs.grad_ckpt.value
     ss.w_attn = inputs.attn.value
     ss.w_quant = inputs.quant.value
+    ss.w_ckpt_every = inputs.ckpt_every
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -190,6 +191,9 @@ def _training_widgets() -> None:
                  help=_help("optimizer-impl") or "foreach needs temporary copies during the step; fused does not.")
     sb.selectbox("Activation checkpointing", [g.value for g in GradCkpt], key="w_ckpt",
                  help=_help("grad-ckpt") or "full keeps only each layer's input and recomputes the rest.")
+    sb.number_input("Checkpoint every K-th layer", 1, share.MAX_APP_CKPT_EVERY, step=1, key="w_ckpt_every",
+                    disabled=st.session_state.get("w_ckpt") != GradCkpt.FULL.value,
+                    help=_help("ckpt-every") or "With full: checkpoint layers 0, K, 2K, ... only.")
     sb.selectbox("Attention", [a.value for a in Attention], key="w_attn",
                  help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
     sb.selectbox("QLoRA base quantization (none = full fine-tuning)", [q.value for q in Quant if q is not Quant.INT8],
@@ -205,6 +209,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
         optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
         quant=Quant(ss.get("w_quant", "none")), upload=upload,
+        ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
     )
 
 

@@ -17,4 +17,10 @@ def compare(spec, plan, capacity_bytes):
     return _compare(spec, plan, capacity_bytes)
 
 
-__all__ = ["InputError", "ModelSpec", "TrainingPlan", "compare", "estimate"]
+def plan_checkpointing(spec, plan, capacity_bytes):
+    from llmem.checkpointing import plan_checkpointing as _plan_checkpointing
+
+    return _plan_checkpointing(spec, plan, capacity_bytes)
+
+
+__all__ = ["InputError", "ModelSpec", "TrainingPlan", "compare", "estimate", "plan_checkpointing"]

@@ -1,4 +1,4 @@
-"""Command line (DESIGN.md section 3): `estimate`, `compare`, `measure`, `validate`.
+"""Command line (DESIGN.md section 3): `estimate`, `compare`, `plan-ckpt`, `measure`, `validate`.
 
 Builds a TrainingPlan from the options, calls the library, renders. Errors: one line on stderr naming the field,
 exit code 2, no traceback.
@@ -48,6 +48,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
     p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
     p.add_argument("--quant", default=str(Quant.NONE), help=HELP["quant"], metavar="|".join(m.value for m in Quant))
+    p.add_argument("--ckpt-every", default=1, help=HELP["ckpt-every"])
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -57,7 +58,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-                        grad_accum=args.grad_accum, quant=args.quant)
+                        grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every)
 
 
 def _spec_and_origin(model: str):
@@ -151,6 +152,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_ckpt(args: argparse.Namespace) -> int:
+    from llmem.checkpointing import plan_checkpointing
+
+    plan = plan_from_args(args)
+    spec, origin = _spec_and_origin(args.model)
+    gpu = _gpu(args)
+    result = plan_checkpointing(spec, plan, gpu.memory_bytes)
+    if args.json:
+        print(json.dumps({"origin": origin, "gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes}
+                         | result.to_dict(), indent=2))
+        return 0
+    print(f"{spec.name}: {plan.scheme.label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
+          f"micro-batch {plan.batch_size} × {plan.seq_len}, {plan.precision}")
+    print(f"{'checkpointing':<18} {'recomputed':>10} {'device total':>13} {'fits':>5}  {'extra fwd FLOPs':>15}")
+    for o in result.options:
+        mark = "  <- chosen" if o is result.chosen else ""
+        print(f"{o.label:<18} {o.recomputed_layers:>10} {format_gib(o.estimate.device_total_bytes):>13} "
+              f"{'yes' if o.fits else 'no':>5}  {o.extra_forward_flops:>15.3g}{mark}")
+    print(f"\n{result.reason}")
+    return 0 if result.chosen is not None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m llmem", description="Per-GPU memory of LLM fine-tuning, by strategy.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -164,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--csv", default=None, help="write the comparison table to this CSV file")
     cmp_.add_argument("--methods", default="", help=HELP["methods"])
     cmp_.set_defaults(func=cmd_compare)
+    pck = sub.add_parser("plan-ckpt", help=HELP["plan-ckpt"], description=HELP["plan-ckpt"])
+    add_plan_arguments(pck)
+    pck.add_argument("--gpu-type", default="h100-80gb", help=HELP["gpu-type"])
+    pck.set_defaults(func=cmd_plan_ckpt)
     try:
         from llmem.measure.cli import register
     except ImportError:  # measurement needs torch; the estimator does not

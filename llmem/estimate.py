@@ -130,39 +130,56 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         else:
             kept = lora.layer_activation_bytes(spec, plan)
             outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
-    forward_acts = layers * kept + outer_act + final_norm
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K (lora is rejected)
+    if partial:
+        forward_acts = act.kept_layers_bytes(spec, plan, layers) + outer_act + final_norm
+    else:
+        forward_acts = layers * kept + outer_act + final_norm
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     head_cast = autocast.head_weight_copy_bytes(spec, plan)
     logits = lg.logits_bytes(spec, plan)
     gathered = comm.gathered_parameter_bytes(spec, plan)
+    # Backward runs after the autocast region has exited (its weight-copy cache cleared): a layer's copies survive
+    # only where autograd saved them — in layers that are not checkpointed, and in the layer being recomputed.
+    saved_casts = autocast.saved_layer_copies(plan, layers)
 
     phases = [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                temporaries=layers * casts, communication=gathered(layers)),
         _phase("loss forward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
                logits=lg.loss_forward_peak_bytes(spec, plan), communication=gathered(layers)),
-        _phase("loss backward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
+        _phase("loss backward", **persistent, activations=forward_acts, temporaries=saved_casts * casts + head_cast,
                logits=lg.loss_backward_peak_bytes(spec, plan), communication=gathered(layers)),
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=grads_outer,
-               temporaries=layers * casts + head_cast + autocast.head_gradient_copy_bytes(spec, plan),
+               temporaries=saved_casts * casts + head_cast + autocast.head_gradient_copy_bytes(spec, plan),
                logits=lg.lm_head_backward_bytes(spec, plan), communication=gathered(layers)),
     ]
-    for layer, name in ((last, "backward (last layer)"), (0, "backward (first layer)")):
-        later = later_layers_gradient_bytes(spec, plan, layer)
+    edges = [(last, "backward (last layer)"), (0, "backward (first layer)")]
+    if partial:
+        edges = [(layer, f"backward (layer {layer}{', checkpointed' if plan.checkpointed(layer) else ''})")
+                 for layer in act.backward_layers(spec, plan)]
+    backward_later = {}
+    for layer, name in edges:
+        later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
+        if partial:
+            held = act.kept_layers_bytes(spec, plan, layer) + act.current_layer_backward_bytes(spec, plan, layer)
+        else:
+            held = layer * kept + (recompute or kept)
         phases.append(_phase(
             name, **persistent,
-            activations=layer * kept + outer_act + (recompute or kept),
-            gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, plan),
-            temporaries=(layer + 1) * casts + autocast.layer_gradient_copy_bytes(spec, plan),
+            activations=held + outer_act,
+            gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
+            temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
+            + autocast.layer_gradient_copy_bytes(spec, plan),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
-                activations=layer * kept + outer_act + (recompute or kept)
-                - act.attention_backward_freed_bytes(spec, plan),
+                activations=held + outer_act - act.attention_backward_freed_bytes(spec, plan),
                 gradients=grads_outer + later + attention_backward_layer_gradient_bytes(spec, plan),
-                temporaries=layer * casts + autocast.attention_backward_weight_copy_bytes(spec, plan)
+                temporaries=autocast.saved_layer_copies(plan, layer) * casts
+                + autocast.attention_backward_weight_copy_bytes(spec, plan)
                 + act.attention_backward_transient_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
     if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight on top of the forward / layer-backward moments
@@ -179,14 +196,15 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
     if plan.grad_accum > 1:
-        phases += accumulation_phases(spec, plan, phases)
+        phases += accumulation_phases(spec, plan, phases, backward_later)
     if plan.scheme in (Scheme.DDP, Scheme.ZERO1):
         # Iteration 2's forward starts with `Reducer::rebuild_buckets`: new buckets before the old are freed.
         phases.append(_phase("DDP bucket rebuild", **persistent, communication=comm.ddp_rebuild_bytes(spec, plan)))
     return phases
 
 
-def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]) -> list[Phase]:
+def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],
+                        backward_later: dict[str, int] | None = None) -> list[Phase]:
     """`--grad-accum K > 1`: micro-steps 2..K run forward and backward while every gradient of the previous
     micro-steps is alive (`.grad` is only freed by zero_grad after the step). The forward and loss phases of micro-
     step 1 gain all gradients; in the backward phases the gradients micro-step 1 had (the newly produced ones:
@@ -194,8 +212,9 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     existing `.grad` in place and frees it — on top of all gradients. At the end of backward the input embedding's
     new dense gradient is added into its `.grad` the same way (the tied case already counts it)."""
     grads_all = gradient_bytes(spec, plan)
-    later = {"backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
-             "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
+    later = dict(backward_later) if backward_later is not None else {
+        "backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
+        "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
     # falcon's attention core runs after the layer's MLP and `dense` gradients were accumulated and freed
     attention_grads = attention_backward_layer_gradient_bytes(spec, plan)
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
@@ -233,7 +252,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan))
     kept = act.kept_per_layer_bytes(spec, cp)
     outer_act = act.outer_saved_bytes(spec, cp)
-    forward_acts = layers * kept + outer_act + act.final_norm_bytes(spec, cp)
+    forward_acts = act.kept_layers_bytes(spec, cp, layers) + outer_act + act.final_norm_bytes(spec, cp)
     recompute = 0
     if plan.grad_ckpt is GradCkpt.FULL:
         recompute = act.layer_activation_bytes(spec, cp) + act.checkpointed_input_extra_bytes(spec, cp)
@@ -256,23 +275,26 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     ]
     # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
-    for layer in sorted({layers - 1, max(layers - 2, 0), min(1, layers - 1), 0}, reverse=True):
+    # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
+    for layer in act.backward_layers(spec, plan, edge=2):
         later = sum(sharded_layer[layer + 1:])
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
+        below = act.kept_layers_bytes(spec, cp, layer)
+        current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
         phases.append(_phase(
             f"backward (layer {layer})", **persistent,
-            activations=layer * kept + outer_act + (recompute or kept),
-            gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, cp),
+            activations=below + outer_act + current,
+            gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer)),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         if act.falcon_math_attention(spec):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,
-                activations=layer * kept + outer_act + (recompute or kept)
-                - act.attention_backward_freed_bytes(spec, cp),
+                activations=below + outer_act + current - act.attention_backward_freed_bytes(spec, cp),
                 gradients=root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
                 temporaries=act.attention_backward_transient_bytes(spec, cp),
                 logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
-        earlier = dict(**persistent, activations=layer * kept + outer_act, logits=logits)
+        earlier = dict(**persistent, activations=below + outer_act, logits=logits)
         gather = comm.backward_gather_bytes(spec, plan, layer, own=False)
         phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input
             f"reduce-scatter copy-in (layer {layer})", **earlier,

@@ -41,4 +41,8 @@ HELP = {
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
              "while it runs. none for full/lora. int8: not modelled yet.",
+    "ckpt-every": "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others "
+                  "keep all their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
+    "plan-ckpt": "Pick the checkpointing (none, every K-th layer, full) that recomputes the fewest layers and still "
+                 "fits the GPU; the recompute cost is shown as approximate extra forward FLOPs.",
 }

@@ -165,11 +165,12 @@ class TrainingPlan:
     lora_targets: str = "all-linear"
     grad_accum: int = 1
     quant: Quant = Quant.NONE
+    ckpt_every: int = 1
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
             object.__setattr__(self, name, enum.parse(name.replace("_", "-"), getattr(self, name)))
-        for name in ("gpus", "tp", "batch_size", "seq_len", "lora_rank", "lora_alpha", "grad_accum"):
+        for name in ("gpus", "tp", "batch_size", "seq_len", "lora_rank", "lora_alpha", "grad_accum", "ckpt_every"):
             value = _as_int(name, getattr(self, name))
             object.__setattr__(self, name, value)
             if value < 1:
@@ -192,6 +193,21 @@ class TrainingPlan:
             raise InputError("zero", "TP combined with data parallelism runs FSDP2 across the TP groups; "
                              "use --zero 3")
         self._validate_method()
+        self._validate_ckpt_every()
+
+    def _validate_ckpt_every(self) -> None:
+        """`--ckpt-every K` selects which layers `--grad-ckpt full` checkpoints; it has no meaning without it."""
+        if self.ckpt_every > 1 and self.grad_ckpt is not GradCkpt.FULL:
+            raise InputError("ckpt-every", f"checkpointing every {self.ckpt_every}-th layer needs --grad-ckpt full; "
+                             "use --grad-ckpt full, or --ckpt-every 1 for no checkpointing")
+        if self.ckpt_every > 1 and self.method is Method.LORA:
+            raise InputError("ckpt-every", "partial checkpointing is not yet modelled with --method lora; "
+                             "use --ckpt-every 1 (every layer with --grad-ckpt full)")
+
+    def checkpointed(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`
+        the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), none otherwise."""
+        return self.grad_ckpt is GradCkpt.FULL and layer % self.ckpt_every == 0
 
     def _validate_method(self) -> None:
         object.__setattr__(self, "lora_dropout", _as_probability("lora-dropout", self.lora_dropout))

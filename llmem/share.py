@@ -34,6 +34,7 @@ from llmem.plan import (
 ALL = "all"  # zero=all: compare every strategy for the GPU count and show the recommended one
 MAX_APP_GPUS = 4096
 MAX_APP_BATCH = 4096
+MAX_APP_CKPT_EVERY = 1024
 MAX_MODEL_CHARS = 200
 MAX_UPLOAD_NAME_CHARS = 80
 
@@ -61,6 +62,7 @@ class AppInputs:
     attn: Attention = Attention.SDPA
     quant: Quant = Quant.NONE  # nf4/fp4: QLoRA (--method qlora --quant Q, PEFT's default LoRA settings); none: full
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
+    ckpt_every: int = 1  # with grad_ckpt full: checkpoint decoder layers 0, K, 2K, ...
 
     @property
     def compare_all(self) -> bool:
@@ -72,7 +74,7 @@ class AppInputs:
         return TrainingPlan(
             gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
             precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
-            grad_ckpt=self.grad_ckpt, attn=self.attn,
+            grad_ckpt=self.grad_ckpt, attn=self.attn, ckpt_every=self.ckpt_every,
             method=Method.QLORA if self.quant is not Quant.NONE else Method.FULL, quant=self.quant,
         )
 
@@ -96,6 +98,7 @@ KEYS: dict[str, str] = {
     "attn": "attn",
     "quant": "quant",
     "upload": "upload",
+    "ckpt_every": "ckpt-every",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -107,16 +110,16 @@ _ENUMS = {
     "quant": Quant,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
-               "seq_len": (1, MAX_TOKENS)}
+               "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY)}
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
-    """Every input as `{query key: value}`; `upload` only when a config was uploaded."""
+    """Every input as `{query key: value}`; `upload` only when a config was uploaded, `ckpt-every` when > 1."""
     out = {}
     for f in fields(inputs):
         value = getattr(inputs, f.name)
-        if f.name == "upload" and not value:
-            continue
+        if (f.name == "upload" and not value) or (f.name == "ckpt_every" and value == 1):
+            continue  # no upload; ckpt-every only when it departs from 1 (links from before it stay equal)
         out[KEYS[f.name]] = str(value)
     return out
 
@@ -200,6 +203,9 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
         warnings.append(f"batch-size: {inputs.batch_size} × seq-len {inputs.seq_len} exceeds {MAX_TOKENS:,} "
                         f"tokens per GPU; using batch-size 1")
         inputs = replace(inputs, batch_size=1)
+    if inputs.ckpt_every > 1 and inputs.grad_ckpt is not GradCkpt.FULL:
+        warnings.append(f"ckpt-every: {inputs.ckpt_every} needs grad-ckpt full; using 1")
+        inputs = replace(inputs, ckpt_every=1)
     if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
         warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
         inputs = replace(inputs, tp=1)

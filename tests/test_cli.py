@@ -49,6 +49,8 @@ def test_compare_writes_the_csv(tmp_path):
         (["--model", "llama-3.1-8b", "--precision", "int3"], "precision"),
         (["--model", "no-such-model"], "model"),
         (["--model", "llama-3.1-8b", "--gpu-type", "tpu-v9"], "gpu-type"),
+        (["--model", "llama-3.1-8b", "--ckpt-every", "2"], "ckpt-every"),
+        (["--model", "llama-3.1-8b", "--grad-ckpt", "full", "--ckpt-every", "0"], "ckpt-every"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(args, field):
@@ -76,3 +78,25 @@ def test_compare_methods_adds_rows_and_rejects_unknown_names():
     assert [r["method"] for r in rows][-1] == "lora" and rows[-1]["gpus"] == 1
     bad = run("compare", "--model", "llama-3.2-1b-instruct", "--methods", "dora")
     assert bad.returncode == 2 and "methods" in bad.stderr and "dora" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_ckpt_every_changes_the_estimate():
+    base = ["estimate", "--model", "llama-3.1-8b", "--seq-len", "8192", "--grad-ckpt", "full", "--json"]
+    full, every4 = (json.loads(run(*base, *extra).stdout)["peak_bytes"] for extra in ([], ["--ckpt-every", "4"]))
+    assert every4 > full
+
+
+def test_plan_ckpt_reports_the_choice():
+    out = run("plan-ckpt", "--model", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--batch-size", "2",
+              "--seq-len", "4096", "--gpu-type", "a100-80gb", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    chosen = data["chosen"]
+    assert chosen["fits"] and chosen["device_total_bytes"] <= data["gpu_memory_bytes"]
+    fewer = [o for o in data["options"] if o["recomputed_layers"] < chosen["recomputed_layers"]]
+    assert fewer and not any(o["fits"] for o in fewer)
+    text = run("plan-ckpt", "--model", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu-type", "a100-80gb",
+               "--seq-len", "8192")
+    assert text.returncode == 0 and "<- chosen" in text.stdout and "FLOPs" in text.stdout
+    none = run("plan-ckpt", "--model", "llama-3.1-8b", "--gpu-type", "l4")
+    assert none.returncode == 1 and "nothing fits" in none.stdout

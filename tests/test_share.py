@@ -170,3 +170,15 @@ def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
     assert inputs.quant is Quant.NONE
     assert any(w.startswith("quant:") for w in warnings)
     inputs.to_plan()  # a valid plan
+
+
+def test_ckpt_every_round_trips_and_tampered_values_warn():
+    inputs = AppInputs(model="qwen2.5-0.5b", grad_ckpt=GradCkpt.FULL, ckpt_every=3)
+    assert encode(inputs)["ckpt-every"] == "3" and "ckpt-every" not in encode(AppInputs())
+    assert decode(encode(inputs)) == (inputs, [])
+    assert inputs.to_plan().ckpt_every == 3
+    for bad in ("0", "-2", "x", "99999"):
+        got, warnings = decode({"grad-ckpt": "full", "ckpt-every": bad})
+        assert got.ckpt_every == 1 and len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
+    got, warnings = decode({"ckpt-every": "4"})  # without grad-ckpt full it has no meaning
+    assert got.ckpt_every == 1 and any(w.startswith("ckpt-every:") for w in warnings)

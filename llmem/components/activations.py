@@ -16,6 +16,7 @@ The residual stream (layer input) is saved by the next RMSNorm's pow when it is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmem.errors import InputError
 from llmem.plan import Attention, Device, GradCkpt, Precision, TrainingPlan
@@ -488,6 +489,58 @@ def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.grad_ckpt is GradCkpt.FULL:
         return checkpointed_layer_bytes(spec, plan)
     return layer_activation_bytes(spec, plan)
+
+
+def layer_plan(plan: TrainingPlan, layer: int) -> TrainingPlan:
+    """The plan as decoder layer `layer` sees it: `--ckpt-every K` checkpoints the layers with index % K == 0; the
+    others run exactly as without checkpointing (same saved tensors, same backward), so their terms are those of
+    the plan with `--grad-ckpt none`."""
+    if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1:
+        return plan
+    return plan if plan.checkpointed(layer) else _uncheckpointed(plan)
+
+
+@lru_cache(maxsize=64)
+def _uncheckpointed(plan: TrainingPlan) -> TrainingPlan:
+    return plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)
+
+
+def checkpointed_layer_count(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """How many decoder layers are checkpointed (and recomputed in backward): ceil(L / K) with --grad-ckpt full."""
+    if plan.grad_ckpt is not GradCkpt.FULL:
+        return 0
+    return -(-spec.num_layers // plan.ckpt_every)
+
+
+def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
+    """What decoder layers 0 .. count-1 keep from forward to backward: a checkpointed layer its input
+    (`checkpointed_layer_bytes`), any other its full `layer_activation_bytes`. With --ckpt-every K > 1, layer l's
+    input is the previous layer's residual-add output, which that layer does not save itself, so the two kinds
+    add up without overlap."""
+    if plan.ckpt_every == 1 or plan.grad_ckpt is not GradCkpt.FULL:
+        return count * kept_per_layer_bytes(spec, plan)
+    ckpt = -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... below `count`
+    full = layer_activation_bytes(spec, layer_plan(plan, 1))
+    return ckpt * checkpointed_layer_bytes(spec, plan) + (count - ckpt) * full
+
+
+def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """What layer `layer` holds while its own backward runs: checkpointed, its input plus everything the recompute
+    saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`); otherwise its saved tensors."""
+    lp = layer_plan(plan, layer)
+    if lp.grad_ckpt is GradCkpt.FULL:
+        return layer_activation_bytes(spec, lp) + checkpointed_input_extra_bytes(spec, lp)
+    return layer_activation_bytes(spec, lp)
+
+
+def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[int]:
+    """Decoder layers whose backward the walk evaluates, last first. With identical layers the live total is linear
+    in the layer index between the `edge` outermost layers at each end, so those suffice. With --ckpt-every K > 1
+    it is linear within each residue class mod K (the pattern of kept bytes and gradients repeats every K layers),
+    so the first and last layer of every class are evaluated: the K (+ edge - 1) layers at each end."""
+    n = spec.num_layers
+    span = edge if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1 else plan.ckpt_every + edge - 1
+    return sorted({*range(min(span, n)), *range(max(n - span, 0), n)}, reverse=True)
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:

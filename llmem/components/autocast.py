@@ -2,6 +2,9 @@
 
 `torch.autocast` casts each Linear weight to the half dtype once per autocast region and caches the copy; matmul
 saves it for backward, so a layer's copies live from its forward to its backward: bytes = linear_weights * 2.
+Backward runs outside the autocast region, whose exit clears the cache: a checkpointed layer's copies (not saved by
+autograd: the checkpoint drops its saved tensors) are freed then and exist again only while its recompute (under
+the forward's autocast state) and backward run.
 The embedding is not an autocast op (no copy); lm_head is. In backward, the half-precision weight gradient is cast
 to the fp32 `.grad` (`_to_copy` backward), so the largest weight's half gradient exists transiently.
 """
@@ -9,7 +12,7 @@ to the fp32 `.grad` (`_to_copy` backward), so the largest weight's half gradient
 from __future__ import annotations
 
 from llmem.components.sharding import local_numel
-from llmem.plan import TrainingPlan
+from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -27,6 +30,13 @@ def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
+
+
+def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
+    """Of decoder layers 0 .. count-1, how many keep their weight copies into backward: those not checkpointed."""
+    if plan.grad_ckpt is not GradCkpt.FULL:
+        return count
+    return count - -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... are checkpointed
 
 
 def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -25,7 +25,7 @@ from llmem.errors import InputError
 from llmem.plan import Scheme, TrainingPlan
 
 PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
-               "grad_ckpt", "attn", "method", "lora_dropout", "quant")
+               "grad_ckpt", "attn", "method", "lora_dropout", "quant", "ckpt_every")
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.02
 TOLERANCE_MULTI = 0.03
@@ -220,6 +220,12 @@ def _pct(x) -> str:
     return "" if x is None else f"{x:+.2f}%"
 
 
+def _every(r: dict) -> str:
+    """`--ckpt-every K` next to the checkpointing column when K > 1."""
+    k = r.get("ckpt_every")
+    return f" every {k}" if k not in (None, "", 1, "1") else ""
+
+
 def markdown_table(records: list[dict]) -> str:
     lines = ["| id | model | scheme | gpus | tp | zero | b×s | precision | optimizer | ckpt | attn | estimate MiB | "
              "measured MiB | error | status |", "|" + "---|" * 15]
@@ -227,7 +233,8 @@ def markdown_table(records: list[dict]) -> str:
         status = r["status"] if not r["message"] else f"{r['status']}: {r['message']}"
         lines.append(f"| {r['id']} | {r['model']} | {r['scheme']} | {r['gpus']} | {r['tp']} | {r['zero']} | "
                      f"{r['batch_size']}×{r['seq_len']} | {r['precision']} | {r['optimizer']}/{r['optimizer_impl']} |"
-                     f" {r['grad_ckpt']} | {r['attn']} | {_mib(r['estimated_bytes'])} | {_mib(r['measured_bytes'])} |"
+                     f" {r['grad_ckpt']}{_every(r)} | {r['attn']} | {_mib(r['estimated_bytes'])} |"
+                     f" {_mib(r['measured_bytes'])} |"
                      f" {_pct(r['error_pct'])} | {status.replace('|', '/')} |")
     return "\n".join(lines)
 

@@ -49,6 +49,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def enable_checkpointing(model: nn.Module, plan: TrainingPlan) -> None:
+    """`--grad-ckpt full [--ckpt-every K]`: transformers' own per-layer switch. `every_n_layers=K` sets
+    `gradient_checkpointing = (index % K == 0)` on the decoder layers (the `GradientCheckpointingLayer`s, counted in
+    module order); K = 1 is `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})`.
+    Checked here: exactly the decoder layers with index % K == 0 are checkpointed, as the estimate assumes."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    kwargs = {"every_n_layers": plan.ckpt_every} if plan.ckpt_every > 1 else {}
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **kwargs)
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    flags = [bool(m.gradient_checkpointing) for m in layers]
+    expected = [plan.checkpointed(i) for i in range(len(layers))]
+    if len(layers) != int(model.config.num_hidden_layers) or flags != expected:
+        raise RuntimeError(f"checkpointing flags {flags} on {len(layers)} layers differ from the plan's {expected}")
+
+
 def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark: Mark = _no_mark) -> Session:
     """Build (in the target dtype), wrap and make the optimizer; inputs are random token ids of (batch, seq).
 
@@ -63,7 +79,7 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     mark("build")
     model = build_model(config, plan, topo.device)
     if plan.grad_ckpt.value == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model, plan)
     model = apply_method(model, plan)
     mark("wrap")
     wrapped = wrap(model, plan, topo.device_type)

@@ -98,6 +98,7 @@ def test_share_link_round_trip_reopens_the_same_view():
     at.selectbox(key="w_ckpt").set_value("full")
     at.selectbox(key="w_gpu").set_value("l40s")
     at.run()
+    at.number_input(key="w_ckpt_every").set_value(2)
     at.selectbox(key="w_strategy").set_value("1:2")
     at.run()
     assert_clean(at)
@@ -106,12 +107,13 @@ def test_share_link_round_trip_reopens_the_same_view():
     assert_clean(reopened)
     assert not link_warnings(reopened)
     assert dict(reopened.query_params) == link
-    for key in ("w_preset", "w_gpu", "w_gpus", "w_batch", "w_seq", "w_precision", "w_ckpt", "w_strategy"):
+    for key in ("w_preset", "w_gpu", "w_gpus", "w_batch", "w_seq", "w_precision", "w_ckpt", "w_strategy",
+                "w_ckpt_every"):
         assert reopened.session_state[key] == at.session_state[key], key
     assert verdict(reopened) == verdict(at)
     pd.testing.assert_frame_equal(table(reopened), table(at))
     code = [c.value for c in reopened.code]
-    assert any("gpu-type=l40s" in c and "zero=2" in c for c in code), code  # the copyable link
+    assert any("gpu-type=l40s" in c and "zero=2" in c and "ckpt-every=2" in c for c in code), code  # the link
 
 
 @pytest.mark.parametrize("query, fields", [

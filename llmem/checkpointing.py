@@ -1,0 +1,147 @@
+"""Activation-checkpointing planner: the least recomputation that fits a memory budget.
+
+Candidates, from the least recomputation to the most: no checkpointing (0 layers recomputed), `--grad-ckpt full
+--ckpt-every K` for K = L .. 2 (ceil(L / K) layers recomputed: layers 0, K, 2K, ...), and full checkpointing
+(K = 1, every layer). Each candidate is the caller's plan with only `grad_ckpt` / `ckpt_every` changed, estimated
+with `llmem.estimate.estimate`; it fits when its `device_total_bytes` (the peak, plus on the cuda profile the
+fragmentation allowance and the CUDA context — what the estimate's fits verdict uses) is at most the capacity.
+Several K give the same number of recomputed layers; of those the one with the lowest estimated peak represents
+that count. The chosen candidate is the fitting one with the fewest recomputed layers, so every candidate that
+recomputes fewer layers does not fit.
+
+Recompute cost (compute, not memory) — an approximation in FLOPs, stated per optimizer step of one data-parallel
+replica (summed over its tensor-parallel ranks): each checkpointed layer runs its forward once more in backward,
+
+    layer forward FLOPs ≈ 2 × active layer parameters × tokens  +  4 × batch × seq² × (heads × head_dim)
+
+the first term the matmuls (a multiply-add is 2 FLOPs per weight per token: Kaplan et al. 2020, "Scaling Laws for
+Neural Language Models", C_forward ≈ 2N), the second the attention scores q·kᵀ and probabilities·v over the full
+seq × seq square (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", 4·b·s²·h per layer; causal kernels may skip about half of it). For mixture-of-experts layers the
+active parameters count top_k of the E experts. Norms, activations functions, RoPE and softmax are not counted.
+Tokens = micro-batch × seq_len × grad_accum micro-steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.estimate import Estimate, estimate, validate_plan_for_model
+from llmem.plan import GradCkpt, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.units import format_gib
+
+
+def layer_forward_flops(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Approximate forward FLOPs of one decoder layer for one micro-batch (module docstring: formula, sources)."""
+    tokens = plan.batch_size * plan.seq_len
+    params = 0
+    for p in spec.layer_params(0):
+        if ".experts." in p.name and spec.num_experts:
+            params += p.numel * spec.experts_per_token // spec.num_experts  # top_k of E experts per token
+        else:
+            params += p.numel
+    attention = 4 * plan.batch_size * plan.seq_len ** 2 * spec.num_heads * spec.head_dim
+    return 2 * params * tokens + attention
+
+
+def model_forward_flops(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Approximate forward FLOPs of the whole model for one micro-batch: every layer plus the lm_head matmul."""
+    tokens = plan.batch_size * plan.seq_len
+    return spec.num_layers * layer_forward_flops(spec, plan) + 2 * spec.vocab_size * spec.hidden_size * tokens
+
+
+@dataclass(frozen=True)
+class CkptOption:
+    """One candidate: its plan, estimate and recompute cost."""
+
+    plan: TrainingPlan
+    estimate: Estimate
+    recomputed_layers: int
+    extra_forward_flops: int  # per optimizer step (all micro-steps), one data-parallel replica
+    capacity_bytes: int
+
+    @property
+    def label(self) -> str:
+        if self.plan.grad_ckpt is GradCkpt.NONE:
+            return "none"
+        if self.plan.ckpt_every == 1:
+            return "full"
+        return f"every {self.plan.ckpt_every} layers"
+
+    @property
+    def options(self) -> str:
+        """The command-line options that select this candidate."""
+        if self.plan.grad_ckpt is GradCkpt.NONE:
+            return "--grad-ckpt none"
+        return "--grad-ckpt full" + (f" --ckpt-every {self.plan.ckpt_every}" if self.plan.ckpt_every > 1 else "")
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.device_total_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "options": self.options, "grad_ckpt": str(self.plan.grad_ckpt),
+                "ckpt_every": self.plan.ckpt_every, "recomputed_layers": self.recomputed_layers,
+                "peak_bytes": self.estimate.peak_bytes, "peak_phase": self.estimate.peak_phase,
+                "device_total_bytes": self.estimate.device_total_bytes, "fits": self.fits,
+                "extra_forward_flops": self.extra_forward_flops}
+
+
+@dataclass(frozen=True)
+class CkptPlan:
+    spec: ModelSpec
+    capacity_bytes: int
+    options: tuple[CkptOption, ...]  # fewest recomputed layers first
+    chosen: CkptOption | None
+    step_forward_flops: int  # the model's forward FLOPs per optimizer step, for scale
+
+    @property
+    def reason(self) -> str:
+        if self.chosen is None:
+            least = min(reversed(self.options), key=lambda o: o.estimate.device_total_bytes)  # ties: most ckpt
+            return (f"nothing fits in {format_gib(self.capacity_bytes)}: even {least.label} checkpointing needs "
+                    f"{format_gib(least.estimate.device_total_bytes)} ({least.options}); reduce the micro-batch or "
+                    "sequence length, shard (ZeRO/TP), or use a larger GPU")
+        c = self.chosen
+        if c.recomputed_layers == 0:
+            return f"no checkpointing needed: {format_gib(c.estimate.device_total_bytes)} fits"
+        share = c.extra_forward_flops / self.step_forward_flops if self.step_forward_flops else 0.0
+        return (f"{c.label} checkpointing ({c.options}) fits with {format_gib(c.estimate.device_total_bytes)}: "
+                f"recomputes {c.recomputed_layers} of {self.spec.num_layers} layers, about "
+                f"{c.extra_forward_flops:.3g} extra forward FLOPs per step ({share:.0%} of one forward)")
+
+    def to_dict(self) -> dict:
+        return {"capacity_bytes": self.capacity_bytes, "chosen": self.chosen.to_dict() if self.chosen else None,
+                "reason": self.reason, "step_forward_flops": self.step_forward_flops,
+                "options": [o.to_dict() for o in self.options]}
+
+
+def candidate_plans(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
+    """Every checkpointing choice valid for `plan` (LoRA: none and full only), others fields unchanged."""
+    plans = [plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)]
+    for k in range(spec.num_layers, 0, -1):
+        try:
+            plans.append(plan.with_(grad_ckpt=GradCkpt.FULL, ckpt_every=k))
+        except InputError:
+            continue
+    return plans
+
+
+def plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> CkptPlan:
+    """The checkpointing choice with the fewest recomputed layers whose estimate fits `capacity_bytes` per GPU.
+    `plan`'s own grad_ckpt / ckpt_every are ignored (they are what is chosen)."""
+    if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+        raise InputError("gpu-type", f"capacity must be a positive number of bytes, got {capacity_bytes!r}")
+    validate_plan_for_model(spec, plan)
+    per_layer = layer_forward_flops(spec, plan) * plan.grad_accum
+    best: dict[int, CkptOption] = {}
+    for p in candidate_plans(spec, plan):
+        n = -(-spec.num_layers // p.ckpt_every) if p.grad_ckpt is GradCkpt.FULL else 0
+        opt = CkptOption(p, estimate(spec, p), n, n * per_layer, capacity_bytes)
+        if n not in best or opt.estimate.device_total_bytes < best[n].estimate.device_total_bytes:
+            best[n] = opt
+    options = tuple(best[n] for n in sorted(best))
+    chosen = next((o for o in options if o.fits), None)
+    return CkptPlan(spec, capacity_bytes, options, chosen, model_forward_flops(spec, plan) * plan.grad_accum)
