@@ -12,7 +12,18 @@ import sys
 
 from llmem.errors import InputError
 from llmem.help import HELP
-from llmem.plan import Attention, Device, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.plan import (
+    Attention,
+    Device,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    TrainingPlan,
+)
 from llmem.units import format_gib, format_params
 
 
@@ -47,6 +58,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dropout", default=0.05, help=HELP["lora-dropout"])
     p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
     p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
+    p.add_argument("--offload", default=str(Offload.NONE), help=HELP["offload"],
+                   metavar="|".join(m.value for m in Offload))
+    p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
+                   metavar="|".join(m.value for m in Loss))
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -56,7 +71,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-                        grad_accum=args.grad_accum)
+                        grad_accum=args.grad_accum, offload=args.offload, loss=args.loss)
 
 
 def _spec_and_origin(model: str):
@@ -94,6 +109,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"  {'fragmentation allowance':<{width}}  {format_gib(est.fragmentation_bytes):>12}")
     print(f"  {'CUDA context':<{width}}  {format_gib(est.cuda_context_bytes):>12}")
     print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
+    if est.host_bytes:
+        print(f"host memory (offloaded, not in the GPU figures): {format_gib(est.host_bytes)} per rank "
+              f"({format_gib(est.host_pinned_bytes)} of it pinned, power-of-two blocks), "
+              f"{format_gib(est.host_node_bytes)} per node of {est.to_dict()['host_ranks_per_node']} ranks")
+        for cat, b in est.host_breakdown.items():
+            print(f"  {str(cat):<{width}}  {format_gib(b):>12}")
     for caveat in spec.caveats:
         print(f"note: {caveat}")
     if gpu is not None:

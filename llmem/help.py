@@ -29,4 +29,11 @@ HELP = {
     "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
                   "and backward, so the peak grows by about one gradient copy.",
+    "offload": "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and "
+               "optimizer states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only "
+               "gathered layers, unsharded gradients, buffers and activations. Host RAM is shown separately. "
+               "optimizer (DeepSpeed ZeRO-Offload): not supported by the PyTorch engine.",
+    "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
+            "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
+            "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",
 }

@@ -23,6 +23,8 @@ from llmem.plan import (
     MAX_TOKENS,
     Attention,
     GradCkpt,
+    Loss,
+    Offload,
     Optimizer,
     OptimizerImpl,
     Precision,
@@ -57,6 +59,8 @@ class AppInputs:
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
+    offload: Offload = Offload.NONE
+    loss: Loss = Loss.STANDARD
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
 
     @property
@@ -69,7 +73,7 @@ class AppInputs:
         return TrainingPlan(
             gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
             precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
-            grad_ckpt=self.grad_ckpt, attn=self.attn,
+            grad_ckpt=self.grad_ckpt, attn=self.attn, offload=self.offload, loss=self.loss,
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -90,6 +94,8 @@ KEYS: dict[str, str] = {
     "optimizer_impl": "optimizer-impl",
     "grad_ckpt": "grad-ckpt",
     "attn": "attn",
+    "offload": "offload",
+    "loss": "loss",
     "upload": "upload",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
@@ -99,6 +105,8 @@ _ENUMS = {
     "optimizer_impl": OptimizerImpl,
     "grad_ckpt": GradCkpt,
     "attn": Attention,
+    "offload": Offload,
+    "loss": Loss,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
                "seq_len": (1, MAX_TOKENS)}
@@ -197,6 +205,15 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
         warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
         inputs = replace(inputs, tp=1)
+    for attr in ("offload", "loss"):  # options valid for some strategies only: never traded for a strategy change
+        try:
+            inputs.to_plan()
+            if inputs.compare_all and getattr(inputs, attr) is not getattr(defaults, attr) and inputs.gpus > 1:
+                raise InputError(KEYS[attr], "compare-all varies the strategy; pick one strategy for this option")
+        except InputError as err:
+            if err.field == KEYS[attr]:
+                warnings.append(f"{err.field}: {_reason(err)}; using {getattr(defaults, attr)!s}")
+                inputs = replace(inputs, **{attr: getattr(defaults, attr)})
     if inputs.compare_all:
         return inputs
     for _ in range(2):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from llmem.errors import InputError
 from llmem.gpus import list_gpus
-from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision
+from llmem.plan import Attention, GradCkpt, Loss, Offload, Optimizer, OptimizerImpl, Precision
 from llmem.share import ALL, KEYS, AppInputs, check_model_name, decode, encode
 
 
@@ -18,7 +18,7 @@ def test_encode_uses_cli_option_names_and_every_input():
     assert query == {
         "model": "meta-llama/Llama-3.1-8B", "gpu-type": "h100-sxm", "gpus": "8", "tp": "2", "zero": "3",
         "batch-size": "4", "seq-len": "4096", "precision": "bf16", "optimizer": "adamw",
-        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa",
+        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa", "offload": "none", "loss": "standard",
     }
     assert all(isinstance(v, str) for v in query.values())
 
@@ -137,3 +137,27 @@ def test_valid_inputs_round_trip_exactly(gpu, gpus, batch, seq, precision, ckpt,
     inputs = AppInputs(gpu_type=gpu, gpus=gpus, tp=tp, zero=zero, batch_size=batch, seq_len=seq,
                        precision=precision, grad_ckpt=ckpt)
     assert decode(encode(inputs)) == (inputs, [])
+
+
+def test_offload_and_loss_round_trip_and_tampering_warns():
+    inputs = AppInputs(gpus=4, zero=3, offload=Offload.OPTIMIZER_PARAMS)
+    assert decode(encode(inputs)) == (inputs, [])
+    fused = AppInputs(gpus=1, zero=0, loss=Loss.FUSED_LINEAR_CE)
+    assert decode(encode(fused)) == (fused, [])
+    for query, field in (({"offload": "nvme"}, "offload"), ({"loss": "<script>"}, "loss")):
+        decoded, warnings = decode(query)
+        assert decoded == AppInputs() and len(warnings) == 1 and warnings[0].startswith(field + ":")
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"gpus": "4", "zero": "0", "offload": "optimizer+params"}, "offload"),  # needs ZeRO-2/3
+    ({"gpus": "4", "zero": "3", "offload": "optimizer"}, "offload"),  # DeepSpeed's, not the torch engine's
+    ({"gpus": "4", "zero": "all", "offload": "optimizer+params"}, "offload"),  # compare varies the strategy
+    ({"gpus": "4", "zero": "3", "loss": "fused-linear-ce"}, "loss"),  # not modelled under FSDP2
+])
+def test_options_invalid_for_the_strategy_fall_back_to_their_default_not_to_another_strategy(query, field):
+    decoded, warnings = decode(query)
+    assert getattr(decoded, field) is getattr(AppInputs(), field)
+    assert decoded.zero == (ALL if query["zero"] == "all" else int(query["zero"]))
+    assert any(w.startswith(field + ":") for w in warnings)
+    decoded.to_plan()
