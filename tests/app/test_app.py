@@ -217,3 +217,11 @@ def test_an_input_change_redraws_fast():
     rendered = at.session_state["last_render_ms"]
     print(f"AppTest rerun ms: {[round(t) for t in timings]}; script render ms: {rendered:.0f}")
     assert min(timings[2:]) < 1000 and rendered < 1000  # budget 300 ms on a 2-core machine; slack for CI noise
+
+
+def test_offload_link_shows_the_host_memory_and_keeps_the_option():
+    at = run({"model": PRESET, "gpus": "4", "zero": "3", "offload": "optimizer+params"})
+    assert_clean(at)
+    assert at.selectbox(key="w_offload").value == "optimizer+params"
+    assert any("host memory" in c.value for c in at.caption)
+    assert at.query_params["offload"] == "optimizer+params"
