@@ -19,11 +19,11 @@ from llmem import share
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
-from llmem.plan import Attention, GradCkpt, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.plan import Attention, GradCkpt, Loss, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
-               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every")
+               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -119,6 +119,8 @@ def _init_from_url() -> None:
     ss.w_attn = inputs.attn.value
     ss.w_quant = inputs.quant.value
     ss.w_ckpt_every = inputs.ckpt_every
+    ss.w_offload = inputs.offload.value
+    ss.w_loss = inputs.loss.value
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -198,6 +200,8 @@ def _training_widgets() -> None:
                  help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
     sb.selectbox("QLoRA base quantization (none = full fine-tuning)", [q.value for q in Quant if q is not Quant.INT8],
                  key="w_quant", help=_help("quant"))
+    sb.selectbox("Offload (FSDP2, ZeRO-2/3)", [o.value for o in Offload], key="w_offload", help=_help("offload"))
+    sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:
@@ -208,8 +212,9 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         model=model, gpu_type=ss.w_gpu, gpus=int(ss.w_gpus), tp=tp, zero=zero, batch_size=int(ss.w_batch),
         seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
         optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
-        quant=Quant(ss.get("w_quant", "none")), upload=upload,
+        quant=Quant(ss.get("w_quant", "none")),
         ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
+        offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
     )
 
 
@@ -381,7 +386,9 @@ def main() -> None:
             spec, origin = _spec_for_model(model)
             spec_key = f"model:{model}"
         gpu = get_gpu(inputs.gpu_type)
-        base = inputs.with_(zero=share.ALL).to_plan()
+        # the comparison varies the strategy: options valid for some strategies only are left out of it
+        base = inputs.with_(zero=share.ALL, offload=Offload.NONE,
+                            loss=inputs.loss if inputs.gpus == 1 else Loss.STANDARD).to_plan()
         comparison = _compare(spec_key, _plan_key(base), gpu.memory_bytes, spec, base)
         _strategy_widget(comparison)
         _remember_widgets()
@@ -419,6 +426,12 @@ def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comp
         st.code(link, language=None, wrap_lines=True)
 
     est = _estimate(spec_key, _plan_key(row.plan), spec, row.plan)
+    if not inputs.compare_all and (inputs.offload is not Offload.NONE or inputs.loss is not Loss.STANDARD):
+        plan = inputs.to_plan()  # the table compares strategies without these options; the breakdown has them
+        est = _estimate(spec_key, _plan_key(plan), spec, plan)
+        st.caption(f"With --offload {inputs.offload} --loss {inputs.loss}: per-GPU peak {format_gib(est.peak_bytes)}"
+                   + (f"; host memory {format_gib(est.host_bytes)} per rank, {format_gib(est.host_node_bytes)} "
+                      "per node (not in the GPU figures)" if est.host_bytes else ""))
     st.subheader(f"{row.label}: breakdown and curves")
     left, middle, right = st.columns(3)
     with left:

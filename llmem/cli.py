@@ -12,7 +12,19 @@ import sys
 
 from llmem.errors import InputError
 from llmem.help import HELP
-from llmem.plan import Attention, Device, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.plan import (
+    Attention,
+    Device,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    TrainingPlan,
+)
 from llmem.units import format_gib, format_params
 
 
@@ -49,6 +61,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
     p.add_argument("--quant", default=str(Quant.NONE), help=HELP["quant"], metavar="|".join(m.value for m in Quant))
     p.add_argument("--ckpt-every", default=1, help=HELP["ckpt-every"])
+    p.add_argument("--offload", default=str(Offload.NONE), help=HELP["offload"],
+                   metavar="|".join(m.value for m in Offload))
+    p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
+                   metavar="|".join(m.value for m in Loss))
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -58,7 +74,8 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-                        grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every)
+                        grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every,
+                        offload=args.offload, loss=args.loss)
 
 
 def _spec_and_origin(model: str):
@@ -98,6 +115,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if est.paged_state_bytes:
         print(f"  {'paged optimizer states':<{width}}  {format_gib(est.paged_state_bytes):>12}")
     print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
+    if est.host_bytes:
+        print(f"host memory (offloaded, not in the GPU figures): {format_gib(est.host_bytes)} per rank "
+              f"({format_gib(est.host_pinned_bytes)} of it pinned, power-of-two blocks), "
+              f"{format_gib(est.host_node_bytes)} per node of {est.to_dict()['host_ranks_per_node']} ranks")
+        for cat, b in est.host_breakdown.items():
+            print(f"  {str(cat):<{width}}  {format_gib(b):>12}")
     for caveat in spec.caveats:
         print(f"note: {caveat}")
     if gpu is not None:

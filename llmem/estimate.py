@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmem.components import Category, autocast, lora, outside, quant
+from llmem.components import Category, autocast, fused_ce, lora, offload, outside, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -27,7 +27,7 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes, paged_state_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
-from llmem.plan import GradCkpt, Precision, Scheme, TrainingPlan
+from llmem.plan import GradCkpt, Offload, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -53,6 +53,18 @@ class Estimate:
     cuda_context_bytes: int = 0
     fragmentation_bytes: int = 0
     paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
+    host_breakdown: dict = field(default_factory=dict)  # Category -> host bytes per rank (--offload), not in peak
+    host_pinned_bytes: int = 0
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory one rank holds at its largest (offloaded parameters, gradients, optimizer states, step)."""
+        return sum(self.host_breakdown.values())
+
+    @property
+    def host_node_bytes(self) -> int:
+        """Host memory of one node: every rank on it holds its own shard."""
+        return self.host_bytes * offload.ranks_per_node(self.plan)
 
     @property
     def peak_bytes(self) -> int:
@@ -94,6 +106,11 @@ class Estimate:
             "paged_state_bytes": self.paged_state_bytes,
             "reserved_bytes": self.reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
+            "host_bytes": self.host_bytes,
+            "host_breakdown": {str(k): v for k, v in self.host_breakdown.items()},
+            "host_pinned_bytes": self.host_pinned_bytes,
+            "host_node_bytes": self.host_node_bytes,
+            "host_ranks_per_node": offload.ranks_per_node(self.plan),
             "phases": {p.name: p.total for p in self.phases},
         }
 
@@ -143,16 +160,22 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # only where autograd saved them — in layers that are not checkpointed, and in the layer being recomputed.
     saved_casts = autocast.saved_layer_copies(plan, layers)
 
+    loss_fwd, loss_bwd = lg.loss_forward_peak_bytes(spec, plan), lg.loss_backward_peak_bytes(spec, plan)
+    head_bwd, head_grad_copy = lg.lm_head_backward_bytes(spec, plan), autocast.head_gradient_copy_bytes(spec, plan)
+    if fused_ce.is_fused(plan):  # --loss fused-linear-ce: no logits; grad_input and grad_weight made in forward
+        logits, head_grad_copy = 0, 0
+        loss_fwd, loss_bwd = fused_ce.loss_forward_peak_bytes(spec, plan), fused_ce.saved_bytes(spec, plan)
+        head_bwd = fused_ce.grad_input_bytes(spec, plan)  # grad_weight is now the lm_head's .grad (gradients)
     phases = [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                temporaries=layers * casts, communication=gathered(layers)),
         _phase("loss forward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
-               logits=lg.loss_forward_peak_bytes(spec, plan), communication=gathered(layers)),
+               logits=loss_fwd, communication=gathered(layers)),
         _phase("loss backward", **persistent, activations=forward_acts, temporaries=saved_casts * casts + head_cast,
-               logits=lg.loss_backward_peak_bytes(spec, plan), communication=gathered(layers)),
+               logits=loss_bwd, communication=gathered(layers)),
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=grads_outer,
-               temporaries=saved_casts * casts + head_cast + autocast.head_gradient_copy_bytes(spec, plan),
-               logits=lg.lm_head_backward_bytes(spec, plan), communication=gathered(layers)),
+               temporaries=saved_casts * casts + head_cast + head_grad_copy,
+               logits=head_bwd, communication=gathered(layers)),
     ]
     edges = [(last, "backward (last layer)"), (0, "backward (first layer)")]
     if partial:
@@ -240,7 +263,7 @@ def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     precision = plan.precision
     if precision.is_mixed:
         precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
-    return plan.with_(gpus=plan.tp, zero=0, precision=precision)
+    return plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
 
 
 def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
@@ -250,6 +273,10 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     cp = compute_plan(plan)
     layers = spec.num_layers
     persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan))
+    # --offload optimizer+params: sharded parameters, sharded gradients, optimizer states and the step live on the
+    # host (`llmem.components.offload`); a reduce-scatter output is on the GPU only until its copy to the host.
+    resident = 0 if offload.is_offloaded(plan) else 1
+    persistent = {k: v * resident for k, v in persistent.items()}
     kept = act.kept_per_layer_bytes(spec, cp)
     outer_act = act.outer_saved_bytes(spec, cp)
     forward_acts = act.kept_layers_bytes(spec, cp, layers) + outer_act + act.final_norm_bytes(spec, cp)
@@ -278,7 +305,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
     for layer in act.backward_layers(spec, plan, edge=2):
-        later = sum(sharded_layer[layer + 1:])
+        later = sum(sharded_layer[layer + 1:]) * resident
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
         below = act.kept_layers_bytes(spec, cp, layer)
         current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
@@ -309,11 +336,11 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), spec.outer_params[0])
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
     phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
-                         gradients=sum(sharded_layer) + root_sharded + head_unsharded,
+                         gradients=sum(sharded_layer) * resident + root_sharded + head_unsharded,
                          communication=comm.root_reduce_scatter_input_bytes(spec, plan)
                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True)))
-    phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan), logits=logits,
-                         temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan) * resident,
+                         logits=logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * resident))
     return phases
 
 
@@ -331,6 +358,8 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         cuda_context_bytes=outside.cuda_context_bytes(plan),
         fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
         paged_state_bytes=paged_state_bytes(spec, plan),
+        host_breakdown=offload.host_breakdown(spec, plan),
+        host_pinned_bytes=offload.host_pinned_bytes(spec, plan),
     )
 
 
@@ -340,6 +369,9 @@ def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
 
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    if fused_ce.is_fused(plan) and spec.model_type not in fused_ce.LIGER_FAMILIES:
+        raise InputError("loss", f"fused-linear-ce is modelled for the families {', '.join(fused_ce.LIGER_FAMILIES)} "
+                         f"(Liger-Kernel patches them); {spec.model_type!r} is not one: use --loss standard")
     if plan.tp == 1:
         return
     if not spec.supports_tp:

@@ -45,4 +45,11 @@ HELP = {
                   "keep all their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
     "plan-ckpt": "Pick the checkpointing (none, every K-th layer, full) that recomputes the fewest layers and still "
                  "fits the GPU; the recompute cost is shown as approximate extra forward FLOPs.",
+    "offload": "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and "
+               "optimizer states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only "
+               "gathered layers, unsharded gradients, buffers and activations. Host RAM is shown separately. "
+               "optimizer (DeepSpeed ZeRO-Offload): not supported by the PyTorch engine.",
+    "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
+            "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
+            "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",
 }

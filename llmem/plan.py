@@ -113,6 +113,21 @@ class Quant(Choice):
     INT8 = "int8"  # reserved name (LLM.int8); rejected: not modelled yet
 
 
+class Offload(Choice):
+    """Where FSDP2 keeps the sharded parameters, gradients and optimizer states (DESIGN.md "Project extensions")."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # reserved: DeepSpeed ZeRO-Offload; rejected (FSDP2 offloads parameters too)
+    OPTIMIZER_PARAMS = "optimizer+params"  # FSDP2 CPUOffloadPolicy()
+
+
+class Loss(Choice):
+    """How the causal-LM loss is computed (DESIGN.md "Project extensions")."""
+
+    STANDARD = "standard"  # transformers' ForCausalLMLoss on materialized logits
+    FUSED_LINEAR_CE = "fused-linear-ce"  # Liger-Kernel's fused linear cross-entropy (no logits materialized)
+
+
 class Scheme(Choice):
     """What runs, derived from (gpus, tp, zero) exactly as DESIGN.md section 2 fixes it."""
 
@@ -166,6 +181,8 @@ class TrainingPlan:
     grad_accum: int = 1
     quant: Quant = Quant.NONE
     ckpt_every: int = 1
+    offload: Offload = Offload.NONE
+    loss: Loss = Loss.STANDARD
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -194,6 +211,8 @@ class TrainingPlan:
                              "use --zero 3")
         self._validate_method()
         self._validate_ckpt_every()
+        self._validate_offload()
+        self._validate_loss()
 
     def _validate_ckpt_every(self) -> None:
         """`--ckpt-every K` selects which layers `--grad-ckpt full` checkpoints; it has no meaning without it."""
@@ -208,6 +227,34 @@ class TrainingPlan:
         """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`
         the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), none otherwise."""
         return self.grad_ckpt is GradCkpt.FULL and layer % self.ckpt_every == 0
+
+    def _validate_offload(self) -> None:
+        if self.offload is Offload.NONE:
+            return
+        if self.offload is Offload.OPTIMIZER:
+            raise InputError("offload", "optimizer-only offload (optimizer states on the host, parameters on the GPU) "
+                             "is DeepSpeed's ZeRO-Offload, and --engine deepspeed is not yet supported; the "
+                             "PyTorch engine's FSDP2 CPUOffloadPolicy offloads parameters, gradients and optimizer "
+                             "states together: use --offload optimizer+params with --zero 2 or 3, or --offload none")
+        if self.device is Device.CPU:
+            raise InputError("offload", "offload moves tensors from the GPU to host memory; on the cpu profile they "
+                             "are the same memory (FSDP2's pinned host copies need an accelerator). Use --device "
+                             "cuda or --offload none")
+        if self.tp > 1 or self.zero not in (2, 3):
+            raise InputError("offload", "optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for --zero 2 or 3 "
+                             "with --tp 1 on 2 or more GPUs; use that, or --offload none")
+
+    def _validate_loss(self) -> None:
+        if self.loss is Loss.STANDARD:
+            return
+        if self.device is Device.CPU:
+            raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which need CUDA; use "
+                             "--device cuda or --loss standard")
+        if self.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1):
+            raise InputError("loss", "fused-linear-ce is modelled for a single GPU, DDP and ZeRO-1 (FSDP2 and TP "
+                             "gather or shard the lm_head); use --zero 0/1 and --tp 1, or --loss standard")
+        if self.method is not Method.FULL:
+            raise InputError("loss", "fused-linear-ce is modelled with --method full only so far; use --loss standard")
 
     def _validate_method(self) -> None:
         object.__setattr__(self, "lora_dropout", _as_probability("lora-dropout", self.lora_dropout))
@@ -295,6 +342,8 @@ _ENUM_FIELDS = {
     "device": Device,
     "method": Method,
     "quant": Quant,
+    "offload": Offload,
+    "loss": Loss,
 }
 
 ALL_LINEAR = "all-linear"

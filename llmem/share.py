@@ -23,7 +23,9 @@ from llmem.plan import (
     MAX_TOKENS,
     Attention,
     GradCkpt,
+    Loss,
     Method,
+    Offload,
     Optimizer,
     OptimizerImpl,
     Precision,
@@ -61,6 +63,8 @@ class AppInputs:
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
     quant: Quant = Quant.NONE  # nf4/fp4: QLoRA (--method qlora --quant Q, PEFT's default LoRA settings); none: full
+    offload: Offload = Offload.NONE
+    loss: Loss = Loss.STANDARD
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
     ckpt_every: int = 1  # with grad_ckpt full: checkpoint decoder layers 0, K, 2K, ...
 
@@ -76,6 +80,7 @@ class AppInputs:
             precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
             grad_ckpt=self.grad_ckpt, attn=self.attn, ckpt_every=self.ckpt_every,
             method=Method.QLORA if self.quant is not Quant.NONE else Method.FULL, quant=self.quant,
+            offload=self.offload, loss=self.loss,
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -97,6 +102,8 @@ KEYS: dict[str, str] = {
     "grad_ckpt": "grad-ckpt",
     "attn": "attn",
     "quant": "quant",
+    "offload": "offload",
+    "loss": "loss",
     "upload": "upload",
     "ckpt_every": "ckpt-every",
 }
@@ -108,6 +115,8 @@ _ENUMS = {
     "grad_ckpt": GradCkpt,
     "attn": Attention,
     "quant": Quant,
+    "offload": Offload,
+    "loss": Loss,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
                "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY)}
@@ -220,6 +229,15 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
         except InputError as err:
             warnings.append(f"quant: {_reason(err)}; using none")
             inputs = replace(inputs, quant=Quant.NONE)
+    for attr in ("offload", "loss"):  # options valid for some strategies only: never traded for a strategy change
+        try:
+            inputs.to_plan()
+            if inputs.compare_all and getattr(inputs, attr) is not getattr(defaults, attr) and inputs.gpus > 1:
+                raise InputError(KEYS[attr], "compare-all varies the strategy; pick one strategy for this option")
+        except InputError as err:
+            if err.field == KEYS[attr]:
+                warnings.append(f"{err.field}: {_reason(err)}; using {getattr(defaults, attr)!s}")
+                inputs = replace(inputs, **{attr: getattr(defaults, attr)})
     if inputs.compare_all:
         return inputs
     for _ in range(3):

@@ -100,3 +100,27 @@ def test_plan_ckpt_reports_the_choice():
     assert text.returncode == 0 and "<- chosen" in text.stdout and "FLOPs" in text.stdout
     none = run("plan-ckpt", "--model", "llama-3.1-8b", "--gpu-type", "l4")
     assert none.returncode == 1 and "nothing fits" in none.stdout
+
+
+def test_offload_reports_host_memory_separately():
+    out = run("estimate", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--zero", "3",
+              "--offload", "optimizer+params", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert sum(data["breakdown"].values()) == data["peak_bytes"]
+    assert data["breakdown"]["parameters"] == data["breakdown"]["optimizer states"] == 0
+    assert data["host_bytes"] == sum(data["host_breakdown"].values()) > 0
+    assert data["host_node_bytes"] == 4 * data["host_bytes"]
+    human = run("estimate", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--zero", "3",
+                "--offload", "optimizer+params")
+    assert human.returncode == 0 and "host memory" in human.stdout
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--offload", "optimizer", "--gpus", "4", "--zero", "3"], "offload"),
+    (["--loss", "fused-linear-ce", "--device", "cpu"], "loss"),
+    (["--loss", "chunked"], "loss"),
+])
+def test_offload_and_loss_errors_name_the_field(args, field):
+    out = run("estimate", "--model", "llama-3.2-1b-instruct", *args)
+    assert out.returncode != 0 and field in out.stderr and "Traceback" not in out.stderr

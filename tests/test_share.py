@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from llmem.errors import InputError
 from llmem.gpus import list_gpus
-from llmem.plan import Attention, GradCkpt, Method, Optimizer, OptimizerImpl, Precision, Quant
+from llmem.plan import Attention, GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant
 from llmem.share import ALL, KEYS, AppInputs, check_model_name, decode, encode
 
 
@@ -18,7 +18,8 @@ def test_encode_uses_cli_option_names_and_every_input():
     assert query == {
         "model": "meta-llama/Llama-3.1-8B", "gpu-type": "h100-sxm", "gpus": "8", "tp": "2", "zero": "3",
         "batch-size": "4", "seq-len": "4096", "precision": "bf16", "optimizer": "adamw",
-        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa", "quant": "none",
+        "optimizer-impl": "default", "grad-ckpt": "full", "attn": "sdpa", "quant": "none", "offload": "none",
+        "loss": "standard",
     }
     assert all(isinstance(v, str) for v in query.values())
 
@@ -182,3 +183,27 @@ def test_ckpt_every_round_trips_and_tampered_values_warn():
         assert got.ckpt_every == 1 and len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
     got, warnings = decode({"ckpt-every": "4"})  # without grad-ckpt full it has no meaning
     assert got.ckpt_every == 1 and any(w.startswith("ckpt-every:") for w in warnings)
+
+
+def test_offload_and_loss_round_trip_and_tampering_warns():
+    inputs = AppInputs(gpus=4, zero=3, offload=Offload.OPTIMIZER_PARAMS)
+    assert decode(encode(inputs)) == (inputs, [])
+    fused = AppInputs(gpus=1, zero=0, loss=Loss.FUSED_LINEAR_CE)
+    assert decode(encode(fused)) == (fused, [])
+    for query, field in (({"offload": "nvme"}, "offload"), ({"loss": "<script>"}, "loss")):
+        decoded, warnings = decode(query)
+        assert decoded == AppInputs() and len(warnings) == 1 and warnings[0].startswith(field + ":")
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"gpus": "4", "zero": "0", "offload": "optimizer+params"}, "offload"),  # needs ZeRO-2/3
+    ({"gpus": "4", "zero": "3", "offload": "optimizer"}, "offload"),  # DeepSpeed's, not the torch engine's
+    ({"gpus": "4", "zero": "all", "offload": "optimizer+params"}, "offload"),  # compare varies the strategy
+    ({"gpus": "4", "zero": "3", "loss": "fused-linear-ce"}, "loss"),  # not modelled under FSDP2
+])
+def test_options_invalid_for_the_strategy_fall_back_to_their_default_not_to_another_strategy(query, field):
+    decoded, warnings = decode(query)
+    assert getattr(decoded, field) is getattr(AppInputs(), field)
+    assert decoded.zero == (ALL if query["zero"] == "all" else int(query["zero"]))
+    assert any(w.startswith(field + ":") for w in warnings)
+    decoded.to_plan()

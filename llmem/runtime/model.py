@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from llmem.errors import InputError
-from llmem.plan import TrainingPlan
+from llmem.plan import Loss, TrainingPlan
 
 
 def hf_config(config: dict, plan: TrainingPlan):
@@ -33,6 +33,8 @@ def build_model(config: dict, plan: TrainingPlan, device: torch.device | str = "
 
     cfg = hf_config(config, plan)
     dtype = getattr(torch, plan.precision.torch_dtype_name)
+    if plan.loss is Loss.FUSED_LINEAR_CE:
+        apply_fused_linear_ce(cfg.model_type)
     with torch.device(device):
         try:
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=str(plan.attn))
@@ -55,3 +57,22 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if best is None:
         raise InputError("model", f"cannot find the decoder layers of {type(model).__name__}")
     return best
+
+
+def apply_fused_linear_ce(model_type: str) -> None:
+    """`--loss fused-linear-ce`: Liger-Kernel patches only the causal-LM forward of the family (its other kernels
+    off), before the model is built. Needs the `liger-kernel` package and CUDA (Triton); not installed here."""
+    try:
+        from liger_kernel.transformers import monkey_patch
+    except ImportError:
+        raise InputError("loss", "fused-linear-ce needs the liger-kernel package (and a CUDA GPU) to run; "
+                         "use --loss standard") from None
+    apply = getattr(monkey_patch, f"apply_liger_kernel_to_{model_type}", None)
+    if apply is None:
+        raise InputError("loss", f"Liger-Kernel has no fused-linear-ce patch for {model_type!r}; use --loss standard")
+    import inspect
+
+    # every other kernel switch of the family (rope, rms_norm, swiglu/geglu, cross_entropy, …) off
+    switches = {name: False for name, p in inspect.signature(apply).parameters.items() if p.default is True
+                or (p.default is False and name != "fused_linear_cross_entropy")}
+    apply(**switches, fused_linear_cross_entropy=True)

@@ -76,6 +76,12 @@ def _apply_fsdp(model: nn.Module, plan: TrainingPlan, dp_mesh, reshard: bool) ->
     if plan.precision.is_mixed:
         half = getattr(torch, plan.precision.compute_dtype_name)
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    from llmem.plan import Offload
+
+    if plan.offload is Offload.OPTIMIZER_PARAMS:  # sharded params, grads and optimizer states in pinned host memory
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

@@ -273,3 +273,11 @@ def test_qlora_link_renders_and_lowers_the_peak():
     assert_clean(qlora)
     assert qlora.selectbox(key="w_quant").value == "nf4" and not link_warnings(qlora)
     assert verdict(qlora) != verdict(full)
+
+
+def test_offload_link_shows_the_host_memory_and_keeps_the_option():
+    at = run({"model": PRESET, "gpus": "4", "zero": "3", "offload": "optimizer+params"})
+    assert_clean(at)
+    assert at.selectbox(key="w_offload").value == "optimizer+params"
+    assert any("host memory" in c.value for c in at.caption)
+    assert at.query_params["offload"] == "optimizer+params"
