@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from llmem import share
+from llmem.compare import METHOD_VARIANTS
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
@@ -23,7 +24,8 @@ from llmem.plan import Attention, GradCkpt, Loss, Offload, Optimizer, OptimizerI
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
-               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss")
+               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
+               "w_methods")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -78,10 +80,10 @@ def _estimate(spec_key: str, plan_key: str, _spec, _plan: TrainingPlan):
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
-def _compare(spec_key: str, plan_key: str, capacity: int, _spec, _plan: TrainingPlan):
-    from llmem.compare import compare
+def _compare(spec_key: str, plan_key: str, capacity: int, methods: str, _spec, _plan: TrainingPlan):
+    from llmem.compare import compare, method_variants
 
-    return compare(_spec, _plan, capacity)
+    return compare(_spec, _plan, capacity, variants=method_variants(methods))
 
 
 # ---------------------------------------------------------------- inputs: URL <-> widgets
@@ -121,6 +123,7 @@ def _init_from_url() -> None:
     ss.w_ckpt_every = inputs.ckpt_every
     ss.w_offload = inputs.offload.value
     ss.w_loss = inputs.loss.value
+    ss.w_methods = [m for m in inputs.methods.split(",") if m]
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -202,6 +205,7 @@ def _training_widgets() -> None:
                  key="w_quant", help=_help("quant"))
     sb.selectbox("Offload (FSDP2, ZeRO-2/3)", [o.value for o in Offload], key="w_offload", help=_help("offload"))
     sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
+    sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=_help("methods"))
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:
@@ -215,6 +219,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         quant=Quant(ss.get("w_quant", "none")),
         ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
         offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
+        methods=",".join(sorted(ss.get("w_methods", []))),
     )
 
 
@@ -231,7 +236,8 @@ def _strategy_widget(comparison) -> None:
     """The strategy choice: compare all (and show the recommended one) or one valid (TP, ZeRO) row."""
     options = {"all": "Compare all — show the recommended"}
     for row in comparison.rows:
-        options[f"{row.tp}:{row.zero}"] = f"{row.label} (TP {row.tp}, ZeRO {row.zero})"
+        if not row.variant:  # other methods' rows are shown in the table, not chosen here
+            options[f"{row.tp}:{row.zero}"] = f"{row.label} (TP {row.tp}, ZeRO {row.zero})"
     if st.session_state.get("w_strategy") not in options:
         wanted = st.session_state.get("w_strategy")
         st.session_state.w_strategy = "all"
@@ -295,7 +301,7 @@ def _comparison_table(comparison) -> pd.DataFrame:
     for row in comparison.rows:
         rows.append({
             "strategy": row.label,
-            "recommended": "★" if rec is not None and (row.tp, row.zero) == (rec.tp, rec.zero) else "",
+            "recommended": "★" if rec is not None and row.plan == rec.plan else "",
             "TP": row.tp,
             "ZeRO": row.zero,
             "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
@@ -389,7 +395,7 @@ def main() -> None:
         # the comparison varies the strategy: options valid for some strategies only are left out of it
         base = inputs.with_(zero=share.ALL, offload=Offload.NONE,
                             loss=inputs.loss if inputs.gpus == 1 else Loss.STANDARD).to_plan()
-        comparison = _compare(spec_key, _plan_key(base), gpu.memory_bytes, spec, base)
+        comparison = _compare(spec_key, _plan_key(base), gpu.memory_bytes, inputs.methods, spec, base)
         _strategy_widget(comparison)
         _remember_widgets()
         inputs = _inputs(model, upload)
@@ -406,10 +412,11 @@ def main() -> None:
 def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comparison, link: str) -> None:
     st.markdown(f"**{spec.name}** ({spec.model_type}) — {format_params(spec.total_params)} parameters "
                 f"({format_params(spec.trainable_params)} trainable); config from {origin}")
+    own = [r for r in comparison.rows if not r.variant]
     if inputs.compare_all:
-        row = comparison.recommended or min(comparison.rows, key=lambda r: r.device_total_bytes)
+        row = comparison.recommended or min(own, key=lambda r: r.device_total_bytes)
     else:
-        row = next(r for r in comparison.rows if (r.tp, r.zero) == (inputs.tp, inputs.zero))
+        row = next(r for r in own if (r.tp, r.zero) == (inputs.tp, inputs.zero))
     _verdict(row, gpu, inputs.gpus, comparison, inputs.compare_all)
 
     st.subheader(f"Strategies on {inputs.gpus} GPU(s) of {gpu.name}")

@@ -139,24 +139,13 @@ def _gpu(args):
     return get_gpu(args.gpu_type)
 
 
-def parse_methods(text: str | None) -> list[dict]:
-    """`--methods lora,full` -> the plan changes of each method (llmem.compare.METHOD_VARIANTS)."""
-    from llmem.compare import METHOD_VARIANTS
-
-    names = [n.strip().lower() for n in (text or "").split(",") if n.strip()]
-    unknown = [n for n in names if n not in METHOD_VARIANTS]
-    if unknown:
-        raise InputError("methods", f"{', '.join(unknown)} not known; choose from {', '.join(METHOD_VARIANTS)}")
-    return [METHOD_VARIANTS[n] for n in dict.fromkeys(names)]
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
-    from llmem.compare import compare
+    from llmem.compare import compare, method_variants
 
     plan = plan_from_args(args)
     spec, origin = _spec_and_origin(args.model)
     gpu = _gpu(args)
-    result = compare(spec, plan, gpu.memory_bytes, variants=parse_methods(args.methods))
+    result = compare(spec, plan, gpu.memory_bytes, variants=method_variants(args.methods))
     frame = result.to_frame()
     if args.csv:
         frame.to_csv(args.csv, index=False)

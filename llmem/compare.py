@@ -33,6 +33,7 @@ class Row:
     estimate: Estimate
     capacity_bytes: int
     max_batch_size: int
+    variant: bool = False  # a row of another method (`variants`), shown for comparison only
 
     @property
     def scheme(self) -> Scheme:
@@ -77,6 +78,7 @@ class Row:
         return {
             "strategy": self.label,
             "method": str(self.plan.method),
+            "variant": self.variant,
             "scheme": str(self.scheme),
             "gpus": self.plan.gpus,
             "tp": self.tp,
@@ -109,8 +111,10 @@ class Comparison:
 
 # What `--methods NAME` adds to a comparison: the plan fields each method changes.
 METHOD_VARIANTS = {
-    "full": {"method": Method.FULL},
-    "lora": {"method": Method.LORA},
+    "full": {"method": Method.FULL, "quant": "none"},
+    "lora": {"method": Method.LORA, "quant": "none"},
+    # QLoRA's usual program: the 4-bit base computes in bf16 (mixed precision is not how bitsandbytes runs it)
+    "qlora": {"method": Method.QLORA, "quant": "nf4", "precision": "bf16"},
 }
 
 
@@ -118,9 +122,25 @@ def method_label(plan: TrainingPlan) -> str:
     """"" for full fine-tuning; otherwise the method and its memory-relevant settings."""
     if plan.method is Method.LORA:
         return f"LoRA r={plan.lora_rank}"
+    if plan.method is Method.QLORA:
+        return f"QLoRA {plan.quant} r={plan.lora_rank} ({plan.precision})"
     if plan.method is not Method.FULL:
         return str(plan.method)
     return ""
+
+
+def parse_methods(text: str) -> str:
+    """`"qlora, lora"` -> `"lora,qlora"` (known names, sorted, once each); InputError naming `methods` otherwise."""
+    names = sorted({n.strip().lower() for n in str(text).split(",") if n.strip()})
+    unknown = [n for n in names if n not in METHOD_VARIANTS]
+    if unknown:
+        raise InputError("methods", f"{', '.join(unknown)} not known; choose from {', '.join(METHOD_VARIANTS)}")
+    return ",".join(names)
+
+
+def method_variants(text: str) -> list[dict]:
+    """The plan changes of each method named in `text` (see `parse_methods`)."""
+    return [METHOD_VARIANTS[n] for n in parse_methods(text).split(",") if n]
 
 
 def variant_plans(spec: ModelSpec, plan: TrainingPlan, variants) -> list[TrainingPlan]:
@@ -211,8 +231,8 @@ def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=(
         raise InputError("gpu-type", "GPU memory must be positive")
     own = strategies(spec, plan)
     rows = tuple(
-        Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes))
-        for p in own + [v for v in variant_plans(spec, plan, variants) if v not in own]
+        Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes), variant=i >= len(own))
+        for i, p in enumerate(own + [v for v in variant_plans(spec, plan, variants) if v not in own])
     )
     fitting = [r for r in rows[:len(own)] if r.fits]
     if not fitting:

@@ -36,8 +36,9 @@ HELP = {
     "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
                   "and backward, so the peak grows by about one gradient copy.",
-    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (e.g. lora): each runs "
-               "on the same GPU count where it can, else on one GPU. The recommendation stays with the chosen method.",
+    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full): each "
+               "runs on the same GPU count where it can, else on one GPU (qlora: nf4 base in bf16). The "
+               "recommendation stays with the chosen method.",
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
              "while it runs. none for full/lora. int8: not modelled yet.",

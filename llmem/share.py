@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from llmem.compare import parse_methods
 from llmem.errors import InputError
 from llmem.gpus import get_gpu
 from llmem.plan import (
@@ -67,6 +68,7 @@ class AppInputs:
     loss: Loss = Loss.STANDARD
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
     ckpt_every: int = 1  # with grad_ckpt full: checkpoint decoder layers 0, K, 2K, ...
+    methods: str = ""  # other fine-tuning methods shown beside the plan's strategies, e.g. "lora,qlora"
 
     @property
     def compare_all(self) -> bool:
@@ -106,6 +108,7 @@ KEYS: dict[str, str] = {
     "loss": "loss",
     "upload": "upload",
     "ckpt_every": "ckpt-every",
+    "methods": "methods",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -123,12 +126,13 @@ _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size":
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
-    """Every input as `{query key: value}`; `upload` only when a config was uploaded, `ckpt-every` when > 1."""
+    """Every input as `{query key: value}`; `upload` only when a config was uploaded, `ckpt-every` when > 1,
+    `methods` when other methods are compared."""
     out = {}
     for f in fields(inputs):
         value = getattr(inputs, f.name)
-        if (f.name == "upload" and not value) or (f.name == "ckpt_every" and value == 1):
-            continue  # no upload; ckpt-every only when it departs from 1 (links from before it stay equal)
+        if (f.name in ("upload", "methods") and not value) or (f.name == "ckpt_every" and value == 1):
+            continue  # no upload; ckpt-every only when it departs from 1, methods when some are chosen
         out[KEYS[f.name]] = str(value)
     return out
 
@@ -161,7 +165,8 @@ def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tu
     warnings: list[str] = []
 
     def warn(attr: str, message: str) -> None:
-        warnings.append(f"{KEYS[attr]}: {message}; using {getattr(defaults, attr)!s}")
+        fallback = str(getattr(defaults, attr)) or "none"
+        warnings.append(f"{KEYS[attr]}: {message}; using {fallback}")
 
     for key in sorted(query, key=str):
         raw = query[key]
@@ -189,6 +194,8 @@ def _parse(attr: str, text: str) -> object:
         return name
     if attr == "gpu_type":
         return get_gpu(text).key
+    if attr == "methods":
+        return parse_methods(text[:MAX_MODEL_CHARS])
     if attr in _ENUMS:
         return _ENUMS[attr].parse(field, text)
     if attr == "zero" and text.lower() == ALL:

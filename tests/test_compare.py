@@ -80,3 +80,15 @@ def test_a_variant_valid_on_the_gpu_count_gets_every_strategy():
     result = compare(SPEC, lora, capacity, variants=[{"method": "full"}])
     assert [str(r.plan.method) for r in result.rows] == ["lora", "full"]
     assert result.recommended is not None and str(result.recommended.plan.method) == "lora"
+
+
+def test_qlora_variant_runs_its_usual_program_on_one_gpu():
+    capacity = get_gpu("a100-80gb").memory_bytes
+    plan = TrainingPlan(gpus=8, seq_len=2048, precision="bf16-mixed")
+    result = compare(SPEC, plan, capacity, variants=[{"method": "qlora", "quant": "nf4", "precision": "bf16"}])
+    qlora = result.rows[-1]
+    assert (str(qlora.plan.method), str(qlora.plan.quant), str(qlora.plan.precision)) == ("qlora", "nf4", "bf16")
+    assert qlora.plan.gpus == 1 and qlora.label.startswith("QLoRA nf4")
+    # the 4-bit base holds about half a byte per weight: far less than the bf16 weights of the same model
+    assert qlora.estimate.breakdown[next(c for c in qlora.estimate.breakdown if str(c) == "parameters")] \
+        < SPEC.total_params

@@ -55,7 +55,7 @@ def test_default_view_answers_first_and_fills_the_link():
     assert not link_warnings(at)
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
-    assert set(at.query_params) == set(KEYS.values()) - {"upload"}
+    assert set(at.query_params) == set(KEYS.values()) - {"upload", "ckpt-every", "methods"}  # those two only when set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
     assert len(at.get("plotly_chart")) == 3  # breakdown + two curves
@@ -281,3 +281,21 @@ def test_offload_link_shows_the_host_memory_and_keeps_the_option():
     assert at.selectbox(key="w_offload").value == "optimizer+params"
     assert any("host memory" in c.value for c in at.caption)
     assert at.query_params["offload"] == "optimizer+params"
+
+
+def test_other_methods_appear_as_rows_and_travel_in_the_link():
+    at = run({"model": "llama-3.2-1b-instruct", "gpus": "4", "methods": "qlora,lora"})
+    assert_clean(at)
+    assert not link_warnings(at)
+    shown = table(at)
+    labels = list(shown.index)
+    assert any(label.startswith("LoRA r=16") for label in labels) and any(label.startswith("QLoRA nf4") for label in
+                                                                          labels)
+    starred = shown[shown["recommended"] == "★"]
+    assert len(starred) == 1 and not starred.index[0].startswith(("LoRA", "QLoRA"))
+    assert at.query_params["methods"] == "lora,qlora"
+    options = at.selectbox(key="w_strategy").options  # the strategy choice lists the plan's own rows only
+    assert not any("LoRA" in o for o in options)
+    tampered = run({"methods": "dora"})
+    assert_clean(tampered)
+    assert any("methods" in w and "dora" in w for w in link_warnings(tampered))
