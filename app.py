@@ -8,14 +8,13 @@ this file only chooses what to show and converts bytes to GiB for the axes.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
 
-from llmem import share
+from llmem import figures, share
 from llmem.compare import METHOD_VARIANTS
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
@@ -30,7 +29,6 @@ SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload 
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-CATEGORY_COLORS = ("#4C78A8", "#F58518", "#E45756", "#72B7B2", "#54A24B", "#EECA3B", "#B279A2", "#9D755D")
 
 
 # ---------------------------------------------------------------- library calls, cached per process
@@ -266,35 +264,6 @@ def _verdict(row, gpu, gpus: int, comparison, compare_all: bool) -> None:
         st.warning(f"**No strategy fits on {where}.** {comparison.reason}")
 
 
-def _hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
-    """A horizontal line across the plot and its label (plain dicts: much faster than Figure.add_hline)."""
-    shape = dict(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash))
-    label = dict(xref="paper", x=0, y=y, text=text, showarrow=False, xanchor="left", yanchor="bottom",
-                 font=dict(color=color, size=11))
-    return shape, label
-
-
-def _breakdown_figure(est, gpu) -> dict:
-    """Stacked bar of the allocator peak by category; the items outside the allocator in a hatched bar apart."""
-    x = [f"per-GPU peak ({est.peak_phase})"]
-    data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
-                 hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
-            for i, (category, n) in enumerate(est.breakdown.items())]
-    outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
-               "CUDA context (outside the allocator)": est.cuda_context_bytes}
-    if est.paged_state_bytes:
-        outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
-    data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
-                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
-                  hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]
-    shape, label = _hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
-    layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
-                  annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
-                  yaxis=dict(title=dict(text="GiB per GPU")),
-                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"))
-    return dict(data=data, layout=layout)
-
-
 def _comparison_table(comparison) -> pd.DataFrame:
     rec = comparison.recommended
     rows = []
@@ -322,26 +291,6 @@ def _csv(table: pd.DataFrame, inputs: share.AppInputs, link: str, spec) -> str:
     return "\n".join(lines) + "\n" + table.to_csv(index=False)
 
 
-def _curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> dict:
-    """Allocator peak and device total against one input, with the capacity line and the largest fitting value."""
-    data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
-                 name="allocator peak"),
-            dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.device_total_bytes) for e in ests],
-                 name="device total (+ context, fragmentation)")]
-    shape, label = _hline(gib(capacity), "capacity", "red", "dash")
-    shapes, annotations = [shape], [label]
-    if largest is not None:
-        shapes.append(dict(type="line", yref="paper", y0=0, y1=1, x0=largest, x1=largest,
-                           line=dict(color="green", dash="dot")))
-        annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
-                                showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
-    top = min(max(gib(e.device_total_bytes) for e in ests) * 1.05, gib(capacity) * 1.6)  # capacity stays readable
-    layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
-                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
-                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))
-    return dict(data=data, layout=layout)
-
-
 def _curves(spec_key: str, spec, row, gpu, left, right) -> None:
     plan = row.plan
     cap = gpu.memory_bytes
@@ -349,11 +298,11 @@ def _curves(spec_key: str, spec, row, gpu, left, right) -> None:
     seqs = sorted({s for s in SEQ_POINTS if s * plan.batch_size <= share.MAX_TOKENS} | {plan.seq_len})
     by_batch = [_estimate(spec_key, _plan_key(p), spec, p) for p in (plan.with_(batch_size=b) for b in batches)]
     largest_batch = row.max_batch_size or None
-    left.plotly_chart(_curve_figure(batches, by_batch, cap, f"vs micro-batch (seq-len {plan.seq_len})",
+    left.plotly_chart(figures.curve_figure(batches, by_batch, cap, f"vs micro-batch (seq-len {plan.seq_len})",
                                     "micro-batch per GPU", largest_batch), key="curve_batch")
     by_seq = [_estimate(spec_key, _plan_key(p), spec, p) for p in (plan.with_(seq_len=s) for s in seqs)]
     fitting = [s for s, e in zip(seqs, by_seq, strict=True) if e.device_total_bytes <= cap]
-    right.plotly_chart(_curve_figure(seqs, by_seq, cap, f"vs sequence length (batch {plan.batch_size})",
+    right.plotly_chart(figures.curve_figure(seqs, by_seq, cap, f"vs sequence length (batch {plan.batch_size})",
                                      "sequence length (tokens)", max(fitting) if fitting else None),
                        key="curve_seq")
     right.caption("Largest fitting micro-batch: from the strategy search. Largest fitting sequence length: the "
@@ -442,7 +391,7 @@ def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comp
     st.subheader(f"{row.label}: breakdown and curves")
     left, middle, right = st.columns(3)
     with left:
-        st.plotly_chart(_breakdown_figure(est, gpu), key="breakdown")
+        st.plotly_chart(figures.breakdown_figure(est, gpu), key="breakdown")
         st.caption(f"Peak phase: **{est.peak_phase}**. The stacked categories sum to the allocator peak "
                    f"({format_gib(est.peak_bytes)}); hatched items are outside it and only count toward the "
                    f"device total ({format_gib(est.device_total_bytes)}).")
@@ -471,34 +420,6 @@ def _step_config(spec_key: str) -> dict:
         parsed = config_from_bytes(upload.getvalue(), upload.name)
         return getattr(parsed, "config", parsed)
     return _config_for_model(spec_key.removeprefix("model:"))
-
-
-def _timeline_figure(sim, est) -> dict:
-    """Live bytes over the ops of the simulated step, phase boundaries, the peak, and the closed-form estimate."""
-    points = sim.timeline_points()
-    data = [dict(type="scatter", mode="lines", x=[p[0] for p in points], y=[gib(p[1]) for p in points],
-                 name="simulated live memory", line=dict(color=CATEGORY_COLORS[0]),
-                 hovertemplate="op %{x}: %{y:.3f} GiB<extra></extra>"),
-            dict(type="scatter", mode="markers", x=[sim.peak_op_index], y=[gib(sim.peak_bytes)], name="peak",
-                 marker=dict(color="red", size=10),
-                 hovertemplate=f"peak {format_gib(sim.peak_bytes)} in {sim.peak_phase} "
-                               f"(iteration {sim.peak_iteration})<extra></extra>")]
-    shape, label = _hline(gib(est.peak_bytes), f"closed-form estimate {format_gib(est.peak_bytes)}", "green", "dot")
-    shapes, annotations = [shape], [label]
-    for ph in sim.phases:
-        if ph.iteration < 1 or ph.name == "reset":
-            continue
-        shapes.append(dict(type="line", yref="paper", y0=0, y1=1, x0=ph.first_op, x1=ph.first_op,
-                           line=dict(color="#BAB0AC", dash="dot", width=1)))
-        annotations.append(dict(yref="paper", y=1, x=ph.first_op, text=f"{ph.name} {ph.iteration}",
-                                showarrow=False, xanchor="left", yanchor="top", textangle=-90,
-                                font=dict(color="#6f6f6f", size=10)))
-    layout = dict(title=dict(text=f"Simulated step: peak {format_gib(sim.peak_bytes)} in {sim.peak_phase} of "
-                                  f"iteration {sim.peak_iteration}"), height=460,
-                  margin=dict(l=10, r=10, t=40, b=10), shapes=shapes, annotations=annotations,
-                  xaxis=dict(title=dict(text="op index (allocations and frees in program order)")),
-                  yaxis=dict(title=dict(text="GiB allocated (this rank)")), legend=dict(orientation="h", y=-0.2))
-    return dict(data=data, layout=layout)
 
 
 def _simulate_section(spec_key: str, row) -> None:
@@ -533,7 +454,7 @@ def _simulate_section(spec_key: str, row) -> None:
     cols[2].metric("predicted max_memory_reserved", format_gib(sim.reserved_bytes),
                    delta=f"fragmentation {format_gib(sim.fragmentation_bytes)}", delta_color="off")
     cols[3].metric("reserved with expandable_segments", format_gib(sim.reserved_expandable_bytes))
-    st.plotly_chart(_timeline_figure(sim, est), key="sim_timeline")
+    st.plotly_chart(figures.timeline_figure(sim, est), key="sim_timeline")
     st.markdown(f"**Largest live tensors at the peak** ({sim.peak_phase}, iteration {sim.peak_iteration}):")
     st.dataframe(pd.DataFrame([{"MiB": round(t.nbytes / 2**20, 3), "shape": t.shape, "op": t.op, "module": t.module,
                                 "allocated in": f"{t.phase} {t.iteration}",

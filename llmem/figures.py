@@ -1,0 +1,87 @@
+"""Plotly figure specs for the app, as plain dicts (no plotly or streamlit import): the breakdown bar, the curves
+against micro-batch and sequence length, the simulated timeline. Bytes come in; only the axes convert to GiB."""
+
+from __future__ import annotations
+
+import math
+
+from llmem.units import format_gib, gib
+
+CATEGORY_COLORS = ("#4C78A8", "#F58518", "#E45756", "#72B7B2", "#54A24B", "#EECA3B", "#B279A2", "#9D755D")
+
+
+def hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
+    """A horizontal line across the plot and its label (plain dicts: much faster than Figure.add_hline)."""
+    shape = dict(type="line", xref="paper", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash))
+    label = dict(xref="paper", x=0, y=y, text=text, showarrow=False, xanchor="left", yanchor="bottom",
+                 font=dict(color=color, size=11))
+    return shape, label
+
+
+def breakdown_figure(est, gpu) -> dict:
+    """Stacked bar of the allocator peak by category; the items outside the allocator in a hatched bar apart."""
+    x = [f"per-GPU peak ({est.peak_phase})"]
+    data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
+                 hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
+            for i, (category, n) in enumerate(est.breakdown.items())]
+    outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
+               "CUDA context (outside the allocator)": est.cuda_context_bytes}
+    if est.paged_state_bytes:
+        outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
+    data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
+                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
+                  hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]
+    shape, label = hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
+    layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
+                  annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
+                  yaxis=dict(title=dict(text="GiB per GPU")),
+                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"))
+    return dict(data=data, layout=layout)
+
+
+def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> dict:
+    """Allocator peak and device total against one input, with the capacity line and the largest fitting value."""
+    data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
+                 name="allocator peak"),
+            dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.device_total_bytes) for e in ests],
+                 name="device total (+ context, fragmentation)")]
+    shape, label = hline(gib(capacity), "capacity", "red", "dash")
+    shapes, annotations = [shape], [label]
+    if largest is not None:
+        shapes.append(dict(type="line", yref="paper", y0=0, y1=1, x0=largest, x1=largest,
+                           line=dict(color="green", dash="dot")))
+        annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
+                                showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
+    top = min(max(gib(e.device_total_bytes) for e in ests) * 1.05, gib(capacity) * 1.6)  # capacity stays readable
+    layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
+                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
+                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))
+    return dict(data=data, layout=layout)
+
+
+def timeline_figure(sim, est) -> dict:
+    """Live bytes over the ops of the simulated step, phase boundaries, the peak, and the closed-form estimate."""
+    points = sim.timeline_points()
+    data = [dict(type="scatter", mode="lines", x=[p[0] for p in points], y=[gib(p[1]) for p in points],
+                 name="simulated live memory", line=dict(color=CATEGORY_COLORS[0]),
+                 hovertemplate="op %{x}: %{y:.3f} GiB<extra></extra>"),
+            dict(type="scatter", mode="markers", x=[sim.peak_op_index], y=[gib(sim.peak_bytes)], name="peak",
+                 marker=dict(color="red", size=10),
+                 hovertemplate=f"peak {format_gib(sim.peak_bytes)} in {sim.peak_phase} "
+                               f"(iteration {sim.peak_iteration})<extra></extra>")]
+    shape, label = hline(gib(est.peak_bytes), f"closed-form estimate {format_gib(est.peak_bytes)}", "green", "dot")
+    shapes, annotations = [shape], [label]
+    for ph in sim.phases:
+        if ph.iteration < 1 or ph.name == "reset":
+            continue
+        shapes.append(dict(type="line", yref="paper", y0=0, y1=1, x0=ph.first_op, x1=ph.first_op,
+                           line=dict(color="#BAB0AC", dash="dot", width=1)))
+        annotations.append(dict(yref="paper", y=1, x=ph.first_op, text=f"{ph.name} {ph.iteration}",
+                                showarrow=False, xanchor="left", yanchor="top", textangle=-90,
+                                font=dict(color="#6f6f6f", size=10)))
+    layout = dict(title=dict(text=f"Simulated step: peak {format_gib(sim.peak_bytes)} in {sim.peak_phase} of "
+                                  f"iteration {sim.peak_iteration}"), height=460,
+                  margin=dict(l=10, r=10, t=40, b=10), shapes=shapes, annotations=annotations,
+                  xaxis=dict(title=dict(text="op index (allocations and frees in program order)")),
+                  yaxis=dict(title=dict(text="GiB allocated (this rank)")), legend=dict(orientation="h", y=-0.2))
+    return dict(data=data, layout=layout)

@@ -1,0 +1,34 @@
+"""figures: the plain-dict Plotly specs carry the library's numbers unchanged (GiB on the axes only)."""
+
+import math
+
+from llmem import figures
+from llmem.estimate import estimate
+from llmem.gpus import get_gpu
+from llmem.plan import TrainingPlan
+from llmem.presets import load_preset
+from llmem.spec import ModelSpec
+from llmem.units import gib
+
+SPEC = ModelSpec.from_config(load_preset("llama-3.1-8b"))
+
+
+def test_breakdown_bars_stack_to_the_peak_and_the_capacity_line_sits_at_the_gpu_memory():
+    est = estimate(SPEC, TrainingPlan(gpus=8, zero=3, seq_len=4096))
+    gpu = get_gpu("a100-80gb")
+    fig = figures.breakdown_figure(est, gpu)
+    inside = [b for b in fig["data"] if b["x"] != ["outside the allocator"]]
+    outside = [b for b in fig["data"] if b["x"] == ["outside the allocator"]]
+    assert math.isclose(sum(b["y"][0] for b in inside), gib(est.peak_bytes), rel_tol=1e-12)
+    assert math.isclose(sum(b["y"][0] for b in outside), gib(est.device_total_bytes - est.peak_bytes), rel_tol=1e-9)
+    assert fig["layout"]["shapes"][0]["y0"] == gib(gpu.memory_bytes)
+    assert est.peak_phase in fig["layout"]["title"]["text"]
+
+
+def test_curve_marks_the_largest_fitting_value_and_plots_each_estimate():
+    ests = [estimate(SPEC, TrainingPlan(batch_size=b, seq_len=1024)) for b in (1, 2, 4)]
+    fig = figures.curve_figure([1, 2, 4], ests, 80 << 30, "t", "micro-batch", 2)
+    assert fig["data"][0]["y"] == [gib(e.peak_bytes) for e in ests]
+    assert any(s.get("x0") == 2 for s in fig["layout"]["shapes"])
+    assert figures.curve_figure([1, 2, 4], ests, 80 << 30, "t", "x", None)["layout"]["shapes"] == \
+        fig["layout"]["shapes"][:1]
