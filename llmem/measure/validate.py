@@ -25,7 +25,8 @@ from llmem.errors import InputError
 from llmem.plan import Scheme, TrainingPlan
 
 PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
-               "grad_ckpt", "attn", "method", "lora_dropout", "quant", "ckpt_every")
+               "grad_ckpt", "attn", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quant",
+               "ckpt_every", "grad_accum")
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.02
 TOLERANCE_MULTI = 0.03
