@@ -199,12 +199,13 @@ def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> 
     two = [p.total for p in iteration_phases(spec, plan.with_(batch_size=2))]
     limit = MAX_TOKENS // plan.seq_len
     best = limit
+    # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
+    fitting_peak = _largest_fitting_peak(capacity_bytes, plan)
     for lo, hi in zip(one, two, strict=True):
         slope, base = hi - lo, lo - (hi - lo)
         if slope <= 0:
             continue
-        # device total is monotone in the peak: find the largest peak that fits, then the batch for this phase
-        best = min(best, max(0, (_largest_fitting_peak(capacity_bytes, plan) - base) // slope))
+        best = min(best, max(0, (fitting_peak - base) // slope))
     if best < 1:
         return 0
     while best >= 1 and _device_total(estimate(spec, plan.with_(batch_size=best)).peak_bytes, plan) > capacity_bytes:

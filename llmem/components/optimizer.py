@@ -53,7 +53,10 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.scheme is not Scheme.ZERO1:
         return sizes
-    return max(zero1_partitions(spec.params, plan.dp), key=sum)
+    cache = spec.__dict__.setdefault("_zero1_largest_partition", {})  # compare asks for it many times
+    if plan.dp not in cache:
+        cache[plan.dp] = max(zero1_partitions(spec.params, plan.dp), key=sum)
+    return list(cache[plan.dp])
 
 
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
