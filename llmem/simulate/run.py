@@ -119,6 +119,16 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if method != "full":
         raise InputError("method", f"{method}: PEFT's adapter layers cannot be moved onto fake parameters "
                          "(`Module._apply` refuses to swap them); the simulation runs --method full only")
+    optimizer = str(plan.optimizer)
+    if optimizer not in ("adamw", "sgd"):
+        raise InputError("optimizer", f"{optimizer}: its step reads tensor values on the host (`.item()`), which "
+                         "fake tensors do not have; the simulation runs adamw and sgd — use estimate or measure")
+    if str(plan.offload) != "none":
+        raise InputError("offload", "FSDP2's CPUOffloadPolicy pins host memory, which needs a CUDA device; the "
+                         "simulation runs on CPU fake tensors — use estimate")
+    if str(plan.loss) != "standard":
+        raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels (CUDA only); the simulation "
+                         "runs on CPU fake tensors — use estimate")
     if any(config.get(k) for k in MOE_KEYS):
         raise InputError("model", "mixture-of-experts routing depends on the data (and its grouped matmul refuses "
                          "fake fp32 tensors); the simulation does not run MoE models — use estimate or measure")

@@ -116,3 +116,17 @@ def test_lora_is_refused_with_the_field():
     with pytest.raises(InputError) as exc:
         simulate(dict(LLAMA), TrainingPlan(**SMALL, method="lora"))
     assert exc.value.field == "method"
+
+
+@pytest.mark.parametrize("plan, field", [
+    ({"optimizer": "adafactor"}, "optimizer"),
+    ({"optimizer": "paged-adamw8bit", "optimizer_impl": "default"}, "optimizer"),
+    ({"gpus": 2, "zero": 3, "offload": "optimizer+params", "device": "cuda"}, "offload"),
+    ({"loss": "fused-linear-ce", "device": "cuda"}, "loss"),
+])
+def test_steps_fake_tensors_cannot_run_are_refused_naming_the_option(plan, field):
+    from llmem.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        simulate(dict(LLAMA), TrainingPlan(**{**SMALL, **plan}))
+    assert err.value.field == field
