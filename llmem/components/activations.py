@@ -614,7 +614,24 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
                   Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
     if mt in ("gemma", "gemma2"):
         items.append(Saved("embedding normalizer (scalar)", rb))
+    items += checkpoint_held_saved(spec, plan)
     return items
+
+
+# Llama-like decoders whose model forward makes `position_ids = cache_position.unsqueeze(0)` and passes it to every
+# decoder layer (transformers 5.23 `LlamaModel.forward` and the families built on it).
+POSITION_ID_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe")
+
+
+def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+    """What a checkpointed decoder layer keeps alive beyond its saved tensors: `torch.utils.checkpoint`
+    (`use_reentrant=False`) keeps the layer call's arguments for the recompute (`recompute_fn` closes over
+    `args`/`kwargs`), so the model forward's `position_ids` (1 × seq int64, `cache_position.unsqueeze(0)`; without
+    checkpointing only RoPE's cos/sin derived from it survive the forward) lives until layer 0's backward — the
+    first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`)."""
+    if plan.grad_ckpt is not GradCkpt.FULL or spec.model_type not in POSITION_ID_FAMILIES:
+        return []
+    return [Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8)]
 
 
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -1,0 +1,43 @@
+"""Checkpointed layers keep the model forward's position_ids alive until layer 0's backward (a real run)."""
+
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from llmem.components import activations as act  # noqa: E402
+from llmem.plan import TrainingPlan  # noqa: E402
+from llmem.spec import ModelSpec  # noqa: E402
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+
+
+def _held_at_first_layer_backward(ckpt: bool) -> tuple[bool, int]:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIG))
+    model.train()
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    seen, alive = {}, {}
+    layer0 = model.model.layers[0]
+    layer0.register_forward_pre_hook(
+        lambda m, a, kw: seen.update(ref=weakref.ref(kw["position_ids"]), nbytes=kw["position_ids"].nbytes),
+        with_kwargs=True)
+    layer0.register_full_backward_pre_hook(lambda *_: alive.update(v=seen["ref"]() is not None))
+    ids = torch.randint(0, 128, (2, 32))
+    model(input_ids=ids, labels=ids).loss.backward()
+    return alive["v"], seen["nbytes"]
+
+
+def test_position_ids_held_only_under_checkpointing():
+    held, nbytes = _held_at_first_layer_backward(ckpt=True)
+    assert held
+    assert not _held_at_first_layer_backward(ckpt=False)[0]
+    spec = ModelSpec.from_config(CONFIG)
+    named = {s.name: s.bytes for s in act.outer_saved(spec, TrainingPlan(batch_size=2, seq_len=32, grad_ckpt="full"))}
+    assert named["position_ids (held by the checkpointed layers' inputs)"] == nbytes
+    plain = {s.name for s in act.outer_saved(spec, TrainingPlan(batch_size=2, seq_len=32))}
+    assert not any(n.startswith("position_ids") for n in plain)
