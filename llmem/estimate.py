@@ -15,6 +15,7 @@ from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
 from llmem.components.gradients import (
+    accumulated_embedding_gradient_bytes,
     attention_backward_layer_gradient_bytes,
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
@@ -23,6 +24,7 @@ from llmem.components.gradients import (
     later_layers_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
+    tied_gradient_sum_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes, paged_state_bytes
 from llmem.components.parameters import parameter_bytes
@@ -216,6 +218,10 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(_phase("backward end", **persistent, gradients=grads_all, logits=logits,
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))
+    tied_sum = tied_gradient_sum_bytes(spec, plan)
+    if tied_sum:  # the embedding's input gradient is freed once its backward returned; the out-of-place sum
+        phases.append(_phase("backward end, tied gradients summed", **persistent, gradients=grads_all,
+                             logits=logits, temporaries=embedding_gradient_accumulate_bytes(spec, plan) + tied_sum))
     phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
     if plan.grad_accum > 1:
@@ -232,8 +238,9 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     micro-steps is alive (`.grad` is only freed by zero_grad after the step). The forward and loss phases of micro-
     step 1 gain all gradients; in the backward phases the gradients micro-step 1 had (the newly produced ones:
     the lm_head's, a layer's MLP weight gradient) are now transient — AccumulateGrad adds each new gradient into the
-    existing `.grad` in place and frees it — on top of all gradients. At the end of backward the input embedding's
-    new dense gradient is added into its `.grad` the same way (the tied case already counts it)."""
+    existing `.grad` in place and frees it — on top of all gradients. At the end of backward one more embedding-sized
+    gradient is new beside the `.grad`s (`accumulated_embedding_gradient_bytes`: the embedding's, or when tied the
+    lm_head's)."""
     grads_all = gradient_bytes(spec, plan)
     later = dict(backward_later) if backward_later is not None else {
         "backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
@@ -241,19 +248,23 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     # falcon's attention core runs after the layer's MLP and `dense` gradients were accumulated and freed
     attention_grads = attention_backward_layer_gradient_bytes(spec, plan)
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
-    out = []
+    out, ends = [], []
     for ph in phases:
-        if ph.name in ("backward end", "optimizer step"):
+        if ph.name.startswith("backward end"):
+            ends.append(ph)
+            continue
+        if ph.name == "optimizer step":
             continue
         b = dict(ph.breakdown)
         new = b[Category.GRADIENTS] - later.get(ph.name, 0)  # what this moment of micro-step 1 had just produced
         b[Category.GRADIENTS] = grads_all + new
         out.append(Phase(f"{ph.name}, gradients alive (micro-step 2)", b))
-    end = dict(next(p for p in phases if p.name == "backward end").breakdown)
-    if not spec.tie_word_embeddings and not lora.is_lora(plan):
-        emb = spec.outer_params[0]
-        end[Category.TEMPORARIES] += local_numel(emb, plan) * plan.precision.param_bytes
-    out.append(Phase("backward end, embedding gradient accumulated (micro-step 2)", end))
+    new_grad = accumulated_embedding_gradient_bytes(spec, plan)
+    for ph in ends:
+        b = dict(ph.breakdown)
+        b[Category.TEMPORARIES] += new_grad
+        what = "tied gradients summed" if ph.name.endswith("summed") else "embedding gradient accumulated"
+        out.append(Phase(f"backward end, {what} (micro-step 2)", b))
     return out
 
 

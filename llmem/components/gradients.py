@@ -189,6 +189,32 @@ def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(emb, plan) * plan.precision.param_bytes
 
 
+def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Tied embeddings outside autocast: the shared weight's AccumulateGrad receives two gradients — the lm_head's
+    first, then the embedding's dense one — and the engine's InputBuffer sums them before `.grad` sees them
+    (torch/csrc/autograd/input_buffer.cpp `accumulate`). The lm_head's arrives as a view (MmBackward0's gradient of
+    the transposed weight, `mm(...).t()`, transposed back by TBackward0), so `can_accumulate_inplace` (sole owner of
+    the storage) fails and the sum is out of place: `aten::add.Tensor` makes a third embedding-sized tensor beside
+    its two addends. Under autocast the lm_head's gradient is ToCopyBackward0's fresh fp32 copy and the sum is
+    `add_` in place (0 here). LoRA: the frozen embedding runs no backward."""
+    if not spec.tie_word_embeddings or lora.is_lora(plan) or plan.precision.is_mixed:
+        return 0
+    emb = spec.outer_params[0]
+    return local_numel(emb, plan) * plan.precision.param_bytes
+
+
+def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Micro-steps 2..K of `--grad-accum` at the end of backward: the gradient micro-step 1 had just produced there
+    (and `gradient_bytes` counted as the `.grad` it became) is now a new tensor beside the existing `.grad`, until
+    AccumulateGrad adds it in place (`variable_grad += new_grad`, grad mode off) and frees it. Untied: the
+    embedding's dense gradient (`embedding_dense_backward`). Tied: the lm_head's weight gradient, waiting in the
+    shared weight's InputBuffer for the embedding's (which `embedding_gradient_accumulate_bytes` counts)."""
+    if lora.is_lora(plan):
+        return 0
+    emb = spec.outer_params[0]
+    return local_numel(emb, plan) * plan.precision.param_bytes
+
+
 def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Falcon (parallel attention): the weight gradients a layer has produced when its attention core runs
     backward — the MLP's (its backward ran first) and the attention output projection's (`dense`)."""
