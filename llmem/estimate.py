@@ -315,8 +315,11 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
     # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
+    held = {}  # phase -> the sharded gradients micro-step 1 already holds there (for --grad-accum)
     for layer in act.backward_layers(spec, plan, edge=2):
         later = sum(sharded_layer[layer + 1:]) * resident
+        held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
+                 for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
         below = act.kept_layers_bytes(spec, cp, layer)
         current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
@@ -350,9 +353,33 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                          gradients=sum(sharded_layer) * resident + root_sharded + head_unsharded,
                          communication=comm.root_reduce_scatter_input_bytes(spec, plan)
                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True)))
+    held["backward end (root reduce-scatter)"] = sum(sharded_layer) * resident
+    if plan.grad_accum > 1:
+        phases += fsdp_accumulation_phases(spec, plan, phases, held)
     phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan) * resident,
                          logits=logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * resident))
     return phases
+
+
+def fsdp_accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],
+                             held: dict[str, int]) -> list[Phase]:
+    """FSDP2 with `--grad-accum K > 1` (no `set_requires_gradient_sync(False)`): every micro-step's backward
+    reduce-scatters. After micro-step 1 each parameter's sharded `.grad` is a view of its group's reduce-scatter
+    output, kept until zero_grad; in micro-steps 2..K `foreach_reduce` finds `sharded_param.grad` set and adds the new
+    output into it in place (`grad._local_tensor += new_sharded_grad`), the new output freed when it returns. The
+    unsharded gradients are handed to the reduce-scatter and dropped as in micro-step 1 (none is kept unsharded).
+    So each moment of micro-step 2 is micro-step 1's with every sharded gradient alive, where the gradients
+    micro-step 1 had there beyond the sharded ones it already held (`held`) are transient: the root's unsharded
+    gradients, a layer's unsharded gradients before its copy-in, the new reduce-scatter output."""
+    grads_all = gradient_bytes(spec, plan) * (0 if offload.is_offloaded(plan) else 1)
+    out = []
+    for ph in phases:
+        if ph.name == "optimizer step":
+            continue
+        b = dict(ph.breakdown)
+        b[Category.GRADIENTS] = grads_all + b[Category.GRADIENTS] - held.get(ph.name, 0)
+        out.append(Phase(f"{ph.name}, sharded gradients alive (micro-step 2)", b))
+    return out
 
 
 def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:

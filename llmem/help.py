@@ -35,7 +35,9 @@ HELP = {
                     "mask for backward.",
     "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
-                  "and backward, so the peak grows by about one gradient copy.",
+                  "and backward, so the peak grows by about one gradient copy (per GPU: its share of them). On more "
+                  "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "
+                  "sharded gradients; no no_sync).",
     "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full): each "
                "runs on the same GPU count where it can, else on one GPU (qlora: nf4 base in bf16). The "
                "recommendation stays with the chosen method.",

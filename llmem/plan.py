@@ -273,9 +273,6 @@ class TrainingPlan:
         if self.method in (Method.LORA, Method.QLORA) and self.gpus > 1:
             raise InputError("method", f"{self.method} is modelled and measured on one GPU only so far; use --gpus 1 "
                              "(or --method full for DDP/ZeRO/TP)")
-        if self.grad_accum > 1 and self.gpus > 1:
-            raise InputError("grad-accum", "gradient accumulation is modelled on one GPU only so far; "
-                             "use --gpus 1 or --grad-accum 1")
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:

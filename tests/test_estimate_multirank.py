@@ -40,6 +40,27 @@ ROWS = {
         "tp-fp32-sgd": {"tp": 2, "optimizer": "sgd"},
         # foreach under TP: two parameter groups (DTensor / plain); the step's temporaries are the larger group's
         "large-tp-bf16mix-foreach": {"tp": 2, "precision": "bf16-mixed", "optimizer_impl": "foreach", **LARGE_BASE},
+        # --grad-accum K: every micro-step all-reduces (DDP, ZeRO-1) or reduce-scatters into the sharded .grad
+        # (FSDP2); micro-step 2 runs with every (sharded) gradient alive
+        "ddp-fp32-accum2": {"zero": 0, "grad_accum": 2},
+        "ddp-bf16mix-foreach-accum2": {"zero": 0, "grad_accum": 2, "precision": "bf16-mixed",
+                                       "optimizer_impl": "foreach"},
+        "zero1-fp32-accum2": {"zero": 1, "grad_accum": 2},
+        "zero1-bf16mix-accum3": {"zero": 1, "grad_accum": 3, "precision": "bf16-mixed"},
+        "zero2-fp32-accum2": {"zero": 2, "grad_accum": 2},
+        "zero2-bf16mix-foreach-accum2": {"zero": 2, "grad_accum": 2, "precision": "bf16-mixed",
+                                         "optimizer_impl": "foreach"},
+        "zero3-bf16mix-accum2": {"zero": 3, "grad_accum": 2, "precision": "bf16-mixed"},
+        "zero3-fp32-adamw-accum3": {"zero": 3, "grad_accum": 3},
+        "large-zero2-fp32-accum2": {"zero": 2, "grad_accum": 2, **LARGE_BASE},
+        "large-zero3-bf16mix-accum2": {"zero": 3, "grad_accum": 2, "precision": "bf16-mixed", **LARGE_BASE},
+        "large-ddp-fp32-accum2": {"zero": 0, "grad_accum": 2, **LARGE_BASE},
+        "tp-fp32-accum2": {"tp": 2, "grad_accum": 2},
+        # small optimizer states beside full gradients: DDP's bucket rebuild in micro-step 2 of iteration 1 (with
+        # the .grads alive, before any optimizer state) would show here if it set the peak
+        "large-zero1-sgd-accum2": {"zero": 1, "grad_accum": 2, "optimizer": "sgd", **LARGE_BASE},
+        "large-ddp-adafactor-accum2": {"zero": 0, "grad_accum": 2, "optimizer": "adafactor",
+                                       "optimizer_impl": "default", **LARGE_BASE},
     },
     4: {
         "zero2-fp32-adamw": {"zero": 2},
@@ -47,6 +68,7 @@ ROWS = {
         "zero3-bf16mix-foreach": {"zero": 3, "precision": "bf16-mixed", "optimizer_impl": "foreach"},
         "tp2xfsdp2-fp32-adamw": {"tp": 2, "zero": 3},
         "tp2xfsdp2-bf16mix-foreach": {"tp": 2, "zero": 3, "precision": "bf16-mixed", "optimizer_impl": "foreach"},
+        "tp2xfsdp2-fp32-adamw-accum2": {"tp": 2, "zero": 3, "grad_accum": 2},
     },
 }
 
