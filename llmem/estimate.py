@@ -294,14 +294,28 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     recompute = 0
     if plan.grad_ckpt is GradCkpt.FULL:
         recompute = act.layer_activation_bytes(spec, cp) + act.checkpointed_input_extra_bytes(spec, cp)
+    first_saving = 0
+    if lora.is_lora(plan):  # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own
+        if plan.grad_ckpt is GradCkpt.FULL:
+            recompute = lora.layer_activation_bytes(spec, cp)
+        else:
+            kept = lora.layer_activation_bytes(spec, cp)
+            first_saving = lora.first_layer_saving_bytes(spec, cp)  # layer 0 keeps less while its saves are alive
+        forward_acts = layers * kept - first_saving + outer_act + lora.final_norm_bytes(spec, cp)
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
     pb = plan.precision.param_bytes
     sharded_layer = [n * pb for n in shard_summary(spec, plan).per_layer]
+    if lora.is_lora(plan):  # only the adapters have gradients
+        sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)
-    phases = [
+    root_gather, layer_gather = comm.root_unsharded_bytes(spec, plan), comm.layer_unsharded_bytes(spec, plan)
+    phases = [  # layer 0's copy-out: the root's all-gather output is still retained (`all_gather_state`) beside the
+        # root's unsharded parameters, and layer 0's output beside its new unsharded storage
+        _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act,
+               communication=2 * root_gather + 2 * layer_gather),
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
         _phase("loss forward", **persistent, activations=forward_acts, logits=lg.loss_forward_peak_bytes(spec, cp),
@@ -321,11 +335,11 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
-        below = act.kept_layers_bytes(spec, cp, layer)
+        below = layer * kept if lora.is_lora(plan) else act.kept_layers_bytes(spec, cp, layer)
         current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
         phases.append(_phase(
             f"backward (layer {layer})", **persistent,
-            activations=below + outer_act + current,
+            activations=below + outer_act + current - first_saving,
             gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer)),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         if act.falcon_math_attention(spec):
@@ -335,7 +349,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 gradients=root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
                 temporaries=act.attention_backward_transient_bytes(spec, cp),
                 logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
-        earlier = dict(**persistent, activations=below + outer_act, logits=logits)
+        earlier = dict(**persistent, activations=below + outer_act - (first_saving if layer else 0), logits=logits)
         gather = comm.backward_gather_bytes(spec, plan, layer, own=False)
         phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input
             f"reduce-scatter copy-in (layer {layer})", **earlier,
@@ -349,6 +363,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
     head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), spec.outer_params[0])
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
+    if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
+        root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
     phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
                          gradients=sum(sharded_layer) * resident + root_sharded + head_unsharded,
                          communication=comm.root_reduce_scatter_input_bytes(spec, plan)

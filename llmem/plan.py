@@ -270,9 +270,19 @@ class TrainingPlan:
         elif self.quant is not Quant.NONE:
             raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
                              "or --method qlora")
-        if self.method in (Method.LORA, Method.QLORA) and self.gpus > 1:
-            raise InputError("method", f"{self.method} is modelled and measured on one GPU only so far; use --gpus 1 "
-                             "(or --method full for DDP/ZeRO/TP)")
+        if self.method is Method.QLORA and self.gpus > 1:
+            raise InputError("method", "qlora is modelled and measured on one GPU only so far (its 4-bit base "
+                             "weights are not plain tensors DDP/FSDP2 shard or broadcast); use --gpus 1, or "
+                             "--method lora for DDP/ZeRO")
+        if self.method is Method.LORA and self.tp > 1:
+            raise InputError("tp", "lora with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... "
+                             "by LoRA layers, so the Megatron TP plan's module names no longer match; use --tp 1 "
+                             "(DDP, ZeRO-1, FSDP2 ZeRO-2/3) or --method full")
+        if self.method is Method.LORA and self.zero >= 2 and self.precision.is_mixed:
+            raise InputError("precision", "lora under FSDP2 (--zero 2/3) with mixed precision is not modelled: the "
+                             "MixedPrecisionPolicy casts the fp32 adapters to the half dtype too, so the adapters "
+                             "compute in half precision (measured 15% below this estimate's program); use --precision "
+                             "fp32 or bf16, or --zero 0/1")
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:

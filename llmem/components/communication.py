@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmem.components import lora
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -43,6 +44,8 @@ def ddp_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`Reducer` bucket tensors: one gradient copy, standing."""
     if plan.scheme not in (Scheme.DDP, Scheme.ZERO1):
         return 0
+    if lora.is_lora(plan):  # the Reducer buckets only parameters that require grad: the fp32 adapters
+        return lora.adapter_bytes(spec, plan)
     return spec.total_params * plan.precision.param_bytes
 
 
@@ -67,21 +70,38 @@ def reduce_bytes(plan: TrainingPlan) -> int:
 
 
 def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage."""
-    return shard_summary(spec, plan).gathered_layer * gather_bytes(plan)
+    """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage.
+    LoRA: the frozen base and the fp32 adapters in one group; when their dtypes differ (pure bf16/fp16 base)
+    `foreach_all_gather` gathers them as bytes (a uint8 buffer), so A is the sum of both."""
+    return shard_summary(spec, plan).gathered_layer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, 0)
+
+
+def _adapter_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
+    if not lora.is_lora(plan):
+        return 0
+    dtype_bytes = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
+    return lora.gathered_adapter_numel(spec, plan, layer) * dtype_bytes
 
 
 def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """R: the root group's unsharded parameters."""
-    return shard_summary(spec, plan).gathered_outer * gather_bytes(plan)
+    return shard_summary(spec, plan).gathered_outer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, None)
 
 
 def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """One decoder layer's `reduce_scatter_input` (padded, reduce dtype)."""
+    """One decoder layer's `reduce_scatter_input` (padded, reduce dtype). LoRA: `foreach_reduce` gets only the
+    gradients that exist, the adapters' (fp32: the reduce dtype under mixed precision, their own dtype otherwise);
+    the frozen base has none."""
+    if lora.is_lora(plan):
+        return lora.gathered_adapter_numel(spec, plan, 0) * 4
     return shard_summary(spec, plan).gathered_layer * reduce_bytes(plan)
 
 
 def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """LoRA: the root's adapters only (none on the llama-like families: the lm_head is never adapted), and with no
+    gradient in the group `post_backward` runs no reduce-scatter at all."""
+    if lora.is_lora(plan):
+        return lora.gathered_adapter_numel(spec, plan, None) * 4
     return shard_summary(spec, plan).gathered_outer * reduce_bytes(plan)
 
 

@@ -8,12 +8,14 @@ LoRA: only the fp32 adapters get gradients (`llmem.components.lora`); the frozen
 
 from llmem.components import activations as act
 from llmem.components import lora
-from llmem.components.sharding import local_numel, shard_summary
+from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
 
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if lora.is_lora(plan) and plan.scheme in FSDP_SCHEMES:  # the adapters' reduce-scattered shards
+        return sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
     if lora.is_lora(plan):
         return lora.adapter_bytes(spec, plan)
     return shard_summary(spec, plan).total * plan.precision.param_bytes

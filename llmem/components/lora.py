@@ -142,6 +142,39 @@ def adapter_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     return list(_summary(spec, plan)[0])
 
 
+def sharded_adapter_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    """FSDP2 (ZeRO-2/3): each adapter's padded shard on one rank, ceil(d0 / dp) rows (`fsdp_padded_numel`)."""
+    from llmem.components.sharding import fsdp_padded_numel
+
+    return [fsdp_padded_numel(a.shape, plan.dp) for a in adapter_params(spec, plan)]
+
+
+def sharded_layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    """FSDP2: the adapters' padded shards of each decoder layer on one rank (fp32: parameters, gradients)."""
+    from llmem.components.sharding import fsdp_padded_numel
+
+    per_layer = [0] * spec.num_layers
+    for a in adapter_params(spec, plan):
+        if a.layer is not None:
+            per_layer[a.layer] += fsdp_padded_numel(a.shape, plan.dp) * ADAPTER_BYTES
+    return per_layer
+
+
+def sharded_outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    from llmem.components.sharding import fsdp_padded_numel
+
+    return sum(fsdp_padded_numel(a.shape, plan.dp) for a in adapter_params(spec, plan) if a.layer is None) \
+        * ADAPTER_BYTES
+
+
+def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
+    """FSDP2: elements of the adapters of decoder layer `layer` (None: of the root) while all-gathered — dp padded
+    shards each, as the all-gather output holds them."""
+    from llmem.components.sharding import fsdp_padded_numel
+
+    return sum(fsdp_padded_numel(a.shape, plan.dp) * plan.dp for a in adapter_params(spec, plan) if a.layer == layer)
+
+
 def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES
 

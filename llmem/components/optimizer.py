@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 
 from llmem.components import lora
-from llmem.components.sharding import shard_summary, tp_local_shape
+from llmem.components.sharding import FSDP_SCHEMES, shard_summary, tp_local_shape
 from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
@@ -48,8 +48,11 @@ STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
-    if lora.is_lora(plan):
-        return lora.adapter_sizes(spec, plan)
+    if lora.is_lora(plan):  # the optimizer gets the trainable adapters only (ZeRO-1: partitioned among ranks)
+        sizes = lora.adapter_sizes(spec, plan)
+        if plan.scheme in FSDP_SCHEMES:
+            return lora.sharded_adapter_sizes(spec, plan)
+        return max(_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.scheme is not Scheme.ZERO1:
         return sizes
@@ -62,9 +65,13 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
     """`ZeroRedundancyOptimizer._partition_parameters`: tensors sorted by size, largest first, each to the rank
     with the least assigned so far (ties to the lowest rank)."""
+    return _partition([p.numel for p in params], world)
+
+
+def _partition(sizes: list[int], world: int) -> list[list[int]]:
     parts: list[list[int]] = [[] for _ in range(world)]
     totals = [0] * world
-    for n in sorted((p.numel for p in params), reverse=True):
+    for n in sorted(sizes, reverse=True):
         r = totals.index(min(totals))
         parts[r].append(n)
         totals[r] += n
@@ -96,8 +103,9 @@ def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...
     """Shapes of the tensors this rank's optimizer updates, in the order it walks them (single GPU and DDP:
     `model.parameters()` order; ZeRO-1: this rank's partition, largest first, as ZeroRedundancyOptimizer sorts)."""
     if lora.is_lora(plan):
-        return [a.shape for a in lora.adapter_params(spec, plan)]
-    shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
+        shapes = [a.shape for a in lora.adapter_params(spec, plan)]
+    else:
+        shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
     if plan.scheme is not Scheme.ZERO1:
         return shapes
     parts: list[list[tuple[int, ...]]] = [[] for _ in range(plan.dp)]

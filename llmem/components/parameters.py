@@ -7,7 +7,7 @@ QLoRA: the quantized frozen base (`llmem.components.quant`) plus the fp32 adapte
 """
 
 from llmem.components import lora, quant
-from llmem.components.sharding import local_params
+from llmem.components.sharding import FSDP_SCHEMES, local_params
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -16,4 +16,6 @@ def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if quant.is_qlora(plan):  # single GPU: the 4-bit Linears and the rest in the plan's dtype
         return quant.base_parameter_bytes(spec, plan) + lora.adapter_bytes(spec, plan)
     base = local_params(spec, plan) * plan.precision.param_bytes
+    if lora.is_lora(plan) and plan.scheme in FSDP_SCHEMES:  # FSDP2 shards the adapters with their layer
+        return base + sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
     return base + (lora.adapter_bytes(spec, plan) if lora.is_lora(plan) else 0)
