@@ -175,10 +175,15 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                logits=loss_fwd, communication=gathered(layers)),
         _phase("loss backward", **persistent, activations=forward_acts, temporaries=saved_casts * casts + head_cast,
                logits=loss_bwd, communication=gathered(layers)),
-        _phase("lm_head backward", **persistent, activations=forward_acts, gradients=grads_outer,
+        _phase("lm_head backward", **persistent, activations=forward_acts,
+               gradients=grads_outer - autocast.head_fp32_gradient_bytes(spec, plan) * bool(head_grad_copy),
                temporaries=saved_casts * casts + head_cast + head_grad_copy,
                logits=head_bwd, communication=gathered(layers)),
     ]
+    if head_grad_copy:  # autocast: MmBackward0 has returned (its saved weight copy and input gradient freed)
+        phases.append(_phase("lm_head backward, weight gradient cast to fp32", **persistent, activations=forward_acts,
+                             gradients=grads_outer, temporaries=saved_casts * casts + head_grad_copy,
+                             logits=logits, communication=gathered(layers)))
     edges = [(last, "backward (last layer)"), (0, "backward (first layer)")]
     if partial:
         edges = [(layer, f"backward (layer {layer}{', checkpointed' if plan.checkpointed(layer) else ''})")
@@ -194,8 +199,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             name, **persistent,
             activations=held + outer_act,
             gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
-            temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
-            + autocast.layer_gradient_copy_bytes(spec, plan),
+            temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):

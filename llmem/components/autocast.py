@@ -6,7 +6,9 @@ Backward runs outside the autocast region, whose exit clears the cache: a checkp
 autograd: the checkpoint drops its saved tensors) are freed then and exist again only while its recompute (under
 the forward's autocast state) and backward run.
 The embedding is not an autocast op (no copy); lm_head is. In backward, the half-precision weight gradient is cast
-to the fp32 `.grad` (`_to_copy` backward), so the largest weight's half gradient exists transiently.
+to the fp32 `.grad` (`_to_copy` backward), so the largest weight's half gradient exists transiently. In a decoder
+layer's backward that copy is freed before the activation's backward makes the MLP's second intermediate-sized
+gradient (the moment `gradients.layer_backward_peak_extra_bytes` models), so it does not add to that moment.
 """
 
 from __future__ import annotations
@@ -46,15 +48,20 @@ def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def head_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The half-precision lm_head weight gradient before its cast to fp32."""
+    """The half-precision lm_head weight gradient before its cast to fp32.
+
+    The lm_head's backward is two moments: in MmBackward0 the half weight gradient is made while the node's saved
+    weight copy and the incoming logits gradient are alive (the fp32 `.grad` does not exist yet); the engine frees
+    both when the node returns, and only then ToCopyBackward0 casts the half gradient to the fp32 one
+    (`head_fp32_gradient_bytes`), the half gradient still alive."""
     return head_weight_copy_bytes(spec, plan)
 
 
-def layer_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The largest half-precision weight gradient of a layer before its cast to fp32."""
+def head_fp32_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The fp32 lm_head weight gradient ToCopyBackward0 returns (0 when autocast does not apply)."""
     if not _applies(plan):
         return 0
-    return max((local_numel(p, plan) for p in _linear_weights(spec, 0)), default=0) * plan.precision.compute_bytes
+    return spec.vocab_size * spec.hidden_size * plan.precision.param_bytes
 
 
 def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -37,7 +37,8 @@ def test_no_logits_survive_the_loss(precision):
     spec = spec_with()
     std = {p.name: p for p in estimate(spec, TrainingPlan(precision=precision)).phases}
     fused = {p.name: p for p in estimate(spec, TrainingPlan(precision=precision, loss=FUSED)).phases}
-    assert std.keys() == fused.keys()
+    # standard under autocast has one more moment: the lm_head's half weight gradient cast to fp32
+    assert std.keys() - {"lm_head backward, weight gradient cast to fp32"} == fused.keys()
     for name in ("backward (last layer)", "backward (first layer)", "backward end", "optimizer step"):
         assert std[name].breakdown[Category.LOGITS] == lg.logits_bytes(spec, TrainingPlan(precision=precision))
         assert fused[name].breakdown[Category.LOGITS] == 0
