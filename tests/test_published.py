@@ -27,8 +27,9 @@ def results(rows):
 
 def test_every_claim_names_a_row_and_matches_its_columns(rows):
     by_id = {r["id"]: r for r in rows}
-    assert set(published.CLAIMS) <= set(by_id)
-    for rid, claim in published.CLAIMS.items():
+    assert set(published.CLAIMS) | set(published.REFERENCE) <= set(by_id)
+    assert not set(published.CLAIMS) & set(published.REFERENCE)
+    for rid, claim in {**published.CLAIMS, **published.REFERENCE}.items():
         row = by_id[rid]
         plan = published.row_plan(row, claim)
         assert plan.gpus == int(row["gpus"])
@@ -75,3 +76,11 @@ def test_published_doc_is_generated_and_current():
     spec.loader.exec_module(module)
     assert (ROOT / "docs" / "PUBLISHED.md").read_text() == published.render_markdown(), (
         "docs/PUBLISHED.md is stale: run python scripts/gen_published_table.py")
+
+
+def test_fsdp1_reference_rows_are_shown_but_not_in_the_median(rows, results):
+    reference = published.reference_results(rows)
+    assert {r.id for r in reference} == set(published.REFERENCE)
+    assert not {r.id for r in reference} & {r.id for r in results}
+    doc = published.render_markdown(rows)
+    assert all(f"| {rid} |" in doc for rid in published.REFERENCE)
