@@ -338,3 +338,15 @@ def test_grad_accum_raises_the_peak_and_travels_in_the_link():
     assert not link_warnings(four)
     assert four.query_params["grad-accum"] == "4" and "grad-accum" not in one.query_params
     assert table(four)["per-GPU peak (GiB)"].iloc[0] > table(one)["per-GPU peak (GiB)"].iloc[0]
+
+
+def test_choosing_qlora_in_the_sidebar_enables_the_4bit_base_at_nf4():
+    at = run({"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"})
+    assert at.selectbox(key="w_quant").disabled and at.number_input(key="w_lora_rank").disabled
+    at.selectbox(key="w_method").set_value("qlora").run()
+    assert_clean(at)
+    assert at.selectbox(key="w_quant").value == "nf4" and not at.selectbox(key="w_quant").disabled
+    assert at.query_params["method"] == "qlora" and "QLoRA nf4" in verdict(at)
+    at.selectbox(key="w_method").set_value("full").run()
+    assert_clean(at)
+    assert at.selectbox(key="w_quant").value == "none" and "method" not in at.query_params
