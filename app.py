@@ -19,12 +19,24 @@ from llmem.compare import METHOD_VARIANTS
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
-from llmem.plan import Attention, GradCkpt, Loss, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.plan import (
+    Attention,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    TrainingPlan,
+    parse_lora_targets,
+)
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
                "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
-               "w_methods")
+               "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -122,6 +134,10 @@ def _init_from_url() -> None:
     ss.w_offload = inputs.offload.value
     ss.w_loss = inputs.loss.value
     ss.w_methods = [m for m in inputs.methods.split(",") if m]
+    ss.w_method = inputs.method.value
+    ss.w_lora_rank = inputs.lora_rank
+    ss.w_lora_targets = inputs.lora_targets
+    ss.w_grad_accum = inputs.grad_accum
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -199,22 +215,60 @@ def _training_widgets() -> None:
                     help=_help("ckpt-every") or "With full: checkpoint layers 0, K, 2K, ... only.")
     sb.selectbox("Attention", [a.value for a in Attention], key="w_attn",
                  help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
-    sb.selectbox("QLoRA base quantization (none = full fine-tuning)", [q.value for q in Quant if q is not Quant.INT8],
-                 key="w_quant", help=_help("quant"))
+    sb.selectbox("Fine-tuning method", [m.value for m in Method], key="w_method", on_change=_method_changed,
+                 help=_help("method"))
+    adapters = st.session_state.get("w_method") != Method.FULL.value
+    sb.number_input("LoRA rank", 1, share.MAX_APP_LORA_RANK, step=1, key="w_lora_rank", disabled=not adapters,
+                    help=_help("lora-rank"))
+    sb.text_input("LoRA target modules", key="w_lora_targets", disabled=not adapters, help=_help("lora-targets"))
+    if adapters:
+        _lora_targets(show=True)
+    sb.selectbox("QLoRA 4-bit base", [q.value for q in Quant if q is not Quant.INT8], key="w_quant",
+                 disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
+    sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
+                    help=_help("grad-accum"))
     sb.selectbox("Offload (FSDP2, ZeRO-2/3)", [o.value for o in Offload], key="w_offload", help=_help("offload"))
     sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
     sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=_help("methods"))
 
 
+def _method_changed() -> None:
+    """qlora needs a 4-bit base (nf4 unless one is chosen); the other methods have none."""
+    ss = st.session_state
+    qlora = ss.get("w_method") == Method.QLORA.value
+    if qlora and ss.get("w_quant", "none") == Quant.NONE.value:
+        ss.w_quant = Quant.NF4.value
+    elif not qlora:
+        ss.w_quant = Quant.NONE.value
+
+
+def _lora_targets(show: bool = False) -> str:
+    """The typed target modules, or all-linear (with a message when `show`) when they are not module names."""
+    try:
+        return parse_lora_targets(st.session_state.get("w_lora_targets", "all-linear"))
+    except InputError as err:
+        if show:
+            st.sidebar.error(f"{err}; using all-linear")
+        return "all-linear"
+
+
 def _inputs(model: str, upload: str) -> share.AppInputs:
     ss = st.session_state
+    method = Method(ss.get("w_method", "full"))
+    quant = Quant(ss.get("w_quant", "none")) if method is Method.QLORA else Quant.NONE
+    if method is Method.QLORA and quant is Quant.NONE:
+        quant = Quant.NF4
+    adapters = method is not Method.FULL
     strategy = ss.get("w_strategy", "all")
     tp, zero = (1, share.ALL) if strategy == "all" else map(int, strategy.split(":"))
     return share.AppInputs(
         model=model, gpu_type=ss.w_gpu, gpus=int(ss.w_gpus), tp=tp, zero=zero, batch_size=int(ss.w_batch),
         seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
         optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
-        quant=Quant(ss.get("w_quant", "none")),
+        method=method, quant=quant,
+        lora_rank=int(ss.get("w_lora_rank", 16)) if adapters else 16,
+        lora_targets=_lora_targets() if adapters else "all-linear",
+        grad_accum=int(ss.get("w_grad_accum", 1)),
         ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
         offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
         methods=",".join(sorted(ss.get("w_methods", []))),

@@ -32,12 +32,15 @@ from llmem.plan import (
     Precision,
     Quant,
     TrainingPlan,
+    parse_lora_targets,
 )
 
 ALL = "all"  # zero=all: compare every strategy for the GPU count and show the recommended one
 MAX_APP_GPUS = 4096
 MAX_APP_BATCH = 4096
 MAX_APP_CKPT_EVERY = 1024
+MAX_APP_LORA_RANK = 4096
+MAX_APP_GRAD_ACCUM = 1024
 MAX_MODEL_CHARS = 200
 MAX_UPLOAD_NAME_CHARS = 80
 
@@ -63,12 +66,20 @@ class AppInputs:
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
-    quant: Quant = Quant.NONE  # nf4/fp4: QLoRA (--method qlora --quant Q, PEFT's default LoRA settings); none: full
+    quant: Quant = Quant.NONE  # nf4/fp4: the 4-bit base of --method qlora; none otherwise
     offload: Offload = Offload.NONE
     loss: Loss = Loss.STANDARD
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
     ckpt_every: int = 1  # with grad_ckpt full: checkpoint decoder layers 0, K, 2K, ...
     methods: str = ""  # other fine-tuning methods shown beside the plan's strategies, e.g. "lora,qlora"
+    method: Method = Method.FULL  # full / lora / qlora (a link with quant nf4/fp4 and no method means qlora)
+    lora_rank: int = 16  # with lora/qlora
+    lora_targets: str = "all-linear"  # with lora/qlora
+    grad_accum: int = 1  # micro-steps per optimizer step
+
+    def __post_init__(self) -> None:
+        if self.quant is not Quant.NONE and self.method is Method.FULL:  # a 4-bit base alone has always meant qlora
+            object.__setattr__(self, "method", Method.QLORA)
 
     @property
     def compare_all(self) -> bool:
@@ -81,8 +92,8 @@ class AppInputs:
             gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
             precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
             grad_ckpt=self.grad_ckpt, attn=self.attn, ckpt_every=self.ckpt_every,
-            method=Method.QLORA if self.quant is not Quant.NONE else Method.FULL, quant=self.quant,
-            offload=self.offload, loss=self.loss,
+            method=self.method, quant=self.quant, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
+            grad_accum=self.grad_accum, offload=self.offload, loss=self.loss,
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -109,6 +120,10 @@ KEYS: dict[str, str] = {
     "upload": "upload",
     "ckpt_every": "ckpt-every",
     "methods": "methods",
+    "method": "method",
+    "lora_rank": "lora-rank",
+    "lora_targets": "lora-targets",
+    "grad_accum": "grad-accum",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -120,19 +135,23 @@ _ENUMS = {
     "quant": Quant,
     "offload": Offload,
     "loss": Loss,
+    "method": Method,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
-               "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY)}
+               "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY),
+               "lora_rank": (1, MAX_APP_LORA_RANK), "grad_accum": (1, MAX_APP_GRAD_ACCUM)}
+# written into a link only when they differ from their default, so that older links stay equal to new ones
+_ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum")
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
-    """Every input as `{query key: value}`; `upload` only when a config was uploaded, `ckpt-every` when > 1,
-    `methods` when other methods are compared."""
+    """Every input as `{query key: value}`; `upload`, `ckpt-every`, `methods`, `method`, `lora-rank`,
+    `lora-targets` and `grad-accum` only when they differ from their defaults."""
     out = {}
     for f in fields(inputs):
         value = getattr(inputs, f.name)
-        if (f.name in ("upload", "methods") and not value) or (f.name == "ckpt_every" and value == 1):
-            continue  # no upload; ckpt-every only when it departs from 1, methods when some are chosen
+        if f.name in _ONLY_WHEN_SET and value == f.default:
+            continue
         out[KEYS[f.name]] = str(value)
     return out
 
@@ -181,8 +200,13 @@ def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tu
             values[attr] = _parse(attr, text)
         except InputError as err:
             warn(attr, _reason(err))
+    implied = "method" not in values and values.get("quant", Quant.NONE) is not Quant.NONE  # an older link
+    if values.get("method") is Method.FULL and values.get("quant", Quant.NONE) is not Quant.NONE:
+        warnings.append(f"quant: {values['quant']} is the 4-bit base of --method qlora, not of full; using none")
+        values["quant"] = Quant.NONE
     inputs = replace(defaults, **values)
-    return _make_consistent(inputs, defaults, warnings), warnings
+    inputs = _make_consistent(inputs, defaults, warnings, method_implied=implied, quant_given="quant" in values)
+    return inputs, warnings
 
 
 def _parse(attr: str, text: str) -> object:
@@ -196,6 +220,8 @@ def _parse(attr: str, text: str) -> object:
         return get_gpu(text).key
     if attr == "methods":
         return parse_methods(text[:MAX_MODEL_CHARS])
+    if attr == "lora_targets":
+        return parse_lora_targets(text[:MAX_MODEL_CHARS])
     if attr in _ENUMS:
         return _ENUMS[attr].parse(field, text)
     if attr == "zero" and text.lower() == ALL:
@@ -213,8 +239,10 @@ def _parse(attr: str, text: str) -> object:
     return number
 
 
-def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]) -> AppInputs:
-    """Fix combinations that are each valid alone but not together (TP vs GPU count, tokens per GPU)."""
+def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str], *, method_implied: bool = False,
+                     quant_given: bool = True) -> AppInputs:
+    """Fix combinations that are each valid alone but not together (TP vs GPU count, tokens per GPU, a
+    fine-tuning method and the strategy or precision it is not modelled with)."""
     if inputs.batch_size * inputs.seq_len > MAX_TOKENS:
         warnings.append(f"batch-size: {inputs.batch_size} × seq-len {inputs.seq_len} exceeds {MAX_TOKENS:,} "
                         f"tokens per GPU; using batch-size 1")
@@ -230,12 +258,7 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     except InputError as err:
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
-    if inputs.quant is not Quant.NONE:  # QLoRA: one GPU, the base in a pure dtype (TrainingPlan's rules)
-        try:
-            TrainingPlan(gpus=inputs.gpus, precision=inputs.precision, method=Method.QLORA, quant=inputs.quant)
-        except InputError as err:
-            warnings.append(f"quant: {_reason(err)}; using none")
-            inputs = replace(inputs, quant=Quant.NONE)
+    inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
     for attr in ("offload", "loss"):  # options valid for some strategies only: never traded for a strategy change
         try:
             inputs.to_plan()
@@ -258,10 +281,69 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
                 warnings.append(f"{err.field}: {_reason(err)}; using {fallback!s}")
                 inputs = replace(inputs, **{attr: fallback})
                 continue
+            if inputs.method is not Method.FULL and _valid(inputs.with_(method=Method.FULL, quant=Quant.NONE)):
+                warnings.append(f"method: {inputs.method} does not go with these inputs ({err.field}: "
+                                f"{_reason(err)}); using full")
+                inputs = replace(inputs, method=Method.FULL, quant=Quant.NONE)
+                continue
             zero = _valid_zero(inputs.gpus, inputs.tp)
             warnings.append(f"{err.field}: {_reason(err)}; using zero {zero}")
             inputs = replace(inputs, zero=zero)
     return replace(inputs, tp=1, zero=ALL)  # unreachable with the rules of TrainingPlan; never raise anyway
+
+
+def _method_plan(inputs: AppInputs, method: Method, quant: Quant, *, strategy: bool) -> TrainingPlan:
+    """The plan fields a fine-tuning method is validated against (TrainingPlan's own rules): the GPU count and
+    precision, and with `strategy` the chosen TP / ZeRO."""
+    tp, zero = (inputs.tp, int(inputs.zero)) if strategy and not inputs.compare_all else (1, 0)
+    return TrainingPlan(gpus=inputs.gpus, tp=tp, zero=zero, precision=inputs.precision, method=method, quant=quant,
+                        lora_rank=inputs.lora_rank, lora_targets=inputs.lora_targets)
+
+
+def _valid(inputs: AppInputs) -> bool:
+    try:
+        inputs.to_plan()
+    except InputError:
+        return False
+    return True
+
+
+def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: bool, quant_given: bool) -> AppInputs:
+    """`method` and `quant` together, then against the GPU count, precision and strategy: a method that
+    TrainingPlan rejects where full fine-tuning would run falls back to full (quant none), with a warning."""
+    if inputs.method is Method.QLORA and inputs.quant is Quant.NONE:
+        if quant_given:
+            warnings.append("quant: none leaves --method qlora without its 4-bit base; using nf4")
+        inputs = replace(inputs, quant=Quant.NF4)  # the app's default base for qlora
+    if inputs.method is not Method.QLORA and inputs.quant is not Quant.NONE:
+        warnings.append(f"quant: {inputs.quant} is the 4-bit base of --method qlora, not of {inputs.method}; "
+                        "using none")
+        inputs = replace(inputs, quant=Quant.NONE)
+    if inputs.method is Method.FULL:
+        return inputs
+    for strategy in (False, True):
+        try:
+            _method_plan(inputs, inputs.method, inputs.quant, strategy=strategy)
+        except InputError as err:
+            if strategy:
+                try:  # a strategy error that full fine-tuning has too is fixed later by changing the strategy
+                    _method_plan(inputs, Method.FULL, Quant.NONE, strategy=True)
+                except InputError:
+                    break
+            if method_implied:  # an old link: quant=nf4 alone meant qlora
+                warnings.append(f"quant: {_reason(err)}; using none")
+            else:
+                warnings.append(f"method: {inputs.method} does not go with these inputs ({err.field}: "
+                                f"{_reason(err)}); using full")
+            return replace(inputs, method=Method.FULL, quant=Quant.NONE)
+    try:  # partial checkpointing is not modelled with lora
+        TrainingPlan(grad_ckpt=inputs.grad_ckpt, ckpt_every=inputs.ckpt_every, method=inputs.method,
+                     quant=inputs.quant, precision=inputs.precision)
+    except InputError as err:
+        if err.field == "ckpt-every":
+            warnings.append(f"ckpt-every: {_reason(err)}; using 1")
+            inputs = replace(inputs, ckpt_every=1)
+    return inputs
 
 
 def _valid_zero(gpus: int, tp: int) -> int:

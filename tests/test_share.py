@@ -207,3 +207,75 @@ def test_options_invalid_for_the_strategy_fall_back_to_their_default_not_to_anot
     assert decoded.zero == (ALL if query["zero"] == "all" else int(query["zero"]))
     assert any(w.startswith(field + ":") for w in warnings)
     decoded.to_plan()
+
+
+def test_method_lora_rank_targets_and_grad_accum_round_trip_under_their_cli_names():
+    inputs = AppInputs(model="qwen2.5-0.5b", gpus=8, zero=1, method=Method.LORA, lora_rank=8,
+                       lora_targets="q_proj,v_proj", grad_accum=4)
+    query = encode(inputs)
+    assert {k: query[k] for k in ("method", "lora-rank", "lora-targets", "grad-accum")} == {
+        "method": "lora", "lora-rank": "8", "lora-targets": "q_proj,v_proj", "grad-accum": "4"}
+    assert decode(query) == (inputs, [])
+    plan = inputs.to_plan()
+    assert (plan.method, plan.lora_rank, plan.lora_targets, plan.grad_accum) == (Method.LORA, 8, "q_proj,v_proj", 4)
+    assert not {"method", "lora-rank", "lora-targets", "grad-accum"} & set(encode(AppInputs()))  # defaults: absent
+    qlora = AppInputs(gpus=1, zero=0, precision=Precision.FP16, method=Method.QLORA, quant=Quant.NF4, lora_rank=64)
+    assert decode(encode(qlora)) == (qlora, [])
+    assert qlora.to_plan().method is Method.QLORA
+    accum = AppInputs(gpus=4, zero=3, grad_accum=2)  # full fine-tuning: every scheme accumulates
+    assert decode(encode(accum)) == (accum, []) and accum.to_plan().grad_accum == 2
+
+
+def test_old_quant_only_links_still_mean_qlora_and_method_qlora_defaults_to_nf4():
+    inputs, warnings = decode({"quant": "fp4", "precision": "bf16", "gpus": "1"})
+    assert (inputs.method, inputs.quant, warnings) == (Method.QLORA, Quant.FP4, [])
+    inputs, warnings = decode({"method": "qlora", "precision": "bf16"})
+    assert (inputs.method, inputs.quant, warnings) == (Method.QLORA, Quant.NF4, [])
+    inputs, warnings = decode({"method": "qlora", "quant": "none", "precision": "bf16"})  # tampered: no base
+    assert inputs.quant is Quant.NF4 and len(warnings) == 1 and warnings[0].startswith("quant:")
+    inputs, warnings = decode({"method": "lora", "quant": "nf4"})  # a 4-bit base belongs to qlora only
+    assert (inputs.method, inputs.quant) == (Method.LORA, Quant.NONE) and warnings[0].startswith("quant:")
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"method": "dora"}, "method"), ({"method": ""}, "method"), ({"lora-rank": "0"}, "lora-rank"),
+    ({"lora-rank": "99999"}, "lora-rank"), ({"lora-rank": "8.5"}, "lora-rank"), ({"grad-accum": "0"}, "grad-accum"),
+    ({"grad-accum": "-1"}, "grad-accum"), ({"grad-accum": "1e3"}, "grad-accum"),
+    ({"lora-targets": "../etc"}, "lora-targets"), ({"lora-targets": "q_proj;rm"}, "lora-targets"),
+])
+def test_tampered_method_values_warn_and_take_the_default(query, field):
+    inputs, warnings = decode(query)
+    assert inputs == AppInputs()
+    assert len(warnings) == 1 and warnings[0].startswith(f"{field}:") and "using" in warnings[0]
+
+
+@pytest.mark.parametrize("query, named", [
+    ({"method": "qlora"}, "precision"),  # default bf16-mixed: qlora builds its base in a pure dtype
+    ({"method": "qlora", "precision": "bf16", "gpus": "4"}, "one GPU"),
+    ({"method": "qlora", "precision": "bf16", "gpus": "2", "zero": "0"}, "one GPU"),
+    ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
+    ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "tensor parallelism"),
+    ({"method": "lora", "gpus": "8", "zero": "3"}, "mixed precision"),  # FSDP2 + bf16-mixed
+    ({"method": "lora", "gpus": "4", "zero": "2", "precision": "fp16-mixed"}, "mixed precision"),
+])
+def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_method(query, named):
+    inputs, warnings = decode(query)
+    assert (inputs.method, inputs.quant) == (Method.FULL, Quant.NONE)
+    assert inputs.gpus == int(query.get("gpus", 1)) and inputs.precision == AppInputs().precision.parse(
+        "precision", query.get("precision", "bf16-mixed"))  # the rest of the link is kept
+    hits = [w for w in warnings if w.startswith("method:")]
+    assert len(hits) == 1 and named in hits[0] and hits[0].endswith("using full")
+    inputs.to_plan()  # a valid plan
+
+
+def test_valid_lora_strategies_are_kept_and_partial_checkpointing_falls_back():
+    for query in ({"method": "lora", "gpus": "8", "zero": "1"}, {"method": "lora", "gpus": "8", "zero": "all"},
+                  {"method": "lora", "gpus": "8", "zero": "3", "precision": "bf16"},
+                  {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp32"}):
+        inputs, warnings = decode(query)
+        assert inputs.method is Method.LORA and warnings == [], (query, warnings)
+        inputs.to_plan()
+    inputs, warnings = decode({"method": "lora", "grad-ckpt": "full", "ckpt-every": "2"})
+    assert (inputs.method, inputs.ckpt_every) == (Method.LORA, 1)
+    assert len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
+    inputs.to_plan()

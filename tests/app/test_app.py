@@ -55,7 +55,8 @@ def test_default_view_answers_first_and_fills_the_link():
     assert not link_warnings(at)
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
-    assert set(at.query_params) == set(KEYS.values()) - {"upload", "ckpt-every", "methods"}  # those two only when set
+    only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum"}
+    assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
     assert len(at.get("plotly_chart")) == 3  # breakdown + two curves
@@ -299,3 +300,53 @@ def test_other_methods_appear_as_rows_and_travel_in_the_link():
     tampered = run({"methods": "dora"})
     assert_clean(tampered)
     assert any("methods" in w and "dora" in w for w in link_warnings(tampered))
+
+
+def test_lora_link_renders_a_lora_verdict_and_table_and_keeps_its_keys():
+    query = {"model": "llama-3.2-1b-instruct", "gpus": "8", "method": "lora", "lora-rank": "8", "grad-accum": "2"}
+    at = run(query)
+    assert_clean(at)
+    assert not link_warnings(at)
+    assert "LoRA r=8" in verdict(at)
+    shown = table(at)
+    assert all(label.startswith("LoRA r=8") for label in shown.index)
+    # bf16-mixed: LoRA is modelled on DDP and ZeRO-1 only (FSDP2 would cast the fp32 adapters); no TP rows
+    assert sorted(shown["ZeRO"]) == [0, 1] and set(shown["TP"]) == {1}
+    assert at.number_input(key="w_lora_rank").value == 8 and not at.number_input(key="w_lora_rank").disabled
+    assert at.selectbox(key="w_quant").disabled
+    for key, value in query.items():
+        assert at.query_params[key] == value
+    pure = run({**query, "precision": "bf16"})  # a pure dtype: FSDP2 ZeRO-2/3 rows join
+    assert_clean(pure)
+    assert sorted(table(pure)["ZeRO"]) == [0, 1, 2, 3]
+
+
+def test_qlora_link_via_method_renders_with_the_nf4_base():
+    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"}
+    full, qlora = run(query), run({**query, "method": "qlora"})
+    assert_clean(qlora)
+    assert not link_warnings(qlora)
+    assert qlora.selectbox(key="w_method").value == "qlora" and qlora.selectbox(key="w_quant").value == "nf4"
+    assert "QLoRA nf4" in verdict(qlora) and verdict(qlora) != verdict(full)
+    assert qlora.query_params["method"] == "qlora" and qlora.query_params["quant"] == "nf4"
+
+
+def test_grad_accum_raises_the_peak_and_travels_in_the_link():
+    query = {"model": "llama-3.2-1b-instruct", "gpus": "1", "zero": "0"}
+    one, four = run(query), run({**query, "grad-accum": "4"})
+    assert_clean(four)
+    assert not link_warnings(four)
+    assert four.query_params["grad-accum"] == "4" and "grad-accum" not in one.query_params
+    assert table(four)["per-GPU peak (GiB)"].iloc[0] > table(one)["per-GPU peak (GiB)"].iloc[0]
+
+
+def test_choosing_qlora_in_the_sidebar_enables_the_4bit_base_at_nf4():
+    at = run({"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"})
+    assert at.selectbox(key="w_quant").disabled and at.number_input(key="w_lora_rank").disabled
+    at.selectbox(key="w_method").set_value("qlora").run()
+    assert_clean(at)
+    assert at.selectbox(key="w_quant").value == "nf4" and not at.selectbox(key="w_quant").disabled
+    assert at.query_params["method"] == "qlora" and "QLoRA nf4" in verdict(at)
+    at.selectbox(key="w_method").set_value("full").run()
+    assert_clean(at)
+    assert at.selectbox(key="w_quant").value == "none" and "method" not in at.query_params
