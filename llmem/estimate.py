@@ -313,6 +313,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if lora.is_lora(plan):  # only the adapters have gradients
         sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
+    residual_grad = plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes  # d(layer output)
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)
     root_gather, layer_gather = comm.root_unsharded_bytes(spec, plan), comm.layer_unsharded_bytes(spec, plan)
@@ -341,6 +342,19 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
         below = layer * kept if lora.is_lora(plan) else act.kept_layers_bytes(spec, cp, layer)
         current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
+        if plan.scheme is not Scheme.ZERO2:  # ZeRO-3 (and TP x FSDP2) all-gather again in backward
+            # The layer's pre-backward (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its
+            # output alive, its copy-out (new unsharded storage beside its prefetched all-gather output, freed
+            # next), then the prefetch of layer - 1 (`_backward_prefetch`): a new all-gather output while the
+            # unsharded parameters stay, and on CPU gloo's flat output inside the all-gather.
+            own = (act.kept_layers_bytes(spec, cp, layer + 1) - act.kept_layers_bytes(spec, cp, layer)
+                   if not lora.is_lora(plan) else kept)
+            phases.append(_phase(
+                f"backward (layer {layer}, pre-backward all-gather)", **persistent,
+                activations=below + outer_act + own - first_saving,
+                gradients=root_grads_head + later + residual_grad,
+                logits=logits, communication=comm.pre_backward_gather_bytes(spec, plan, layer) + retained))
+            held[f"backward (layer {layer}, pre-backward all-gather)"] = later
         phases.append(_phase(
             f"backward (layer {layer})", **persistent,
             activations=below + outer_act + current - first_saving,

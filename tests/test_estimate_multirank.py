@@ -31,6 +31,9 @@ ROWS = {
         "zero2-fp32-sgd": {"zero": 2, "optimizer": "sgd"},
         "zero2-bf16mix-foreach": {"zero": 2, "precision": "bf16-mixed", "optimizer_impl": "foreach"},
         "zero3-bf16mix-foreach": {"zero": 3, "precision": "bf16-mixed", "optimizer_impl": "foreach"},
+        # fp32 ZeRO-3: the peak is the last layer's pre-backward, where the prefetch of the layer below all-gathers
+        # beside the layer's own unsharded parameters (and, on CPU, gloo's flat copy of the gathered output)
+        "zero3-fp32-adamw": {"zero": 3},
         "large-zero2-fp32-adamw": {"zero": 2, **LARGE_BASE},
         "large-zero3-fp32-sgd": {"zero": 3, "optimizer": "sgd", **LARGE_BASE},
         "large-zero3-bf16mix-forloop": {"zero": 3, "precision": "bf16-mixed", **LARGE_BASE},

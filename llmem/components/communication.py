@@ -23,6 +23,8 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
                   `reduce_dtype` (fp32 under mixed precision) and copies the unsharded grads in; it is kept in
                   `comm_ctx.reduce_scatter_states` until the next group's post-backward (one buffer,
                   `reduce_scatter_max_input_buffers=1`) and the last one until the root's final callback.
+  gloo flat output (CPU profile) gloo's all-gather copies through a flat world × chunk tensor allocated on the
+                  calling thread (`gloo_all_gather_flat_output_bytes`): A beside the new output A during a gather.
   gloo scratch     (CPU profile) the gloo backend has no native reduce-scatter: `reduce_scatter_tensor` all-reduces
                   a copy of the whole input (`empty_strided` on the calling thread, freed on gloo's worker
                   thread) and copies this rank's chunk out; NCCL (CUDA profile) reduce-scatters in place.
@@ -147,6 +149,29 @@ def backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None
         return root + (layer_count * a if plan.scheme is Scheme.ZERO2 else a)
     earlier = layer * a if plan.scheme is Scheme.ZERO2 else (a if layer > 0 else 0)
     return root + (a if own else 0) + earlier
+
+
+def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """(CPU profile) gloo's flat copy of a layer's all-gather output: `ProcessGroupGloo::_allgather_base` chunks the
+    output into one view per rank and runs `allgather`, whose `AsyncAllgatherWork::getOutputTensors` returns
+    `newLikeFlat(outputs[0])` (world × chunk elements, A bytes) on the calling thread while the collective is
+    enqueued; it is freed before the call returns. NCCL (CUDA profile) gathers into the output directly."""
+    from llmem.plan import Device
+
+    if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
+        return 0
+    return layer_unsharded_bytes(spec, plan)
+
+
+def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """ZeRO-3, in decoder layer `layer`'s pre-backward: the root's unsharded parameters, the layer's copy-out (its
+    new unsharded storage beside its prefetched all-gather output, 2A) and, for layer > 0, the same 2A once that
+    output is freed and `_backward_prefetch` has allocated layer - 1's, plus gloo's flat output during that
+    all-gather (`gloo_all_gather_flat_output_bytes`)."""
+    if plan.scheme not in FSDP_SCHEMES or plan.scheme is Scheme.ZERO2:
+        return 0
+    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    return root + 2 * a + (gloo_all_gather_flat_output_bytes(spec, plan) if layer > 0 else 0)
 
 
 def backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
