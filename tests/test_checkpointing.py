@@ -53,13 +53,15 @@ def test_choice_fits_and_every_less_recomputing_choice_does_not(preset, plan, fr
 
 
 def test_partial_checkpointing_is_chosen_when_it_is_enough():
+    """A budget that checkpointing every 4th layer meets, and no checkpointing does not: the planner picks partial
+    checkpointing with at least that little recomputation (K >= 4), never full."""
     spec = ModelSpec.from_config(load_preset("llama-3.1-8b"))
     plan = TrainingPlan(gpus=8, zero=3, batch_size=2, seq_len=4096)
-    none = estimate(spec, plan).device_total_bytes
-    full = estimate(spec, plan.with_(grad_ckpt="full")).device_total_bytes
-    result = plan_checkpointing(spec, plan, (none + full) // 2)
-    assert result.chosen.plan.grad_ckpt is GradCkpt.FULL and 1 < result.chosen.plan.ckpt_every < spec.num_layers
-    assert 0 < result.chosen.recomputed_layers < spec.num_layers
+    every4 = estimate(spec, plan.with_(grad_ckpt="full", ckpt_every=4)).device_total_bytes
+    assert estimate(spec, plan).device_total_bytes > every4
+    result = plan_checkpointing(spec, plan, every4)
+    assert result.chosen.plan.grad_ckpt is GradCkpt.FULL and 4 <= result.chosen.plan.ckpt_every <= spec.num_layers
+    assert 0 < result.chosen.recomputed_layers <= spec.num_layers // 4
 
 
 def test_nothing_fits_says_so():
