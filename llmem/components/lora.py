@@ -21,7 +21,10 @@ Saved for backward, compared with full fine-tuning:
     under pure half, `x.to(fp32)` is a per-Linear fp32 copy.
   - lora_B saves the A output, r per token, in the compute dtype of the adapter (fp32 unless autocast).
   - Under autocast the adapters' half-precision weight casts (cached: fp32 leaves that require grad) are saved.
-  - Layer 0's input does not require grad (the embeddings are frozen), so its first norm saves nothing.
+  - Layer 0's input does not require grad (the embeddings are frozen), so its first norm saves nothing. There a frozen
+    q_proj / k_proj without an adapter makes an output that does not require grad either, so qwen3's q_norm / k_norm
+    on it (a frozen `Qwen3RMSNorm`) saves neither its fp32 input nor its rsqrt (sdpa still saves q / k, since another
+    of its inputs requires grad).
 """
 
 from __future__ import annotations
@@ -209,6 +212,10 @@ _INPUT_GROUPS = (  # (Linear names, width key, full-FT entries saved for their w
 )
 _FIRST_LAYER_UNSAVED = ("input (residual stream)", "input_layernorm.rsqrt", "input_layernorm.to_fp32",
                         "input_layernorm.(1+weight) fp32")
+# qwen3's per-head norms on a projection output (activations.llama_family_saved), saved only when that output
+# requires grad: in layer 0, only when the projection has an adapter
+_PROJECTION_NORM_SAVED = {"q_proj": ("q_norm.rsqrt", "q_norm.input in fp32"),
+                          "k_proj": ("k_norm.rsqrt", "k_norm.input in fp32")}
 
 
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
@@ -254,12 +261,16 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> lis
     tokens = plan.batch_size * plan.seq_len
     drop = {".normalized"}
     dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names}
+    mods = [p for p in targeted(spec, plan) if p.layer == 0]
     if first:
         dropped_names |= set(_FIRST_LAYER_UNSAVED)
+        adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
+        for proj, names in _PROJECTION_NORM_SAVED.items():
+            if proj not in adapted:  # a frozen projection of a no-grad input: its output needs no gradient
+                dropped_names |= set(names)
     items = [s for s in act.layer_saved(spec, plan)
              if s.name not in dropped_names and not any(s.name.endswith(d) for d in drop)]
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
-    mods = [p for p in targeted(spec, plan) if p.layer == 0]
     a_bytes = 2 if plan.precision.is_mixed else FP32
     for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
         group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]

@@ -82,3 +82,14 @@ def _error(family: str, **plan) -> float:
 def test_peak_within_2_percent(family, plan):
     pytest.importorskip("torch")
     assert abs(_error(family, **plan)) < 0.02
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_qwen3_frozen_k_proj_first_layer(precision):
+    """Adapters on q_proj and v_proj only: layer 0's k_proj (frozen, its input needs no gradient) makes a k that needs
+    none either, so k_norm saves nothing there. Counting its fp32 input and rsqrt put this peak 1.6 % high while the
+    LoRA rows with every projection adapted are within 0.05 %; 0.5 % separates the two."""
+    pytest.importorskip("torch")
+    err = _error("qwen3", method="lora", lora_dropout=0.0, lora_targets="q_proj,v_proj", lora_rank=8,
+                 precision=precision)
+    assert abs(err) < 0.005
