@@ -141,11 +141,11 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     final_norm = act.final_norm_bytes(spec, plan)
     recompute = 0
     if plan.grad_ckpt is GradCkpt.FULL:
-        recompute = act.layer_activation_bytes(spec, plan) + act.checkpointed_input_extra_bytes(spec, plan)
+        recompute = act.recompute_bytes(spec, plan)
     if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
         final_norm = lora.final_norm_bytes(spec, plan)
         if plan.grad_ckpt is GradCkpt.FULL:
-            recompute = lora.layer_activation_bytes(spec, plan)
+            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan))
         else:
             kept = lora.layer_activation_bytes(spec, plan)
             outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
@@ -297,11 +297,11 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     forward_acts = act.kept_layers_bytes(spec, cp, layers) + outer_act + act.final_norm_bytes(spec, cp)
     recompute = 0
     if plan.grad_ckpt is GradCkpt.FULL:
-        recompute = act.layer_activation_bytes(spec, cp) + act.checkpointed_input_extra_bytes(spec, cp)
+        recompute = act.recompute_bytes(spec, cp)
     first_saving = 0
     if lora.is_lora(plan):  # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own
         if plan.grad_ckpt is GradCkpt.FULL:
-            recompute = lora.layer_activation_bytes(spec, cp)
+            recompute = act.recompute_bytes(spec, cp, lora.layer_activation_bytes(spec, cp))
         else:
             kept = lora.layer_activation_bytes(spec, cp)
             first_saving = lora.first_layer_saving_bytes(spec, cp)  # layer 0 keeps less while its saves are alive

@@ -485,9 +485,22 @@ def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return checkpointed_layer_bytes(spec, plan)
 
 
+# `torch.get_rng_state()`: the CPU generator's state as a uint8 tensor (mt19937 state + normal-sampling cache).
+CPU_RNG_STATE_BYTES = 5056
+
+
+def checkpoint_rng_state_bytes(plan: TrainingPlan) -> int:
+    """`torch.utils.checkpoint` (`use_reentrant=False`, `preserve_rng_state=True`, the default) stashes
+    `fwd_cpu_state = torch.get_rng_state()` at each checkpointed layer's forward, kept by the checkpoint frame until
+    the layer's backward has run. It is a CPU tensor on every device (the CUDA generators' states it also saves are
+    CPU tensors too), so only the cpu profile counts it. The recompute stashes another copy whose release is not
+    tied to the layer's backward; it is not modelled."""
+    return CPU_RNG_STATE_BYTES if plan.grad_ckpt is GradCkpt.FULL and plan.device is Device.CPU else 0
+
+
 def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.grad_ckpt is GradCkpt.FULL:
-        return checkpointed_layer_bytes(spec, plan)
+        return checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)
     return layer_activation_bytes(spec, plan)
 
 
@@ -521,16 +534,25 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
         return count * kept_per_layer_bytes(spec, plan)
     ckpt = -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... below `count`
     full = layer_activation_bytes(spec, layer_plan(plan, 1))
-    return ckpt * checkpointed_layer_bytes(spec, plan) + (count - ckpt) * full
+    return ckpt * (checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)) + (count - ckpt) * full
 
 
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """What layer `layer` holds while its own backward runs: checkpointed, its input plus everything the recompute
-    saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`); otherwise its saved tensors."""
+    saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state
+    (`checkpoint_rng_state_bytes`); otherwise its saved tensors."""
     lp = layer_plan(plan, layer)
     if lp.grad_ckpt is GradCkpt.FULL:
-        return layer_activation_bytes(spec, lp) + checkpointed_input_extra_bytes(spec, lp)
+        return recompute_bytes(spec, lp)
     return layer_activation_bytes(spec, lp)
+
+
+def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, saved: int | None = None) -> int:
+    """A checkpointed layer during its backward: what its recompute saved (`saved`, default the layer's
+    `layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state, still held."""
+    if saved is None:
+        saved = layer_activation_bytes(spec, plan) + checkpointed_input_extra_bytes(spec, plan)
+    return saved + checkpoint_rng_state_bytes(plan)
 
 
 def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[int]:
