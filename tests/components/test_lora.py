@@ -93,3 +93,13 @@ def test_qwen3_frozen_k_proj_first_layer(precision):
     err = _error("qwen3", method="lora", lora_dropout=0.0, lora_targets="q_proj,v_proj", lora_rank=8,
                  precision=precision)
     assert abs(err) < 0.005
+
+
+def test_targets_without_attention_projections_are_refused_naming_the_field():
+    from llmem.presets import load_preset
+
+    spec = ModelSpec.from_config(load_preset("qwen2.5-0.5b"))
+    with pytest.raises(InputError) as err:
+        estimate(spec, TrainingPlan(method="lora", lora_targets="gate_proj,up_proj"))
+    assert err.value.field == "lora-targets" and "q_proj" in str(err.value)
+    estimate(spec, TrainingPlan(method="lora", lora_targets="v_proj,gate_proj"))  # one attention projection: fine
