@@ -227,7 +227,7 @@ def _training_widgets() -> None:
                  disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
     sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
                     help=_help("grad-accum"))
-    sb.selectbox("Offload (FSDP2, ZeRO-2/3)", [o.value for o in Offload], key="w_offload", help=_help("offload"))
+    sb.selectbox("Offload to host memory", [o.value for o in Offload], key="w_offload", help=_help("offload"))
     sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
     sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=_help("methods"))
 
@@ -333,6 +333,7 @@ def _comparison_table(comparison) -> pd.DataFrame:
             "headroom (GiB)": round(gib(row.headroom_bytes), 2),
             "max micro-batch": row.max_batch_size,
             "tokens/step": row.tokens_per_step,
+            "host RAM per node (GiB)": round(gib(row.estimate.host_node_bytes), 2),
         })
     return pd.DataFrame(rows)
 

@@ -157,6 +157,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"{spec.name} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), micro-batch "
           f"{plan.batch_size} × {plan.seq_len}, {plan.precision} — GiB per GPU")
     cols = ["strategy", "peak_gib", "device_total_gib", "fits", "headroom_gib", "max_batch_size", "peak_phase"]
+    if frame["host_node_gib"].any():  # some row offloads: its host RAM per node stands beside the GPU figures
+        cols.append("host_node_gib")
     print(frame[cols + ["recommended"]].to_string(index=False))
     print(f"\nrecommended: {result.reason}")
     if args.csv:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
-from llmem.plan import MAX_TOKENS, Method, Scheme, TrainingPlan
+from llmem.plan import MAX_TOKENS, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
@@ -92,6 +92,7 @@ class Row:
             "headroom_gib": round(self.headroom_bytes / (1 << 30), 3),
             "max_batch_size": self.max_batch_size,
             "tokens_per_step": self.tokens_per_step,
+            "host_node_gib": round(self.estimate.host_node_bytes / (1 << 30), 3),  # offloaded, per node; 0 if none
         }
 
 
@@ -115,6 +116,10 @@ METHOD_VARIANTS = {
     "lora": {"method": Method.LORA, "quant": "none"},
     # QLoRA's usual program: the 4-bit base computes in bf16 (mixed precision is not how bitsandbytes runs it)
     "qlora": {"method": Method.QLORA, "quant": "nf4", "precision": "bf16"},
+    # full fine-tuning with the optimizer on the host: torchao's CPUOffloadOptimizer (one GPU) ...
+    "offload-optimizer": {"method": Method.FULL, "quant": "none", "offload": Offload.OPTIMIZER},
+    # ... and FSDP2's CPUOffloadPolicy (ZeRO-2/3 on 2+ GPUs; its ZeRO-2 row comes with it)
+    "offload-params": {"method": Method.FULL, "quant": "none", "offload": Offload.OPTIMIZER_PARAMS, "zero": 3},
 }
 
 
@@ -126,6 +131,8 @@ def method_label(plan: TrainingPlan) -> str:
         return f"QLoRA {plan.quant} r={plan.lora_rank} ({plan.precision})"
     if plan.method is not Method.FULL:
         return str(plan.method)
+    if plan.offload is not Offload.NONE:
+        return f"offload {plan.offload}"
     return ""
 
 

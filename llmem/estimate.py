@@ -24,6 +24,8 @@ from llmem.components.gradients import (
     later_layers_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
+    offloaded_embedding_transient_bytes,
+    offloaded_head_transient_bytes,
     tied_gradient_sum_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes, paged_state_bytes
@@ -136,6 +138,10 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan),
                       standing=comm.standing_buffer_bytes(spec, plan))
     grads_all, grads_outer = gradient_bytes(spec, plan), head_gradient_bytes(spec, plan)
+    # --offload optimizer (offloaded gradients): a gradient's GPU life ends at its hook, so the lm_head's and the
+    # embedding's are counted only at the moment they are made
+    head_transient = offloaded_head_transient_bytes(spec, plan)
+    embedding_transient = offloaded_embedding_transient_bytes(spec, plan)
     kept = act.kept_per_layer_bytes(spec, plan)
     outer_act = act.outer_saved_bytes(spec, plan)
     final_norm = act.final_norm_bytes(spec, plan)
@@ -176,13 +182,14 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         _phase("loss backward", **persistent, activations=forward_acts, temporaries=saved_casts * casts + head_cast,
                logits=loss_bwd, communication=gathered(layers)),
         _phase("lm_head backward", **persistent, activations=forward_acts,
-               gradients=grads_outer - autocast.head_fp32_gradient_bytes(spec, plan) * bool(head_grad_copy),
+               gradients=grads_outer + head_transient
+               - autocast.head_fp32_gradient_bytes(spec, plan) * bool(head_grad_copy),
                temporaries=saved_casts * casts + head_cast + head_grad_copy,
                logits=head_bwd, communication=gathered(layers)),
     ]
     if head_grad_copy:  # autocast: MmBackward0 has returned (its saved weight copy and input gradient freed)
         phases.append(_phase("lm_head backward, weight gradient cast to fp32", **persistent, activations=forward_acts,
-                             gradients=grads_outer, temporaries=saved_casts * casts + head_grad_copy,
+                             gradients=grads_outer + head_transient, temporaries=saved_casts * casts + head_grad_copy,
                              logits=logits, communication=gathered(layers)))
     edges = [(last, "backward (last layer)"), (0, "backward (first layer)")]
     if partial:
@@ -219,12 +226,13 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             b = dict(ph.breakdown)
             b[Category.TEMPORARIES] += extra
             phases.append(Phase(f"{ph.name}, 4-bit weight dequantized", b))
-    phases.append(_phase("backward end", **persistent, gradients=grads_all, logits=logits,
+    phases.append(_phase("backward end", **persistent, gradients=grads_all + embedding_transient, logits=logits,
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:  # the embedding's input gradient is freed once its backward returned; the out-of-place sum
-        phases.append(_phase("backward end, tied gradients summed", **persistent, gradients=grads_all,
+        phases.append(_phase("backward end, tied gradients summed", **persistent,
+                             gradients=grads_all + embedding_transient,
                              logits=logits, temporaries=embedding_gradient_accumulate_bytes(spec, plan) + tied_sum))
     phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))

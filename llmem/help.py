@@ -38,8 +38,10 @@ HELP = {
                   "and backward, so the peak grows by about one gradient copy (per GPU: its share of them). On more "
                   "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "
                   "sharded gradients; no no_sync).",
-    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full): each "
-               "runs on the same GPU count where it can, else on one GPU (qlora: nf4 base in bf16). The "
+    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full, "
+               "offload-optimizer, offload-params): each runs on the same GPU count where it can, else on one GPU "
+               "(qlora: nf4 base in bf16; offload-optimizer: full fine-tuning with torchao's optimizer offload on "
+               "one GPU; offload-params: full fine-tuning with FSDP2 CPU offload, ZeRO-2/3 on 2+ GPUs). The "
                "recommendation stays with the chosen method.",
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
@@ -51,7 +53,10 @@ HELP = {
     "offload": "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and "
                "optimizer states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only "
                "gathered layers, unsharded gradients, buffers and activations. Host RAM is shown separately. "
-               "optimizer (DeepSpeed ZeRO-Offload): not supported by the PyTorch engine.",
+               "optimizer (one GPU): torchao's CPUOffloadOptimizer, the single-GPU form of DeepSpeed's ZeRO-Offload: "
+               "AdamW/SGD states and a pinned copy of each weight and gradient live on the host and the step runs "
+               "on the CPU; gradients leave the GPU as they are made (with --grad-accum 1). Tensors under 4096 "
+               "elements stay on the GPU.",
     "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
             "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
             "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",

@@ -114,10 +114,11 @@ class Quant(Choice):
 
 
 class Offload(Choice):
-    """Where FSDP2 keeps the sharded parameters, gradients and optimizer states (DESIGN.md "Project extensions")."""
+    """What leaves the GPU for host memory (DESIGN.md "Project extensions"): the optimizer (torchao's
+    CPUOffloadOptimizer, one GPU), or FSDP2's sharded parameters, gradients and optimizer states."""
 
     NONE = "none"
-    OPTIMIZER = "optimizer"  # reserved: DeepSpeed ZeRO-Offload; rejected (FSDP2 offloads parameters too)
+    OPTIMIZER = "optimizer"  # torchao CPUOffloadOptimizer: states (and gradients) on the host, one GPU
     OPTIMIZER_PARAMS = "optimizer+params"  # FSDP2 CPUOffloadPolicy()
 
 
@@ -232,17 +233,29 @@ class TrainingPlan:
         if self.offload is Offload.NONE:
             return
         if self.offload is Offload.OPTIMIZER:
-            raise InputError("offload", "optimizer-only offload (optimizer states on the host, parameters on the GPU) "
-                             "is DeepSpeed's ZeRO-Offload, and --engine deepspeed is not yet supported; the "
-                             "PyTorch engine's FSDP2 CPUOffloadPolicy offloads parameters, gradients and optimizer "
-                             "states together: use --offload optimizer+params with --zero 2 or 3, or --offload none")
+            self._validate_optimizer_offload()
         if self.device is Device.CPU:
             raise InputError("offload", "offload moves tensors from the GPU to host memory; on the cpu profile they "
-                             "are the same memory (FSDP2's pinned host copies need an accelerator). Use --device "
+                             "are the same memory (the pinned host copies need an accelerator). Use --device "
                              "cuda or --offload none")
+        if self.offload is Offload.OPTIMIZER:
+            return
         if self.tp > 1 or self.zero not in (2, 3):
             raise InputError("offload", "optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for --zero 2 or 3 "
                              "with --tp 1 on 2 or more GPUs; use that, or --offload none")
+
+    def _validate_optimizer_offload(self) -> None:
+        """`--offload optimizer` is torchao's `CPUOffloadOptimizer`: a single-GPU optimizer wrapper (its gradient
+        hooks copy un-reduced gradients, so it does not compose with DDP or FSDP2), over torch's own optimizers."""
+        if self.gpus > 1:
+            raise InputError("offload", "optimizer offload runs torchao's CPUOffloadOptimizer, which is single-GPU; "
+                             "on several GPUs use --offload optimizer+params with --zero 2 or 3, or --gpus 1")
+        if self.method is not Method.FULL:
+            raise InputError("offload", "optimizer offload is modelled for --method full (LoRA's adapter states "
+                             "are a few MB); use --offload none with --method lora/qlora")
+        if self.optimizer not in (Optimizer.ADAMW, Optimizer.SGD):
+            raise InputError("offload", f"optimizer offload is modelled for torch's adamw and sgd, not "
+                             f"{self.optimizer.value} (its states are already small); use --optimizer adamw or sgd")
 
     def _validate_loss(self) -> None:
         if self.loss is Loss.STANDARD:

@@ -125,3 +125,14 @@ def test_offload_reports_host_memory_separately():
 def test_offload_and_loss_errors_name_the_field(args, field):
     out = run("estimate", "--model", "llama-3.2-1b-instruct", *args)
     assert out.returncode != 0 and field in out.stderr and "Traceback" not in out.stderr
+
+
+def test_compare_shows_host_ram_beside_offloaded_rows():
+    out = run("compare", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--methods", "offload-optimizer")
+    assert out.returncode == 0, out.stderr
+    header, *lines = [line for line in out.stdout.splitlines() if "GiB per GPU" not in line][:9]
+    assert "host_node_gib" in header
+    offloaded = next(line for line in lines if line.lstrip().startswith("offload optimizer"))
+    plain = next(line for line in lines if line.lstrip().startswith("DDP"))
+    host = header.split().index("host_node_gib") - len(header.split())  # counted from the right
+    assert float(offloaded.split()[host]) > 1 and float(plain.split()[host]) == 0

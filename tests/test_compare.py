@@ -94,3 +94,25 @@ def test_qlora_variant_runs_its_usual_program_on_one_gpu():
     # the 4-bit base holds about half a byte per weight: far less than the bf16 weights of the same model
     assert qlora.estimate.breakdown[next(c for c in qlora.estimate.breakdown if str(c) == "parameters")] \
         < SPEC.total_params
+
+
+def test_offload_variants_add_the_one_gpu_optimizer_offload_and_the_fsdp2_offload_rows():
+    from llmem.compare import method_variants
+
+    capacity = get_gpu("h100-80gb").memory_bytes
+    plan = TrainingPlan(gpus=8, seq_len=2048)
+    result = compare(SPEC, plan, capacity, variants=method_variants("offload-optimizer,offload-params"))
+    extra = [r for r in result.rows if r.variant]
+    assert sorted((str(r.plan.offload), r.plan.gpus, r.plan.zero) for r in extra) == [
+        ("optimizer", 1, 0), ("optimizer+params", 8, 2), ("optimizer+params", 8, 3)]
+    assert all(r.label.startswith(f"offload {r.plan.offload} · ") for r in extra)
+    own = {(r.plan.gpus, r.plan.zero): r for r in result.rows if not r.variant}
+    by = {(r.plan.gpus, r.plan.zero): r for r in extra}
+    # the FSDP2 offload takes the sharded parameters, gradients and states off each GPU
+    for zero in (2, 3):
+        assert by[(8, zero)].peak_bytes < own[(8, zero)].peak_bytes
+    # one GPU with the optimizer on the host needs far less than one GPU without (not a row here: 8 GPUs)
+    single = estimate(SPEC, plan.with_(gpus=1))
+    assert by[(1, 0)].peak_bytes < single.peak_bytes - by[(1, 0)].estimate.host_breakdown[
+        next(c for c in by[(1, 0)].estimate.host_breakdown if str(c) == "optimizer states")] / 2
+    assert result.recommended is not None and not result.recommended.variant

@@ -197,7 +197,7 @@ def test_offload_and_loss_round_trip_and_tampering_warns():
 
 @pytest.mark.parametrize("query, field", [
     ({"gpus": "4", "zero": "0", "offload": "optimizer+params"}, "offload"),  # needs ZeRO-2/3
-    ({"gpus": "4", "zero": "3", "offload": "optimizer"}, "offload"),  # DeepSpeed's, not the torch engine's
+    ({"gpus": "4", "zero": "3", "offload": "optimizer"}, "offload"),  # torchao's optimizer offload is single-GPU
     ({"gpus": "4", "zero": "all", "offload": "optimizer+params"}, "offload"),  # compare varies the strategy
     ({"gpus": "4", "zero": "3", "loss": "fused-linear-ce"}, "loss"),  # not modelled under FSDP2
 ])

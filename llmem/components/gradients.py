@@ -4,10 +4,13 @@ bytes = local_params * param_bytes: `.grad` has the parameter's dtype (fp32 unde
 backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeRO-1 keep full gradients.
 Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them).
 LoRA: only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embeddings run no backward.
+`--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of a tensor of 4096 or more
+elements is dropped by its hook right after AccumulateGrad made it, so only the small ones are held
+(`llmem.components.offload`); the moment each is made is counted where it is made (`offloaded_*_transient_bytes`).
 """
 
 from llmem.components import activations as act
-from llmem.components import lora
+from llmem.components import lora, offload
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
@@ -18,6 +21,8 @@ def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
     if lora.is_lora(plan):
         return lora.adapter_bytes(spec, plan)
+    if offload.offloads_gradients(plan):
+        return offload.device_gradient_bytes(spec.params, plan)
     return shard_summary(spec, plan).total * plan.precision.param_bytes
 
 
@@ -31,6 +36,8 @@ def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int)
     """Gradients of the layers after `layer`, which backward has already produced."""
     if lora.is_lora(plan):
         return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
+    if offload.offloads_gradients(plan):
+        return sum(offload.device_gradient_bytes(spec.layer_params(k), plan) for k in range(layer + 1, spec.num_layers))
     return sum(shard_summary(spec, plan).per_layer[layer + 1:]) * plan.precision.param_bytes
 
 
@@ -43,7 +50,30 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     outer = spec.outer_params
     skip = () if spec.tie_word_embeddings else (outer[0],)
     positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
-    return sum(local_numel(p, plan) for p in outer if p not in skip + positional) * plan.precision.param_bytes
+    made = [p for p in outer if p not in skip + positional]
+    if offload.offloads_gradients(plan):  # the tied weight's waits in its InputBuffer for the embedding's
+        tied = [p for p in made if spec.tie_word_embeddings and p is outer[0]]
+        return sum(local_numel(p, plan) for p in tied) * plan.precision.param_bytes + \
+            offload.device_gradient_bytes([p for p in made if p not in tied], plan)
+    return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
+
+
+def offloaded_head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--offload optimizer` with offloaded gradients: at the lm_head backward moment its (untied) weight gradient
+    exists from AccumulateGrad until its hook drops it — counted there, not held afterwards."""
+    if not offload.offloads_gradients(plan) or spec.tie_word_embeddings:
+        return 0
+    head = [p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name]
+    return sum(local_numel(p, plan) for p in head if not offload.stays_on_device(local_numel(p, plan))) \
+        * plan.precision.param_bytes
+
+
+def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--offload optimizer` with offloaded gradients, at the end of backward: the embedding's gradient (tied: the
+    shared weight's, summed with the lm_head's) exists until its hook drops it."""
+    if not offload.offloads_gradients(plan):
+        return 0
+    return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -40,10 +40,11 @@ import math
 
 from llmem.components import lora
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary, tp_local_shape
-from llmem.plan import Device, Optimizer, OptimizerImpl, Scheme, TrainingPlan
+from llmem.plan import Device, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
 STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
+OFFLOAD_MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer(minimal_size=4096): smaller tensors step on the GPU
 
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
@@ -54,6 +55,8 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
             return lora.sharded_adapter_sizes(spec, plan)
         return max(_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
     sizes = list(shard_summary(spec, plan).sizes)
+    if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
+        return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]
     if plan.scheme is not Scheme.ZERO1:
         return sizes
     cache = spec.__dict__.setdefault("_zero1_largest_partition", {})  # compare asks for it many times

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmem.plan import Optimizer, OptimizerImpl, Scheme, TrainingPlan
+from llmem.plan import Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 
 LR = 1e-4
 SGD_MOMENTUM = 0.9
@@ -42,6 +42,13 @@ def param_groups(params, plan: TrainingPlan) -> list:
 
 def make_optimizer(params, plan: TrainingPlan, zero1: bool = False):
     cls, kwargs = optimizer_class_and_kwargs(plan)
+    if plan.offload is Offload.OPTIMIZER:
+        # torchao's single-GPU optimizer offload (CUDA/XPU only, so not a dependency of this CPU build): the host
+        # optimizer gets the same explicit flags; gradients leave the GPU too unless accumulation needs them there.
+        from torchao.optim import CPUOffloadOptimizer
+
+        return CPUOffloadOptimizer(list(params), optimizer_class=cls, offload_gradients=plan.grad_accum == 1,
+                                   **kwargs)
     if zero1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -80,7 +80,7 @@ def test_host_figures():
 
 
 @pytest.mark.parametrize("kw, needle", [
-    (dict(gpus=4, zero=3, offload="optimizer"), "deepspeed"),
+    (dict(gpus=4, zero=3, offload="optimizer"), "single-GPU"),
     (dict(gpus=1, offload=OFF), "--zero 2 or 3"),
     (dict(gpus=4, zero=0, offload=OFF), "--zero 2 or 3"),
     (dict(gpus=4, zero=1, offload=OFF), "--zero 2 or 3"),
