@@ -65,10 +65,25 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="|".join(m.value for m in Offload))
     p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
                    metavar="|".join(m.value for m in Loss))
+    p.add_argument("--engine", default="torch", help=HELP["engine"], metavar="torch|deepspeed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def check_engine(value: str) -> None:
+    """Only the PyTorch engine is modelled; DeepSpeed's programs differ (flat buffers, buckets), so a DeepSpeed
+    plan is refused with the torch-engine program closest to it rather than estimated wrongly."""
+    if str(value).strip().lower() == "torch":
+        return
+    if str(value).strip().lower() == "deepspeed":
+        raise InputError("engine", "the DeepSpeed engine is not modelled (its flat partitions and bucket sizes are "
+                         "its own program); the PyTorch programs closest to it: ZeRO-1 --zero 1, ZeRO-2 --zero 2, "
+                         "ZeRO-3 --zero 3, ZeRO-Offload --offload optimizer (1 GPU) or --offload optimizer+params "
+                         "(--zero 2/3). Use --engine torch")
+    raise InputError("engine", f"expected torch or deepspeed, got {value!r}")
+
+
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
+    check_engine(args.engine)
     return TrainingPlan(gpus=args.gpus, tp=args.tp, zero=args.zero, batch_size=args.batch_size,
                         seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                         optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,

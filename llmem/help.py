@@ -60,4 +60,7 @@ HELP = {
     "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
             "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
             "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",
+    "engine": "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
+              "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different "
+              "program.",
 }

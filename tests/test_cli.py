@@ -136,3 +136,14 @@ def test_compare_shows_host_ram_beside_offloaded_rows():
     plain = next(line for line in lines if line.lstrip().startswith("DDP"))
     host = header.split().index("host_node_gib") - len(header.split())  # counted from the right
     assert float(offloaded.split()[host]) > 1 and float(plain.split()[host]) == 0
+
+
+def test_engine_torch_is_the_default_and_deepspeed_is_refused_with_the_closest_options():
+    base = ["estimate", "--model", "gpt2", "--json"]
+    torch_engine = run(*base, "--engine", "torch")
+    assert torch_engine.returncode == 0 and json.loads(torch_engine.stdout) == json.loads(run(*base).stdout)
+    ds = run(*base, "--engine", "deepspeed")
+    assert ds.returncode == 2 and "Traceback" not in ds.stderr
+    assert "engine" in ds.stderr and "--offload optimizer" in ds.stderr and "--zero 3" in ds.stderr
+    bad = run(*base, "--engine", "jax")
+    assert bad.returncode == 2 and "engine" in bad.stderr and "jax" in bad.stderr
