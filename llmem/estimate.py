@@ -202,9 +202,10 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             held = act.kept_layers_bytes(spec, plan, layer) + act.current_layer_backward_bytes(spec, plan, layer)
         else:
             held = layer * kept + (recompute or kept)
+        mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(plan, layer))  # freed by now
         phases.append(_phase(
             name, **persistent,
-            activations=held + outer_act,
+            activations=held + outer_act - mlp_dropout,
             gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
             temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
@@ -212,7 +213,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
-                activations=held + outer_act - act.attention_backward_freed_bytes(spec, plan),
+                activations=held + outer_act - mlp_dropout - act.attention_backward_freed_bytes(spec, plan),
                 gradients=grads_outer + later + attention_backward_layer_gradient_bytes(spec, plan),
                 temporaries=autocast.saved_layer_copies(plan, layer) * casts
                 + autocast.attention_backward_weight_copy_bytes(spec, plan)
@@ -363,15 +364,16 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 gradients=root_grads_head + later + residual_grad,
                 logits=logits, communication=comm.pre_backward_gather_bytes(spec, plan, layer) + retained))
             held[f"backward (layer {layer}, pre-backward all-gather)"] = later
+        mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(cp, layer))  # freed by the MLP's backward
         phases.append(_phase(
             f"backward (layer {layer})", **persistent,
-            activations=below + outer_act + current - first_saving,
+            activations=below + outer_act + current - first_saving - mlp_dropout,
             gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer)),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         if act.falcon_math_attention(spec):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,
-                activations=below + outer_act + current - act.attention_backward_freed_bytes(spec, cp),
+                activations=below + outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),
                 gradients=root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
                 temporaries=act.attention_backward_transient_bytes(spec, cp),
                 logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))

@@ -498,6 +498,19 @@ def checkpoint_rng_state_bytes(plan: TrainingPlan) -> int:
     return CPU_RNG_STATE_BYTES if plan.grad_ckpt is GradCkpt.FULL and plan.device is Device.CPU else 0
 
 
+# The dropout on the MLP's output, the layer's last op before the residual add (gpt2 `resid_pdrop`, OPT `dropout`
+# after fc2, phi3 `resid_mlp_dropout`, bloom/falcon `dropout_add`).
+_MLP_OUTPUT_DROPOUTS = ("mlp dropout", "fc2 output dropout", "resid_mlp_dropout", "post_mlp_dropout",
+                        "mlp dropout_add")
+
+
+def mlp_output_dropout_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """What the dropout on the MLP output saved (CPU: its noise; CUDA: its bool mask). Its backward is the first
+    node of the layer's backward, and autograd releases a node's saved tensors once it ran, so this is gone before
+    the layer's backward reaches its MLP peak (the `backward (layer ...)` moments)."""
+    return sum(s.bytes for s in layer_saved(spec, plan) if s.name.startswith(_MLP_OUTPUT_DROPOUTS))
+
+
 def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.grad_ckpt is GradCkpt.FULL:
         return checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)

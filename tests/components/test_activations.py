@@ -93,3 +93,15 @@ def test_eager_peak_within_2_percent(family):
 def test_dropout_peak_within_2_percent(family, attn, precision):
     """CPU dropout keeps a noise tensor in the input's dtype; sdpa with dropout falls back to the fp32 math path."""
     assert abs(_error(DROPOUT[family], batch_size=2, seq_len=64, precision=precision, attn=attn)) < 0.02
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_mlp_output_dropout_is_freed_before_the_layer_backward_peak(attn):
+    """gpt2's dropout on the MLP output is the first node of a layer's backward: its noise is released before the
+    MLP's backward peak. Counting it there put this checkpointed run 0.6 % high; the peak is a layer-backward moment,
+    so the term is what this test weighs. Without it: sdpa +0.61 %, eager +0.40 %; with it: sdpa -0.005 %, eager
+    +0.21 % (eager's remaining bytes are another term, below this tolerance)."""
+    plan = dict(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full", attn=attn)
+    est = estimate(ModelSpec.from_config(DROPOUT["gpt2"]), TrainingPlan(device="cpu", optimizer_impl="forloop", **plan))
+    assert est.peak_phase.startswith("backward (")
+    assert abs(_error(DROPOUT["gpt2"], **plan)) < {"sdpa": 0.001, "eager": 0.003}[attn]
