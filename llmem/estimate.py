@@ -308,12 +308,17 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if plan.grad_ckpt is GradCkpt.FULL:
         recompute = act.recompute_bytes(spec, cp)
     first_saving = 0
+    # LoRA under a MixedPrecisionPolicy: the adapters are all-gathered in the half dtype too and compute in it
+    half = lora.half_adapters(plan)
+    adapter_grad = cp.precision.compute_bytes if half else lora.ADAPTER_BYTES  # unsharded adapter gradients
     if lora.is_lora(plan):  # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own
         if plan.grad_ckpt is GradCkpt.FULL:
-            recompute = act.recompute_bytes(spec, cp, lora.layer_activation_bytes(spec, cp))
+            # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
+            recompute = act.recompute_bytes(spec, cp, lora.layer_activation_bytes(spec, cp, half=half)
+                                            + act.checkpointed_input_extra_bytes(spec, cp))
         else:
-            kept = lora.layer_activation_bytes(spec, cp)
-            first_saving = lora.first_layer_saving_bytes(spec, cp)  # layer 0 keeps less while its saves are alive
+            kept = lora.layer_activation_bytes(spec, cp, half=half)
+            first_saving = lora.first_layer_saving_bytes(spec, cp, half)  # layer 0 keeps less while its saves live
         forward_acts = layers * kept - first_saving + outer_act + lora.final_norm_bytes(spec, cp)
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
@@ -322,6 +327,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if lora.is_lora(plan):  # only the adapters have gradients
         sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
+    if lora.is_lora(plan):
+        layer_grads = lora.layer_adapter_bytes(spec, cp, 0, adapter_grad)
     residual_grad = plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes  # d(layer output)
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)
@@ -368,7 +375,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases.append(_phase(
             f"backward (layer {layer})", **persistent,
             activations=below + outer_act + current - first_saving - mlp_dropout,
-            gradients=root_grads_head + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer)),
+            gradients=root_grads_head + later
+            + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer), adapter_grad),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         if act.falcon_math_attention(spec):
             phases.append(_phase(

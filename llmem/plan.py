@@ -291,11 +291,6 @@ class TrainingPlan:
             raise InputError("tp", "lora with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... "
                              "by LoRA layers, so the Megatron TP plan's module names no longer match; use --tp 1 "
                              "(DDP, ZeRO-1, FSDP2 ZeRO-2/3) or --method full")
-        if self.method is Method.LORA and self.zero >= 2 and self.precision.is_mixed:
-            raise InputError("precision", "lora under FSDP2 (--zero 2/3) with mixed precision is not modelled: the "
-                             "MixedPrecisionPolicy casts the fp32 adapters to the half dtype too, so the adapters "
-                             "compute in half precision (measured 15% below this estimate's program); use --precision "
-                             "fp32 or bf16, or --zero 0/1")
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:

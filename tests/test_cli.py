@@ -75,8 +75,8 @@ def test_compare_methods_adds_rows_and_rejects_unknown_names():
     out = run("compare", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--methods", "lora", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    lora = [r for r in rows if r["method"] == "lora"]  # LoRA runs on the 4 GPUs: DDP and ZeRO-1 (bf16-mixed)
-    assert rows[-1]["method"] == "lora" and {r["gpus"] for r in lora} == {4} and len(lora) == 2
+    lora = [r for r in rows if r["method"] == "lora"]  # LoRA runs on the 4 GPUs: DDP, ZeRO-1, FSDP2 ZeRO-2/3
+    assert rows[-1]["method"] == "lora" and {r["gpus"] for r in lora} == {4} and len(lora) == 4
     bad = run("compare", "--model", "llama-3.2-1b-instruct", "--methods", "dora")
     assert bad.returncode == 2 and "methods" in bad.stderr and "dora" in bad.stderr and "Traceback" not in bad.stderr
 

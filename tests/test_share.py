@@ -255,8 +255,6 @@ def test_tampered_method_values_warn_and_take_the_default(query, field):
     ({"method": "qlora", "precision": "bf16", "gpus": "2", "zero": "0"}, "one GPU"),
     ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "tensor parallelism"),
-    ({"method": "lora", "gpus": "8", "zero": "3"}, "mixed precision"),  # FSDP2 + bf16-mixed
-    ({"method": "lora", "gpus": "4", "zero": "2", "precision": "fp16-mixed"}, "mixed precision"),
 ])
 def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_method(query, named):
     inputs, warnings = decode(query)
@@ -271,7 +269,9 @@ def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_met
 def test_valid_lora_strategies_are_kept_and_partial_checkpointing_falls_back():
     for query in ({"method": "lora", "gpus": "8", "zero": "1"}, {"method": "lora", "gpus": "8", "zero": "all"},
                   {"method": "lora", "gpus": "8", "zero": "3", "precision": "bf16"},
-                  {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp32"}):
+                  {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp32"},
+                  {"method": "lora", "gpus": "8", "zero": "3"},  # FSDP2 + bf16-mixed (MixedPrecisionPolicy)
+                  {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp16-mixed"}):
         inputs, warnings = decode(query)
         assert inputs.method is Method.LORA and warnings == [], (query, warnings)
         inputs.to_plan()

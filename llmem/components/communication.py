@@ -167,11 +167,24 @@ def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -
     """ZeRO-3, in decoder layer `layer`'s pre-backward: the root's unsharded parameters, the layer's copy-out (its
     new unsharded storage beside its prefetched all-gather output, 2A) and, for layer > 0, the same 2A once that
     output is freed and `_backward_prefetch` has allocated layer - 1's, plus gloo's flat output during that
-    all-gather (`gloo_all_gather_flat_output_bytes`)."""
+    all-gather (`gloo_all_gather_flat_output_bytes`) and, under a MixedPrecisionPolicy, its input
+    (`all_gather_input_copy_bytes`)."""
     if plan.scheme not in FSDP_SCHEMES or plan.scheme is Scheme.ZERO2:
         return 0
     a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
-    return root + 2 * a + (gloo_all_gather_flat_output_bytes(spec, plan) if layer > 0 else 0)
+    if layer == 0:
+        return root + 2 * a
+    return root + 2 * a + gloo_all_gather_flat_output_bytes(spec, plan) + all_gather_input_copy_bytes(spec, plan)
+
+
+def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under a MixedPrecisionPolicy, a layer's all-gather input: `_get_param_all_gather_inputs` casts the group's
+    sharded parameters into one new flat param_dtype tensor (`flat_foreach_copy_input`, A / dp bytes), and
+    `foreach_all_gather` keeps views of it (`all_gather_inputs`) until it returns, through the collective. Without a
+    policy the inputs are views of the sharded parameters (nothing allocated)."""
+    if plan.scheme not in FSDP_SCHEMES or not plan.precision.is_mixed:
+        return 0
+    return layer_unsharded_bytes(spec, plan) // plan.dp
 
 
 def backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -76,7 +76,8 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
-def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
+                                    adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
     layer's backward. Mixture-of-experts layers: `moe_layer_backward_peak_extra_bytes`.
 
@@ -99,8 +100,9 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     # The gradient of the layer's output stays referenced by the residual branch through the whole layer backward.
     residual_grad = tokens * spec.hidden_size * plan.precision.param_bytes
     if lora.is_lora(plan):  # the frozen down_proj gets no weight gradient; its adapters' gradients instead
-        return (lora.largest_mlp_adapter_bytes(spec, plan) + inter_grads * tokens * inter * plan.precision.compute_bytes
-                + residual_grad)
+        # (`adapter_bytes` per element: 2 for the half unsharded gradients of FSDP2 mixed, `lora.half_adapters`)
+        return (lora.largest_mlp_adapter_bytes(spec, plan, adapter_bytes)
+                + inter_grads * tokens * inter * plan.precision.compute_bytes + residual_grad)
     return (weight * plan.precision.param_bytes + inter_grads * tokens * inter * plan.precision.compute_bytes
             + residual_grad)
 

@@ -21,6 +21,12 @@ Saved for backward, compared with full fine-tuning:
     under pure half, `x.to(fp32)` is a per-Linear fp32 copy.
   - lora_B saves the A output, r per token, in the compute dtype of the adapter (fp32 unless autocast).
   - Under autocast the adapters' half-precision weight casts (cached: fp32 leaves that require grad) are saved.
+  - FSDP2 (--zero 2/3) with bf16-/fp16-mixed (`half_adapters`): the `MixedPrecisionPolicy` all-gathers every
+    parameter of a group — frozen base and fp32 adapters alike — cast to param_dtype, and no autocast runs, so the
+    adapters compute in the half dtype: `x.to(lora_A.weight.dtype)` is a no-op, lora_dropout runs on the half x
+    (noise and output half), lora_A saves that half x (with dropout 0 the x the group's Linears share: one copy),
+    lora_B the half A output, and the unsharded adapter gradients are half until `foreach_reduce` copies them into
+    its fp32 (reduce_dtype) reduce-scatter input.
   - Layer 0's input does not require grad (the embeddings are frozen), so its first norm saves nothing. There a frozen
     q_proj / k_proj without an adapter makes an output that does not require grad either, so qwen3's q_norm / k_norm
     on it (a frozen `Qwen3RMSNorm`) saves neither its fp32 input nor its rsqrt (sdpa still saves q / k, since another
@@ -38,6 +44,14 @@ FP32 = 4
 _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
 _HEADS = ("lm_head", "embed_out")
 _CONV1D_FAMILIES = ("gpt2",)  # transformers' Conv1D: weight (in, out)
+
+
+def half_adapters(plan: TrainingPlan) -> bool:
+    """Whether the adapters compute in the half dtype: LoRA under FSDP2 with a MixedPrecisionPolicy (see module
+    docstring). Everywhere else they compute in fp32 (or under autocast, on their half-precision casts)."""
+    from llmem.components.sharding import FSDP_SCHEMES
+
+    return is_lora(plan) and plan.scheme in FSDP_SCHEMES and plan.precision.is_mixed
 
 
 def is_lora(plan: TrainingPlan) -> bool:
@@ -182,21 +196,22 @@ def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES
 
 
-def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    return _summary(spec, plan)[1][layer] * ADAPTER_BYTES
+def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, elem_bytes: int = ADAPTER_BYTES) -> int:
+    """The adapters of decoder layer `layer` (`elem_bytes`: 2 for their half unsharded gradients under FSDP2 mixed)."""
+    return _summary(spec, plan)[1][layer] * elem_bytes
 
 
 def outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return _summary(spec, plan)[2] * ADAPTER_BYTES
 
 
-def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: int = ADAPTER_BYTES) -> int:
     """The gradients of the adapters of a layer's last MLP Linear (its A and B), produced during its backward."""
     mlp = [p for p in targeted(spec, plan) if p.layer == 0 and (".mlp." in p.name or ".fc" in p.name)]
     if not mlp:
         return 0
     i, o = in_out(spec, mlp[-1])
-    return plan.lora_rank * (i + o) * ADAPTER_BYTES
+    return plan.lora_rank * (i + o) * elem_bytes
 
 
 # --- activations -------------------------------------------------------------------------------------------------
@@ -236,15 +251,18 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
 
 
 def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool,
-                         input_grad: bool = True) -> list:
+                         input_grad: bool = True, half: bool = False) -> list:
     """What lora_A (and the dropout before it) keep of the input of `n` adapted Linears that read the same tensor.
     `shared`: that tensor is saved anyway by full fine-tuning only for weight gradients (so with dropout 0 in fp32,
     lora_A's save of it costs one copy for the group); False for o_proj, whose input sdpa keeps in any case.
-    `input_grad`: whether that input requires grad (not in layer 0's q/k/v: dropout then keeps no noise or mask)."""
+    `input_grad`: whether that input requires grad (not in layer 0's q/k/v: dropout then keeps no noise or mask).
+    `half`: the adapters are half (FSDP2 mixed, `plan` the pure-half compute plan): x is not cast, so this is the
+    fp32 program with 2-byte elements."""
     from llmem.components.activations import Saved, dropout_saved
 
     mixed = plan.precision.is_mixed
-    pure_half = plan.precision in (Precision.BF16, Precision.FP16)
+    pure_half = plan.precision in (Precision.BF16, Precision.FP16) and not half
+    elem = plan.precision.compute_bytes if half else FP32  # the adapters' input dtype
     p = plan.lora_dropout
     items = []
     if not p:
@@ -253,19 +271,20 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
         elif pure_half:
             items.append(Saved(f"{name}: x.to(fp32) (lora_A input)", n * tokens * width * FP32))
         elif shared:
-            items.append(Saved(f"{name}: input kept by lora_A", tokens * width * FP32))
+            items.append(Saved(f"{name}: input kept by lora_A", tokens * width * elem))
         return items
-    for _ in range(n if input_grad else 0):  # each adapted Linear runs its own nn.Dropout on an fp32 input
-        items += dropout_saved(f"{name} lora_dropout", plan, tokens * width, FP32, p)
+    for _ in range(n if input_grad else 0):  # each adapted Linear runs its own nn.Dropout on its input
+        items += dropout_saved(f"{name} lora_dropout", plan, tokens * width, elem, p)
     if mixed:
         items.append(Saved(f"{name}: lora_A autocast casts of the dropout outputs", n * tokens * width * 2))
     else:
-        items.append(Saved(f"{name}: lora_dropout outputs (lora_A input)", n * tokens * width * FP32))
+        items.append(Saved(f"{name}: lora_dropout outputs (lora_A input)", n * tokens * width * elem))
     return items
 
 
-def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> list:
-    """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad)."""
+def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> list:
+    """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad; `half`:
+    half adapters, see `half_adapters`, with `plan` the pure-half compute plan)."""
     from llmem.components import activations as act
     from llmem.components.activations import Saved
 
@@ -282,14 +301,14 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> lis
     items = [s for s in act.layer_saved(spec, plan)
              if s.name not in dropped_names and not any(s.name.endswith(d) for d in drop)]
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
-    a_bytes = 2 if plan.precision.is_mixed else FP32
+    a_bytes = 2 if plan.precision.is_mixed or half else FP32
     for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
         group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
         if not group:
             continue
         label = "/".join(names)
         items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=bool(full_ft),
-                                      input_grad=not (first and k == 0))
+                                      input_grad=not (first and k == 0), half=half)
         items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
         # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
         items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", len(group) * 8))
@@ -299,13 +318,13 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> lis
     return items
 
 
-def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> int:
-    return sum(s.bytes for s in layer_saved(spec, plan, first))
+def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> int:
+    return sum(s.bytes for s in layer_saved(spec, plan, first, half))
 
 
-def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """How much less layer 0 keeps than the others (its input needs no gradient)."""
-    return layer_activation_bytes(spec, plan) - layer_activation_bytes(spec, plan, first=True)
+    return layer_activation_bytes(spec, plan, half=half) - layer_activation_bytes(spec, plan, first=True, half=half)
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:

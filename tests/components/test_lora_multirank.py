@@ -25,12 +25,23 @@ ROWS = {
     "large-ddp-fp32": {"zero": 0, **LARGE_BASE},
     "large-zero1-fp32": {"zero": 1, **LARGE_BASE},
     "large-zero3-fp32": {"zero": 3, **LARGE_BASE},  # the root's all-gather at the start of forward sets the peak
+    # FSDP2 with a MixedPrecisionPolicy: base and adapters all-gathered in the half dtype, adapters computing in it
+    # (modelling them as fp32 adapters put these rows 20 % high)
+    "zero3-bf16mix": {"zero": 3, "precision": "bf16-mixed"},
+    "zero2-fp16mix-dropout": {"zero": 2, "precision": "fp16-mixed", "lora_dropout": 0.1},
+    "large-zero3-bf16mix": {"zero": 3, "precision": "bf16-mixed", **LARGE_BASE},
+    "qwen2-zero2-bf16mix-ckpt": {"zero": 2, "precision": "bf16-mixed", "grad_ckpt": "full"},
+    "qwen3-zero3-bf16mix-ckpt": {"zero": 3, "precision": "bf16-mixed", "grad_ckpt": "full", "lora_dropout": 0.05},
+    "qwen3-zero2-bf16mix-qv": {"zero": 2, "precision": "bf16-mixed", "lora_targets": "q_proj,v_proj",
+                               "lora_rank": 8},
 }
+QWEN2 = {**CONFIG, "model_type": "qwen2", "tie_word_embeddings": True}
+QWEN3 = {**CONFIG, "model_type": "qwen3", "head_dim": 32}
 _RESULTS: dict = {}
 
 
 def _config(name: str) -> dict:
-    return LARGE if name.startswith("large-") else CONFIG
+    return {"large": LARGE, "qwen2": QWEN2, "qwen3": QWEN3}.get(name.split("-")[0], CONFIG)
 
 
 def measured() -> dict:
@@ -45,7 +56,13 @@ def measured() -> dict:
     return _RESULTS
 
 
-@pytest.mark.parametrize("name", list(ROWS))
+# Parameter-dominated (LARGE: vocab 4000, 32 tokens) under a MixedPrecisionPolicy: 3.9 % low at the start of
+# forward (about 0.95 MB not yet attributed around the root's half-precision all-gather); kept so the gap shows.
+KNOWN_GAPS = {"large-zero3-bf16mix"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known gap"))
+                                  if n in KNOWN_GAPS else n for n in ROWS])
 def test_lora_two_processes(name):
     plan = TrainingPlan(**{**BASE, **ROWS[name], "device": "cpu"})
     est = estimate(ModelSpec.from_config(_config(name)), plan).peak_bytes
@@ -57,7 +74,6 @@ def test_lora_two_processes(name):
 
 @pytest.mark.parametrize("fields, flag", [
     ({"method": "lora", "gpus": 2, "tp": 2}, "tp"),
-    ({"method": "lora", "gpus": 2, "zero": 3, "precision": "bf16-mixed"}, "precision"),
     ({"method": "qlora", "quant": "nf4", "precision": "bf16", "gpus": 2}, "method"),
 ])
 def test_rejected_multirank_lora(fields, flag):
