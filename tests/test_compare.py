@@ -65,15 +65,15 @@ def test_method_variants_stand_beside_the_strategies_without_changing_the_recomm
     both = compare(SPEC, plan, capacity, variants=[{"method": "lora"}, {"method": "full"}])
     assert [r.plan for r in both.rows[:len(alone.rows)]] == [r.plan for r in alone.rows]
     extra = both.rows[len(alone.rows):]
-    # full is the plan itself; LoRA runs on the plan's 8 GPUs under DDP and ZeRO-1 (TP is rejected for LoRA, and
-    # FSDP2 with this plan's bf16-mixed precision is not modelled): one row per valid strategy
-    assert sorted((r.plan.gpus, r.plan.tp, r.plan.zero) for r in extra) == [(8, 1, 0), (8, 1, 1)]
+    # full is the plan itself; LoRA runs on the plan's 8 GPUs under DDP, ZeRO-1 and FSDP2 ZeRO-2/3 (TP is rejected
+    # for LoRA): one row per valid strategy
+    assert sorted((r.plan.gpus, r.plan.tp, r.plan.zero) for r in extra) == [(8, 1, 0), (8, 1, 1), (8, 1, 2), (8, 1, 3)]
     for lora in extra:
         assert str(lora.plan.method) == "lora" and lora.label.startswith("LoRA r=16")
         assert lora.estimate.trainable_params < lora.estimate.total_params / 100
     assert both.recommended.plan == alone.recommended.plan and both.reason == alone.reason
     frame = both.to_frame()
-    assert list(frame["method"]) == ["full"] * len(alone.rows) + ["lora"] * 2
+    assert list(frame["method"]) == ["full"] * len(alone.rows) + ["lora"] * 4
 
 
 def test_a_variant_valid_on_the_gpu_count_gets_every_strategy():
