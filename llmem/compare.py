@@ -152,18 +152,19 @@ def method_variants(text: str) -> list[dict]:
 
 def variant_plans(spec: ModelSpec, plan: TrainingPlan, variants) -> list[TrainingPlan]:
     """The plan with each variant's fields changed: every valid strategy on plan.gpus GPUs when the variant runs
-    there, else the single-GPU plan. Variants equal to the plan itself, or invalid even on one GPU, are left out."""
+    there (with the plan's strategy, else with DDP: e.g. qlora when the plan is ZeRO-3 or TP), else the single-GPU
+    plan. Variants equal to the plan itself, or invalid even on one GPU, are left out."""
     out: list[TrainingPlan] = []
     for changes in variants:
-        try:
-            variant = plan.with_(**changes)
-            if variant == plan:
-                continue
-        except InputError:
+        variant = None
+        for where in ({}, {"tp": 1, "zero": 0}, {"gpus": 1, "tp": 1, "zero": 0}):
             try:
-                variant = plan.with_(**changes, gpus=1, tp=1, zero=0)
+                variant = plan.with_(**changes, **where)
+                break
             except InputError:
                 continue
+        if variant is None or variant == plan:
+            continue
         try:
             out += strategies(spec, variant)
         except InputError:

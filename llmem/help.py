@@ -28,7 +28,8 @@ HELP = {
     "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
     "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
               "states for the base, fp32 adapters get both; fewer saved activations. qlora: the same adapters over a "
-              "base whose Linears are stored 4-bit by bitsandbytes (choose --quant).",
+              "base whose Linears are stored 4-bit by bitsandbytes (choose --quant); on one GPU, DDP (--zero 0) or "
+              "ZeRO-1 (--zero 1), every GPU holding the whole 4-bit base (FSDP2 and TP with it are not modelled).",
     "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
     "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
     "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
@@ -39,9 +40,10 @@ HELP = {
                   "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "
                   "sharded gradients; no no_sync).",
     "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full, "
-               "offload-optimizer, offload-params): each runs on the same GPU count where it can, else on one GPU "
-               "(qlora: nf4 base in bf16; offload-optimizer: full fine-tuning with torchao's optimizer offload on "
-               "one GPU; offload-params: full fine-tuning with FSDP2 CPU offload, ZeRO-2/3 on 2+ GPUs). The "
+               "offload-optimizer, offload-params): each runs on the same GPU count where it can (qlora: DDP and "
+               "ZeRO-1), else on one GPU (qlora: nf4 base in bf16; offload-optimizer: full fine-tuning with torchao's "
+               "optimizer offload on one GPU; offload-params: full fine-tuning with FSDP2 CPU offload, ZeRO-2/3 on "
+               "2+ GPUs). The "
                "recommendation stays with the chosen method.",
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "

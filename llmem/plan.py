@@ -283,10 +283,16 @@ class TrainingPlan:
         elif self.quant is not Quant.NONE:
             raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
                              "or --method qlora")
-        if self.method is Method.QLORA and self.gpus > 1:
-            raise InputError("method", "qlora is modelled and measured on one GPU only so far (its 4-bit base "
-                             "weights are not plain tensors DDP/FSDP2 shard or broadcast); use --gpus 1, or "
-                             "--method lora for DDP/ZeRO")
+        if self.method is Method.QLORA and self.tp > 1:
+            raise InputError("tp", "qlora with tensor parallelism is not supported: PEFT's LoRA layers replace the "
+                             "projections the Megatron TP plan names (as for lora), and a 4-bit base split by TP is "
+                             "not modelled; use --tp 1 (DDP or ZeRO-1)")
+        if self.method is Method.QLORA and self.zero >= 2:
+            raise InputError("zero", "qlora under FSDP2 (--zero 2/3) is not modelled: fully_shard turns each "
+                             "bitsandbytes Params4bit into a uint8 DTensor shard (its quant_state stays whole on "
+                             "every rank) and all-gathers the packed codes with the adapters, a layout not modelled "
+                             "or measured yet (published QLoRA FSDP runs use FSDP1 with bnb_4bit_quant_storage=bf16, "
+                             "another program); use --zero 0 (DDP) or --zero 1 (ZeRO-1)")
         if self.method is Method.LORA and self.tp > 1:
             raise InputError("tp", "lora with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... "
                              "by LoRA layers, so the Megatron TP plan's module names no longer match; use --tp 1 "

@@ -150,10 +150,10 @@ _NOT_CLAIMED: dict[str, str] = {
     "litgpt_resource_tables_008": "stabilityai/stablelm-base-alpha-3b: no preset",
     "litgpt_resource_tables_009": "stabilityai/stablelm-base-alpha-3b: no preset",
     "litgpt_resource_tables_031": "microsoft/phi-1_5 (PhiForCausalLM): no preset",
-    "answerai_fsdp_qlora_012": "QLoRA on more than one GPU is not modelled (and Yi-34B has no preset; FSDP CPU "
-                               "offload of the 4-bit parameters)",
-    "answerai_fsdp_qlora_013": "QLoRA on more than one GPU is not modelled (and FSDP1 CPU offload of the 4-bit "
-                               "parameters)",
+    "answerai_fsdp_qlora_012": "QLoRA with a sharded 4-bit base (FSDP1) is not modelled (and Yi-34B has no "
+                               "preset; FSDP CPU offload of the 4-bit parameters)",
+    "answerai_fsdp_qlora_013": "QLoRA with a sharded 4-bit base (FSDP1) is not modelled (and FSDP1 CPU offload of "
+                               "the 4-bit parameters)",
 }
 
 
@@ -254,7 +254,8 @@ def unclaimed_reason(row: dict) -> str:
     if "bert" in row["model"].lower() or "t0_3b" in row["model"].lower():
         return "not a decoder-only causal LM"
     if int(row["gpus"]) > 1 and method == "qlora":
-        return "QLoRA on more than one GPU is not modelled (its 4-bit base is not a plain tensor DDP/FSDP2 shard)"
+        return ("QLoRA with a sharded 4-bit base (FSDP1 / DeepSpeed, bnb_4bit_quant_storage=bf16) is not modelled; "
+                "multi-GPU QLoRA is modelled under DDP and ZeRO-1 only (the whole base on every GPU)")
     if "deepspeed" in fw:
         return "DeepSpeed ZeRO: not the PyTorch engine's DDP/FSDP2 program of DESIGN.md §2"
     paged = "pagedadamw" in row["optimizer"].replace(" ", "").lower() or "8-bit" in row["optimizer"]

@@ -81,6 +81,18 @@ def test_compare_methods_adds_rows_and_rejects_unknown_names():
     assert bad.returncode == 2 and "methods" in bad.stderr and "dora" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_compare_methods_shows_qlora_under_ddp_and_zero1():
+    out = run("compare", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--zero", "3", "--methods", "qlora",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    qlora = [r for r in json.loads(out.stdout)["rows"] if r["method"] == "qlora"]
+    assert sorted((r["gpus"], r["zero"]) for r in qlora) == [(4, 0), (4, 1)]
+    est = run("estimate", "--model", "llama-3.2-1b-instruct", "--gpus", "2", "--zero", "2", "--method", "qlora",
+              "--quant", "nf4", "--precision", "bf16")
+    assert est.returncode == 2 and "zero" in est.stderr and "Params4bit" in est.stderr
+    assert "not modelled" in est.stderr and "Traceback" not in est.stderr
+
+
 def test_ckpt_every_changes_the_estimate():
     base = ["estimate", "--model", "llama-3.1-8b", "--seq-len", "8192", "--grad-ckpt", "full", "--json"]
     full, every4 = (json.loads(run(*base, *extra).stdout)["peak_bytes"] for extra in ([], ["--ckpt-every", "4"]))

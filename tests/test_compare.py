@@ -84,16 +84,39 @@ def test_a_variant_valid_on_the_gpu_count_gets_every_strategy():
     assert result.recommended is not None and str(result.recommended.plan.method) == "lora"
 
 
-def test_qlora_variant_runs_its_usual_program_on_one_gpu():
+def test_qlora_variant_runs_under_ddp_and_zero1_on_the_plans_gpus():
     capacity = get_gpu("a100-80gb").memory_bytes
     plan = TrainingPlan(gpus=8, seq_len=2048, precision="bf16-mixed")
     result = compare(SPEC, plan, capacity, variants=[{"method": "qlora", "quant": "nf4", "precision": "bf16"}])
+    rows = [r for r in result.rows if str(r.plan.method) == "qlora"]
+    # every rank holds the whole 4-bit base: DDP and ZeRO-1 on the plan's 8 GPUs (FSDP2 and TP are refused)
+    assert sorted((r.plan.gpus, r.plan.tp, r.plan.zero) for r in rows) == [(8, 1, 0), (8, 1, 1)]
+    ddp, zero1 = sorted(rows, key=lambda r: r.plan.zero)
+    for qlora in rows:
+        assert (str(qlora.plan.quant), str(qlora.plan.precision)) == ("nf4", "bf16")
+        assert qlora.label.startswith("QLoRA nf4")
+        # the 4-bit base holds about half a byte per weight: far less than the bf16 weights of the same model
+        assert qlora.estimate.breakdown[next(c for c in qlora.estimate.breakdown if str(c) == "parameters")] \
+            < SPEC.total_params
+    # ZeRO-1 keeps 1/8 of the adapters' AdamW states: below DDP by 7/8 of them
+    assert zero1.estimate.peak_bytes < ddp.estimate.peak_bytes
+    assert result.recommended is not None and str(result.recommended.plan.method) == "full"
+
+
+def test_qlora_variant_of_a_zero3_plan_falls_back_to_ddp_on_the_same_gpus_not_to_one_gpu():
+    capacity = get_gpu("a100-80gb").memory_bytes
+    plan = TrainingPlan(gpus=4, zero=3, seq_len=1024, precision="bf16")
+    result = compare(SPEC, plan, capacity, variants=[{"method": "qlora", "quant": "nf4", "precision": "bf16"}])
+    rows = [r for r in result.rows if str(r.plan.method) == "qlora"]
+    assert sorted((r.plan.gpus, r.plan.zero) for r in rows) == [(4, 0), (4, 1)]
+
+
+def test_qlora_variant_on_one_gpu_stays_single():
+    capacity = get_gpu("a100-80gb").memory_bytes
+    result = compare(SPEC, TrainingPlan(gpus=1), capacity, variants=[{"method": "qlora", "quant": "nf4",
+                                                                       "precision": "bf16"}])
     qlora = result.rows[-1]
-    assert (str(qlora.plan.method), str(qlora.plan.quant), str(qlora.plan.precision)) == ("qlora", "nf4", "bf16")
-    assert qlora.plan.gpus == 1 and qlora.label.startswith("QLoRA nf4")
-    # the 4-bit base holds about half a byte per weight: far less than the bf16 weights of the same model
-    assert qlora.estimate.breakdown[next(c for c in qlora.estimate.breakdown if str(c) == "parameters")] \
-        < SPEC.total_params
+    assert str(qlora.plan.method) == "qlora" and qlora.plan.gpus == 1
 
 
 def test_offload_variants_add_the_one_gpu_optimizer_offload_and_the_fsdp2_offload_rows():

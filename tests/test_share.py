@@ -163,7 +163,7 @@ def test_quant_round_trips_and_selects_qlora():
 
 @pytest.mark.parametrize("query", [
     {"quant": "nf4"},  # default precision bf16-mixed: qlora needs a pure dtype
-    {"quant": "nf4", "precision": "bf16", "gpus": "4"},  # qlora runs on one GPU
+    {"quant": "nf4", "precision": "bf16", "gpus": "4", "zero": "3"},  # qlora: no FSDP2
     {"quant": "int8", "precision": "bf16"},  # reserved, not modelled
 ])
 def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
@@ -226,6 +226,16 @@ def test_method_lora_rank_targets_and_grad_accum_round_trip_under_their_cli_name
     assert decode(encode(accum)) == (accum, []) and accum.to_plan().grad_accum == 2
 
 
+@pytest.mark.parametrize("zero", ["0", "1", "all"])
+def test_qlora_links_keep_ddp_and_zero1_on_several_gpus(zero):
+    query = {"method": "qlora", "quant": "fp4", "precision": "bf16", "gpus": "4", "zero": zero}
+    inputs, warnings = decode(query)
+    assert warnings == [] and (inputs.method, inputs.quant, inputs.gpus) == (Method.QLORA, Quant.FP4, 4)
+    assert decode(encode(inputs)) == (inputs, [])
+    if zero != "all":
+        assert inputs.to_plan().zero == int(zero)
+
+
 def test_old_quant_only_links_still_mean_qlora_and_method_qlora_defaults_to_nf4():
     inputs, warnings = decode({"quant": "fp4", "precision": "bf16", "gpus": "1"})
     assert (inputs.method, inputs.quant, warnings) == (Method.QLORA, Quant.FP4, [])
@@ -251,8 +261,9 @@ def test_tampered_method_values_warn_and_take_the_default(query, field):
 
 @pytest.mark.parametrize("query, named", [
     ({"method": "qlora"}, "precision"),  # default bf16-mixed: qlora builds its base in a pure dtype
-    ({"method": "qlora", "precision": "bf16", "gpus": "4"}, "one GPU"),
-    ({"method": "qlora", "precision": "bf16", "gpus": "2", "zero": "0"}, "one GPU"),
+    ({"method": "qlora", "precision": "bf16", "gpus": "4", "zero": "3"}, "FSDP2"),
+    ({"method": "qlora", "precision": "bf16", "gpus": "2", "zero": "2"}, "Params4bit"),
+    ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "tensor parallelism"),
 ])

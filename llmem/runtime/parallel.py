@@ -9,6 +9,9 @@
 | tp        | `parallelize_module` per decoder layer: q/k/v/gate/up colwise, o/down rowwise             |
 | tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
 
+QLoRA (DDP / ZeRO-1 only): DDP's construction broadcasts the `Params4bit` packed codes like any parameter (their
+`quant_state` is not sent; every rank builds the same base, so nothing changes), and buckets only the adapters.
+
 Mixed precision is fp32 parameters + `torch.autocast` (session.py), except under FSDP2 where
 `MixedPrecisionPolicy(param_dtype=<half>, reduce_dtype=float32)` casts instead and no autocast runs.
 """
