@@ -238,17 +238,20 @@ def forward_moment_label(plan: TrainingPlan) -> str:
 
 
 def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """`--quant int8`, a decoder layer's backward moment (the MLP's down_proj input gradient, base + adapter, being
-    summed; `gradients.layer_backward_peak_extra_bytes`): when lora_A keeps down_proj's input itself (dropout 0, fp32,
-    down_proj adapted) LoRA's walk has it freed by lora_A's backward there; the 8-bit node still holds it (T*i*cb).
-    Measured on CPU (llama, qwen3). Not with --grad-ckpt full: the recompute's copy is freed, the forward's one is in
-    `held_input_bytes`."""
+    """`--quant int8`, beyond LoRA's walk at a decoder layer's backward moment (the MLP's down_proj input gradient,
+    base + adapter, being summed; `gradients.layer_backward_peak_extra_bytes`), measured on CPU (llama, qwen3):
+    - without checkpointing, when lora_A keeps down_proj's input itself (dropout 0, fp32, down_proj adapted), LoRA's
+      walk has it freed by lora_A's backward there; the 8-bit node still holds it (T*i*cb);
+    - with --grad-ckpt full, when lora_A does not keep the q/k/v input itself (dropout > 0 or half precision), the
+      recomputed input_layernorm output (T*h*cb) is still alive there (LoRA's walk frees it after the recompute):
+      the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)"""
     from llmem.components.lora import _module, targeted
 
-    if not is_int8(plan) or plan.grad_ckpt is GradCkpt.FULL:
+    if not is_int8(plan):
         return 0
-    if plan.lora_dropout != 0 or plan.precision is not Precision.FP32:
-        return 0
-    if not any(_module(p).endswith("down_proj") for p in targeted(spec, plan) if p.layer == 0):
-        return 0
-    return plan.batch_size * plan.seq_len * spec.intermediate_size * plan.precision.compute_bytes
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
+    tokens, cb = plan.batch_size * plan.seq_len, plan.precision.compute_bytes
+    if plan.grad_ckpt is GradCkpt.FULL:
+        return 0 if lora_keeps_x and adapted & {"q_proj", "k_proj", "v_proj"} else tokens * spec.hidden_size * cb
+    return tokens * spec.intermediate_size * cb if lora_keeps_x and "down_proj" in adapted else 0

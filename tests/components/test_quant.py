@@ -136,11 +136,12 @@ def _int8_run(family: str, **plan):
     ("llama", dict(precision="bf16")),
     ("llama", dict(grad_ckpt="full")),  # checkpointing does not drop them: the backward of layer 0 peaks
     ("qwen3", dict(grad_ckpt="full", batch_size=2)),
+    ("llama", dict(grad_ckpt="full", lora_dropout=0.1)),  # the recomputed q/k/v input stays alive too
     ("llama", dict(batch_size=1, seq_len=16)),  # few tokens: the dequantized weight sets the peak
     ("qwen3", dict(lora_targets="q_proj,v_proj", lora_dropout=0.1)),
 ])
 def test_int8_estimate_matches_cpu_run(family, plan):
-    # 2 %: the project's single-rank bar; measured errors are 0.01-0.75 % (DESIGN.md "Fine-tuning methods")
+    # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (DESIGN.md "Fine-tuning methods")
     est, trace, _ = _int8_run(family, **plan)
     assert abs(est.peak_bytes - trace.peak_bytes) / trace.peak_bytes < 0.02
 
