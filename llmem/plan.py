@@ -272,7 +272,7 @@ class TrainingPlan:
             raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
                              "or --method qlora")
         if self.method is Method.QLORA and self.gpus > 1:
-            raise InputError("method", "qlora is modelled and measured on one GPU only so far (its 4-bit base "
+            raise InputError("method", "qlora is modelled and measured on one GPU only so far (its quantized base "
                              "weights are not plain tensors DDP/FSDP2 shard or broadcast); use --gpus 1, or "
                              "--method lora for DDP/ZeRO")
         if self.method is Method.LORA and self.tp > 1:

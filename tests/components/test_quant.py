@@ -1,4 +1,4 @@
-"""QLoRA (`--method qlora --quant nf4|fp4`): the 4-bit base's storage against the tensors bitsandbytes really
+"""QLoRA (`--method qlora --quant nf4|fp4|int8`): the quantized base's storage against the tensors bitsandbytes really
 creates, plan validation, and the single-rank estimate against a real CPU run (allocator trace) within 2 %."""
 
 from __future__ import annotations
