@@ -223,7 +223,7 @@ def _training_widgets() -> None:
     sb.text_input("LoRA target modules", key="w_lora_targets", disabled=not adapters, help=_help("lora-targets"))
     if adapters:
         _lora_targets(show=True)
-    sb.selectbox("QLoRA 4-bit base", [q.value for q in Quant if q is not Quant.INT8], key="w_quant",
+    sb.selectbox("QLoRA quantized base", [q.value for q in Quant], key="w_quant",
                  disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
     sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
                     help=_help("grad-accum"))
@@ -233,7 +233,7 @@ def _training_widgets() -> None:
 
 
 def _method_changed() -> None:
-    """qlora needs a 4-bit base (nf4 unless one is chosen); the other methods have none."""
+    """qlora needs a quantized base (nf4 unless one is chosen); the other methods have none."""
     ss = st.session_state
     qlora = ss.get("w_method") == Method.QLORA.value
     if qlora and ss.get("w_quant", "none") == Quant.NONE.value:

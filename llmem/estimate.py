@@ -155,6 +155,11 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         else:
             kept = lora.layer_activation_bytes(spec, plan)
             outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
+    # --quant int8: each 8-bit Linear's autograd node keeps its input until the outputs are dropped (quant.py)
+    held_layer, extra_layer = quant.held_input_bytes(spec, plan)
+    held_first, extra_first = quant.held_input_bytes(spec, plan, first=True)
+    kept += extra_layer
+    outer_act -= extra_layer - extra_first
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K (lora is rejected)
     if partial:
         forward_acts = act.kept_layers_bytes(spec, plan, layers) + outer_act + final_norm
@@ -203,6 +208,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         else:
             held = layer * kept + (recompute or kept)
         mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(plan, layer))  # freed by now
+        # 8-bit Linears' inputs of the layers whose backward ran (and, checkpointed, of the one recomputing)
+        held += (layers - 1 - layer + bool(recompute)) * held_layer + quant.held_past_adapter_bytes(spec, plan)
         phases.append(_phase(
             name, **persistent,
             activations=held + outer_act - mlp_dropout,
@@ -220,22 +227,24 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 + act.attention_backward_transient_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
     if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight on top of the forward / layer-backward moments
-        phases.append(_phase("forward (last layer), 4-bit weight dequantized", **persistent,
+        phases.append(_phase(f"forward (last layer), {quant.forward_moment_label(plan)}", **persistent,
                              activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))
         extra = quant.dequant_backward_extra_bytes(spec, plan)
         for ph in [p for p in phases if p.name.startswith("backward (")]:
             b = dict(ph.breakdown)
             b[Category.TEMPORARIES] += extra
-            phases.append(Phase(f"{ph.name}, 4-bit weight dequantized", b))
+            phases.append(Phase(f"{ph.name}, {quant.bits(plan)} weight dequantized", b))
+    held_all = (layers - 1) * held_layer + held_first  # --quant int8: kept until the outputs are dropped
     phases.append(_phase("backward end", **persistent, gradients=grads_all + embedding_transient, logits=logits,
+                         activations=held_all,
                          temporaries=embedding_gradient_accumulate_bytes(spec, plan)
                          + embedding_input_gradient_bytes(spec, plan)))
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:  # the embedding's input gradient is freed once its backward returned; the out-of-place sum
         phases.append(_phase("backward end, tied gradients summed", **persistent,
-                             gradients=grads_all + embedding_transient,
-                             logits=logits, temporaries=embedding_gradient_accumulate_bytes(spec, plan) + tied_sum))
-    phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits,
+                             gradients=grads_all + embedding_transient, logits=logits, activations=held_all,
+                             temporaries=embedding_gradient_accumulate_bytes(spec, plan) + tied_sum))
+    phases.append(_phase("optimizer step", **persistent, gradients=grads_all, logits=logits, activations=held_all,
                          temporaries=optimizer_step_temporary_bytes(spec, plan)))
     if plan.grad_accum > 1:
         phases += accumulation_phases(spec, plan, phases, backward_later)

@@ -28,8 +28,9 @@ HELP = {
     "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
     "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
               "states for the base, fp32 adapters get both; fewer saved activations. qlora: the same adapters over a "
-              "base whose Linears are stored 4-bit by bitsandbytes (choose --quant); on one GPU, DDP (--zero 0) or "
-              "ZeRO-1 (--zero 1), every GPU holding the whole 4-bit base (FSDP2 and TP with it are not modelled).",
+              "base whose Linears are stored 4-bit or 8-bit by bitsandbytes (choose --quant); 4-bit on one GPU, DDP "
+              "(--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base; int8 on one GPU (FSDP2 and TP "
+              "with a quantized base are not modelled).",
     "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
     "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
     "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
@@ -47,7 +48,9 @@ HELP = {
                "recommendation stays with the chosen method.",
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
-             "while it runs. none for full/lora. int8: not modelled yet.",
+             "while it runs. int8 = LLM.int8 (load_in_8bit): 1 byte per weight plus one fp32 scale per output row; "
+             "each 8-bit Linear also keeps its input until the step ends (more activation memory in backward), and "
+             "on CUDA quantizes its input to int8 with an int32 product. none for full/lora.",
     "ckpt-every": "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others "
                   "keep all their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
     "plan-ckpt": "Pick the checkpointing (none, every K-th layer, full) that recomputes the fewest layers and still "

@@ -110,7 +110,7 @@ class Quant(Choice):
     NONE = "none"
     NF4 = "nf4"
     FP4 = "fp4"
-    INT8 = "int8"  # reserved name (LLM.int8); rejected: not modelled yet
+    INT8 = "int8"  # LLM.int8: bnb.nn.Linear8bitLt, int8 weight + fp32 row scales
 
 
 class Offload(Choice):
@@ -274,9 +274,10 @@ class TrainingPlan:
         object.__setattr__(self, "lora_targets", parse_lora_targets(self.lora_targets))
         if self.method is Method.QLORA:
             if self.quant is Quant.NONE:
-                raise InputError("quant", "--method qlora quantizes the frozen base: choose --quant nf4 or fp4")
-            if self.quant is Quant.INT8:
-                raise InputError("quant", "int8 (LLM.int8) bases are not modelled yet; use --quant nf4 or fp4")
+                raise InputError("quant", "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8")
+            if self.quant is Quant.INT8 and self.ckpt_every > 1:
+                raise InputError("ckpt-every", "partial checkpointing is not modelled with an int8 base (its Linears "
+                                 "keep their inputs until the step ends, checkpointed or not); use --ckpt-every 1")
             if self.precision.is_mixed:
                 raise InputError("precision", "qlora is modelled with the base built in its compute dtype (pure "
                                  "bf16, fp16 or fp32, as QLoRA recipes load it); use --precision bf16")
@@ -293,6 +294,9 @@ class TrainingPlan:
                              "every rank) and all-gathers the packed codes with the adapters, a layout not modelled "
                              "or measured yet (published QLoRA FSDP runs use FSDP1 with bnb_4bit_quant_storage=bf16, "
                              "another program); use --zero 0 (DDP) or --zero 1 (ZeRO-1)")
+        if self.method is Method.QLORA and self.quant is Quant.INT8 and self.gpus > 1:
+            raise InputError("quant", "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, "
+                             "or --quant nf4/fp4 for DDP/ZeRO-1")
         if self.method is Method.LORA and self.tp > 1:
             raise InputError("tp", "lora with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... "
                              "by LoRA layers, so the Megatron TP plan's module names no longer match; use --tp 1 "

@@ -66,7 +66,7 @@ class AppInputs:
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     grad_ckpt: GradCkpt = GradCkpt.NONE
     attn: Attention = Attention.SDPA
-    quant: Quant = Quant.NONE  # nf4/fp4: the 4-bit base of --method qlora; none otherwise
+    quant: Quant = Quant.NONE  # nf4/fp4/int8: the quantized base of --method qlora; none otherwise
     offload: Offload = Offload.NONE
     loss: Loss = Loss.STANDARD
     upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
@@ -202,7 +202,7 @@ def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tu
             warn(attr, _reason(err))
     implied = "method" not in values and values.get("quant", Quant.NONE) is not Quant.NONE  # an older link
     if values.get("method") is Method.FULL and values.get("quant", Quant.NONE) is not Quant.NONE:
-        warnings.append(f"quant: {values['quant']} is the 4-bit base of --method qlora, not of full; using none")
+        warnings.append(f"quant: {values['quant']} is the quantized base of --method qlora, not of full; using none")
         values["quant"] = Quant.NONE
     inputs = replace(defaults, **values)
     inputs = _make_consistent(inputs, defaults, warnings, method_implied=implied, quant_given="quant" in values)
@@ -313,10 +313,10 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
     TrainingPlan rejects where full fine-tuning would run falls back to full (quant none), with a warning."""
     if inputs.method is Method.QLORA and inputs.quant is Quant.NONE:
         if quant_given:
-            warnings.append("quant: none leaves --method qlora without its 4-bit base; using nf4")
+            warnings.append("quant: none leaves --method qlora without its quantized base; using nf4")
         inputs = replace(inputs, quant=Quant.NF4)  # the app's default base for qlora
     if inputs.method is not Method.QLORA and inputs.quant is not Quant.NONE:
-        warnings.append(f"quant: {inputs.quant} is the 4-bit base of --method qlora, not of {inputs.method}; "
+        warnings.append(f"quant: {inputs.quant} is the quantized base of --method qlora, not of {inputs.method}; "
                         "using none")
         inputs = replace(inputs, quant=Quant.NONE)
     if inputs.method is Method.FULL:

@@ -164,7 +164,7 @@ def test_quant_round_trips_and_selects_qlora():
 @pytest.mark.parametrize("query", [
     {"quant": "nf4"},  # default precision bf16-mixed: qlora needs a pure dtype
     {"quant": "nf4", "precision": "bf16", "gpus": "4", "zero": "3"},  # qlora: no FSDP2
-    {"quant": "int8", "precision": "bf16"},  # reserved, not modelled
+    {"quant": "int8", "precision": "bf16", "gpus": "2"},  # the 8-bit base too runs on one GPU only
 ])
 def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
     inputs, warnings = decode(query)
@@ -290,3 +290,10 @@ def test_valid_lora_strategies_are_kept_and_partial_checkpointing_falls_back():
     assert (inputs.method, inputs.ckpt_every) == (Method.LORA, 1)
     assert len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
     inputs.to_plan()
+
+
+def test_int8_base_round_trips():
+    inputs = AppInputs(model="llama-2-7b", gpus=1, zero=0, precision=Precision.BF16, method=Method.QLORA,
+                       quant=Quant.INT8)
+    assert decode(encode(inputs)) == (inputs, [])
+    assert inputs.to_plan().quant is Quant.INT8

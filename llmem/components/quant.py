@@ -1,4 +1,4 @@
-"""The quantized frozen base of `--method qlora` (bitsandbytes 4-bit, `llmem.runtime.lora.quantize_base`).
+"""The quantized frozen base of `--method qlora` (bitsandbytes 4-bit or 8-bit, `llmem.runtime.lora.quantize_base`).
 
 Every Linear of the base but the output layer becomes a `bnb.nn.Linear4bit` whose weight is a `Params4bit`
 (bitsandbytes 0.50 `functional.quantize_4bit`, blocksize 64, no double quantization):
@@ -19,15 +19,30 @@ gradient the matmul writes (`dequant_moment_bytes`); in the forward: the weight 
 
 from __future__ import annotations
 
-from llmem.plan import Method, TrainingPlan
+from llmem.plan import Device, GradCkpt, Method, Precision, Quant, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
 BLOCKSIZE = 64
 CODE_BYTES = 16 * 4
+FP16 = 2
+FP32 = 4
+INT32 = 4
+INT8_THRESHOLD = 6.0  # BitsAndBytesConfig.llm_int8_threshold default: outlier columns kept in 16-bit
+# Outlier columns assumed in `MatMul8bitLt` (see the 8-bit section below): none. Values with |x| >= 6.0 in a Linear's
+# fp16 input select whole columns; at a randomly initialised model the inputs are RMS-normalised (|x| >= 6 has a
+# probability ~2e-9 per element) or products of them, so there are none in practice; trained models above ~6.7B
+# parameters have a few (LLM.int8 paper, Dettmers et al. 2022: a handful of hidden dimensions). Each outlier column
+# adds tokens * cb (subA, kept until the outputs are dropped) + out * (1 + 4 + cb) transient bytes (subB), see
+# `outlier_column_bytes`.
+OUTLIER_COLUMNS = 0
 
 
 def is_qlora(plan: TrainingPlan) -> bool:
     return plan.method is Method.QLORA
+
+
+def is_int8(plan: TrainingPlan) -> bool:
+    return plan.method is Method.QLORA and plan.quant is Quant.INT8
 
 
 def quantized_weights(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
@@ -42,17 +57,34 @@ def storage_bytes(numel: int) -> int:
     return -(-numel // 2) + 4 * -(-numel // BLOCKSIZE) + CODE_BYTES
 
 
+def int8_storage_bytes(numel: int, rows: int) -> int:
+    """Bytes of one LLM.int8 weight (`Int8Params`): int8 `CB` (out, in), 1 byte per element, and fp32 `SCB`, one
+    absmax per output row (`int8_vectorwise_quant` of the fp16 weight)."""
+    return numel + FP32 * rows
+
+
+def weight_storage_bytes(spec: ModelSpec, plan: TrainingPlan, p: ParamTensor) -> int:
+    from llmem.components.lora import in_out
+
+    if is_int8(plan):
+        return int8_storage_bytes(p.numel, in_out(spec, p)[1])
+    return storage_bytes(p.numel)
+
+
 def base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The frozen base: quantized Linears plus everything else in the plan's parameter dtype."""
     q = quantized_weights(spec, plan)
     plain = spec.total_params - sum(p.numel for p in q)
-    return plain * plan.precision.param_bytes + sum(storage_bytes(p.numel) for p in q)
+    return plain * plan.precision.param_bytes + sum(weight_storage_bytes(spec, plan, p) for p in q)
 
 
 def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Forward: the largest decoder-layer Linear's dequantized weight plus its output (tokens, out)."""
+    """Forward: the largest decoder-layer Linear's dequantized weight plus its output (tokens, out).
+    `--quant int8` on the cuda profile runs no dequantization in the forward: `int8_forward_cuda_bytes` instead."""
     from llmem.components.lora import in_out
 
+    if is_int8(plan) and plan.device is Device.CUDA:
+        return int8_forward_cuda_bytes(spec, plan)
     tokens = plan.batch_size * plan.seq_len
     cb = plan.precision.compute_bytes
     return max((p.numel * cb + tokens * in_out(spec, p)[1] * cb
@@ -81,3 +113,145 @@ def dequant_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     for p in layer[:-1]:
         best = max(best, p.numel - tokens * (in_out(spec, p)[0] + last_in))
     return best * cb
+
+
+# --- 8-bit base (`--quant int8`, LLM.int8) -----------------------------------------------------------------------
+# What runs (bitsandbytes 0.50.2): every Linear but the output layer is a `bnb.nn.Linear8bitLt(has_fp16_weights=False,
+# threshold=6.0)` holding an `Int8Params` weight: `CB` int8 (out, in) and `SCB` fp32 (out,) (`int8_storage_bytes`).
+# `Linear8bitLt.forward` calls `bnb.matmul(x, weight, state=self.state)` (autograd/_functions.py: `matmul`), which
+# in training runs `MatMul8bitFp` when the input is on the CPU and `MatMul8bitLt` otherwise (CUDA):
+#
+# cpu profile, `MatMul8bitFp` (measured here):
+#   forward: `CB = state.CB.data.to(A.dtype).mul_(state.SCB.unsqueeze(1).mul(1.0 / 127.0))`, the dequantized weight
+#     (out, in) in the compute dtype, then `F.linear(A, CB)` writes the output (tokens, out): the moment of
+#     `dequant_forward_bytes`, as for the 4-bit base (the scaled SCB, out * 4 bytes, is freed before the linear).
+#   saved: `ctx.A = A`, the Linear's input, as a plain attribute of the autograd node (no `save_for_backward`).
+#   backward: `CB = state.CB.to(ctx.dtype_A, copy=True).mul_(...)`, `grad_A = matmul(grad_output, CB)`: the dequantized
+#     weight beside the input gradient, as in `MatMul4Bit`'s backward (`dequant_backward_extra_bytes`).
+# cuda profile, `MatMul8bitLt` (from the source; not measurable here). Forward, for an input A (tokens T, in I) and
+#   output width O, compute dtype of cb bytes; the weight needs no gradient, so the fast path:
+#   1. `F.int8_vectorwise_quant(A.to(torch.float16), threshold=6.0)`: the fp16 copy of A (T*I*2, none when A is
+#      fp16), freed when the call returns; inside (backends/cuda/ops.py `int8_vectorwise_quant`): `row_stats` SCA
+#      fp32 (T*4) and `out_row` CA int8 (T*I) are allocated first, then `outliers = A.abs() >= threshold` makes the
+#      fp16 `abs` (T*I*2, freed after the comparison) and the bool mask (T*I, a local until the call returns);
+#      `outlier_cols` is `argwhere(...)` (int64, one per outlier column) or an empty tensor.
+#   2. `int8_mixed_scaled_mm` (backends/default/ops.py, also on CUDA): with no outlier columns `subA =
+#      torch.empty(0)`; `int8_scaled_mm` -> `int8_linear_matmul` (cuda: `torch.empty((T, O), dtype=int32)` written by
+#      cublasLt igemmlt) -> `int8_mm_dequant` (cuda: `torch.empty_like(A_i32, dtype=float16)` then `.to(dtype)`, a copy
+#      T*O*cb unless the compute dtype is fp16); the int32 product is freed when `int8_scaled_mm` returns.
+#      With k outlier columns: `subA = A[:, cols].contiguous()` (T*k*cb), `subB` = the int8 columns copied (O*k),
+#      dequantized to fp32 (O*k*4) and cast (O*k*cb), and `output.addmm(subA, subB)` a new output (T*O*cb).
+#   saved: `ctx.tensors = (CAt=None, subA, A)` and `ctx.tensor_states = (SCAt=None, state.idx)`: attributes again,
+#     so the input A (the 2-D view of the Linear's input, same storage) and subA are kept.
+#   backward (`req_gradB` False): identical to the cpu profile's (`CB.to(dtype_A, copy=True).mul_`, `matmul`).
+#   The two forward moments are `int8_forward_cuda_bytes`.
+# Both profiles: ctx attributes are not saved tensors, so autograd does not release them after the node's backward,
+# and activation checkpointing (saved-tensor hooks) does not drop them either: every 8-bit Linear whose input
+# requires grad keeps that input alive until the graph is freed, i.e. until the step's outputs are dropped (after the
+# optimizer step in this program). `held_input_bytes` lists them.
+
+
+def int8_forward_cuda_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """cuda profile, one `MatMul8bitLt` forward: the larger of its two moments (see above) for the largest
+    decoder-layer Linear, on top of the live activations (its input among them):
+      quantization: fp16 copy of A (T*I*2 unless fp16) + CA (T*I) + SCA (T*4) + |A| fp16 (T*I*2) + mask (T*I);
+      product: CA (T*I) + SCA (T*4) + int32 product (T*O*4) + fp16 dequantized (T*O*2) + output (T*O*cb unless fp16)."""
+    from llmem.components.lora import in_out
+
+    tokens = plan.batch_size * plan.seq_len
+    cb = plan.precision.compute_bytes
+    half_copy = 0 if plan.precision is Precision.FP16 else FP16
+    out_copy = 0 if plan.precision is Precision.FP16 else cb
+    best = 0
+    for p in quantized_weights(spec, plan):
+        if p.layer != 0:
+            continue
+        i, o = in_out(spec, p)
+        quantize = tokens * i * (half_copy + 1 + FP16 + 1) + tokens * FP32
+        product = tokens * i + tokens * FP32 + tokens * o * (INT32 + FP16 + out_copy)
+        best = max(best, quantize, product)
+    return best
+
+
+def outlier_column_bytes(spec: ModelSpec, plan: TrainingPlan, columns: int) -> tuple[int, int]:
+    """cuda profile, a bound for `columns` outlier columns in every 8-bit Linear (not in the estimate, which assumes
+    OUTLIER_COLUMNS = 0): (bytes kept per decoder layer as `subA`, T*k*cb per Linear whose input requires grad; the
+    largest extra forward transient: subB's int8, fp32 and cast copies plus the `addmm` output, O*k*(1+4+cb) +
+    T*O*cb)."""
+    from llmem.components.lora import in_out
+
+    tokens = plan.batch_size * plan.seq_len
+    cb = plan.precision.compute_bytes
+    layer = [p for p in quantized_weights(spec, plan) if p.layer == 0]
+    kept = len(layer) * tokens * columns * cb
+    transient = max((in_out(spec, p)[1] * columns * (1 + FP32 + cb) + tokens * in_out(spec, p)[1] * cb
+                     for p in layer), default=0)
+    return kept, transient
+
+
+# The Linears of a llama-like decoder layer that read the same input tensor, and its width
+_INPUT_GROUPS = ((("q_proj", "k_proj", "v_proj"), "h"), (("o_proj",), "q"), (("gate_proj", "up_proj"), "h"),
+                 (("down_proj",), "i"))
+
+
+def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> tuple[int, int]:
+    """`--quant int8`: the inputs of one decoder layer's 8-bit Linears that their autograd nodes keep (`ctx.A` /
+    `ctx.tensors`, above) until the outputs are dropped, as (all of them, the part LoRA's saved tensors do not
+    already hold). One tensor per group of Linears reading the same input (q/k/v, o_proj, gate/up, down_proj), in the
+    compute dtype; none for layer 0's q/k/v, whose input needs no gradient (frozen embeddings and norm), except with
+    --grad-ckpt full (`gradient_checkpointing_enable` calls `enable_input_require_grads()`).
+    Already held by LoRA (`lora.layer_saved`): o_proj's input is the sdpa output the attention saves anyway; the
+    other inputs are lora_A's saved input only with dropout 0 in fp32 on an adapted group (with dropout lora_A saves
+    the dropout output, in pure half precision its fp32 copy). With `--grad-ckpt full` LoRA's tensors are not saved
+    in the forward, so all are extra there."""
+    from llmem.components.lora import _module, targeted
+
+    if not is_int8(plan):
+        return 0, 0
+    tokens = plan.batch_size * plan.seq_len
+    cb = plan.precision.compute_bytes
+    widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
+    ckpt = plan.grad_ckpt is GradCkpt.FULL
+    held = extra = 0
+    for k, (names, width) in enumerate(_INPUT_GROUPS):
+        if first and k == 0 and not ckpt:  # transformers' checkpointing makes the embeddings' output require grad
+            continue
+        size = tokens * widths[width] * cb
+        held += size
+        if ckpt:
+            extra += size
+        elif names != ("o_proj",) and not (lora_keeps_x and adapted & set(names)):
+            extra += size
+    return held, extra
+
+
+def bits(plan: TrainingPlan) -> str:
+    return "8-bit" if is_int8(plan) else "4-bit"
+
+
+def forward_moment_label(plan: TrainingPlan) -> str:
+    if is_int8(plan) and plan.device is Device.CUDA:
+        return "8-bit matmul (int8 input, int32 product)"
+    return f"{bits(plan)} weight dequantized"
+
+
+def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--quant int8`, beyond LoRA's walk at a decoder layer's backward moment (the MLP's down_proj input gradient,
+    base + adapter, being summed; `gradients.layer_backward_peak_extra_bytes`), measured on CPU (llama, qwen3):
+    - without checkpointing, when lora_A keeps down_proj's input itself (dropout 0, fp32, down_proj adapted), LoRA's
+      walk has it freed by lora_A's backward there; the 8-bit node still holds it (T*i*cb);
+    - with --grad-ckpt full, when lora_A does not keep the q/k/v input itself (dropout > 0 or half precision), the
+      recomputed input_layernorm output (T*h*cb) is still alive there (LoRA's walk frees it after the recompute):
+      the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)"""
+    from llmem.components.lora import _module, targeted
+
+    if not is_int8(plan):
+        return 0
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
+    tokens, cb = plan.batch_size * plan.seq_len, plan.precision.compute_bytes
+    if plan.grad_ckpt is GradCkpt.FULL:
+        return 0 if lora_keeps_x and adapted & {"q_proj", "k_proj", "v_proj"} else tokens * spec.hidden_size * cb
+    return tokens * spec.intermediate_size * cb if lora_keeps_x and "down_proj" in adapted else 0

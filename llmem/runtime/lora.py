@@ -7,14 +7,19 @@ bnb_4bit_compute_dtype=<the plan's dtype>, bnb_4bit_use_double_quant=False)`: tr
 `replace_with_bnb_linear` swaps every `nn.Linear` but the output layer for a `bnb.nn.Linear4bit`, and each weight is
 quantized as its loader does, `bnb.nn.Params4bit(weight, requires_grad=False, **meta_param.__dict__).to(device)`.
 (`from_config` does not run a quantizer; this is the same replacement and quantization, done on the built model.)
-`peft.prepare_model_for_kbit_training` is not part of the program (see DESIGN.md)."""
+`peft.prepare_model_for_kbit_training` is not part of the program (see DESIGN.md).
+
+`--quant int8` (LLM.int8): the same replacement with `BitsAndBytesConfig(load_in_8bit=True)` (llm_int8_threshold 6.0,
+llm_int8_has_fp16_weight False) gives `bnb.nn.Linear8bitLt` modules, and each weight is quantized as transformers'
+`Bnb8bitQuantize` does, `bnb.nn.Int8Params(weight.to("cpu"), requires_grad=False, **meta.__dict__).to(device)`
+(int8 `CB` + fp32 row scales `SCB`); `model.is_loaded_in_8bit = True` makes PEFT dispatch its bnb 8-bit LoRA layers."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from llmem.plan import ALL_LINEAR, Method, TrainingPlan
+from llmem.plan import ALL_LINEAR, Method, Quant, TrainingPlan
 
 NOT_CONVERTED = ("lm_head", "embed_out")  # transformers keeps the output embeddings unquantized
 
@@ -30,13 +35,16 @@ def lora_config(plan: TrainingPlan):
 def bnb_config(plan: TrainingPlan):
     from transformers import BitsAndBytesConfig
 
+    if plan.quant is Quant.INT8:
+        return BitsAndBytesConfig(load_in_8bit=True)  # llm_int8_threshold=6.0, llm_int8_has_fp16_weight=False
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(plan.quant),
                               bnb_4bit_compute_dtype=getattr(torch, plan.precision.torch_dtype_name),
                               bnb_4bit_use_double_quant=False, bnb_4bit_quant_storage=torch.uint8)
 
 
 def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
-    """Replace the base's Linears by bitsandbytes 4-bit Linears holding the quantized weights (in place)."""
+    """Replace the base's Linears by bitsandbytes 4-bit (or 8-bit) Linears holding the quantized weights (in
+    place)."""
     import bitsandbytes as bnb
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
@@ -51,8 +59,19 @@ def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
             meta = module.weight
             module.weight = bnb.nn.Params4bit(value, requires_grad=False, **meta.__dict__).to(value.device)
             del value
+        elif isinstance(module, bnb.nn.Linear8bitLt):
+            value = weights.pop(name)
+            kwargs = dict(module.weight.__dict__)
+            kwargs.pop("SCB", None)
+            # Int8Params.to quantizes a CPU tensor not yet int8: CB int8 (out, in) becomes .data, SCB fp32 (out,)
+            module.weight = bnb.nn.Int8Params(value.to("cpu"), requires_grad=False, **kwargs).to(value.device)
+            del value
     weights.clear()
-    model.is_loaded_in_4bit = True  # what transformers' quantizer sets; PEFT dispatches its bnb LoRA layers on it
+    # what transformers' quantizer sets; PEFT dispatches its bnb LoRA layers on it
+    if plan.quant is Quant.INT8:
+        model.is_loaded_in_8bit = True
+    else:
+        model.is_loaded_in_4bit = True
     return model
 
 
