@@ -310,15 +310,16 @@ def test_lora_link_renders_a_lora_verdict_and_table_and_keeps_its_keys():
     assert "LoRA r=8" in verdict(at)
     shown = table(at)
     assert all(label.startswith("LoRA r=8") for label in shown.index)
-    # bf16-mixed: LoRA is modelled on DDP and ZeRO-1 only (FSDP2 would cast the fp32 adapters); no TP rows
-    assert sorted(shown["ZeRO"]) == [0, 1] and set(shown["TP"]) == {1}
+    # LoRA runs on DDP, ZeRO-1 and FSDP2 ZeRO-2/3 (bf16-mixed: the adapters gathered in bf16); no TP rows
+    assert sorted(shown["ZeRO"]) == [0, 1, 2, 3] and set(shown["TP"]) == {1}
     assert at.number_input(key="w_lora_rank").value == 8 and not at.number_input(key="w_lora_rank").disabled
     assert at.selectbox(key="w_quant").disabled
     for key, value in query.items():
         assert at.query_params[key] == value
-    pure = run({**query, "precision": "bf16"})  # a pure dtype: FSDP2 ZeRO-2/3 rows join
+    pure = run({**query, "precision": "bf16"})  # a pure dtype: the same strategies, other figures
     assert_clean(pure)
     assert sorted(table(pure)["ZeRO"]) == [0, 1, 2, 3]
+    assert list(table(pure)["per-GPU peak (GiB)"]) != list(shown["per-GPU peak (GiB)"])
 
 
 def test_qlora_link_via_method_renders_with_the_nf4_base():
