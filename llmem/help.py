@@ -55,4 +55,9 @@ HELP = {
     "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
             "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
             "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",
+    "lora-modules-to-save": "PEFT modules_to_save with lora/qlora: comma-separated module names (lm_head, "
+                            "embed_tokens) trained in full beside the adapters. Each gets a trainable copy in the "
+                            "model's dtype (the frozen original stays) with its own gradient and optimizer states; a "
+                            "trainable lm_head keeps its input for the weight gradient, a trainable embedding makes "
+                            "a dense vocab × hidden gradient. Empty = none. Not with tied embeddings or FSDP2.",
 }
