@@ -230,6 +230,11 @@ class TrainingPlan:
                              "modelled: the root group would all-gather and reduce-scatter the copied embedding / "
                              "lm_head beside the frozen originals; use --zero 0 or 1, or leave "
                              "--lora-modules-to-save empty")
+        if self.zero == 1 and not self.precision.is_mixed and self.precision.param_bytes == 2:
+            raise InputError("lora-modules-to-save", "ZeroRedundancyOptimizer takes parameters of one dtype only, "
+                             f"and under pure {self.precision} the module copies are {self.precision} beside the "
+                             "fp32 adapters (it raises); use --zero 0, --precision fp32 or bf16-mixed, or leave "
+                             "--lora-modules-to-save empty")
 
     def _validate_ckpt_every(self) -> None:
         """`--ckpt-every K` selects which layers `--grad-ckpt full` checkpoints; it has no meaning without it."""

@@ -12,8 +12,10 @@ LoRA: the optimizer gets only the trainable adapters (fp32 under every precision
 module copies of `--lora-modules-to-save` (the plan's parameter dtype): states in each tensor's own dtype. With two
 dtypes (pure half: fp32 adapters, half copies) the foreach step handles one dtype group after the other
 (`_group_tensors_by_device_and_dtype`), the second group's temporaries allocated while the first's are still bound:
-their sum; per-tensor temporaries (for-loop, bitsandbytes CPU) take the largest tensor's in its dtype; Adafactor's
-for-loop walk is taken per dtype group (the largest group's peak).
+their sum; per-tensor temporaries (bitsandbytes CPU) take the largest tensor's in its dtype; the AdamW for-loop's
+`denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` makes a tensor's sqrt and quotient while the previous tensor's
+`denom` is still bound (the lm_head copy comes last, after an adapter); Adafactor's for-loop walk goes through the
+tensors in order, each temporary in its tensor's dtype; its foreach step takes the larger dtype group's peak.
 
 Adafactor (torch/optim/_adafactor.py, torch 2.13; `foreach=None` runs the for-loop on every device):
   States, in the gradient's dtype: a tensor of >= 2 dims gets `row_var` (shape[-1] -> 1) and `col_var`
@@ -174,8 +176,9 @@ def adafactor_state_elements(shape: tuple[int, ...]) -> int:
     return n
 
 
-def adafactor_forloop_peak(shapes: list[tuple[int, ...]]) -> int:
-    """Largest number of temporary elements alive in `_single_tensor_adafactor` (see the module docstring)."""
+def adafactor_forloop_peak(shapes: list[tuple[int, ...]], scale: list[int] | None = None) -> int:
+    """Largest number of temporary elements alive in `_single_tensor_adafactor` (see the module docstring);
+    with `scale` (bytes per element of each tensor) the largest number of bytes."""
     live: dict[str, int] = {}
     peak = 0
 
@@ -184,8 +187,10 @@ def adafactor_forloop_peak(shapes: list[tuple[int, ...]]) -> int:
         peak = max(peak, sum(live.values()) + n)
         live[name] = n
 
-    for shape in shapes:
+    for k, shape in enumerate(shapes):
         n = math.prod(shape)
+        if scale is not None:  # every temporary of this tensor has its dtype: count bytes
+            n *= scale[k]
         if len(shape) > 1:
             bind("row_mean", n // shape[-1])
             bind("col_mean", n // shape[-2])
@@ -250,9 +255,9 @@ def _mixed_dtype_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> in
     items = _lora_items(spec, plan)
     groups = _by_dtype(items)
     if plan.optimizer is Optimizer.ADAFACTOR:
-        foreach = plan.effective_optimizer_impl is OptimizerImpl.FOREACH
-        peak = adafactor_foreach_peak if foreach else adafactor_forloop_peak
-        return max(peak(shapes) * pb for pb, shapes in groups.items())
+        if plan.effective_optimizer_impl is OptimizerImpl.FOREACH:
+            return max(adafactor_foreach_peak(shapes) * pb for pb, shapes in groups.items())
+        return adafactor_forloop_peak([sh for sh, _ in items], [pb for _, pb in items])
     if plan.optimizer in BNB_OPTIMIZERS:
         if plan.device is not Device.CPU:
             return 0
@@ -260,8 +265,9 @@ def _mixed_dtype_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> in
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
     impl = plan.effective_optimizer_impl
-    if impl is OptimizerImpl.FORLOOP:
-        return 2 * max(math.prod(sh) * pb for sh, pb in items)
+    if impl is OptimizerImpl.FORLOOP:  # sqrt and quotient of this tensor, the previous tensor's `denom` still bound
+        nbytes = [math.prod(sh) * pb for sh, pb in items]
+        return max(2 * n + (nbytes[i - 1] if i else 0) for i, n in enumerate(nbytes))
     if impl is OptimizerImpl.FOREACH:
         return sum(math.prod(sh) * pb for sh, pb in items)
     return 0
