@@ -31,12 +31,14 @@ from llmem.plan import (
     Quant,
     TrainingPlan,
     parse_lora_targets,
+    parse_modules_to_save,
 )
 from llmem.units import format_gib, format_params, gib
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
                "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
-               "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum")
+               "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
+               "w_lora_mts")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -137,6 +139,7 @@ def _init_from_url() -> None:
     ss.w_method = inputs.method.value
     ss.w_lora_rank = inputs.lora_rank
     ss.w_lora_targets = inputs.lora_targets
+    ss.w_lora_mts = inputs.lora_modules_to_save
     ss.w_grad_accum = inputs.grad_accum
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
@@ -223,6 +226,10 @@ def _training_widgets() -> None:
     sb.text_input("LoRA target modules", key="w_lora_targets", disabled=not adapters, help=_help("lora-targets"))
     if adapters:
         _lora_targets(show=True)
+    sb.text_input("LoRA modules to save (trained in full)", key="w_lora_mts", disabled=not adapters,
+                  help=_help("lora-modules-to-save"))
+    if adapters:
+        _lora_modules_to_save(show=True)
     sb.selectbox("QLoRA quantized base", [q.value for q in Quant], key="w_quant",
                  disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
     sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
@@ -252,6 +259,16 @@ def _lora_targets(show: bool = False) -> str:
         return "all-linear"
 
 
+def _lora_modules_to_save(show: bool = False) -> str:
+    """The typed modules_to_save names, or none (with a message when `show`) when they are not module names."""
+    try:
+        return parse_modules_to_save(st.session_state.get("w_lora_mts", ""))
+    except InputError as err:
+        if show:
+            st.sidebar.error(f"{err}; using none")
+        return ""
+
+
 def _inputs(model: str, upload: str) -> share.AppInputs:
     ss = st.session_state
     method = Method(ss.get("w_method", "full"))
@@ -272,6 +289,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
         offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
         methods=",".join(sorted(ss.get("w_methods", []))),
+        lora_modules_to_save=_lora_modules_to_save() if adapters else "",
     )
 
 

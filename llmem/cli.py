@@ -58,6 +58,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", default=32, help=HELP["lora-alpha"])
     p.add_argument("--lora-dropout", default=0.05, help=HELP["lora-dropout"])
     p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
+    p.add_argument("--lora-modules-to-save", default="", help=HELP["lora-modules-to-save"])
     p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
     p.add_argument("--quant", default=str(Quant.NONE), help=HELP["quant"], metavar="|".join(m.value for m in Quant))
     p.add_argument("--ckpt-every", default=1, help=HELP["ckpt-every"])
@@ -90,7 +91,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
                         grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every,
-                        offload=args.offload, loss=args.loss)
+                        offload=args.offload, loss=args.loss, lora_modules_to_save=args.lora_modules_to_save)
 
 
 def _spec_and_origin(model: str):

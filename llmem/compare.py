@@ -112,7 +112,7 @@ class Comparison:
 
 # What `--methods NAME` adds to a comparison: the plan fields each method changes.
 METHOD_VARIANTS = {
-    "full": {"method": Method.FULL, "quant": "none"},
+    "full": {"method": Method.FULL, "quant": "none", "lora_modules_to_save": ""},
     "lora": {"method": Method.LORA, "quant": "none"},
     # QLoRA's usual program: the 4-bit base computes in bf16 (mixed precision is not how bitsandbytes runs it)
     "qlora": {"method": Method.QLORA, "quant": "nf4", "precision": "bf16"},

@@ -226,6 +226,14 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 + autocast.attention_backward_weight_copy_bytes(spec, plan)
                 + act.attention_backward_transient_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
+    unsaved_casts = lora.first_layer_unsaved_cast_bytes(spec, plan)
+    if unsaved_casts:  # LoRA under autocast: layer 0's q/k/v weight casts are not saved (its input needs no grad)
+        cached = lora.first_layer_forward_only_cast_bytes(spec, plan)  # its lora_A casts: autocast cache only
+        for i, ph in enumerate(phases):
+            b = dict(ph.breakdown)
+            b[Category.TEMPORARIES] -= unsaved_casts
+            b[Category.ACTIVATIONS] -= cached if ph.name not in ("forward (last layer)", "loss forward") else 0
+            phases[i] = Phase(ph.name, b)
     if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight on top of the forward / layer-backward moments
         phases.append(_phase(f"forward (last layer), {quant.forward_moment_label(plan)}", **persistent,
                              activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))

@@ -68,4 +68,9 @@ HELP = {
     "engine": "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
               "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different "
               "program.",
+    "lora-modules-to-save": "PEFT modules_to_save with lora/qlora: comma-separated module names (lm_head, "
+                            "embed_tokens) trained in full beside the adapters. Each gets a trainable copy in the "
+                            "model's dtype (the frozen original stays) with its own gradient and optimizer states; a "
+                            "trainable lm_head keeps its input for the weight gradient, a trainable embedding makes "
+                            "a dense vocab × hidden gradient. Empty = none. Not with tied embeddings or FSDP2.",
 }

@@ -184,6 +184,7 @@ class TrainingPlan:
     ckpt_every: int = 1
     offload: Offload = Offload.NONE
     loss: Loss = Loss.STANDARD
+    lora_modules_to_save: str = ""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -214,6 +215,27 @@ class TrainingPlan:
         self._validate_ckpt_every()
         self._validate_offload()
         self._validate_loss()
+        self._validate_modules_to_save()
+
+    def _validate_modules_to_save(self) -> None:
+        """PEFT's `modules_to_save`: trainable copies of whole modules beside the LoRA adapters (which names a model
+        accepts is checked against the model: `llmem.components.lora.validate`)."""
+        object.__setattr__(self, "lora_modules_to_save", parse_modules_to_save(self.lora_modules_to_save))
+        if not self.lora_modules_to_save:
+            return
+        if self.method not in (Method.LORA, Method.QLORA):
+            raise InputError("lora-modules-to-save", "trainable module copies are a LoRA option (PEFT's "
+                             "modules_to_save); use --method lora or qlora, or leave --lora-modules-to-save empty")
+        if self.zero >= 2:
+            raise InputError("lora-modules-to-save", "trainable module copies under FSDP2 (--zero 2/3) are not "
+                             "modelled: the root group would all-gather and reduce-scatter the copied embedding / "
+                             "lm_head beside the frozen originals; use --zero 0 or 1, or leave "
+                             "--lora-modules-to-save empty")
+        if self.zero == 1 and not self.precision.is_mixed and self.precision.param_bytes == 2:
+            raise InputError("lora-modules-to-save", "ZeroRedundancyOptimizer takes parameters of one dtype only, "
+                             f"and under pure {self.precision} the module copies are {self.precision} beside the "
+                             "fp32 adapters (it raises); use --zero 0, --precision fp32 or bf16-mixed, or leave "
+                             "--lora-modules-to-save empty")
 
     def _validate_ckpt_every(self) -> None:
         """`--ckpt-every K` selects which layers `--grad-ckpt full` checkpoints; it has no meaning without it."""
@@ -390,6 +412,23 @@ def parse_lora_targets(value: object) -> str:
     for n in names:
         if not all(part.isidentifier() or part.isdigit() for part in n.split(".")):
             raise InputError("lora-targets", f"{n!r} is not a module name (letters, digits, _ and .)")
+    return ",".join(dict.fromkeys(names))
+
+
+def parse_modules_to_save(value: object) -> str:
+    """A comma-separated list of module names as PEFT's `modules_to_save` takes them (a module is wrapped when its
+    full name ends with the name), e.g. `lm_head,embed_tokens`; empty = none. Normalised spelling."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise InputError("lora-modules-to-save", f"expected comma-separated module names, got {value!r}")
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    for n in names:
+        if not all(part.isidentifier() or part.isdigit() for part in n.split(".")):
+            raise InputError("lora-modules-to-save", f"{n!r} is not a module name (letters, digits, _ and .); "
+                             "give names such as lm_head,embed_tokens")
     return ",".join(dict.fromkeys(names))
 
 

@@ -33,6 +33,7 @@ from llmem.plan import (
     Quant,
     TrainingPlan,
     parse_lora_targets,
+    parse_modules_to_save,
 )
 
 ALL = "all"  # zero=all: compare every strategy for the GPU count and show the recommended one
@@ -76,6 +77,7 @@ class AppInputs:
     lora_rank: int = 16  # with lora/qlora
     lora_targets: str = "all-linear"  # with lora/qlora
     grad_accum: int = 1  # micro-steps per optimizer step
+    lora_modules_to_save: str = ""  # with lora/qlora: PEFT modules_to_save, e.g. "lm_head"
 
     def __post_init__(self) -> None:
         if self.quant is not Quant.NONE and self.method is Method.FULL:  # a 4-bit base alone has always meant qlora
@@ -94,6 +96,7 @@ class AppInputs:
             grad_ckpt=self.grad_ckpt, attn=self.attn, ckpt_every=self.ckpt_every,
             method=self.method, quant=self.quant, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
             grad_accum=self.grad_accum, offload=self.offload, loss=self.loss,
+            lora_modules_to_save=self.lora_modules_to_save if self.method is not Method.FULL else "",
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -124,6 +127,7 @@ KEYS: dict[str, str] = {
     "lora_rank": "lora-rank",
     "lora_targets": "lora-targets",
     "grad_accum": "grad-accum",
+    "lora_modules_to_save": "lora-modules-to-save",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -141,12 +145,13 @@ _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size":
                "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY),
                "lora_rank": (1, MAX_APP_LORA_RANK), "grad_accum": (1, MAX_APP_GRAD_ACCUM)}
 # written into a link only when they differ from their default, so that older links stay equal to new ones
-_ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum")
+_ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum",
+                  "lora_modules_to_save")
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
     """Every input as `{query key: value}`; `upload`, `ckpt-every`, `methods`, `method`, `lora-rank`,
-    `lora-targets` and `grad-accum` only when they differ from their defaults."""
+    `lora-targets`, `grad-accum` and `lora-modules-to-save` only when they differ from their defaults."""
     out = {}
     for f in fields(inputs):
         value = getattr(inputs, f.name)
@@ -222,6 +227,8 @@ def _parse(attr: str, text: str) -> object:
         return parse_methods(text[:MAX_MODEL_CHARS])
     if attr == "lora_targets":
         return parse_lora_targets(text[:MAX_MODEL_CHARS])
+    if attr == "lora_modules_to_save":
+        return parse_modules_to_save(text[:MAX_MODEL_CHARS])
     if attr in _ENUMS:
         return _ENUMS[attr].parse(field, text)
     if attr == "zero" and text.lower() == ALL:
@@ -259,14 +266,19 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
     inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
-    for attr in ("offload", "loss"):  # options valid for some strategies only: never traded for a strategy change
+    if inputs.lora_modules_to_save and inputs.method is Method.FULL:
+        warnings.append("lora-modules-to-save: trainable module copies go with --method lora/qlora; using none")
+        inputs = replace(inputs, lora_modules_to_save="")
+    # options valid for some strategies only: never traded for a strategy change
+    for attr in ("offload", "loss", "lora_modules_to_save"):
         try:
             inputs.to_plan()
-            if inputs.compare_all and getattr(inputs, attr) is not getattr(defaults, attr) and inputs.gpus > 1:
+            if inputs.compare_all and attr != "lora_modules_to_save" \
+                    and getattr(inputs, attr) is not getattr(defaults, attr) and inputs.gpus > 1:
                 raise InputError(KEYS[attr], "compare-all varies the strategy; pick one strategy for this option")
         except InputError as err:
             if err.field == KEYS[attr]:
-                warnings.append(f"{err.field}: {_reason(err)}; using {getattr(defaults, attr)!s}")
+                warnings.append(f"{err.field}: {_reason(err)}; using {str(getattr(defaults, attr)) or 'none'}")
                 inputs = replace(inputs, **{attr: getattr(defaults, attr)})
     if inputs.compare_all:
         return inputs

@@ -51,6 +51,8 @@ def test_compare_writes_the_csv(tmp_path):
         (["--model", "llama-3.1-8b", "--gpu-type", "tpu-v9"], "gpu-type"),
         (["--model", "llama-3.1-8b", "--ckpt-every", "2"], "ckpt-every"),
         (["--model", "llama-3.1-8b", "--grad-ckpt", "full", "--ckpt-every", "0"], "ckpt-every"),
+        (["--model", "llama-3.1-8b", "--method", "lora", "--lora-modules-to-save", "lm_haed"], "lora-modules-to-save"),
+        (["--model", "qwen2.5-0.5b", "--method", "lora", "--lora-modules-to-save", "lm_head"], "lora-modules-to-save"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(args, field):
@@ -97,6 +99,13 @@ def test_ckpt_every_changes_the_estimate():
     base = ["estimate", "--model", "llama-3.1-8b", "--seq-len", "8192", "--grad-ckpt", "full", "--json"]
     full, every4 = (json.loads(run(*base, *extra).stdout)["peak_bytes"] for extra in ([], ["--ckpt-every", "4"]))
     assert every4 > full
+
+
+def test_lora_modules_to_save_adds_the_trained_copies():
+    base = ["estimate", "--model", "llama-3.1-8b", "--method", "lora", "--json"]
+    plain, head = (json.loads(run(*base, *extra).stdout) for extra in ([], ["--lora-modules-to-save", "lm_head"]))
+    assert head["trainable_params"] - plain["trainable_params"] == 128256 * 4096  # the lm_head copy
+    assert head["peak_bytes"] > plain["peak_bytes"]
 
 
 def test_plan_ckpt_reports_the_choice():

@@ -297,3 +297,23 @@ def test_int8_base_round_trips():
                        quant=Quant.INT8)
     assert decode(encode(inputs)) == (inputs, [])
     assert inputs.to_plan().quant is Quant.INT8
+
+
+def test_lora_modules_to_save_round_trips_and_tampered_values_fall_back():
+    inputs = AppInputs(model="llama-3.1-8b", gpus=2, zero=0, method=Method.LORA,
+                       lora_modules_to_save="lm_head,embed_tokens")
+    query = encode(inputs)
+    assert query["lora-modules-to-save"] == "lm_head,embed_tokens"
+    assert decode(query) == (inputs, [])
+    assert inputs.to_plan().lora_modules_to_save == "lm_head,embed_tokens"
+    assert "lora-modules-to-save" not in encode(AppInputs())  # default (none): absent
+    for bad in ("lm_head;rm", "../etc"):  # not module names
+        decoded, warnings = decode({"method": "lora", "lora-modules-to-save": bad})
+        assert decoded.lora_modules_to_save == "" and warnings[0].startswith("lora-modules-to-save:")
+    decoded, warnings = decode({"lora-modules-to-save": "lm_head"})  # full fine-tuning trains lm_head anyway
+    assert decoded.lora_modules_to_save == "" and warnings[0].startswith("lora-modules-to-save:")
+    decoded, warnings = decode({"method": "lora", "precision": "bf16", "gpus": "4", "zero": "3",
+                                "lora-modules-to-save": "lm_head"})  # FSDP2: not modelled, the strategy is kept
+    assert (decoded.zero, decoded.lora_modules_to_save) == (3, "")
+    assert warnings[0].startswith("lora-modules-to-save:")
+    decoded.to_plan()

@@ -44,9 +44,10 @@ def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int)
 def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients that exist once the lm_head and final norm have run backward: every tensor outside the decoder
     layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's.
-    LoRA: the adapters outside the decoder layers (none with all-linear on llama-like models)."""
+    LoRA: the adapters outside the decoder layers (none with all-linear on llama-like models) and a trainable
+    lm_head copy's (`--lora-modules-to-save lm_head`)."""
     if lora.is_lora(plan):
-        return lora.outer_adapter_bytes(spec, plan)
+        return lora.outer_adapter_bytes(spec, plan) + lora.copy_bytes(spec, plan, "head")
     outer = spec.outer_params
     skip = () if spec.tie_word_embeddings else (outer[0],)
     positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
@@ -208,8 +209,8 @@ def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The gradient arriving at the embedding output (tokens × h) while the embedding's backward runs.
-    LoRA: the frozen embedding runs no backward."""
-    if lora.is_lora(plan):
+    LoRA: the frozen embedding runs no backward (a trainable copy of it does)."""
+    if lora.is_lora(plan) and not lora.trains_copy(spec, plan, "embed"):
         return 0
     return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
@@ -242,9 +243,10 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     (and `gradient_bytes` counted as the `.grad` it became) is now a new tensor beside the existing `.grad`, until
     AccumulateGrad adds it in place (`variable_grad += new_grad`, grad mode off) and frees it. Untied: the
     embedding's dense gradient (`embedding_dense_backward`). Tied: the lm_head's weight gradient, waiting in the
-    shared weight's InputBuffer for the embedding's (which `embedding_gradient_accumulate_bytes` counts)."""
+    shared weight's InputBuffer for the embedding's (which `embedding_gradient_accumulate_bytes` counts).
+    LoRA: a trainable embedding copy's dense gradient (untied: tied models are refused with copies)."""
     if lora.is_lora(plan):
-        return 0
+        return lora.copy_bytes(spec, plan, "embed")
     emb = spec.outer_params[0]
     return local_numel(emb, plan) * plan.precision.param_bytes
 

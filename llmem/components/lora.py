@@ -31,6 +31,20 @@ Saved for backward, compared with full fine-tuning:
     q_proj / k_proj without an adapter makes an output that does not require grad either, so qwen3's q_norm / k_norm
     on it (a frozen `Qwen3RMSNorm`) saves neither its fp32 input nor its rsqrt (sdpa still saves q / k, since another
     of its inputs requires grad).
+
+`--lora-modules-to-save NAMES` (`LoraConfig(modules_to_save=[...])`, `peft/utils/other.py: _set_trainable`,
+`ModulesToSaveWrapper`): every module whose full name ends with a name is wrapped; the wrapper keeps the frozen
+`original_module` and a trainable `copy.deepcopy` of it, `modules_to_save["default"]`, which is what runs in forward.
+The copy keeps the module's dtype (PEFT does not cast it): a second weight of the plan's parameter dtype, trained like
+full fine-tuning trains it (gradient and optimizer states in that dtype). Modelled for the input embedding
+(`embed_tokens`) and the output layer (`lm_head`) of untied models:
+  - lm_head copy: its input (the final norm output, or its autocast cast) is saved for the weight gradient, and its
+    backward makes the V × h weight gradient (in the compute dtype; cast to the fp32 `.grad` under autocast).
+  - embed_tokens copy: its output requires grad, so layer 0 saves what every other layer saves; its backward gets
+    the tokens × h input gradient and `embedding_dense_backward` makes the dense V × h `.grad` (the ids it saves
+    are the input tensor itself).
+With tied embeddings PEFT deep-copies each wrapped module on its own and warns that the tie is broken (the copy
+of one side trains, the other side keeps the frozen shared weight): refused, not modelled.
 """
 
 from __future__ import annotations
@@ -79,6 +93,76 @@ def linear_weights(spec: ModelSpec) -> list[ParamTensor]:
     return out
 
 
+def saved_module_names(plan: TrainingPlan) -> list[str]:
+    return plan.lora_modules_to_save.split(",") if is_lora(plan) and plan.lora_modules_to_save else []
+
+
+def _copy_kind(spec: ModelSpec, p: ParamTensor) -> str | None:
+    """"embed" for the input embedding table, "head" for the output layer's weight, else None."""
+    if p.layer is not None or not p.name.endswith(".weight") or len(p.shape) != 2:
+        return None
+    last = _module(p).rsplit(".", 1)[-1]
+    if last in _HEADS:
+        return "head"
+    if last in _EMBEDDINGS and p.shape[0] == spec.vocab_size:
+        return "embed"
+    return None
+
+
+def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
+    """The trainable `modules_to_save["default"]` weights (in spec order: embedding first, then lm_head), named as
+    PEFT names them; each has its module's shape and the plan's parameter dtype."""
+    names = saved_module_names(plan)
+    out = []
+    for p in spec.params:
+        if _copy_kind(spec, p) and any(_module(p).endswith(n) for n in names):
+            m = _module(p)
+            out.append(ParamTensor(f"{m}.modules_to_save.default.weight", p.shape, None))
+    return out
+
+
+def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
+    """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
+    names = saved_module_names(plan)
+    return any(_copy_kind(spec, p) == kind and any(_module(p).endswith(n) for n in names) for p in spec.params)
+
+
+def copy_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str | None = None) -> int:
+    """Bytes of the trainable copies (of one kind, or all): the plan's parameter dtype. Their gradients have the
+    same size."""
+    total = 0
+    for p in spec.params:
+        k = _copy_kind(spec, p)
+        if k and (kind is None or k == kind) and trains_copy(spec, plan, k):
+            total += p.numel
+    return total * plan.precision.param_bytes
+
+
+def _validate_modules_to_save(spec: ModelSpec, plan: TrainingPlan) -> None:
+    names = saved_module_names(plan)
+    if not names:
+        return
+    modules = sorted({p.name.rsplit(".", k)[0] for p in spec.params for k in range(1, p.name.count(".") + 1)})
+    modelled = sorted({_module(p).rsplit(".", 1)[-1] for p in spec.params if _copy_kind(spec, p)})
+    if spec.tie_word_embeddings:  # the tied lm_head is a module of its own, its weight the embedding's
+        modules.append("lm_head")
+        modelled = sorted({*modelled, "lm_head"})
+    for n in names:
+        hits = [m for m in modules if m.endswith(n)]
+        if not hits:
+            raise InputError("lora-modules-to-save", f"{n!r} matches no module of {spec.model_type}; the modelled "
+                             f"names are: {', '.join(modelled)}")
+        bad = [m for m in hits if m.rsplit(".", 1)[-1] not in modelled]
+        if bad:
+            raise InputError("lora-modules-to-save", f"{n!r} matches {bad[0]}, a module whose trainable copy is not "
+                             f"modelled; the modelled names are: {', '.join(modelled)}")
+    if spec.tie_word_embeddings:
+        raise InputError("lora-modules-to-save", f"{spec.model_type} ties its input embedding and lm_head: PEFT "
+                         "copies each wrapped module separately and breaks the tie (one side trains a copy, the "
+                         "other keeps the frozen shared weight), a case not modelled; use a model with "
+                         "tie_word_embeddings = false, or leave --lora-modules-to-save empty")
+
+
 def _matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
@@ -93,7 +177,9 @@ def targeted(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
 
 
 def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
-    """Every named target must match a Linear of this model (PEFT only fails when none does)."""
+    """Every named target must match a Linear of this model (PEFT only fails when none does); every name of
+    --lora-modules-to-save a modelled module (embedding, lm_head) of an untied model."""
+    _validate_modules_to_save(spec, plan)
     if not is_lora(plan) or plan.lora_targets == ALL_LINEAR:
         return
     modules = [_module(p) for p in linear_weights(spec)]
@@ -147,7 +233,7 @@ def trainable_params(spec: ModelSpec, plan: TrainingPlan) -> int:
     `get_nb_trainable_parameters()[0]`)."""
     if not is_lora(plan):
         return spec.trainable_params
-    return sum(_summary(spec, plan)[0])
+    return sum(_summary(spec, plan)[0]) + sum(p.numel for p in module_copies(spec, plan))
 
 
 def total_params(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -193,7 +279,19 @@ def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | Non
 
 
 def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES
+    """Bytes of every trainable tensor (and of their gradients): the fp32 adapters and the module copies."""
+    return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES + copy_bytes(spec, plan)
+
+
+def trainable_tensors(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, bytes per element) of each tensor the optimizer gets, in `model.parameters()` order: the embedding
+    copy (registered where the embedding is), the adapters layer by layer, the lm_head copy."""
+    copies = module_copies(spec, plan)
+    pb = plan.precision.param_bytes
+    heads = [c.name.removesuffix(".modules_to_save.default.weight").endswith(_HEADS) for c in copies]
+    embed = [(c.shape, pb) for c, h in zip(copies, heads, strict=True) if not h]
+    head = [(c.shape, pb) for c, h in zip(copies, heads, strict=True) if h]
+    return embed + [(a.shape, ADAPTER_BYTES) for a in adapter_params(spec, plan)] + head
 
 
 def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, elem_bytes: int = ADAPTER_BYTES) -> int:
@@ -323,8 +421,41 @@ def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = Fa
 
 
 def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
-    """How much less layer 0 keeps than the others (its input needs no gradient)."""
+    """How much less layer 0 keeps than the others (its input needs no gradient; with a trainable embedding copy
+    it does, and layer 0 keeps what the others keep)."""
+    if trains_copy(spec, plan, "embed"):
+        return 0
     return layer_activation_bytes(spec, plan, half=half) - layer_activation_bytes(spec, plan, first=True, half=half)
+
+
+def first_layer_unsaved_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under autocast (single GPU, DDP, ZeRO-1), without checkpointing: layer 0's frozen q/k/v base weights are
+    cast to the half dtype for their matmul, but neither operand requires grad (the embedding output does not), so
+    no graph saves the casts and they are freed at once — the weight copies `autocast.layer_weight_copy_bytes`
+    counts for every layer are absent there. With a trainable embedding copy layer 0's input requires grad and the
+    casts are saved as in every other layer."""
+    from llmem.components.sharding import FSDP_SCHEMES
+    from llmem.plan import GradCkpt
+
+    if (not is_lora(plan) or not plan.precision.is_mixed or plan.scheme in FSDP_SCHEMES
+            or plan.grad_ckpt is GradCkpt.FULL or trains_copy(spec, plan, "embed")):
+        return 0
+    qkv = [p for p in spec.layer_params(0) if p.name.endswith(".weight") and len(p.shape) == 2
+           and _module(p).rsplit(".", 1)[-1] in ATTENTION_INPUT_PROJECTIONS]
+    return sum(p.numel for p in qkv) * plan.precision.compute_bytes
+
+
+def first_layer_forward_only_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under autocast, without checkpointing and without a trainable embedding copy: layer 0's q/k/v `lora_A`
+    weight casts. mm saves its second operand only when the first requires grad (the autograd codegen's
+    `should_compute_output` guard), and layer 0's input does not, so no graph keeps these casts; autocast's cache
+    (fp32 leaves that require grad) holds them until the forward's autocast region exits, so they are alive in the
+    forward phases only. `layer_saved` counts them with every layer's adapter casts."""
+    if not first_layer_unsaved_cast_bytes(spec, plan):
+        return 0
+    qkv = [p for p in targeted(spec, plan) if p.layer == 0
+           and _module(p).rsplit(".", 1)[-1] in ATTENTION_INPUT_PROJECTIONS]
+    return sum(plan.lora_rank * in_out(spec, p)[0] for p in qkv) * plan.precision.compute_bytes
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
@@ -332,8 +463,9 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
     input; the last layer's output and the rsqrt stay (the input gradient needs them)."""
     from llmem.components import activations as act
 
+    head = trains_copy(spec, plan, "head")  # a trainable lm_head copy saves its input for its weight gradient
     return [s for s in act.final_norm_saved(spec, plan)
-            if not s.name.endswith(".normalized") and not s.name.startswith("lm_head input")]
+            if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]
 
 
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

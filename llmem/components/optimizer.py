@@ -8,7 +8,14 @@ Step temporaries (beyond states, gradients and parameters):
   AdamW for-loop: `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` holds two copies of the largest tensor at once.
   AdamW foreach: `torch._foreach_sqrt(exp_avg_sqs)` allocates one copy of every parameter the rank optimizes.
   AdamW fused, SGD (all implementations): update in place, no temporaries.
-LoRA: the optimizer gets only the trainable adapters (fp32 under every precision, `llmem.components.lora`).
+LoRA: the optimizer gets only the trainable adapters (fp32 under every precision, `llmem.components.lora`) and the
+module copies of `--lora-modules-to-save` (the plan's parameter dtype): states in each tensor's own dtype. With two
+dtypes (pure half: fp32 adapters, half copies) the foreach step handles one dtype group after the other
+(`_group_tensors_by_device_and_dtype`), the second group's temporaries allocated while the first's are still bound:
+their sum; per-tensor temporaries (bitsandbytes CPU) take the largest tensor's in its dtype; the AdamW for-loop's
+`denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` makes a tensor's sqrt and quotient while the previous tensor's
+`denom` is still bound (the lm_head copy comes last, after an adapter); Adafactor's for-loop walk goes through the
+tensors in order, each temporary in its tensor's dtype; its foreach step takes the larger dtype group's peak.
 
 Adafactor (torch/optim/_adafactor.py, torch 2.13; `foreach=None` runs the for-loop on every device):
   States, in the gradient's dtype: a tensor of >= 2 dims gets `row_var` (shape[-1] -> 1) and `col_var`
@@ -47,8 +54,36 @@ STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 OFFLOAD_MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer(minimal_size=4096): smaller tensors step on the GPU
 
 
+def _lora_items(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[int, ...], int]]:
+    """LoRA: (shape, bytes per element) of the tensors this rank's optimizer updates; ZeRO-1 partitions them by
+    element count (largest first, to the rank with the fewest), and the rank with the most bytes is taken."""
+    items = lora.trainable_tensors(spec, plan)
+    if plan.scheme is not Scheme.ZERO1:
+        return items
+    parts: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(plan.dp)]
+    totals = [0] * plan.dp
+    for item in sorted(items, key=lambda it: math.prod(it[0]), reverse=True):
+        r = totals.index(min(totals))
+        parts[r].append(item)
+        totals[r] += math.prod(item[0])
+    return max(parts, key=lambda part: sum(math.prod(sh) * pb for sh, pb in part))
+
+
+def _by_dtype(items: list[tuple[tuple[int, ...], int]]) -> dict[int, list[tuple[int, ...]]]:
+    groups: dict[int, list[tuple[int, ...]]] = {}
+    for shape, pb in items:
+        groups.setdefault(pb, []).append(shape)
+    return groups
+
+
+def _has_copies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    return lora.is_lora(plan) and bool(lora.module_copies(spec, plan))
+
+
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
+    if _has_copies(spec, plan):
+        return [math.prod(shape) for shape, _ in _lora_items(spec, plan)]
     if lora.is_lora(plan):  # the optimizer gets the trainable adapters only (ZeRO-1: partitioned among ranks)
         sizes = lora.adapter_sizes(spec, plan)
         if plan.scheme in FSDP_SCHEMES:
@@ -105,6 +140,8 @@ BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """Shapes of the tensors this rank's optimizer updates, in the order it walks them (single GPU and DDP:
     `model.parameters()` order; ZeRO-1: this rank's partition, largest first, as ZeroRedundancyOptimizer sorts)."""
+    if _has_copies(spec, plan):
+        return [shape for shape, _ in _lora_items(spec, plan)]
     if lora.is_lora(plan):
         shapes = [a.shape for a in lora.adapter_params(spec, plan)]
     else:
@@ -142,8 +179,9 @@ def adafactor_state_elements(shape: tuple[int, ...]) -> int:
     return n
 
 
-def adafactor_forloop_peak(shapes: list[tuple[int, ...]]) -> int:
-    """Largest number of temporary elements alive in `_single_tensor_adafactor` (see the module docstring)."""
+def adafactor_forloop_peak(shapes: list[tuple[int, ...]], scale: list[int] | None = None) -> int:
+    """Largest number of temporary elements alive in `_single_tensor_adafactor` (see the module docstring);
+    with `scale` (bytes per element of each tensor) the largest number of bytes."""
     live: dict[str, int] = {}
     peak = 0
 
@@ -152,8 +190,10 @@ def adafactor_forloop_peak(shapes: list[tuple[int, ...]]) -> int:
         peak = max(peak, sum(live.values()) + n)
         live[name] = n
 
-    for shape in shapes:
+    for k, shape in enumerate(shapes):
         n = math.prod(shape)
+        if scale is not None:  # every temporary of this tensor has its dtype: count bytes
+            n *= scale[k]
         if len(shape) > 1:
             bind("row_mean", n // shape[-1])
             bind("col_mean", n // shape[-2])
@@ -213,6 +253,29 @@ def _bnb_cpu_step_peak(shapes: list[tuple[int, ...]], pb: int) -> int:
     return peak
 
 
+def _mixed_dtype_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`optimizer_step_temporary_bytes` for LoRA with module copies (see the module docstring)."""
+    items = _lora_items(spec, plan)
+    groups = _by_dtype(items)
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        if plan.effective_optimizer_impl is OptimizerImpl.FOREACH:
+            return max(adafactor_foreach_peak(shapes) * pb for pb, shapes in groups.items())
+        return adafactor_forloop_peak([sh for sh, _ in items], [pb for _, pb in items])
+    if plan.optimizer in BNB_OPTIMIZERS:
+        if plan.device is not Device.CPU:
+            return 0
+        return max(_bnb_cpu_step_peak(shapes, pb) for pb, shapes in groups.items())
+    if plan.optimizer is not Optimizer.ADAMW:
+        return 0
+    impl = plan.effective_optimizer_impl
+    if impl is OptimizerImpl.FORLOOP:  # sqrt and quotient of this tensor, the previous tensor's `denom` still bound
+        nbytes = [math.prod(sh) * pb for sh, pb in items]
+        return max(2 * n + (nbytes[i - 1] if i else 0) for i, n in enumerate(nbytes))
+    if impl is OptimizerImpl.FOREACH:
+        return sum(math.prod(sh) * pb for sh, pb in items)
+    return 0
+
+
 def _state_bytes(plan: TrainingPlan) -> int:
     """Bytes per element of the optimized tensors (and so of their states and step temporaries)."""
     return lora.ADAPTER_BYTES if lora.is_lora(plan) else plan.precision.param_bytes
@@ -227,6 +290,15 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.optimizer in BNB_OPTIMIZERS:
         paged = plan.optimizer is Optimizer.PAGED_ADAMW8BIT and plan.device is Device.CUDA
         return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged)
+    if _has_copies(spec, plan):  # adapters fp32, module copies in the parameter dtype: each state in its own
+        items = _lora_items(spec, plan)
+        nbytes = sum(math.prod(sh) * pb for sh, pb in items)
+        if plan.optimizer is Optimizer.ADAFACTOR:
+            steps = len(items) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
+            return sum(adafactor_state_elements(sh) * pb for sh, pb in items) + steps
+        if plan.optimizer is Optimizer.SGD:
+            return nbytes
+        return 2 * nbytes + (len(items) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0)
     sizes = optimized_params(spec, plan)
     pb = _state_bytes(plan)
     if plan.optimizer is Optimizer.ADAFACTOR:
@@ -239,6 +311,8 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if _has_copies(spec, plan):
+        return _mixed_dtype_step_temporary_bytes(spec, plan)
     if plan.optimizer is Optimizer.ADAFACTOR:
         shapes = optimized_shapes(spec, plan)
         foreach = plan.effective_optimizer_impl is OptimizerImpl.FOREACH  # Adafactor defaults to the for-loop

@@ -28,8 +28,9 @@ def lora_config(plan: TrainingPlan):
     from peft import LoraConfig
 
     targets = ALL_LINEAR if plan.lora_targets == ALL_LINEAR else plan.lora_targets.split(",")
+    to_save = plan.lora_modules_to_save.split(",") if plan.lora_modules_to_save else None
     return LoraConfig(r=plan.lora_rank, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM", modules_to_save=to_save)
 
 
 def bnb_config(plan: TrainingPlan):

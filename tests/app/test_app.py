@@ -55,7 +55,8 @@ def test_default_view_answers_first_and_fills_the_link():
     assert not link_warnings(at)
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
-    only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum"}
+    only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
+                     "lora-modules-to-save"}
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
@@ -320,6 +321,22 @@ def test_lora_link_renders_a_lora_verdict_and_table_and_keeps_its_keys():
     assert_clean(pure)
     assert sorted(table(pure)["ZeRO"]) == [0, 1, 2, 3]
     assert list(table(pure)["per-GPU peak (GiB)"]) != list(shown["per-GPU peak (GiB)"])
+
+
+def test_lora_modules_to_save_link_renders_and_keeps_its_key():
+    query = {"model": "llama-3.1-8b", "gpus": "8", "method": "lora", "lora-modules-to-save": "lm_head"}
+    at = run(query)
+    assert_clean(at)
+    assert not link_warnings(at)
+    assert at.text_input(key="w_lora_mts").value == "lm_head" and not at.text_input(key="w_lora_mts").disabled
+    assert at.query_params["lora-modules-to-save"] == "lm_head"
+    assert sorted(table(at)["ZeRO"]) == [0, 1]
+    pure = run({**query, "precision": "bf16"})  # ZeRO-1 takes one dtype; FSDP2 not modelled: DDP only
+    assert_clean(pure)
+    assert sorted(table(pure)["ZeRO"]) == [0]
+    tied = run({**query, "model": "llama-3.2-1b-instruct"})  # tied embeddings: the library's message, no traceback
+    assert not tied.exception
+    assert any("lora-modules-to-save" in e.value for e in tied.error)
 
 
 def test_qlora_link_via_method_renders_with_the_nf4_base():
