@@ -69,8 +69,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     # The gradient of the layer's output stays referenced by the residual branch through the whole layer backward.
     residual_grad = tokens * spec.hidden_size * plan.precision.param_bytes
     if lora.is_lora(plan):  # the frozen down_proj gets no weight gradient; its adapters' gradients instead
-        return (lora.largest_mlp_adapter_bytes(spec, plan) + inter_grads * tokens * inter * plan.precision.compute_bytes
-                + residual_grad)
+        return lora.largest_mlp_adapter_bytes(spec, plan) + lora.mlp_backward_gradient_bytes(spec, plan) \
+            + residual_grad
     return (weight * plan.precision.param_bytes + inter_grads * tokens * inter * plan.precision.compute_bytes
             + residual_grad)
 
