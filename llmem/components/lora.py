@@ -422,12 +422,12 @@ def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return layer_activation_bytes(spec, plan) - layer_activation_bytes(spec, plan, first=True)
 
 
-def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> int:
-    """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table; layer 0's
-    input still needs no gradient) and its forward RNG state."""
+def recompute_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table) and its
+    forward RNG state."""
     from llmem.components import activations as act
 
-    return act.recompute_bytes(spec, plan, layer_activation_bytes(spec, plan, first))
+    return act.recompute_bytes(spec, plan, layer_activation_bytes(spec, plan))
 
 
 def recompute_end_local_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
