@@ -119,7 +119,7 @@ class CkptPlan:
 
 
 def candidate_plans(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
-    """Every checkpointing choice valid for `plan` (LoRA: none and full only), others fields unchanged."""
+    """Every checkpointing choice valid for `plan` (none, every K-th layer, full), other fields unchanged."""
     plans = [plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)]
     for k in range(spec.num_layers, 0, -1):
         try:

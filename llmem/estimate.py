@@ -160,9 +160,12 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     held_first, extra_first = quant.held_input_bytes(spec, plan, first=True)
     kept += extra_layer
     outer_act -= extra_layer - extra_first
-    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K (lora is rejected)
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K
+    kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
+    if lora.is_lora(plan):
+        kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
     if partial:
-        forward_acts = act.kept_layers_bytes(spec, plan, layers) + outer_act + final_norm
+        forward_acts = kept_layers(spec, plan, layers) + outer_act + final_norm
     else:
         forward_acts = layers * kept + outer_act + final_norm
     casts = autocast.layer_weight_copy_bytes(spec, plan)
@@ -172,29 +175,39 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # Backward runs after the autocast region has exited (its weight-copy cache cleared): a layer's copies survive
     # only where autograd saved them — in layers that are not checkpointed, and in the layer being recomputed.
     saved_casts = autocast.saved_layer_copies(plan, layers)
+    fwd_casts, first_casts = layers * casts, 0
+    if lora.is_lora(plan) and casts:
+        # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
+        # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
+        first_casts = lora.first_layer_unsaved_copy_bytes(spec, plan)
+        fwd_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0)) \
+            + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan)
+    base_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0))
 
     loss_fwd, loss_bwd = lg.loss_forward_peak_bytes(spec, plan), lg.loss_backward_peak_bytes(spec, plan)
     head_bwd, head_grad_copy = lg.lm_head_backward_bytes(spec, plan), autocast.head_gradient_copy_bytes(spec, plan)
+    if lora.is_lora(plan):  # the frozen lm_head makes no weight gradient to cast
+        head_grad_copy = 0
     if fused_ce.is_fused(plan):  # --loss fused-linear-ce: no logits; grad_input and grad_weight made in forward
         logits, head_grad_copy = 0, 0
         loss_fwd, loss_bwd = fused_ce.loss_forward_peak_bytes(spec, plan), fused_ce.saved_bytes(spec, plan)
         head_bwd = fused_ce.grad_input_bytes(spec, plan)  # grad_weight is now the lm_head's .grad (gradients)
     phases = [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
-               temporaries=layers * casts, communication=gathered(layers)),
-        _phase("loss forward", **persistent, activations=forward_acts, temporaries=layers * casts + head_cast,
+               temporaries=fwd_casts, communication=gathered(layers)),
+        _phase("loss forward", **persistent, activations=forward_acts, temporaries=fwd_casts + head_cast,
                logits=loss_fwd, communication=gathered(layers)),
-        _phase("loss backward", **persistent, activations=forward_acts, temporaries=saved_casts * casts + head_cast,
+        _phase("loss backward", **persistent, activations=forward_acts, temporaries=base_casts + head_cast,
                logits=loss_bwd, communication=gathered(layers)),
         _phase("lm_head backward", **persistent, activations=forward_acts,
                gradients=grads_outer + head_transient
                - autocast.head_fp32_gradient_bytes(spec, plan) * bool(head_grad_copy),
-               temporaries=saved_casts * casts + head_cast + head_grad_copy,
+               temporaries=base_casts + head_cast + head_grad_copy,
                logits=head_bwd, communication=gathered(layers)),
     ]
     if head_grad_copy:  # autocast: MmBackward0 has returned (its saved weight copy and input gradient freed)
         phases.append(_phase("lm_head backward, weight gradient cast to fp32", **persistent, activations=forward_acts,
-                             gradients=grads_outer + head_transient, temporaries=saved_casts * casts + head_grad_copy,
+                             gradients=grads_outer + head_transient, temporaries=base_casts + head_grad_copy,
                              logits=logits, communication=gathered(layers)))
     edges = [(last, "backward (last layer)"), (0, "backward (first layer)")]
     if partial:
@@ -203,8 +216,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     backward_later = {}
     for layer, name in edges:
         later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
-        if partial:
-            held = act.kept_layers_bytes(spec, plan, layer) + act.current_layer_backward_bytes(spec, plan, layer)
+        if partial or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
+            held = kept_layers(spec, plan, layer) + current_layer(spec, plan, layer)
         else:
             held = layer * kept + (recompute or kept)
         mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(plan, layer))  # freed by now
@@ -214,9 +227,18 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             name, **persistent,
             activations=held + outer_act - mlp_dropout,
             gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
-            temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
+            temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
+            - first_casts * (not plan.checkpointed(0) or layer == 0),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
+        if lora.is_lora(plan) and plan.checkpointed(layer):  # the recompute's last moment (`lora.py`)
+            residual_grad = plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+            phases.append(_phase(
+                f"{name[:-1]}, recompute end)", **persistent, activations=held + outer_act,
+                gradients=grads_outer + later + residual_grad,
+                temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
+                - first_casts * (not plan.checkpointed(0) or layer == 0) + lora.recompute_end_local_bytes(spec, plan),
+                logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan)))
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
@@ -226,14 +248,6 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 + autocast.attention_backward_weight_copy_bytes(spec, plan)
                 + act.attention_backward_transient_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
-    unsaved_casts = lora.first_layer_unsaved_cast_bytes(spec, plan)
-    if unsaved_casts:  # LoRA under autocast: layer 0's q/k/v weight casts are not saved (its input needs no grad)
-        cached = lora.first_layer_forward_only_cast_bytes(spec, plan)  # its lora_A casts: autocast cache only
-        for i, ph in enumerate(phases):
-            b = dict(ph.breakdown)
-            b[Category.TEMPORARIES] -= unsaved_casts
-            b[Category.ACTIVATIONS] -= cached if ph.name not in ("forward (last layer)", "loss forward") else 0
-            phases[i] = Phase(ph.name, b)
     if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight on top of the forward / layer-backward moments
         phases.append(_phase(f"forward (last layer), {quant.forward_moment_label(plan)}", **persistent,
                              activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))
@@ -336,7 +350,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         else:
             kept = lora.layer_activation_bytes(spec, cp, half=half)
             first_saving = lora.first_layer_saving_bytes(spec, cp, half)  # layer 0 keeps less while its saves live
-        forward_acts = layers * kept - first_saving + outer_act + lora.final_norm_bytes(spec, cp)
+        forward_acts = lora.kept_layers_bytes(spec, cp, layers, half=half) - first_saving + outer_act \
+            + lora.final_norm_bytes(spec, cp)
     logits = lg.logits_bytes(spec, cp)
     root_grads_head = head_gradient_bytes(spec, cp)  # unsharded, param_dtype
     pb = plan.precision.param_bytes
@@ -373,15 +388,17 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
-        below = layer * kept if lora.is_lora(plan) else act.kept_layers_bytes(spec, cp, layer)
-        current = act.current_layer_backward_bytes(spec, cp, layer) if partial else (recompute or kept)
+        kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
+        if lora.is_lora(plan):
+            kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
+        below = kept_layers(spec, cp, layer)
+        current = current_layer(spec, cp, layer) if partial or lora.is_lora(plan) else (recompute or kept)
         if plan.scheme is not Scheme.ZERO2:  # ZeRO-3 (and TP x FSDP2) all-gather again in backward
             # The layer's pre-backward (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its
             # output alive, its copy-out (new unsharded storage beside its prefetched all-gather output, freed
             # next), then the prefetch of layer - 1 (`_backward_prefetch`): a new all-gather output while the
             # unsharded parameters stay, and on CPU gloo's flat output inside the all-gather.
-            own = (act.kept_layers_bytes(spec, cp, layer + 1) - act.kept_layers_bytes(spec, cp, layer)
-                   if not lora.is_lora(plan) else kept)
+            own = kept_layers(spec, cp, layer + 1) - kept_layers(spec, cp, layer)
             phases.append(_phase(
                 f"backward (layer {layer}, pre-backward all-gather)", **persistent,
                 activations=below + outer_act + own - first_saving,

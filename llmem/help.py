@@ -35,7 +35,9 @@ HELP = {
     "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
     "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
                     "mask for backward.",
-    "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj.",
+    "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj or "
+                    "gate_proj,up_proj,down_proj (the same Linears in every layer). Layer 0 saves activations only "
+                    "from its first adapted Linear on.",
     "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
                   "and backward, so the peak grows by about one gradient copy (per GPU: its share of them). On more "
                   "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "

@@ -242,9 +242,6 @@ class TrainingPlan:
         if self.ckpt_every > 1 and self.grad_ckpt is not GradCkpt.FULL:
             raise InputError("ckpt-every", f"checkpointing every {self.ckpt_every}-th layer needs --grad-ckpt full; "
                              "use --grad-ckpt full, or --ckpt-every 1 for no checkpointing")
-        if self.ckpt_every > 1 and self.method is Method.LORA:
-            raise InputError("ckpt-every", "partial checkpointing is not yet modelled with --method lora; "
-                             "use --ckpt-every 1 (every layer with --grad-ckpt full)")
 
     def checkpointed(self, layer: int) -> bool:
         """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`

@@ -348,7 +348,7 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
                 warnings.append(f"method: {inputs.method} does not go with these inputs ({err.field}: "
                                 f"{_reason(err)}); using full")
             return replace(inputs, method=Method.FULL, quant=Quant.NONE)
-    try:  # partial checkpointing is not modelled with lora
+    try:  # partial checkpointing needs --grad-ckpt full
         TrainingPlan(grad_ckpt=inputs.grad_ckpt, ckpt_every=inputs.ckpt_every, method=inputs.method,
                      quant=inputs.quant, precision=inputs.precision)
     except InputError as err:

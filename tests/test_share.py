@@ -277,7 +277,7 @@ def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_met
     inputs.to_plan()  # a valid plan
 
 
-def test_valid_lora_strategies_are_kept_and_partial_checkpointing_falls_back():
+def test_valid_lora_strategies_and_partial_checkpointing_are_kept():
     for query in ({"method": "lora", "gpus": "8", "zero": "1"}, {"method": "lora", "gpus": "8", "zero": "all"},
                   {"method": "lora", "gpus": "8", "zero": "3", "precision": "bf16"},
                   {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp32"},
@@ -287,9 +287,11 @@ def test_valid_lora_strategies_are_kept_and_partial_checkpointing_falls_back():
         assert inputs.method is Method.LORA and warnings == [], (query, warnings)
         inputs.to_plan()
     inputs, warnings = decode({"method": "lora", "grad-ckpt": "full", "ckpt-every": "2"})
-    assert (inputs.method, inputs.ckpt_every) == (Method.LORA, 1)
-    assert len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
-    inputs.to_plan()
+    assert (inputs.method, inputs.ckpt_every, warnings) == (Method.LORA, 2, [])
+    assert inputs.to_plan().ckpt_every == 2
+    inputs, warnings = decode({"method": "lora", "ckpt-every": "2"})  # without --grad-ckpt full: falls back
+    assert inputs.ckpt_every == 1 and len(warnings) == 1 and warnings[0].startswith("ckpt-every:")
+
 
 
 def test_int8_base_round_trips():

@@ -102,8 +102,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     residual_grad = tokens * spec.hidden_size * plan.precision.param_bytes
     if lora.is_lora(plan):  # the frozen down_proj gets no weight gradient; its adapters' gradients instead
         # (`adapter_bytes` per element: 2 for the half unsharded gradients of FSDP2 mixed, `lora.half_adapters`)
-        return (lora.largest_mlp_adapter_bytes(spec, plan, adapter_bytes)
-                + inter_grads * tokens * inter * plan.precision.compute_bytes + residual_grad)
+        return (lora.largest_mlp_adapter_bytes(spec, plan, adapter_bytes) + lora.mlp_backward_gradient_bytes(spec, plan)
+                + residual_grad)
     return (weight * plan.precision.param_bytes + inter_grads * tokens * inter * plan.precision.compute_bytes
             + residual_grad)
 

@@ -60,13 +60,14 @@ def test_plan_validation_names_the_flag():
         estimate(ModelSpec.from_config(CONFIGS["llama"]), TrainingPlan(method="lora", lora_targets="c_attn"))
 
 
-def _error(family: str, **plan) -> float:
+def _error(family: str, layers: int | None = None, **plan) -> float:
     from llmem.measure.timeline import timeline
 
+    cfg = CONFIGS[family] if layers is None else dict(CONFIGS[family], num_hidden_layers=layers)
     plan = {"precision": "fp32", **plan}
     p = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=4, seq_len=64, **plan)
-    measured = timeline(CONFIGS[family], p).peak_bytes
-    return (estimate(ModelSpec.from_config(CONFIGS[family]), p).peak_bytes - measured) / measured
+    measured = timeline(cfg, p).peak_bytes
+    return (estimate(ModelSpec.from_config(cfg), p).peak_bytes - measured) / measured
 
 
 @pytest.mark.parametrize("family,plan", [
@@ -95,11 +96,70 @@ def test_qwen3_frozen_k_proj_first_layer(precision):
     assert abs(err) < 0.005
 
 
-def test_targets_without_attention_projections_are_refused_naming_the_field():
-    from llmem.presets import load_preset
+# Target sets without an adapter on q_proj / k_proj / v_proj. Layer 0's input needs no gradient (frozen embeddings),
+# so there each op saves only from the first adapted Linear on: with frozen q/k/v the whole attention and the first
+# norm save nothing, the o_proj adapter keeps the (unsaved) sdpa output, and under autocast the frozen weights' copies
+# before that Linear are not saved either. Before this was modelled the MLP-only set measured +12 % (bf16-mixed +4 to
+# +6 %, from the copies); the rows with every projection adapted are within 0.05 %, so 0.5 % separates the two.
+TARGET_CASES = [
+    ("llama", "gate_proj,up_proj,down_proj", "fp32", 0.0),
+    ("llama", "o_proj", "fp32", 0.1),
+    ("llama", "down_proj", "bf16", 0.0),
+    ("llama", "q_proj", "bf16-mixed", 0.0),
+    ("llama", "k_proj,v_proj", "fp32", 0.0),
+    ("llama", "gate_proj,up_proj,down_proj", "bf16-mixed", 0.1),
+    ("qwen3", "o_proj", "bf16-mixed", 0.0),
+    ("qwen3", "gate_proj,up_proj,down_proj", "bf16", 0.1),
+    ("qwen3", "all-linear", "bf16-mixed", 0.0),
+    ("gemma", "gate_proj,up_proj,down_proj", "bf16-mixed", 0.0),
+    ("gemma", "down_proj", "fp32", 0.1),
+    ("gemma", "o_proj", "bf16", 0.0),
+]
 
-    spec = ModelSpec.from_config(load_preset("qwen2.5-0.5b"))
+
+@pytest.mark.parametrize("family,targets,precision,dropout", TARGET_CASES)
+def test_target_sets_first_layer(family, targets, precision, dropout):
+    pytest.importorskip("torch")
+    err = _error(family, method="lora", lora_targets=targets, precision=precision, lora_dropout=dropout)
+    assert abs(err) < 0.005
+
+
+@pytest.mark.parametrize("family,targets,precision,dropout", [
+    ("llama", "gate_proj,up_proj,down_proj", "fp32", 0.0),
+    ("llama", "o_proj", "fp32", 0.1),
+    ("qwen3", "q_proj", "fp32", 0.0),
+    ("gemma", "down_proj", "bf16-mixed", 0.0),
+])
+def test_target_sets_with_checkpointing(family, targets, precision, dropout):
+    """--grad-ckpt full: PEFT calls `enable_input_require_grads()` on a model with checkpointing enabled, so here
+    layer 0 saves as every layer; with a frozen down_proj the MLP backward's third intermediate-sized gradient
+    (d silu(gate) beside d up and the incoming one) is not offset by a saved down_proj input."""
+    pytest.importorskip("torch")
+    err = _error(family, method="lora", lora_targets=targets, precision=precision, lora_dropout=dropout,
+                 grad_ckpt="full")
+    assert abs(err) < 0.005
+
+
+@pytest.mark.parametrize("family,targets,precision,every,tolerance", [
+    ("llama", "all-linear", "fp32", 2, 0.005),
+    ("qwen3", "o_proj", "fp32", 3, 0.005),
+    ("gemma", "q_proj,v_proj", "bf16-mixed", 2, 0.005),
+    # the last layer (4) is checkpointed and its backward is the peak: at the end of its recompute, locals of the
+    # forward beyond those `lora.recompute_end_local_bytes` names are alive (measured -1.0 %, see DESIGN.md)
+    ("llama", "gate_proj,up_proj,down_proj", "bf16-mixed", 2, 0.02),
+])
+def test_ckpt_every(family, targets, precision, every, tolerance):
+    """--ckpt-every K under LoRA: layers 0, K, 2K, ... keep their input, the others the LoRA table (5 layers, so
+    both kinds and the partial last group occur)."""
+    pytest.importorskip("torch")
+    err = _error(family, layers=5, method="lora", lora_targets=targets, precision=precision, lora_dropout=0.05,
+                 grad_ckpt="full", ckpt_every=every)
+    assert abs(err) < tolerance
+
+
+def test_targets_adapting_different_layers_are_refused_naming_the_field():
+    spec = ModelSpec.from_config(CONFIGS["llama"])
     with pytest.raises(InputError) as err:
-        estimate(spec, TrainingPlan(method="lora", lora_targets="gate_proj,up_proj"))
-    assert err.value.field == "lora-targets" and "q_proj" in str(err.value)
-    estimate(spec, TrainingPlan(method="lora", lora_targets="v_proj,gate_proj"))  # one attention projection: fine
+        estimate(spec, TrainingPlan(method="lora", lora_targets="layers.1.mlp.down_proj"))
+    assert err.value.field == "lora-targets" and "all-linear" in str(err.value)
+    estimate(spec, TrainingPlan(method="lora", lora_targets="mlp.down_proj"))  # every layer alike: modelled
