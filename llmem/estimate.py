@@ -9,6 +9,7 @@ a breakdown by category that sums exactly to the phase total.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial as partial_fn
 
 from llmem.components import Category, autocast, fused_ce, lora, offload, outside, quant
 from llmem.components import activations as act
@@ -345,8 +346,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if lora.is_lora(plan):  # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own
         if plan.grad_ckpt is GradCkpt.FULL:
             # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
-            recompute = act.recompute_bytes(spec, cp, lora.layer_activation_bytes(spec, cp, half=half)
-                                            + act.checkpointed_input_extra_bytes(spec, cp))
+            recompute = lora.recompute_bytes(spec, cp, half)
         else:
             kept = lora.layer_activation_bytes(spec, cp, half=half)
             first_saving = lora.first_layer_saving_bytes(spec, cp, half)  # layer 0 keeps less while its saves live
@@ -389,8 +389,9 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
         retained = rs_in if layer < layers - 1 else 0  # the previous layer's reduce_scatter_input
         kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
-        if lora.is_lora(plan):
-            kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
+        if lora.is_lora(plan):  # (half adapters under a MixedPrecisionPolicy)
+            kept_layers = partial_fn(lora.kept_layers_bytes, half=half)
+            current_layer = partial_fn(lora.current_layer_backward_bytes, half=half)
         below = kept_layers(spec, cp, layer)
         current = current_layer(spec, cp, layer) if partial or lora.is_lora(plan) else (recompute or kept)
         if plan.scheme is not Scheme.ZERO2:  # ZeRO-3 (and TP x FSDP2) all-gather again in backward

@@ -548,12 +548,14 @@ def embeddings_require_grad(plan: TrainingPlan) -> bool:
     return plan.grad_ckpt is GradCkpt.FULL and plan.method is Method.LORA
 
 
-def recompute_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table) and its
-    forward RNG state."""
+def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
+    """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table), the
+    checkpoint's own copy of the layer input where no op of the layer saves it (pure half precision:
+    `checkpointed_input_extra_bytes`) and its forward RNG state (`half`: FSDP2 mixed, see `half_adapters`)."""
     from llmem.components import activations as act
 
-    return act.recompute_bytes(spec, plan, layer_activation_bytes(spec, plan))
+    return act.recompute_bytes(spec, plan, layer_activation_bytes(spec, plan, half=half)
+                               + act.checkpointed_input_extra_bytes(spec, plan))
 
 
 def recompute_end_local_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -597,7 +599,7 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: boo
         + (count - ckpt) * full
 
 
-def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, half: bool = False) -> int:
     """What layer `layer` holds while its own backward runs under LoRA with `--ckpt-every K`: checkpointed, what its
     recompute saves (`recompute_bytes`); otherwise its LoRA table."""
     from llmem.components import activations as act
@@ -608,8 +610,8 @@ def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int
         # qlora (no input-require-grads hook): layer 0's recompute is counted with the full table as before; the
         # measured layer-0 backward of s-qwen3-qlora-ckpt exceeds layer 1's, which the first-layer table would not
         # explain (not pinned down)
-        return recompute_bytes(spec, lp)
-    return layer_activation_bytes(spec, lp)
+        return recompute_bytes(spec, lp, half)
+    return layer_activation_bytes(spec, lp, half=half)
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
