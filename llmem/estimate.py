@@ -333,10 +333,38 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)
     root_gather, layer_gather = comm.root_unsharded_bytes(spec, plan), comm.layer_unsharded_bytes(spec, plan)
-    phases = [  # layer 0's copy-out: the root's all-gather output is still retained (`all_gather_state`) beside the
-        # root's unsharded parameters, and layer 0's output beside its new unsharded storage
-        _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act,
+    # The start of forward: the root's pre-forward all-gather (the step's input_ids alive), its copy-out (the
+    # output beside the new unsharded storage); then, with the embeddings' output (layer 0's input) alive, layer 0's
+    # all-gather and copy-out while the root's output is still retained (`all_gather_state`) beside the root's
+    # unsharded parameters. The copy-out frees the retained output first (`wait_for_unshard`), so later forward
+    # all-gathers hold one retained layer output instead: the last layer's is the largest (ZeRO-2 keeps every
+    # earlier layer gathered, ZeRO-3 only the activations grow).
+    ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
+    hidden = act.checkpointed_layer_bytes(spec, cp)  # the hidden states entering a layer
+    phases = [
+        _phase("forward (root all-gather)", **persistent, activations=ids,
+               communication=comm.all_gather_bytes(spec, plan, root=True)),
+        _phase("forward (root all-gather copy-out)", **persistent, activations=ids, communication=2 * root_gather),
+        _phase("forward (layer 0 all-gather)", **persistent, activations=outer_act + hidden,
+               communication=2 * root_gather + comm.all_gather_bytes(spec, plan)),
+        _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act + hidden,
                communication=2 * root_gather + 2 * layer_gather),
+    ]
+    if layers > 1:
+        earlier_layers = (layers - 1) * kept - first_saving if lora.is_lora(plan) else act.kept_layers_bytes(
+            spec, cp, layers - 1)
+        unsharded = (layers - 1) * layer_gather if plan.scheme is Scheme.ZERO2 else 0
+        # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
+        # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
+        embeds = 0
+        if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not any(
+                s.name.startswith("input (residual stream") for s in act.layer_saved(spec, cp))):
+            embeds = hidden
+        phases.append(_phase(
+            f"forward (layer {layers - 1} all-gather)", **persistent,
+            activations=earlier_layers + outer_act + embeds + hidden,
+            communication=root_gather + unsharded + layer_gather + comm.all_gather_bytes(spec, plan)))
+    phases += [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
         _phase("loss forward", **persistent, activations=forward_acts, logits=lg.loss_forward_peak_bytes(spec, cp),
@@ -346,6 +374,19 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=root_grads_head,
                logits=lg.lm_head_backward_bytes(spec, cp), communication=bwd_head),
     ]
+    if comm.root_resharded_after_forward(plan):
+        loss_fwd = next(i for i, ph in enumerate(phases) if ph.name == "loss forward")
+        # ZeRO-3: the root's pre-backward (a hook on the loss, before its backward) all-gathers the root again, copies
+        # it out, and prefetches the last layer (`_backward_prefetch`); the forward's saved tensors and the loss's
+        # are alive, the last layer's retained output was freed by the root's post-forward.
+        at_start = dict(**persistent, activations=forward_acts, logits=lg.loss_backward_start_bytes(spec, cp))
+        phases[loss_fwd + 1:loss_fwd + 1] = [
+            _phase("loss backward (root pre-backward all-gather)", **at_start,
+                   communication=comm.all_gather_bytes(spec, plan, root=True)),
+            _phase("loss backward (root pre-backward copy-out)", **at_start, communication=2 * root_gather),
+            _phase(f"loss backward (prefetch of layer {layers - 1})", **at_start,
+                   communication=root_gather + comm.all_gather_bytes(spec, plan)),
+        ]
     # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
     # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
