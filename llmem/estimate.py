@@ -419,6 +419,15 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             gradients=root_grads_head + later
             + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer), adapter_grad),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+        end = lora_recompute_end(spec, plan, cp) if not partial else None
+        if end is not None:  # see `lora_recompute_end`
+            live, grads = end
+            phases.append(_phase(
+                f"backward (layer {layer}, end of its recompute)", **persistent,
+                activations=below + outer_act + current - (first_saving if layer == 0 else 0) + live,
+                gradients=root_grads_head + later + residual_grad + grads,
+                logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+            held[f"backward (layer {layer}, end of its recompute)"] = later
         if act.falcon_math_attention(spec):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,
@@ -452,6 +461,30 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan) * resident,
                          logits=logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * resident))
     return phases
+
+
+def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> tuple[int, int] | None:
+    """LoRA under FSDP2 with a MixedPrecisionPolicy (half adapters), `--grad-ckpt full`, lora_dropout > 0 and
+    down_proj adapted: the end of a checkpointed layer's recompute, which measured above the layer's backward. The
+    layer's backward first runs down_proj's `lora_B(...) * scaling` backward (a Python-float mul saves no tensor,
+    so no recompute yet): the gradient of lora_B's output (tokens × h, half) beside the layer output's. The first
+    saved tensor it needs then reruns the layer's forward under `fork_rng` (which stashes the current CPU generator
+    state, `checkpoint_rng_state_bytes`) up to down_proj's lora_A, the last saved tensor, and stops. There every
+    saved tensor but the scaling lora_B's mul saves is recomputed, beside the forward's intermediates no op saves:
+    the attention residual, the MLP input and down_proj's base output (tokens × h each) and down_proj's input
+    `act_fn(gate) * up` (tokens × intermediate). Not counted: the bf16 matmul's scratch inside lora_A (CPU kernel,
+    25.6 KB on the test llama). Returns (activations beyond the recomputed layer's `recompute_bytes`, gradients
+    beyond the layer output's), or None where this moment is not modelled (measured only in this configuration; with
+    dropout 0 the layer's backward peaks)."""
+    if not (lora.half_adapters(plan) and plan.grad_ckpt is GradCkpt.FULL and plan.lora_dropout > 0):
+        return None
+    if not any("down_proj" in p.name for p in lora.targeted(spec, plan)):
+        return None
+    rb, tokens = cp.precision.compute_bytes, plan.batch_size * plan.seq_len
+    scaling = sum(s.bytes for s in lora.layer_saved(spec, cp, half=True) if s.name.startswith("down_proj: scaling"))
+    intermediates = tokens * (3 * spec.hidden_size + spec.intermediate_size) * rb
+    live = intermediates + act.checkpoint_rng_state_bytes(cp) - scaling
+    return live, tokens * spec.hidden_size * rb
 
 
 def fsdp_accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],

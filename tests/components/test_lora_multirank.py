@@ -34,8 +34,9 @@ ROWS = {
     "large-zero3-bf16mix": {"zero": 3, "precision": "bf16-mixed", **LARGE_BASE},
     "qwen2-zero2-bf16mix-ckpt": {"zero": 2, "precision": "bf16-mixed", "grad_ckpt": "full"},
     "qwen3-zero3-bf16mix-ckpt": {"zero": 3, "precision": "bf16-mixed", "grad_ckpt": "full", "lora_dropout": 0.05},
-    # with dropout the peak is the end of the recomputed layer's forward (down_proj's lora_A; DESIGN.md), not yet a
-    # moment of the walk: about 1.2 % low (with dropout 0 the layer's backward peaks and the row is within 0.02 %)
+    # with dropout the peak is the end of the recomputed layer's forward (down_proj's lora_A; DESIGN.md): 0.5 % low,
+    # a CPU matmul scratch inside lora_A (1.2 % low before that moment was modelled; with dropout 0 the layer's
+    # backward peaks and the row is within 0.02 %)
     "llama-zero3-bf16mix-ckpt-dropout": {"zero": 3, "precision": "bf16-mixed", "grad_ckpt": "full",
                                          "lora_dropout": 0.05},
     "qwen3-zero2-bf16mix-qv": {"zero": 2, "precision": "bf16-mixed", "lora_targets": "q_proj,v_proj",
