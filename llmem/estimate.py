@@ -365,10 +365,38 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     rs_in = comm.layer_reduce_scatter_input_bytes(spec, plan)
     bwd_head = comm.backward_gather_bytes(spec, plan, None)
     root_gather, layer_gather = comm.root_unsharded_bytes(spec, plan), comm.layer_unsharded_bytes(spec, plan)
-    phases = [  # layer 0's copy-out: the root's all-gather output is still retained (`all_gather_state`) beside the
-        # root's unsharded parameters, and layer 0's output beside its new unsharded storage
-        _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act,
+    # The start of forward: the root's pre-forward all-gather (the step's input_ids alive), its copy-out (the
+    # output beside the new unsharded storage); then, with the embeddings' output (layer 0's input) alive, layer 0's
+    # all-gather and copy-out while the root's output is still retained (`all_gather_state`) beside the root's
+    # unsharded parameters. The copy-out frees the retained output first (`wait_for_unshard`), so later forward
+    # all-gathers hold one retained layer output instead: the last layer's is the largest (ZeRO-2 keeps every
+    # earlier layer gathered, ZeRO-3 only the activations grow).
+    ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
+    hidden = act.checkpointed_layer_bytes(spec, cp)  # the hidden states entering a layer
+    phases = [
+        _phase("forward (root all-gather)", **persistent, activations=ids,
+               communication=comm.all_gather_bytes(spec, plan, root=True)),
+        _phase("forward (root all-gather copy-out)", **persistent, activations=ids, communication=2 * root_gather),
+        _phase("forward (layer 0 all-gather)", **persistent, activations=outer_act + hidden,
+               communication=2 * root_gather + comm.all_gather_bytes(spec, plan)),
+        _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act + hidden,
                communication=2 * root_gather + 2 * layer_gather),
+    ]
+    if layers > 1:
+        earlier_layers = (layers - 1) * kept - first_saving if lora.is_lora(plan) else act.kept_layers_bytes(
+            spec, cp, layers - 1)
+        unsharded = (layers - 1) * layer_gather if plan.scheme is Scheme.ZERO2 else 0
+        # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
+        # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
+        embeds = 0
+        if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not any(
+                s.name.startswith("input (residual stream") for s in act.layer_saved(spec, cp))):
+            embeds = hidden
+        phases.append(_phase(
+            f"forward (layer {layers - 1} all-gather)", **persistent,
+            activations=earlier_layers + outer_act + embeds + hidden,
+            communication=root_gather + unsharded + layer_gather + comm.all_gather_bytes(spec, plan)))
+    phases += [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
         _phase("loss forward", **persistent, activations=forward_acts, logits=lg.loss_forward_peak_bytes(spec, cp),
@@ -378,6 +406,19 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=root_grads_head,
                logits=lg.lm_head_backward_bytes(spec, cp), communication=bwd_head),
     ]
+    if comm.root_resharded_after_forward(plan):
+        loss_fwd = next(i for i, ph in enumerate(phases) if ph.name == "loss forward")
+        # ZeRO-3: the root's pre-backward (a hook on the loss, before its backward) all-gathers the root again, copies
+        # it out, and prefetches the last layer (`_backward_prefetch`); the forward's saved tensors and the loss's
+        # are alive, the last layer's retained output was freed by the root's post-forward.
+        at_start = dict(**persistent, activations=forward_acts, logits=lg.loss_backward_start_bytes(spec, cp))
+        phases[loss_fwd + 1:loss_fwd + 1] = [
+            _phase("loss backward (root pre-backward all-gather)", **at_start,
+                   communication=comm.all_gather_bytes(spec, plan, root=True)),
+            _phase("loss backward (root pre-backward copy-out)", **at_start, communication=2 * root_gather),
+            _phase(f"loss backward (prefetch of layer {layers - 1})", **at_start,
+                   communication=root_gather + comm.all_gather_bytes(spec, plan)),
+        ]
     # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
     # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
@@ -413,6 +454,15 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             gradients=root_grads_head + later
             + layer_backward_peak_extra_bytes(spec, act.layer_plan(cp, layer), adapter_grad),
             logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+        end = lora_recompute_end(spec, plan, cp) if not partial else None
+        if end is not None:  # see `lora_recompute_end`
+            live, grads = end
+            phases.append(_phase(
+                f"backward (layer {layer}, end of its recompute)", **persistent,
+                activations=below + outer_act + current - (first_saving if layer == 0 else 0) + live,
+                gradients=root_grads_head + later + residual_grad + grads,
+                logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+            held[f"backward (layer {layer}, end of its recompute)"] = later
         if act.falcon_math_attention(spec):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,
@@ -446,6 +496,30 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(_phase("optimizer step", **persistent, gradients=gradient_bytes(spec, plan) * resident,
                          logits=logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * resident))
     return phases
+
+
+def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> tuple[int, int] | None:
+    """LoRA under FSDP2 with a MixedPrecisionPolicy (half adapters), `--grad-ckpt full`, lora_dropout > 0 and
+    down_proj adapted: the end of a checkpointed layer's recompute, which measured above the layer's backward. The
+    layer's backward first runs down_proj's `lora_B(...) * scaling` backward (a Python-float mul saves no tensor,
+    so no recompute yet): the gradient of lora_B's output (tokens × h, half) beside the layer output's. The first
+    saved tensor it needs then reruns the layer's forward under `fork_rng` (which stashes the current CPU generator
+    state, `checkpoint_rng_state_bytes`) up to down_proj's lora_A, the last saved tensor, and stops. There every
+    saved tensor but the scaling lora_B's mul saves is recomputed, beside the forward's intermediates no op saves:
+    the attention residual, the MLP input and down_proj's base output (tokens × h each) and down_proj's input
+    `act_fn(gate) * up` (tokens × intermediate). Not counted: the bf16 matmul's scratch inside lora_A (CPU kernel,
+    25.6 KB on the test llama). Returns (activations beyond the recomputed layer's `recompute_bytes`, gradients
+    beyond the layer output's), or None where this moment is not modelled (measured only in this configuration; with
+    dropout 0 the layer's backward peaks)."""
+    if not (lora.half_adapters(plan) and plan.grad_ckpt is GradCkpt.FULL and plan.lora_dropout > 0):
+        return None
+    if not any("down_proj" in p.name for p in lora.targeted(spec, plan)):
+        return None
+    rb, tokens = cp.precision.compute_bytes, plan.batch_size * plan.seq_len
+    scaling = sum(s.bytes for s in lora.layer_saved(spec, cp, half=True) if s.name.startswith("down_proj: scaling"))
+    intermediates = tokens * (3 * spec.hidden_size + spec.intermediate_size) * rb
+    live = intermediates + act.checkpoint_rng_state_bytes(cp) - scaling
+    return live, tokens * spec.hidden_size * rb
 
 
 def fsdp_accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],

@@ -13,8 +13,11 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
                   briefly holds 2A. In forward the output is kept in `comm_ctx.all_gather_state` until the next
                   group's copy-out, and the last one until the root's post-forward (`_fsdp_state.py:
                   _post_forward`), i.e. through the loss: one retained A at the loss forward.
-  unsharded params ZeRO-3 frees a layer's after its forward (`reshard`), ZeRO-2 keeps them to its backward; the
-                  root is never resharded after forward (`_lazy_init` sets the root's `post_forward_mesh_info=None`).
+  unsharded params ZeRO-3 frees a layer's after its forward (`reshard`), ZeRO-2 keeps them to its backward. The
+                  root: ZeRO-2 keeps its to the end of backward; ZeRO-3 passes `reshard_after_forward=True` explicitly,
+                  so `_lazy_init` keeps the root's post-forward reshard (it sets `post_forward_mesh_info=None` only
+                  when the option is left unset): the root is freed after the loss and all-gathered again in its
+                  pre-backward, at the start of backward.
   prefetch        the backward pre-hook of a group all-gathers the next group in reverse forward order
                   (`_backward_prefetch`): from the start of backward (root pre-backward prefetches the last layer)
                   one all-gather output A waits for its copy-out (ZeRO-3; under ZeRO-2 the layers are gathered).
@@ -151,16 +154,17 @@ def backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None
     return root + (a if own else 0) + earlier
 
 
-def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """(CPU profile) gloo's flat copy of a layer's all-gather output: `ProcessGroupGloo::_allgather_base` chunks the
-    output into one view per rank and runs `allgather`, whose `AsyncAllgatherWork::getOutputTensors` returns
-    `newLikeFlat(outputs[0])` (world × chunk elements, A bytes) on the calling thread while the collective is
-    enqueued; it is freed before the call returns. NCCL (CUDA profile) gathers into the output directly."""
+def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """(CPU profile) gloo's flat copy of a layer's (`root`: the root's) all-gather output:
+    `ProcessGroupGloo::_allgather_base` chunks the output into one view per rank and runs `allgather`, whose
+    `AsyncAllgatherWork::getOutputTensors` returns `newLikeFlat(outputs[0])` (world × chunk elements, A bytes) on the
+    calling thread while the collective is enqueued; it is freed before the call returns. NCCL (CUDA profile)
+    gathers into the output directly."""
     from llmem.plan import Device
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
-    return layer_unsharded_bytes(spec, plan)
+    return root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
 
 
 def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
@@ -177,14 +181,32 @@ def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -
     return root + 2 * a + gloo_all_gather_flat_output_bytes(spec, plan) + all_gather_input_copy_bytes(spec, plan)
 
 
-def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Under a MixedPrecisionPolicy, a layer's all-gather input: `_get_param_all_gather_inputs` casts the group's
-    sharded parameters into one new flat param_dtype tensor (`flat_foreach_copy_input`, A / dp bytes), and
-    `foreach_all_gather` keeps views of it (`all_gather_inputs`) until it returns, through the collective. Without a
-    policy the inputs are views of the sharded parameters (nothing allocated)."""
+def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """Under a MixedPrecisionPolicy, a layer's (`root`: the root's) all-gather input: `_get_param_all_gather_inputs`
+    casts the group's sharded parameters into one new flat param_dtype tensor (`flat_foreach_copy_input`, A / dp
+    bytes), and `foreach_all_gather` keeps views of it (`all_gather_inputs`) until it returns, through the
+    collective. Without a policy the inputs are views of the sharded parameters (nothing allocated)."""
     if plan.scheme not in FSDP_SCHEMES or not plan.precision.is_mixed:
         return 0
-    return layer_unsharded_bytes(spec, plan) // plan.dp
+    return (root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)) // plan.dp
+
+
+def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """Inside one group's `foreach_all_gather` (`root`: the root's): its new all-gather output (A or R), its flat
+    half input copy under a MixedPrecisionPolicy and, on CPU, gloo's flat output, all alive through the collective
+    (the copy-out into the unsharded parameters follows in `wait_for_unshard`)."""
+    if plan.scheme not in FSDP_SCHEMES:
+        return 0
+    output = root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
+    return (output + all_gather_input_copy_bytes(spec, plan, root)
+            + gloo_all_gather_flat_output_bytes(spec, plan, root))
+
+
+def root_resharded_after_forward(plan: TrainingPlan) -> bool:
+    """ZeRO-3 (and TP × FSDP2) pass `reshard_after_forward=True` to `fully_shard` explicitly, so the root's
+    `_lazy_init` keeps its post-forward reshard (it drops it only when the option was left unset): the root frees its
+    unsharded parameters after the loss and all-gathers them again in its pre-backward."""
+    return plan.scheme in FSDP_SCHEMES and plan.scheme is not Scheme.ZERO2
 
 
 def backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

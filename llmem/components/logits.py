@@ -58,3 +58,10 @@ def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     gradients, its half-precision copy under mixed precision as a temporary)."""
     lc, _, _ = _sizes(spec, plan)
     return 2 * lc
+
+
+def loss_backward_start_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Logits-related bytes when `loss.backward()` starts, before the loss's backward allocates its two fp32
+    gradients: the logits, the log_softmax output and the shifted labels nll_loss saved."""
+    lc, l32, tokens = _sizes(spec, plan)
+    return lc + l32 + tokens * INT64 + softcap_bytes(spec, plan)

@@ -24,14 +24,21 @@ ROWS = {
     "zero3-bf16": {"zero": 3, "precision": "bf16"},  # bf16 base + fp32 adapters: a byte (uint8) all-gather
     "large-ddp-fp32": {"zero": 0, **LARGE_BASE},
     "large-zero1-fp32": {"zero": 1, **LARGE_BASE},
-    "large-zero3-fp32": {"zero": 3, **LARGE_BASE},  # the root's all-gather at the start of forward sets the peak
+    "large-zero3-fp32": {"zero": 3, **LARGE_BASE},  # layer 0's all-gather at the start of forward sets the peak
     # FSDP2 with a MixedPrecisionPolicy: base and adapters all-gathered in the half dtype, adapters computing in it
     # (modelling them as fp32 adapters put these rows 20 % high)
     "zero3-bf16mix": {"zero": 3, "precision": "bf16-mixed"},
     "zero2-fp16mix-dropout": {"zero": 2, "precision": "fp16-mixed", "lora_dropout": 0.1},
+    # the root's re-gather in its pre-backward (ZeRO-3 reshards the root after forward) sets the peak: its flat half
+    # input copy, output and gloo's flat output (3.9 % low while that moment was not modelled)
     "large-zero3-bf16mix": {"zero": 3, "precision": "bf16-mixed", **LARGE_BASE},
     "qwen2-zero2-bf16mix-ckpt": {"zero": 2, "precision": "bf16-mixed", "grad_ckpt": "full"},
     "qwen3-zero3-bf16mix-ckpt": {"zero": 3, "precision": "bf16-mixed", "grad_ckpt": "full", "lora_dropout": 0.05},
+    # with dropout the peak is the end of the recomputed layer's forward (down_proj's lora_A; DESIGN.md): 0.5 % low,
+    # a CPU matmul scratch inside lora_A (1.2 % low before that moment was modelled; with dropout 0 the layer's
+    # backward peaks and the row is within 0.02 %)
+    "llama-zero3-bf16mix-ckpt-dropout": {"zero": 3, "precision": "bf16-mixed", "grad_ckpt": "full",
+                                         "lora_dropout": 0.05},
     "qwen3-zero2-bf16mix-qv": {"zero": 2, "precision": "bf16-mixed", "lora_targets": "q_proj,v_proj",
                                "lora_rank": 8},
 }
@@ -56,13 +63,7 @@ def measured() -> dict:
     return _RESULTS
 
 
-# Parameter-dominated (LARGE: vocab 4000, 32 tokens) under a MixedPrecisionPolicy: 3.9 % low at the start of
-# forward (about 0.95 MB not yet attributed around the root's half-precision all-gather); kept so the gap shows.
-KNOWN_GAPS = {"large-zero3-bf16mix"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known gap"))
-                                  if n in KNOWN_GAPS else n for n in ROWS])
+@pytest.mark.parametrize("name", list(ROWS))
 def test_lora_two_processes(name):
     plan = TrainingPlan(**{**BASE, **ROWS[name], "device": "cpu"})
     est = estimate(ModelSpec.from_config(_config(name)), plan).peak_bytes
