@@ -24,6 +24,7 @@ from llmem.components.gradients import (
     later_layers_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
+    layer_output_gradient_bytes,
     offloaded_embedding_transient_bytes,
     offloaded_head_transient_bytes,
     tied_gradient_sum_bytes,
@@ -151,7 +152,9 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
         final_norm = lora.final_norm_bytes(spec, plan)
         if plan.grad_ckpt is GradCkpt.FULL:
-            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan))
+            # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
+            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan)
+                                            + act.checkpointed_input_extra_bytes(spec, plan))
         else:
             kept = lora.layer_activation_bytes(spec, plan)
             outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
@@ -210,6 +213,15 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
+        # a checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)
+        for moment, (fwd, grads) in (lora.recompute_moments(spec, plan) if not partial else {}).items():
+            phase = f"{name[:-1]}, {moment})"
+            backward_later[phase] = later
+            phases.append(_phase(
+                phase, **persistent, activations=held + outer_act + sum(s.bytes for s in fwd),
+                gradients=grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
+                temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
+                logits=logits, communication=gathered(layer + 1)))
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
@@ -223,7 +235,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases.append(_phase("forward (last layer), 4-bit weight dequantized", **persistent,
                              activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))
         extra = quant.dequant_backward_extra_bytes(spec, plan)
-        for ph in [p for p in phases if p.name.startswith("backward (")]:
+        for ph in [p for p in phases if p.name.startswith("backward (") and "recompute" not in p.name]:
             b = dict(ph.breakdown)
             b[Category.TEMPORARIES] += extra
             phases.append(Phase(f"{ph.name}, 4-bit weight dequantized", b))
