@@ -378,7 +378,8 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     half cast) — is alive, and lora_B's half weight cast is not made yet. On the cpu profile the bf16 gemm (oneDNN)
     also allocates a scratch buffer inside that mm (16 KiB for a 128 × 176 @ 176 × 16 product on this machine; its
     size follows the CPU kernel's blocking, not the tensors' shapes alone), which is not modelled: bf16-mixed rows whose
-    peak is this moment measure up to that much above the estimate (0.4-0.7 % on the CPU suite's tiny models)."""
+    peak is this moment (or lora_A's mm with dropout 0, a little below the stop) measure up to that much above the
+    estimate (0.4-0.7 % on the CPU suite's tiny models)."""
     from llmem.components.activations import CPU_RNG_STATE_BYTES, Saved, _bytes
     from llmem.plan import Device, GradCkpt
 
