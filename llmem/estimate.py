@@ -25,6 +25,7 @@ from llmem.components.gradients import (
     later_layers_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_gradient_bytes,
+    layer_output_gradient_bytes,
     offloaded_embedding_transient_bytes,
     offloaded_head_transient_bytes,
     tied_gradient_sum_bytes,
@@ -152,7 +153,9 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
         final_norm = lora.final_norm_bytes(spec, plan)
         if plan.grad_ckpt is GradCkpt.FULL:
-            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan))
+            # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
+            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan)
+                                            + act.checkpointed_input_extra_bytes(spec, plan))
         else:
             kept = lora.layer_activation_bytes(spec, plan)
             outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
@@ -240,6 +243,15 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
                 - first_casts * (not plan.checkpointed(0) or layer == 0) + lora.recompute_end_local_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan)))
+        # a checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)
+        for moment, (fwd, grads) in (lora.recompute_moments(spec, plan) if not partial else {}).items():
+            phase = f"{name[:-1]}, {moment})"
+            backward_later[phase] = later
+            phases.append(_phase(
+                phase, **persistent, activations=held + outer_act + sum(s.bytes for s in fwd),
+                gradients=grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
+                temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
+                logits=logits, communication=gathered(layer + 1)))
         if act.falcon_math_attention(spec) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
@@ -253,7 +265,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases.append(_phase(f"forward (last layer), {quant.forward_moment_label(plan)}", **persistent,
                              activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, plan)))
         extra = quant.dequant_backward_extra_bytes(spec, plan)
-        for ph in [p for p in phases if p.name.startswith("backward (")]:
+        for ph in [p for p in phases if p.name.startswith("backward (") and "recompute" not in p.name]:
             b = dict(ph.breakdown)
             b[Category.TEMPORARIES] += extra
             phases.append(Phase(f"{ph.name}, {quant.bits(plan)} weight dequantized", b))

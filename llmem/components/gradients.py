@@ -256,3 +256,9 @@ def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan)
     backward — the MLP's (its backward ran first) and the attention output projection's (`dense`)."""
     params = [p for p in spec.layer_params(0) if ".mlp." in p.name or "self_attention.dense" in p.name]
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
+
+
+def layer_output_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The gradient of a decoder layer's output (tokens × h, param dtype), alive through the layer's backward (the
+    residual add hands it to the attention branch later); `layer_backward_peak_extra_bytes` counts it too."""
+    return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes

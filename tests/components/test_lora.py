@@ -163,3 +163,47 @@ def test_targets_adapting_different_layers_are_refused_naming_the_field():
         estimate(spec, TrainingPlan(method="lora", lora_targets="layers.1.mlp.down_proj"))
     assert err.value.field == "lora-targets" and "all-linear" in str(err.value)
     estimate(spec, TrainingPlan(method="lora", lora_targets="mlp.down_proj"))  # every layer alike: modelled
+
+
+def _suite_error(model: str, **plan) -> float:
+    """Estimate vs a real CPU run of a CPU-suite model (tests/accuracy/suite.yaml), batch 2 × 64 tokens, with full
+    checkpointing."""
+    from pathlib import Path
+
+    import yaml
+
+    from llmem.measure.timeline import timeline
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "accuracy" / "suite.yaml").read_text())["models"][model]
+    p = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, grad_ckpt="full", **plan)
+    measured = timeline(config, p).peak_bytes
+    return (estimate(ModelSpec.from_config(config), p).peak_bytes - measured) / measured
+
+
+@pytest.mark.parametrize("model,plan", [
+    ("llama-gqa", dict(method="lora", precision="bf16")),  # the recompute stops in down_proj's lora_B
+    ("llama-gqa", dict(method="lora", precision="bf16", lora_dropout=0.0)),  # up_proj's adapter sum
+    ("qwen2", dict(method="lora", precision="bf16")),
+    ("mistral", dict(method="lora", precision="fp32", lora_dropout=0.05)),
+    ("qwen3", dict(method="lora", precision="bf16", lora_dropout=0.0)),
+    ("qwen3", dict(method="qlora", quant="nf4", precision="bf16", lora_dropout=0.1)),
+    ("qwen3", dict(method="qlora", quant="nf4", precision="fp32", lora_dropout=0.1)),
+])
+def test_checkpointed_lora_layer_recompute(model, plan):
+    """A checkpointed LoRA layer during its recompute: the checkpoint's copy of the layer input (half precision),
+    the recomputed forward's locals where it stops (or at up_proj's adapter sum), and the gradients its backward made.
+    Without them these peaks were 7.0 % (llama bf16), 5.6 % (llama bf16, dropout 0), 6.9 % (qwen2 bf16), 3.7 %
+    (qwen3 bf16, dropout 0), 3.8 % (qwen3 QLoRA bf16) and 1.0 % (qwen3 QLoRA fp32) low; each is now within 600 bytes
+    of ~2 MB (0.03 %). 0.2 % separates the two by far while leaving room for a few small tensors."""
+    pytest.importorskip("torch")
+    assert abs(_suite_error(model, **plan)) < 0.002
+
+
+@pytest.mark.parametrize("model,dropout", [("llama-gqa", 0.05), ("qwen2", 0.05), ("qwen3", 0.0)])
+def test_checkpointed_lora_layer_recompute_bf16_mixed(model, dropout):
+    """bf16-mixed: were 8.8 % (llama), 6.3 % (qwen2) low. The peak is inside down_proj's lora_A mm, where the CPU's
+    bf16 gemm also allocates a scratch buffer the estimate does not model (9-16 KiB here, lora.recompute_moments), so
+    these measure 0.4-0.7 % above the estimate; 1 % bounds that and still fails if a tensor of the layer is missed."""
+    pytest.importorskip("torch")
+    err = _suite_error(model, method="lora", precision="bf16-mixed", lora_dropout=dropout)
+    assert -0.01 < err < 0.001
