@@ -373,6 +373,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
         _phase("loss forward", **persistent, activations=forward_acts, logits=lg.loss_forward_peak_bytes(spec, cp),
                communication=comm.forward_gather_bytes(spec, plan, in_layer=False)),
+        _phase("backward (root pre-backward all-gather copy-out)", **persistent, activations=forward_acts,
+               logits=lg.loss_saved_bytes(spec, cp), communication=comm.root_regather_bytes(spec, plan)),
         _phase("loss backward", **persistent, activations=forward_acts,
                logits=lg.loss_backward_peak_bytes(spec, cp), communication=bwd_head),
         _phase("lm_head backward", **persistent, activations=forward_acts, gradients=root_grads_head,

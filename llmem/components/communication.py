@@ -14,7 +14,10 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
                   group's copy-out, and the last one until the root's post-forward (`_fsdp_state.py:
                   _post_forward`), i.e. through the loss: one retained A at the loss forward.
   unsharded params ZeRO-3 frees a layer's after its forward (`reshard`), ZeRO-2 keeps them to its backward; the
-                  root is never resharded after forward (`_lazy_init` sets the root's `post_forward_mesh_info=None`).
+                  root is not resharded after forward only when `reshard_after_forward` is left to FSDP (`_lazy_init`
+                  sets the root's `post_forward_mesh_info=None` under `_auto_reshard_after_forward`); ZeRO-3 passes
+                  True to the root too, so its post-forward (after the loss, computed inside the model's forward)
+                  frees R and its pre-backward all-gathers R again (`root_regather_bytes`).
   prefetch        the backward pre-hook of a group all-gathers the next group in reverse forward order
                   (`_backward_prefetch`): from the start of backward (root pre-backward prefetches the last layer)
                   one all-gather output A waits for its copy-out (ZeRO-3; under ZeRO-2 the layers are gathered).
@@ -195,3 +198,18 @@ def backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.scheme not in FSDP_SCHEMES:
         return 0
     return layer_reduce_scatter_input_bytes(spec, plan)
+
+
+def root_regather_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """ZeRO-3 (and TP x FSDP2), at the start of backward: `fully_shard(model, reshard_after_forward=True)` resharded
+    the root after forward, and its pre-backward (a hook on the loss) all-gathers it again before anything else runs
+    backward: its new unsharded storage beside the all-gather output during the copy-out (2R; on CPU gloo's flat
+    output R beside the output during the collective, the same 2R), plus under a MixedPrecisionPolicy the root's
+    all-gather input copy (R / dp) through the collective on CPU. ZeRO-2 never reshards the root."""
+    if plan.scheme not in FSDP_SCHEMES or plan.scheme is Scheme.ZERO2:
+        return 0
+    from llmem.plan import Device
+
+    root = root_unsharded_bytes(spec, plan)
+    input_copy = root // plan.dp if plan.precision.is_mixed and plan.device is Device.CPU else 0
+    return 2 * root + input_copy

@@ -47,6 +47,13 @@ def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return lc + upcast + l32 + label_bytes(spec, plan) + softcap_bytes(spec, plan)
 
 
+def loss_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Logits-related bytes between the loss forward and its backward: the logits, the log_softmax output nll_loss
+    saved, its target (T int64) and gemma2's softcap tanh output (the fp32 upcast and the labels are freed)."""
+    lc, l32, tokens = _sizes(spec, plan)
+    return lc + l32 + tokens * INT64 + softcap_bytes(spec, plan)
+
+
 def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads."""
     lc, l32, tokens = _sizes(spec, plan)
