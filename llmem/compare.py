@@ -152,7 +152,7 @@ def method_variants(text: str) -> list[dict]:
 
 def variant_plans(spec: ModelSpec, plan: TrainingPlan, variants) -> list[TrainingPlan]:
     """The plan with each variant's fields changed: every valid strategy on plan.gpus GPUs when the variant runs
-    there (with the plan's strategy, else with DDP: e.g. qlora when the plan is ZeRO-3 or TP), else the single-GPU
+    there (with the plan's strategy, else with DDP: e.g. qlora when the plan is TP), else the single-GPU
     plan. Variants equal to the plan itself, or invalid even on one GPU, are left out."""
     out: list[TrainingPlan] = []
     for changes in variants:

@@ -490,6 +490,16 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases.append(_phase(  # the collective: unsharded grads freed, the output shard and gloo's copy allocated
             f"reduce-scatter (layer {layer})", **earlier, gradients=root_grads_head + later + sharded_layer[layer],
             communication=gather + rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)))
+    if quant.is_qlora(plan):  # a 4-bit Linear's dequantized weight (`quant.py`: the gathered codes + quant_state)
+        phases.append(_phase(f"forward (last layer), {quant.forward_moment_label(cp)}", **persistent,
+                             activations=forward_acts, temporaries=quant.dequant_forward_bytes(spec, cp),
+                             communication=comm.forward_gather_bytes(spec, plan, in_layer=True)))
+        extra = quant.dequant_backward_extra_bytes(spec, cp)
+        for ph in [p for p in phases if p.name.startswith("backward (layer") and "pre-backward" not in p.name]:
+            b = dict(ph.breakdown)
+            b[Category.TEMPORARIES] += extra
+            phases.append(Phase(f"{ph.name}, {quant.bits(cp)} weight dequantized", b))
+            held[phases[-1].name] = held.get(ph.name, 0)
     # The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
     # gradients the lm_head weight's is still referenced during the collective (seen in every run; the holder of
     # the reference is not pinned down), the others are freed after the copy-in.

@@ -29,8 +29,9 @@ HELP = {
     "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
               "states for the base, fp32 adapters get both; fewer saved activations. qlora: the same adapters over a "
               "base whose Linears are stored 4-bit or 8-bit by bitsandbytes (choose --quant); 4-bit on one GPU, DDP "
-              "(--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base; int8 on one GPU (FSDP2 and TP "
-              "with a quantized base are not modelled).",
+              "(--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base, or FSDP2 (--zero 2/3), which "
+              "shards the packed 4-bit codes and all-gathers them as bytes with the adapters (the fp32 scales stay "
+              "whole on every GPU); int8 on one GPU (TP with a quantized base is not modelled).",
     "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
     "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
     "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
@@ -43,11 +44,10 @@ HELP = {
                   "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "
                   "sharded gradients; no no_sync).",
     "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full, "
-               "offload-optimizer, offload-params): each runs on the same GPU count where it can (qlora: DDP and "
-               "ZeRO-1), else on one GPU (qlora: nf4 base in bf16; offload-optimizer: full fine-tuning with torchao's "
-               "optimizer offload on one GPU; offload-params: full fine-tuning with FSDP2 CPU offload, ZeRO-2/3 on "
-               "2+ GPUs). The "
-               "recommendation stays with the chosen method.",
+               "offload-optimizer, offload-params): each runs on the same GPU count where it can (qlora: DDP, "
+               "ZeRO-1 and FSDP2 ZeRO-2/3), else on one GPU (qlora: nf4 base in bf16; offload-optimizer: full "
+               "fine-tuning with torchao's optimizer offload on one GPU; offload-params: full fine-tuning with FSDP2 "
+               "CPU offload, ZeRO-2/3 on 2+ GPUs). The recommendation stays with the chosen method.",
     "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
              "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
              "while it runs. int8 = LLM.int8 (load_in_8bit): 1 byte per weight plus one fp32 scale per output row; "

@@ -306,13 +306,7 @@ class TrainingPlan:
         if self.method is Method.QLORA and self.tp > 1:
             raise InputError("tp", "qlora with tensor parallelism is not supported: PEFT's LoRA layers replace the "
                              "projections the Megatron TP plan names (as for lora), and a 4-bit base split by TP is "
-                             "not modelled; use --tp 1 (DDP or ZeRO-1)")
-        if self.method is Method.QLORA and self.zero >= 2:
-            raise InputError("zero", "qlora under FSDP2 (--zero 2/3) is not modelled: fully_shard turns each "
-                             "bitsandbytes Params4bit into a uint8 DTensor shard (its quant_state stays whole on "
-                             "every rank) and all-gathers the packed codes with the adapters, a layout not modelled "
-                             "or measured yet (published QLoRA FSDP runs use FSDP1 with bnb_4bit_quant_storage=bf16, "
-                             "another program); use --zero 0 (DDP) or --zero 1 (ZeRO-1)")
+                             "not modelled; use --tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3)")
         if self.method is Method.QLORA and self.quant is Quant.INT8 and self.gpus > 1:
             raise InputError("quant", "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, "
                              "or --quant nf4/fp4 for DDP/ZeRO-1")

@@ -126,6 +126,30 @@ REFERENCE: dict[str, Claim] = {
         "transformers upcasts inside the loss only - about 1.6 GB of extra fp32 logits at 6 x 2048 x 32000.",
         dict(precision="bf16", zero=3, seq_len=2048, grad_ckpt="full", lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
+    "answerai_fsdp_qlora_001": Claim(
+        "llama-2-7b", RESERVED,
+        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
+        "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
+        "micro-batch 1 of a dummy dataset at exactly 512 tokens, activation checkpointing per decoder layer, "
+        "reserved memory. A different program, so not claimed: FSDP1 with bnb_4bit_quant_storage=bf16 (the packed "
+        "codes stored as bf16 so that FSDP1's flat parameters hold one dtype), its own LoRA layers cast to bf16 "
+        "(ours are PEFT's fp32 adapters), reentrant checkpointing, March "
+        "2024 transformers (fp32 logits upcast inside the model), and our FSDP2 all-gathers the uint8 codes with the "
+        "adapters as bytes.",
+        dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
+    "answerai_fsdp_qlora_005": Claim(
+        "llama-2-7b", RESERVED,
+        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
+        "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
+        "micro-batch 4 of a dummy dataset at exactly 2048 tokens, activation checkpointing per decoder layer, "
+        "reserved memory. A different program, so not claimed: FSDP1 with bnb_4bit_quant_storage=bf16 (the packed "
+        "codes stored as bf16 so that FSDP1's flat parameters hold one dtype), its own LoRA layers cast to bf16 "
+        "(ours are PEFT's fp32 adapters), reentrant checkpointing, March "
+        "2024 transformers (fp32 logits upcast inside the model), and our FSDP2 all-gathers the uint8 codes with the "
+        "adapters as bytes.",
+        dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
 }
 
 # Rows looked at and not claimed, with the reason (the rules in `unclaimed_reason` cover the rest).
@@ -254,8 +278,8 @@ def unclaimed_reason(row: dict) -> str:
     if "bert" in row["model"].lower() or "t0_3b" in row["model"].lower():
         return "not a decoder-only causal LM"
     if int(row["gpus"]) > 1 and method == "qlora":
-        return ("QLoRA with a sharded 4-bit base (FSDP1 / DeepSpeed, bnb_4bit_quant_storage=bf16) is not modelled; "
-                "multi-GPU QLoRA is modelled under DDP and ZeRO-1 only (the whole base on every GPU)")
+        return ("QLoRA with a sharded 4-bit base under FSDP1 / DeepSpeed (bnb_4bit_quant_storage=bf16) is not "
+                "modelled; multi-GPU QLoRA is modelled under DDP, ZeRO-1 and FSDP2 (uint8 code shards)")
     if "deepspeed" in fw:
         return "DeepSpeed ZeRO: not the PyTorch engine's DDP/FSDP2 program of DESIGN.md §2"
     paged = "pagedadamw" in row["optimizer"].replace(" ", "").lower() or "8-bit" in row["optimizer"]

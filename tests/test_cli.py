@@ -83,16 +83,18 @@ def test_compare_methods_adds_rows_and_rejects_unknown_names():
     assert bad.returncode == 2 and "methods" in bad.stderr and "dora" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_compare_methods_shows_qlora_under_ddp_and_zero1():
+def test_compare_methods_shows_qlora_under_ddp_zero1_and_fsdp2():
     out = run("compare", "--model", "llama-3.2-1b-instruct", "--gpus", "4", "--zero", "3", "--methods", "qlora",
               "--json")
     assert out.returncode == 0, out.stderr
     qlora = [r for r in json.loads(out.stdout)["rows"] if r["method"] == "qlora"]
-    assert sorted((r["gpus"], r["zero"]) for r in qlora) == [(4, 0), (4, 1)]
+    assert sorted((r["gpus"], r["zero"]) for r in qlora) == [(4, 0), (4, 1), (4, 2), (4, 3)]
     est = run("estimate", "--model", "llama-3.2-1b-instruct", "--gpus", "2", "--zero", "2", "--method", "qlora",
               "--quant", "nf4", "--precision", "bf16")
-    assert est.returncode == 2 and "zero" in est.stderr and "Params4bit" in est.stderr
-    assert "not modelled" in est.stderr and "Traceback" not in est.stderr
+    assert est.returncode == 0, est.stderr
+    tp = run("estimate", "--model", "llama-3.2-1b-instruct", "--gpus", "2", "--tp", "2", "--method", "qlora",
+             "--quant", "nf4", "--precision", "bf16")
+    assert tp.returncode == 2 and "tp" in tp.stderr and "Traceback" not in tp.stderr
 
 
 def test_ckpt_every_changes_the_estimate():

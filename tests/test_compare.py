@@ -84,14 +84,15 @@ def test_a_variant_valid_on_the_gpu_count_gets_every_strategy():
     assert result.recommended is not None and str(result.recommended.plan.method) == "lora"
 
 
-def test_qlora_variant_runs_under_ddp_and_zero1_on_the_plans_gpus():
+def test_qlora_variant_runs_under_ddp_zero1_and_fsdp2_on_the_plans_gpus():
     capacity = get_gpu("a100-80gb").memory_bytes
     plan = TrainingPlan(gpus=8, seq_len=2048, precision="bf16-mixed")
     result = compare(SPEC, plan, capacity, variants=[{"method": "qlora", "quant": "nf4", "precision": "bf16"}])
     rows = [r for r in result.rows if str(r.plan.method) == "qlora"]
-    # every rank holds the whole 4-bit base: DDP and ZeRO-1 on the plan's 8 GPUs (FSDP2 and TP are refused)
-    assert sorted((r.plan.gpus, r.plan.tp, r.plan.zero) for r in rows) == [(8, 1, 0), (8, 1, 1)]
-    ddp, zero1 = sorted(rows, key=lambda r: r.plan.zero)
+    # DDP and ZeRO-1 (the whole 4-bit base on every rank) and FSDP2 ZeRO-2/3 (its packed codes sharded) on the
+    # plan's 8 GPUs; TP is refused
+    assert sorted((r.plan.gpus, r.plan.tp, r.plan.zero) for r in rows) == [(8, 1, 0), (8, 1, 1), (8, 1, 2), (8, 1, 3)]
+    ddp, zero1, zero2, zero3 = sorted(rows, key=lambda r: r.plan.zero)
     for qlora in rows:
         assert (str(qlora.plan.quant), str(qlora.plan.precision)) == ("nf4", "bf16")
         assert qlora.label.startswith("QLoRA nf4")
@@ -100,15 +101,20 @@ def test_qlora_variant_runs_under_ddp_and_zero1_on_the_plans_gpus():
             < SPEC.total_params
     # ZeRO-1 keeps 1/8 of the adapters' AdamW states: below DDP by 7/8 of them
     assert zero1.estimate.peak_bytes < ddp.estimate.peak_bytes
+    # FSDP2 shards the packed codes: ZeRO-2/3 hold less of the base than DDP; ZeRO-3 gathers one layer at a time
+    params = {z: r.estimate.breakdown[next(c for c in r.estimate.breakdown if str(c) == "parameters")]
+              for z, r in enumerate((ddp, zero1, zero2, zero3))}
+    assert params[2] == params[3] < params[0] == params[1]
+    assert zero3.estimate.peak_bytes < zero2.estimate.peak_bytes
     assert result.recommended is not None and str(result.recommended.plan.method) == "full"
 
 
-def test_qlora_variant_of_a_zero3_plan_falls_back_to_ddp_on_the_same_gpus_not_to_one_gpu():
+def test_qlora_variant_of_a_zero3_plan_runs_every_strategy_on_the_same_gpus():
     capacity = get_gpu("a100-80gb").memory_bytes
     plan = TrainingPlan(gpus=4, zero=3, seq_len=1024, precision="bf16")
     result = compare(SPEC, plan, capacity, variants=[{"method": "qlora", "quant": "nf4", "precision": "bf16"}])
     rows = [r for r in result.rows if str(r.plan.method) == "qlora"]
-    assert sorted((r.plan.gpus, r.plan.zero) for r in rows) == [(4, 0), (4, 1)]
+    assert sorted((r.plan.gpus, r.plan.zero) for r in rows) == [(4, 0), (4, 1), (4, 2), (4, 3)]
 
 
 def test_qlora_variant_on_one_gpu_stays_single():

@@ -163,7 +163,7 @@ def test_quant_round_trips_and_selects_qlora():
 
 @pytest.mark.parametrize("query", [
     {"quant": "nf4"},  # default precision bf16-mixed: qlora needs a pure dtype
-    {"quant": "nf4", "precision": "bf16", "gpus": "4", "zero": "3"},  # qlora: no FSDP2
+    {"quant": "nf4", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"},  # qlora: no TP
     {"quant": "int8", "precision": "bf16", "gpus": "2"},  # the 8-bit base too runs on one GPU only
 ])
 def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
@@ -261,8 +261,7 @@ def test_tampered_method_values_warn_and_take_the_default(query, field):
 
 @pytest.mark.parametrize("query, named", [
     ({"method": "qlora"}, "precision"),  # default bf16-mixed: qlora builds its base in a pure dtype
-    ({"method": "qlora", "precision": "bf16", "gpus": "4", "zero": "3"}, "FSDP2"),
-    ({"method": "qlora", "precision": "bf16", "gpus": "2", "zero": "2"}, "Params4bit"),
+    ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "4", "zero": "0"}, "tensor parallelism"),
     ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "tensor parallelism"),
@@ -285,6 +284,11 @@ def test_valid_lora_strategies_and_partial_checkpointing_are_kept():
                   {"method": "lora", "gpus": "4", "zero": "2", "precision": "fp16-mixed"}):
         inputs, warnings = decode(query)
         assert inputs.method is Method.LORA and warnings == [], (query, warnings)
+        inputs.to_plan()
+    for query in ({"method": "qlora", "quant": "nf4", "gpus": "4", "zero": "3", "precision": "bf16"},
+                  {"method": "qlora", "quant": "fp4", "gpus": "2", "zero": "2", "precision": "fp32"}):  # FSDP2
+        inputs, warnings = decode(query)
+        assert inputs.method is Method.QLORA and inputs.zero == int(query["zero"]) and warnings == [], (query, warnings)
         inputs.to_plan()
     inputs, warnings = decode({"method": "lora", "grad-ckpt": "full", "ckpt-every": "2"})
     assert (inputs.method, inputs.ckpt_every, warnings) == (Method.LORA, 2, [])

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmem.components import lora
+from llmem.components import lora, quant
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -77,7 +77,10 @@ def reduce_bytes(plan: TrainingPlan) -> int:
 def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage.
     LoRA: the frozen base and the fp32 adapters in one group; when their dtypes differ (pure bf16/fp16 base)
-    `foreach_all_gather` gathers them as bytes (a uint8 buffer), so A is the sum of both."""
+    `foreach_all_gather` gathers them as bytes (a uint8 buffer), so A is the sum of both. QLoRA: the base's share
+    is its packed 4-bit codes (`quant.fsdp_layer_base_bytes`)."""
+    if quant.is_qlora(plan):  # the packed uint8 codes, the norm weights and the adapters, gathered as bytes
+        return quant.fsdp_layer_base_bytes(spec, plan, 0, gathered=True) + _adapter_gather_bytes(spec, plan, 0)
     return shard_summary(spec, plan).gathered_layer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, 0)
 
 

@@ -255,3 +255,53 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if plan.grad_ckpt is GradCkpt.FULL:
         return 0 if lora_keeps_x and adapted & {"q_proj", "k_proj", "v_proj"} else tokens * spec.hidden_size * cb
     return tokens * spec.intermediate_size * cb if lora_keeps_x and "down_proj" in adapted else 0
+
+
+# --- FSDP2 (`--zero 2/3`, `--tp 1`) over the 4-bit base ------------------------------------------------------------
+# What runs (torch 2.13 `fully_shard` per decoder layer + root, pure precision, no MixedPrecisionPolicy; bitsandbytes
+# 0.50.2): `FSDPParam._init_sharded_param` takes each `Params4bit` as a plain tensor, its packed codes of shape
+# (ceil(numel / 2), 1) uint8, chunks it on dim 0 and pads every rank's chunk to the first's,
+# ceil(ceil(numel / 2) / dp) bytes (`param_data.new_zeros(padded_sharded_size)`), and registers a uint8 DTensor
+# in its place; the `quant_state` (fp32 absmax, 16-entry code table) is no parameter: the `Linear4bit` module keeps it
+# (`module.quant_state`, set by `Params4bit._quantize`), whole on every rank.
+# All-gather (`_fsdp_collectives.foreach_all_gather`): a decoder layer's group holds its packed codes (uint8), its
+# norm weights (the plan's dtype) and its fp32 adapters; their dtypes differ, so `_get_all_gather_input_metadatas`
+# gathers them as bytes (uint8 views): input = the sum of the padded shards' bytes, output = dp times that. The
+# copy-out gives each unsharded parameter its (padded) storage, the codes back as a (ceil(numel / 2), 1) uint8
+# tensor; `Linear4bit.forward` then finds a weight without `quant_state` and wraps it
+# (`fix_4bit_weight_quant_state_from_module`: `Params4bit(weight, ...)`, the same storage, nothing allocated) with
+# the module's `quant_state`, so the dequantized-weight moments are the single-GPU ones (`dequant_forward_bytes`,
+# `dequant_backward_extra_bytes`). The codes have no gradient: `foreach_reduce` reduce-scatters the adapters only;
+# the optimizer steps the adapters' fp32 shards.
+
+
+def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathered: bool = False) -> int:
+    """FSDP2: one rank's padded shard of decoder layer `layer`'s frozen base (`gathered`: the all-gather output's
+    share of it, dp shards): the packed codes, 1 byte per row of (ceil(numel / 2), 1), and the other tensors (norm
+    weights) in the plan's dtype."""
+    from llmem.components.sharding import fsdp_padded_numel
+
+    quantized = {p.name for p in quantized_weights(spec, plan)}
+    pb = plan.precision.param_bytes
+    total = 0
+    for p in spec.layer_params(layer):
+        if p.name in quantized:
+            total += fsdp_padded_numel((-(-p.numel // 2), 1), plan.dp)
+        else:
+            total += fsdp_padded_numel(p.shape, plan.dp) * pb
+    return total * (plan.dp if gathered else 1)
+
+
+def quant_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Each 4-bit weight's `quant_state` (fp32 absmax per block of 64, the 64-byte code table): not sharded."""
+    return sum(storage_bytes(p.numel) - -(-p.numel // 2) for p in quantized_weights(spec, plan))
+
+
+def fsdp_base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """FSDP2: the frozen base on one rank: every decoder layer's padded shard (`fsdp_layer_base_bytes`), the root's
+    (embeddings, final norm, lm_head: the plan's dtype) and the whole quant_states."""
+    from llmem.components.sharding import local_numel
+
+    root = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
+    layers = sum(fsdp_layer_base_bytes(spec, plan, k) for k in range(spec.num_layers))
+    return root + layers + quant_state_bytes(spec, plan)

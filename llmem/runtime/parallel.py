@@ -9,7 +9,9 @@
 | tp        | `parallelize_module` per decoder layer: q/k/v/gate/up colwise, o/down rowwise             |
 | tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
 
-QLoRA (DDP / ZeRO-1 only): DDP's construction broadcasts the `Params4bit` packed codes like any parameter (their
+QLoRA (DDP, ZeRO-1, FSDP2 ZeRO-2/3; not TP): FSDP2 shards each `Params4bit`'s packed uint8 codes like any
+parameter (the `Linear4bit` module keeps the whole `quant_state` and gives it back to the gathered weight); DDP's
+construction broadcasts the `Params4bit` packed codes like any parameter (their
 `quant_state` is not sent; every rank builds the same base, so nothing changes), and buckets only the adapters.
 
 Mixed precision is fp32 parameters + `torch.autocast` (session.py), except under FSDP2 where

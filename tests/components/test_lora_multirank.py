@@ -75,7 +75,7 @@ def test_lora_two_processes(name):
 
 @pytest.mark.parametrize("fields, flag", [
     ({"method": "lora", "gpus": 2, "tp": 2}, "tp"),
-    ({"method": "qlora", "quant": "nf4", "precision": "bf16", "gpus": 2, "zero": 3}, "zero"),  # no FSDP2
+    ({"method": "qlora", "quant": "nf4", "precision": "bf16", "gpus": 4, "tp": 2, "zero": 3}, "tp"),  # no TP
 ])
 def test_rejected_multirank_lora(fields, flag):
     with pytest.raises(InputError) as e:
