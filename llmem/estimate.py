@@ -475,6 +475,14 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 gradients=root_grads_head + later + residual_grad + grads,
                 logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
             held[f"backward (layer {layer}, end of its recompute)"] = later
+        if lora.is_lora(plan) and not half and not partial:  # fp32 adapters: the single-GPU recompute moments
+            for moment, (fwd, grads) in lora.recompute_moments(spec, cp).items():
+                phase = f"backward (layer {layer}, {moment})"
+                phases.append(_phase(
+                    phase, **persistent, activations=below + outer_act + current + sum(s.bytes for s in fwd),
+                    gradients=root_grads_head + later + residual_grad + sum(s.bytes for s in grads),
+                    logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
+                held[phase] = later
         if act.falcon_math_attention(spec):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,

@@ -41,6 +41,12 @@ ROWS = {
                                          "lora_dropout": 0.05},
     "qwen3-zero2-bf16mix-qv": {"zero": 2, "precision": "bf16-mixed", "lora_targets": "q_proj,v_proj",
                                "lora_rank": 8},
+    # pure bf16 / fp32 adapters with checkpointing: the recompute moments of the single-GPU walk (`lora.py:
+    # recompute_moments`), also in the FSDP2 walk (without them these rows were 5-8 % low)
+    "zero3-bf16-ckpt-dropout": {"zero": 3, "precision": "bf16", "grad_ckpt": "full", "lora_dropout": 0.05},
+    "qwen3-zero2-bf16-ckpt": {"zero": 2, "precision": "bf16", "grad_ckpt": "full"},
+    "qwen3-zero3-qlora-bf16-ckpt": {"zero": 3, "precision": "bf16", "grad_ckpt": "full", "method": "qlora",
+                                    "quant": "nf4", "lora_dropout": 0.1},
 }
 QWEN2 = {**CONFIG, "model_type": "qwen2", "tie_word_embeddings": True}
 QWEN3 = {**CONFIG, "model_type": "qwen3", "head_dim": 32}
