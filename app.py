@@ -249,24 +249,23 @@ def _method_changed() -> None:
         ss.w_quant = Quant.NONE.value
 
 
-def _lora_targets(show: bool = False) -> str:
-    """The typed target modules, or all-linear (with a message when `show`) when they are not module names."""
+def _typed_names(key: str, parse, fallback: str, show: bool) -> str:
+    """A typed list of module names parsed as the library does, or `fallback` (with a message when `show`) when
+    it is not valid."""
     try:
-        return parse_lora_targets(st.session_state.get("w_lora_targets", "all-linear"))
+        return parse(st.session_state.get(key, fallback))
     except InputError as err:
         if show:
-            st.sidebar.error(f"{err}; using all-linear")
-        return "all-linear"
+            st.sidebar.error(f"{err}; using {fallback or 'none'}")
+        return fallback
+
+
+def _lora_targets(show: bool = False) -> str:
+    return _typed_names("w_lora_targets", parse_lora_targets, "all-linear", show)
 
 
 def _lora_modules_to_save(show: bool = False) -> str:
-    """The typed modules_to_save names, or none (with a message when `show`) when they are not module names."""
-    try:
-        return parse_modules_to_save(st.session_state.get("w_lora_mts", ""))
-    except InputError as err:
-        if show:
-            st.sidebar.error(f"{err}; using none")
-        return ""
+    return _typed_names("w_lora_mts", parse_modules_to_save, "", show)
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:

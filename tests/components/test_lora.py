@@ -20,18 +20,23 @@ COUNT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("family,targets,rank", COUNT_CASES)
-def test_trainable_params_equal_peft_on_meta(family, targets, rank):
-    torch = pytest.importorskip("torch")
+def peft_model_on_meta(cfg: dict, plan: TrainingPlan):
+    """The PEFT model the runtime builds for `plan`, on the meta device (PEFT's own parameter counts, no memory)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from llmem.runtime.lora import apply_method
     from llmem.runtime.model import hf_config
 
+    with torch.device("meta"):
+        return apply_method(AutoModelForCausalLM.from_config(hf_config(cfg, plan)), plan)
+
+
+@pytest.mark.parametrize("family,targets,rank", COUNT_CASES)
+def test_trainable_params_equal_peft_on_meta(family, targets, rank):
     cfg = CONFIGS[family]
     plan = TrainingPlan(method="lora", lora_rank=rank, lora_targets=targets)
-    with torch.device("meta"):
-        model = apply_method(AutoModelForCausalLM.from_config(hf_config(cfg, plan)), plan)
+    model = peft_model_on_meta(cfg, plan)
     trainable, total = model.get_nb_trainable_parameters()
     spec = ModelSpec.from_config(cfg)
     assert lora.trainable_params(spec, plan) == trainable

@@ -29,16 +29,11 @@ TIED = {**LARGE, "tie_word_embeddings": True}
     ("llama", "lm_head,embed_tokens", "all-linear"), ("qwen3", "embed_tokens,lm_head", "q_proj,k_proj,v_proj"),
 ])
 def test_trainable_params_equal_peft_on_meta(family, to_save, targets):
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM
-
-    from llmem.runtime.lora import apply_method
-    from llmem.runtime.model import hf_config
+    from tests.components.test_lora import peft_model_on_meta
 
     cfg = CONFIGS[family]
     plan = TrainingPlan(method="lora", lora_rank=8, lora_targets=targets, lora_modules_to_save=to_save)
-    with torch.device("meta"):
-        model = apply_method(AutoModelForCausalLM.from_config(hf_config(cfg, plan)), plan)
+    model = peft_model_on_meta(cfg, plan)
     trainable, total = model.get_nb_trainable_parameters()
     spec = ModelSpec.from_config(cfg)
     assert lora.trainable_params(spec, plan) == trainable

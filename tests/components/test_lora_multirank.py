@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 
 from llmem.errors import InputError
-from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
-from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
 from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
 
-TOLERANCE = 0.03
 BASE = {"batch_size": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
         "method": "lora", "lora_dropout": 0.0, "gpus": 2}
 ROWS = {
@@ -50,33 +48,18 @@ ROWS = {
 }
 QWEN2 = {**CONFIG, "model_type": "qwen2", "tie_word_embeddings": True}
 QWEN3 = {**CONFIG, "model_type": "qwen3", "head_dim": 32}
-_RESULTS: dict = {}
 
 
 def _config(name: str) -> dict:
     return {"large": LARGE, "qwen2": QWEN2, "qwen3": QWEN3}.get(name.split("-")[0], CONFIG)
 
 
-def measured() -> dict:
-    if not _RESULTS:
-        from llmem.measure.launch import run_job
-
-        rows = [{"id": n, "config": _config(n), "plan": {**BASE, **ROWS[n]}, "steps": 2} for n in ROWS]
-        results, err = run_job(rows, 2, "cpu", timeout=900)
-        if not results:
-            pytest.fail(f"the 2-process launch measured nothing: {err}")
-        _RESULTS.update({r["id"]: r for r in results})
-    return _RESULTS
+RUN = TwoRankRows(BASE, ROWS, _config)
 
 
 @pytest.mark.parametrize("name", list(ROWS))
 def test_lora_two_processes(name):
-    plan = TrainingPlan(**{**BASE, **ROWS[name], "device": "cpu"})
-    est = estimate(ModelSpec.from_config(_config(name)), plan).peak_bytes
-    res = measured()[name]
-    assert "error" not in res, res.get("error")
-    assert abs(est - res["peak_bytes"]) <= TOLERANCE * res["peak_bytes"], (
-        f"{name}: estimate {est:,} not within {TOLERANCE:.0%} of the measured {res['peak_bytes']:,}")
+    RUN.check(name)
 
 
 @pytest.mark.parametrize("fields, flag", [

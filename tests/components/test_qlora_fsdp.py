@@ -20,10 +20,10 @@ import pytest
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
 from tests.components.test_activations import CONFIGS
 from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
 
-TOLERANCE = 0.03
 BASE = {"batch_size": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
         "method": "qlora", "quant": "nf4", "lora_dropout": 0.0, "gpus": 2}
 ROWS = {
@@ -44,7 +44,6 @@ ROWS = {
 ODD = {"model_type": "llama", "hidden_size": 38, "intermediate_size": 45, "num_hidden_layers": 2,
        "num_attention_heads": 1, "num_key_value_heads": 1, "vocab_size": 256, "max_position_embeddings": 128,
        "tie_word_embeddings": False}
-_RESULTS: dict = {}
 
 
 def _config(name: str) -> dict:
@@ -53,27 +52,13 @@ def _config(name: str) -> dict:
     return LARGE if name.startswith("large-") else CONFIG
 
 
-def measured() -> dict:
-    if not _RESULTS:
-        from llmem.measure.launch import run_job
-
-        rows = [{"id": n, "config": _config(n), "plan": {**BASE, **ROWS[n]}, "steps": 2} for n in ROWS]
-        results, err = run_job(rows, 2, "cpu", timeout=900)
-        if not results:
-            pytest.fail(f"the 2-process launch measured nothing: {err}")
-        _RESULTS.update({r["id"]: r for r in results})
-    return _RESULTS
+RUN = TwoRankRows(BASE, ROWS, _config)
 
 
 @pytest.mark.parametrize("name", list(ROWS))
 def test_qlora_fsdp_two_processes(name):
     pytest.importorskip("bitsandbytes")
-    plan = TrainingPlan(**{**BASE, **ROWS[name], "device": "cpu"})
-    est = estimate(ModelSpec.from_config(_config(name)), plan).peak_bytes
-    res = measured()[name]
-    assert "error" not in res, res.get("error")
-    assert abs(est - res["peak_bytes"]) <= TOLERANCE * res["peak_bytes"], (
-        f"{name}: estimate {est:,} not within {TOLERANCE:.0%} of the measured {res['peak_bytes']:,}")
+    RUN.check(name)
 
 
 def test_zero3_holds_less_base_than_ddp_and_gathers_the_codes():

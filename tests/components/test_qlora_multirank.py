@@ -21,10 +21,10 @@ import pytest
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
 from tests.components.test_activations import CONFIGS
 from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
 
-TOLERANCE = 0.03
 BASE = {"batch_size": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
         "method": "qlora", "quant": "nf4", "lora_dropout": 0.0, "gpus": 2}
 ROWS = {
@@ -36,7 +36,6 @@ ROWS = {
     "large-ddp-fp32": {"zero": 0, **LARGE_BASE},  # parameter-dominated: the adapters' DDP bucket matters
     "large-zero1-bf16": {"zero": 1, "precision": "bf16", **LARGE_BASE},
 }
-_RESULTS: dict = {}
 
 
 def _config(name: str) -> dict:
@@ -45,27 +44,13 @@ def _config(name: str) -> dict:
     return LARGE if name.startswith("large-") else CONFIG
 
 
-def measured() -> dict:
-    if not _RESULTS:
-        from llmem.measure.launch import run_job
-
-        rows = [{"id": n, "config": _config(n), "plan": {**BASE, **ROWS[n]}, "steps": 2} for n in ROWS]
-        results, err = run_job(rows, 2, "cpu", timeout=900)
-        if not results:
-            pytest.fail(f"the 2-process launch measured nothing: {err}")
-        _RESULTS.update({r["id"]: r for r in results})
-    return _RESULTS
+RUN = TwoRankRows(BASE, ROWS, _config)
 
 
 @pytest.mark.parametrize("name", list(ROWS))
 def test_qlora_two_processes(name):
     pytest.importorskip("bitsandbytes")
-    plan = TrainingPlan(**{**BASE, **ROWS[name], "device": "cpu"})
-    est = estimate(ModelSpec.from_config(_config(name)), plan).peak_bytes
-    res = measured()[name]
-    assert "error" not in res, res.get("error")
-    assert abs(est - res["peak_bytes"]) <= TOLERANCE * res["peak_bytes"], (
-        f"{name}: estimate {est:,} not within {TOLERANCE:.0%} of the measured {res['peak_bytes']:,}")
+    RUN.check(name)
 
 
 def test_ddp_adds_the_adapter_bucket_to_the_single_gpu_estimate():

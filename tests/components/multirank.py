@@ -1,0 +1,42 @@
+"""Shared harness of the 2-process test modules: named plan rows measured in one torchrun launch (gloo, CPU),
+cached per module, and one row's estimate checked against the measured max-over-ranks peak."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+TOLERANCE = 0.03  # the multi-rank bar
+
+
+class TwoRankRows:
+    def __init__(self, base: dict, rows: dict[str, dict], config_of: Callable[[str], dict]) -> None:
+        self.base, self.rows, self.config_of = base, rows, config_of
+        self._results: dict = {}
+
+    def plan(self, name: str) -> TrainingPlan:
+        return TrainingPlan(**{**self.base, **self.rows[name], "device": "cpu"})
+
+    def measured(self) -> dict:
+        if not self._results:
+            from llmem.measure.launch import run_job
+
+            rows = [{"id": n, "config": self.config_of(n), "plan": {**self.base, **self.rows[n]}, "steps": 2}
+                    for n in self.rows]
+            results, err = run_job(rows, 2, "cpu", timeout=900)
+            if not results:
+                pytest.fail(f"the 2-process launch measured nothing: {err}")
+            self._results.update({r["id"]: r for r in results})
+        return self._results
+
+    def check(self, name: str, tolerance: float = TOLERANCE) -> None:
+        est = estimate(ModelSpec.from_config(self.config_of(name)), self.plan(name)).peak_bytes
+        res = self.measured()[name]
+        assert "error" not in res, res.get("error")
+        assert abs(est - res["peak_bytes"]) <= tolerance * res["peak_bytes"], (
+            f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}")
