@@ -40,3 +40,22 @@ class TwoRankRows:
         assert "error" not in res, res.get("error")
         assert abs(est - res["peak_bytes"]) <= tolerance * res["peak_bytes"], (
             f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}")
+
+
+def run_module_on_two_ranks(module: str, out) -> list[dict]:
+    """`torchrun` 2 processes of `python -m module OUT` (a test module's own worker); each rank writes OUT.<rank>
+    as JSON. Returns the ranks' results."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from llmem.measure.launch import torchrun_command
+
+    cmd = torchrun_command(2)
+    cmd = [*cmd[:cmd.index("-m")], "-m", module, str(out)]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]

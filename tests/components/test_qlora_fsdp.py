@@ -10,17 +10,14 @@ shards, the quant_states and the loss against the unwrapped model; `test_qlora_f
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
-from tests.components.multirank import TwoRankRows
+from tests.components.multirank import TwoRankRows, run_module_on_two_ranks
 from tests.components.test_activations import CONFIGS
 from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
 
@@ -118,15 +115,7 @@ def _fsdp_worker(out: str) -> None:
 def test_fully_shard_layout(tmp_path):
     pytest.importorskip("bitsandbytes")
     from llmem.components.parameters import parameter_bytes
-    from llmem.measure.launch import torchrun_command
-
-    cmd = torchrun_command(2)
-    cmd = [*cmd[:cmd.index("-m")], "-m", "tests.components.test_qlora_fsdp", str(tmp_path / "r")]
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads((tmp_path / f"r.{r}").read_text()) for r in range(2)]
+    results = run_module_on_two_ranks("tests.components.test_qlora_fsdp", tmp_path / "r")
     spec, plan = ModelSpec.from_config(ODD), TrainingPlan(**{**BASE, "zero": 3, "seq_len": 16})
     padded = False
     for res in results:

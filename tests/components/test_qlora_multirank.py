@@ -11,17 +11,14 @@ across ranks after a backward."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
-from tests.components.multirank import TwoRankRows
+from tests.components.multirank import TwoRankRows, run_module_on_two_ranks
 from tests.components.test_activations import CONFIGS
 from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
 
@@ -103,15 +100,7 @@ def _ddp_worker(out: str) -> None:
 
 def test_ddp_keeps_the_4bit_base_intact(tmp_path):
     pytest.importorskip("bitsandbytes")
-    from llmem.measure.launch import torchrun_command
-
-    cmd = torchrun_command(2)
-    cmd = [*cmd[:cmd.index("-m")], "-m", "tests.components.test_qlora_multirank", str(tmp_path / "r")]
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads((tmp_path / f"r.{r}").read_text()) for r in range(2)]
+    results = run_module_on_two_ranks("tests.components.test_qlora_multirank", tmp_path / "r")
     spec, plan = ModelSpec.from_config(CONFIG), TrainingPlan(**{**BASE, "precision": "bf16"})
     trainable = estimate(spec, plan).trainable_params
     for res in results:
