@@ -38,7 +38,7 @@ from llmem.units import format_gib, format_params, gib
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
                "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
                "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
-               "w_lora_mts")
+               "w_lora_mts", "w_dq")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -140,6 +140,7 @@ def _init_from_url() -> None:
     ss.w_lora_rank = inputs.lora_rank
     ss.w_lora_targets = inputs.lora_targets
     ss.w_lora_mts = inputs.lora_modules_to_save
+    ss.w_dq = inputs.double_quant
     ss.w_grad_accum = inputs.grad_accum
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
@@ -232,6 +233,8 @@ def _training_widgets() -> None:
         _lora_modules_to_save(show=True)
     sb.selectbox("QLoRA quantized base", [q.value for q in Quant], key="w_quant",
                  disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
+    sb.checkbox("Double quantization (4-bit base)", key="w_dq", help=_help("double-quant"),
+                disabled=st.session_state.get("w_quant") not in (Quant.NF4.value, Quant.FP4.value))
     sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
                     help=_help("grad-accum"))
     sb.selectbox("Offload to host memory", [o.value for o in Offload], key="w_offload", help=_help("offload"))
@@ -289,6 +292,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
         methods=",".join(sorted(ss.get("w_methods", []))),
         lora_modules_to_save=_lora_modules_to_save() if adapters else "",
+        double_quant=bool(ss.get("w_dq", False)) and quant in (Quant.NF4, Quant.FP4),
     )
 
 

@@ -66,6 +66,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="|".join(m.value for m in Offload))
     p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
                    metavar="|".join(m.value for m in Loss))
+    p.add_argument("--double-quant", action="store_true", help=HELP["double-quant"])
     p.add_argument("--engine", default="torch", help=HELP["engine"], metavar="torch|deepspeed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -91,7 +92,8 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         device=args.device, method=args.method, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
                         grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every,
-                        offload=args.offload, loss=args.loss, lora_modules_to_save=args.lora_modules_to_save)
+                        offload=args.offload, loss=args.loss, lora_modules_to_save=args.lora_modules_to_save,
+                        double_quant=args.double_quant)
 
 
 def _spec_and_origin(model: str):

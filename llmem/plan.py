@@ -185,6 +185,7 @@ class TrainingPlan:
     offload: Offload = Offload.NONE
     loss: Loss = Loss.STANDARD
     lora_modules_to_save: str = ""
+    double_quant: bool = False
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -216,6 +217,15 @@ class TrainingPlan:
         self._validate_offload()
         self._validate_loss()
         self._validate_modules_to_save()
+        self._validate_double_quant()
+
+    def _validate_double_quant(self) -> None:
+        """`--double-quant`: bitsandbytes' nested quantization of a 4-bit base's block scales
+        (`bnb_4bit_use_double_quant`)."""
+        object.__setattr__(self, "double_quant", _as_bool("double-quant", self.double_quant))
+        if self.double_quant and self.quant not in (Quant.NF4, Quant.FP4):
+            raise InputError("double-quant", "double quantization compresses the block scales of a 4-bit base; use "
+                             "--method qlora --quant nf4 or fp4, or leave --double-quant off")
 
     def _validate_modules_to_save(self) -> None:
         """PEFT's `modules_to_save`: trainable copies of whole modules beside the LoRA adapters (which names a model
@@ -385,6 +395,17 @@ _ENUM_FIELDS = {
 }
 
 ALL_LINEAR = "all-linear"
+
+
+def _as_bool(field: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise InputError(field, f"expected true or false, got {str(value)[:40]!r}")
 
 
 def parse_lora_targets(value: object) -> str:

@@ -78,6 +78,7 @@ class AppInputs:
     lora_targets: str = "all-linear"  # with lora/qlora
     grad_accum: int = 1  # micro-steps per optimizer step
     lora_modules_to_save: str = ""  # with lora/qlora: PEFT modules_to_save, e.g. "lm_head"
+    double_quant: bool = False  # with a 4-bit qlora base: bitsandbytes' nested quantization of the block scales
 
     def __post_init__(self) -> None:
         if self.quant is not Quant.NONE and self.method is Method.FULL:  # a 4-bit base alone has always meant qlora
@@ -97,6 +98,7 @@ class AppInputs:
             method=self.method, quant=self.quant, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
             grad_accum=self.grad_accum, offload=self.offload, loss=self.loss,
             lora_modules_to_save=self.lora_modules_to_save if self.method is not Method.FULL else "",
+            double_quant=self.double_quant and self.quant in (Quant.NF4, Quant.FP4),
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -128,6 +130,7 @@ KEYS: dict[str, str] = {
     "lora_targets": "lora-targets",
     "grad_accum": "grad-accum",
     "lora_modules_to_save": "lora-modules-to-save",
+    "double_quant": "double-quant",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -146,7 +149,7 @@ _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size":
                "lora_rank": (1, MAX_APP_LORA_RANK), "grad_accum": (1, MAX_APP_GRAD_ACCUM)}
 # written into a link only when they differ from their default, so that older links stay equal to new ones
 _ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum",
-                  "lora_modules_to_save")
+                  "lora_modules_to_save", "double_quant")
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
@@ -157,7 +160,7 @@ def encode(inputs: AppInputs) -> dict[str, str]:
         value = getattr(inputs, f.name)
         if f.name in _ONLY_WHEN_SET and value == f.default:
             continue
-        out[KEYS[f.name]] = str(value)
+        out[KEYS[f.name]] = str(value).lower() if isinstance(value, bool) else str(value)
     return out
 
 
@@ -229,6 +232,10 @@ def _parse(attr: str, text: str) -> object:
         return parse_lora_targets(text[:MAX_MODEL_CHARS])
     if attr == "lora_modules_to_save":
         return parse_modules_to_save(text[:MAX_MODEL_CHARS])
+    if attr == "double_quant":
+        if text.lower() not in ("true", "false"):
+            raise InputError(field, f"{_show(text)} is not true or false")
+        return text.lower() == "true"
     if attr in _ENUMS:
         return _ENUMS[attr].parse(field, text)
     if attr == "zero" and text.lower() == ALL:
@@ -266,6 +273,9 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
     inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
+    if inputs.double_quant and inputs.quant not in (Quant.NF4, Quant.FP4):
+        warnings.append("double-quant: double quantization goes with a 4-bit qlora base (--quant nf4/fp4); using off")
+        inputs = replace(inputs, double_quant=False)
     if inputs.lora_modules_to_save and inputs.method is Method.FULL:
         warnings.append("lora-modules-to-save: trainable module copies go with --method lora/qlora; using none")
         inputs = replace(inputs, lora_modules_to_save="")

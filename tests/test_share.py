@@ -323,3 +323,18 @@ def test_lora_modules_to_save_round_trips_and_tampered_values_fall_back():
     assert (decoded.zero, decoded.lora_modules_to_save) == (3, "")
     assert warnings[0].startswith("lora-modules-to-save:")
     decoded.to_plan()
+
+
+def test_double_quant_round_trips_and_is_dropped_without_a_4bit_base():
+    inputs = AppInputs(model="llama-2-7b", gpus=1, zero=0, precision=Precision.BF16, method=Method.QLORA,
+                       quant=Quant.NF4, double_quant=True)
+    query = encode(inputs)
+    assert query["double-quant"] == "true"
+    assert decode(query) == (inputs, [])
+    assert inputs.to_plan().double_quant is True
+    assert "double-quant" not in encode(AppInputs())  # default (off): absent
+    decoded, warnings = decode({**query, "double-quant": "yes please"})
+    assert decoded.double_quant is False and warnings[0].startswith("double-quant:")
+    decoded, warnings = decode({**query, "quant": "int8"})  # an 8-bit base has no 4-bit block scales
+    assert decoded.double_quant is False and any(w.startswith("double-quant:") for w in warnings)
+    decoded.to_plan()

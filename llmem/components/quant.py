@@ -52,9 +52,23 @@ def quantized_weights(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     return linear_weights(spec) if is_qlora(plan) else []
 
 
-def storage_bytes(numel: int) -> int:
-    """Bytes of one 4-bit weight: packed codes, fp32 absmax per block of 64, the 16-entry fp32 code table."""
-    return -(-numel // 2) + 4 * -(-numel // BLOCKSIZE) + CODE_BYTES
+NESTED_BLOCKSIZE = 256  # quantize_4bit(compress_statistics=True): quantize_blockwise(absmax - offset, blocksize=256)
+DYNAMIC_CODE_BYTES = 256 * 4  # the 8-bit dynamic map (create_dynamic_map): 256 fp32 values
+
+
+def storage_bytes(numel: int, double_quant: bool = False) -> int:
+    """Bytes of one 4-bit weight: packed codes, its block scales, the 16-entry fp32 code table.
+    Block scales: one fp32 absmax per block of 64; with double quantization (bitsandbytes 0.50
+    `functional.quantize_4bit(compress_statistics=True)`) those absmax minus their mean are quantized again
+    (`quantize_blockwise(..., blocksize=256)`): one uint8 per block of 64, one fp32 absmax per 256 of them, the
+    0-dim fp32 `offset` (the mean) and `state2`'s own copy of the 256-entry fp32 dynamic code
+    (`code.to(device, copy=True)`)."""
+    blocks = -(-numel // BLOCKSIZE)
+    if double_quant:
+        scales = blocks + 4 * -(-blocks // NESTED_BLOCKSIZE) + 4 + DYNAMIC_CODE_BYTES
+    else:
+        scales = 4 * blocks
+    return -(-numel // 2) + scales + CODE_BYTES
 
 
 def int8_storage_bytes(numel: int, rows: int) -> int:
@@ -68,7 +82,7 @@ def weight_storage_bytes(spec: ModelSpec, plan: TrainingPlan, p: ParamTensor) ->
 
     if is_int8(plan):
         return int8_storage_bytes(p.numel, in_out(spec, p)[1])
-    return storage_bytes(p.numel)
+    return storage_bytes(p.numel, plan.double_quant)
 
 
 def base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -294,7 +308,7 @@ def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathe
 
 def quant_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Each 4-bit weight's `quant_state` (fp32 absmax per block of 64, the 64-byte code table): not sharded."""
-    return sum(storage_bytes(p.numel) - -(-p.numel // 2) for p in quantized_weights(spec, plan))
+    return sum(storage_bytes(p.numel, plan.double_quant) - -(-p.numel // 2) for p in quantized_weights(spec, plan))
 
 
 def fsdp_base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -26,7 +26,7 @@ from llmem.plan import Scheme, TrainingPlan
 
 PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
                "grad_ckpt", "attn", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quant",
-               "ckpt_every", "grad_accum", "lora_modules_to_save")
+               "ckpt_every", "grad_accum", "lora_modules_to_save", "double_quant")
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.02
 TOLERANCE_MULTI = 0.03

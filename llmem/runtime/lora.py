@@ -3,7 +3,7 @@ before it is wrapped; only the adapters stay trainable.
 
 QLoRA (`--method qlora --quant nf4|fp4`): first the frozen base is quantized exactly as transformers' bitsandbytes
 quantizer does when it loads a model with `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=Q,
-bnb_4bit_compute_dtype=<the plan's dtype>, bnb_4bit_use_double_quant=False)`: transformers'
+bnb_4bit_compute_dtype=<the plan's dtype>, bnb_4bit_use_double_quant=<--double-quant>)`: transformers'
 `replace_with_bnb_linear` swaps every `nn.Linear` but the output layer for a `bnb.nn.Linear4bit`, and each weight is
 quantized as its loader does, `bnb.nn.Params4bit(weight, requires_grad=False, **meta_param.__dict__).to(device)`.
 (`from_config` does not run a quantizer; this is the same replacement and quantization, done on the built model.)
@@ -40,7 +40,8 @@ def bnb_config(plan: TrainingPlan):
         return BitsAndBytesConfig(load_in_8bit=True)  # llm_int8_threshold=6.0, llm_int8_has_fp16_weight=False
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(plan.quant),
                               bnb_4bit_compute_dtype=getattr(torch, plan.precision.torch_dtype_name),
-                              bnb_4bit_use_double_quant=False, bnb_4bit_quant_storage=torch.uint8)
+                              bnb_4bit_use_double_quant=plan.double_quant,
+                              bnb_4bit_quant_storage=torch.uint8)
 
 
 def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
