@@ -56,7 +56,7 @@ def test_default_view_answers_first_and_fills_the_link():
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
     only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
-                     "lora-modules-to-save"}
+                     "lora-modules-to-save", "double-quant"}
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
@@ -368,3 +368,13 @@ def test_choosing_qlora_in_the_sidebar_enables_the_4bit_base_at_nf4():
     at.selectbox(key="w_method").set_value("full").run()
     assert_clean(at)
     assert at.selectbox(key="w_quant").value == "none" and "method" not in at.query_params
+
+
+def test_double_quant_link_lowers_the_qlora_parameters():
+    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "method": "qlora", "quant": "nf4"}
+    plain, nested = run(query), run({**query, "double-quant": "true"})
+    assert_clean(nested)
+    assert not link_warnings(nested)
+    assert nested.checkbox(key="w_dq").value is True and not nested.checkbox(key="w_dq").disabled
+    assert nested.query_params["double-quant"] == "true"
+    assert table(nested)["per-GPU peak (GiB)"].iloc[0] < table(plain)["per-GPU peak (GiB)"].iloc[0]
