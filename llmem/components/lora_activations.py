@@ -1,0 +1,436 @@
+"""What LoRA layers keep for backward (`--method lora|qlora`): the frozen base's saved tensors, the adapters' own,
+layer 0 with an input that needs no gradient, the layer backward's gradients and the checkpointed layer's recompute.
+The program and the adapters' parameters are described in `llmem.components.lora`, which re-exports these terms."""
+
+from __future__ import annotations
+
+from llmem.components.lora import (
+    FP32,
+    _module,
+    _summary,
+    in_out,
+    is_lora,
+    linear_weights,
+    targeted,
+    trains_copy,
+)
+from llmem.errors import InputError
+from llmem.plan import Method, Precision, TrainingPlan
+from llmem.spec import ModelSpec
+
+
+def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The MLP's intermediate-sized gradients at the peak of a layer's backward under LoRA, beyond its saved tensors.
+    Two moments: down_proj's backward (the adapter branch runs first, its lora_A still holding what it saved of the
+    down_proj input, then the base's input gradient joins it: two intermediate-sized gradients), and the backward
+    of `silu(gate) * up` (the incoming gradient, d up and d silu(gate): three, with what down_proj's adapter saved
+    already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
+    tokens, inter = plan.batch_size * plan.seq_len, spec.intermediate_size // plan.tp
+    grad = tokens * inter * plan.precision.compute_bytes
+    down = [p for p in targeted(spec, plan) if p.layer == 0 and _module(p).rsplit(".", 1)[-1] == "down_proj"]
+    saved = sum(s.bytes for s in _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True)) \
+        if down else 0
+    return max(2 * grad, 3 * grad - saved)
+
+
+_GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj": "attention",
+                "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input"}
+
+
+def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Autocast (bf16-/fp16-mixed, not FSDP2): a frozen base weight is not cached by autocast (it caches only leaves
+    that require grad), so its half-precision copy lives only where mm saves it, for the input gradient: where the
+    Linear's input requires grad. In layer 0 that is not so before the first adapted Linear (`_requires_grad`);
+    these copies, counted for every layer by `autocast.layer_weight_copy_bytes`, do not exist there."""
+    from llmem.components import autocast
+
+    if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan) or layer0_input_requires_grad(spec, plan):
+        return 0
+    grad = _requires_grad(_layer_targets_short(spec, plan), first=True)
+    unsaved = [p for p in linear_weights(spec) if p.layer == 0
+               and not grad[_GROUP_INPUT.get(_module(p).rsplit(".", 1)[-1], "input")]]
+    return sum(p.numel for p in unsaved) * plan.precision.compute_bytes
+
+
+def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
+    until the forward's autocast region exits, in checkpointed layers too)."""
+    from llmem.components import autocast
+
+    if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan):
+        return 0
+    return _summary(spec, plan)[1][0] * plan.precision.compute_bytes
+
+
+def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
+    return {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+
+
+# --- activations -------------------------------------------------------------------------------------------------
+# Llama-like decoder layers (the `llama_family_saved` table without phi3's fused projections and the MoE MLPs): which
+# Linears read the same input, that input's width, and the full-fine-tuning entries that exist only because those
+# Linears save their input for a weight gradient.
+LORA_ACTIVATION_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+_INPUT_GROUPS = (  # (Linear names, width key, full-FT entries saved for their weight gradient)
+    (("q_proj", "k_proj", "v_proj"), "h", ("input_layernorm.output", "autocast input casts q/k/v")),
+    (("o_proj",), "q", ()),  # its input is the sdpa output, which sdpa saves anyway
+    (("gate_proj", "up_proj"), "h", ("post_attention_layernorm.output", "autocast input casts gate/up")),
+    (("down_proj",), "i", ("silu(gate) * up",)),
+)
+# Which entries of the full-fine-tuning table a tensor's `requires_grad` decides (`_requires_grad` below). Layer 0's
+# input does not require grad (the embeddings are frozen): an op records a graph node, and saves anything, only when
+# one of its inputs requires grad, and a frozen Linear's output requires grad only when its input does. So in layer 0
+# everything before the first adapted Linear saves nothing; after it the layer saves as any other.
+_NEEDS = {  # table entry -> the tensor whose requires_grad decides whether it is saved
+    "input (residual stream)": "input", "input_layernorm.rsqrt": "input", "input_layernorm.to_fp32": "input",
+    "input_layernorm.(1+weight) fp32": "input",
+    # qwen3's per-head norms on a projection output (activations.llama_family_saved)
+    "q_norm.rsqrt": "q_proj", "q_norm.input in fp32": "q_proj",
+    "k_norm.rsqrt": "k_proj", "k_norm.input in fp32": "k_proj",
+    "residual after attention": "residual", "post_attention_layernorm.rsqrt": "residual",
+    "post_attention_layernorm.to_fp32": "residual", "post_attention_layernorm.(1+weight) fp32": "residual",
+    # SiluBackward0 saves its input; mul(silu(gate), up) saves each operand when the other requires grad
+    "gate_proj": "gate_proj", "up_proj": "gate_proj", "silu(gate)": "up_proj",
+}
+# the o_proj input: under full fine-tuning saved for o_proj's weight gradient; under LoRA only by its adapter
+_O_PROJ_INPUT = "attention output contiguous (o_proj input)"
+_ATTENTION_LAST = "residual after attention"
+
+
+ATTENTION_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
+def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
+    """Whether each tensor of a llama-like layer requires grad: the layer input (not in layer 0), each projection's
+    output (its input does, or it has an adapter), the attention (sdpa records a node when q, k or v does), the
+    residual after attention (the o_proj output does), and the down_proj input silu(gate) * up."""
+    g = {"input": not first}
+    for proj in ATTENTION_INPUT_PROJECTIONS:
+        g[proj] = g["input"] or proj in adapted
+    g["attention"] = g["q_proj"] or g["k_proj"] or g["v_proj"]
+    g["o_proj"] = g["attention"] or "o_proj" in adapted
+    g["residual"] = g["input"] or g["o_proj"]
+    for proj in ("gate_proj", "up_proj"):
+        g[proj] = g["residual"] or proj in adapted
+    g["down_proj input"] = g["gate_proj"] or g["up_proj"]
+    return g
+
+
+def _layer_targets(spec: ModelSpec, plan: TrainingPlan, layer: int) -> set[str]:
+    """The adapted Linears of decoder layer `layer`, named within the layer (e.g. self_attn.q_proj)."""
+    return {_module(p).split(f".{layer}.", 1)[-1] for p in targeted(spec, plan) if p.layer == layer}
+
+
+def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
+    if is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
+        raise InputError("method", f"LoRA activations are modelled for {', '.join(LORA_ACTIVATION_FAMILIES)} so "
+                         f"far; {spec.model_type!r} is not one of them (use --method full)")
+    if is_lora(plan) and spec.num_layers > 1:
+        # the activation tables are per layer, all alike: targets naming one layer's modules are not modelled
+        first = _layer_targets(spec, plan, 0)
+        if any(_layer_targets(spec, plan, n) != first for n in range(1, spec.num_layers)):
+            raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
+                             "layers, which is not modelled; name modules by their name within a layer (e.g. "
+                             "q_proj or self_attn.o_proj), or use all-linear")
+
+
+def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool,
+                         input_grad: bool = True, half: bool = False) -> list:
+    """What lora_A (and the dropout before it) keep of the input of `n` adapted Linears that read the same tensor.
+    `shared`: that tensor is saved anyway by full fine-tuning only for weight gradients (so with dropout 0 in fp32,
+    lora_A's save of it costs one copy for the group); False for o_proj, whose input sdpa keeps in any case.
+    `input_grad`: whether that input requires grad (not in layer 0's q/k/v: dropout then keeps no noise or mask).
+    `half`: the adapters are half (FSDP2 mixed, `plan` the pure-half compute plan): x is not cast, so this is the
+    fp32 program with 2-byte elements."""
+    from llmem.components.activations import Saved, dropout_saved
+
+    mixed = plan.precision.is_mixed
+    pure_half = plan.precision in (Precision.BF16, Precision.FP16) and not half
+    elem = plan.precision.compute_bytes if half else FP32  # the adapters' input dtype
+    p = plan.lora_dropout
+    items = []
+    if not p:
+        if mixed:
+            items.append(Saved(f"{name}: lora_A autocast input casts", n * tokens * width * 2))
+        elif pure_half:
+            items.append(Saved(f"{name}: x.to(fp32) (lora_A input)", n * tokens * width * FP32))
+        elif shared:
+            items.append(Saved(f"{name}: input kept by lora_A", tokens * width * elem))
+        return items
+    for _ in range(n if input_grad else 0):  # each adapted Linear runs its own nn.Dropout on its input
+        items += dropout_saved(f"{name} lora_dropout", plan, tokens * width, elem, p)
+    if mixed:
+        items.append(Saved(f"{name}: lora_A autocast casts of the dropout outputs", n * tokens * width * 2))
+    else:
+        items.append(Saved(f"{name}: lora_dropout outputs (lora_A input)", n * tokens * width * elem))
+    return items
+
+
+def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> list:
+    """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad; `half`:
+    half adapters, see `half_adapters`, with `plan` the pure-half compute plan).
+
+    Full fine-tuning's table without what only weight gradients needed, each entry kept only when the tensor that
+    decides it requires grad (`_NEEDS`, `_requires_grad`): in layer 0 the attention (q/k/v, sdpa output and
+    statistics) is saved only when q_proj, k_proj or v_proj has an adapter; the second norm only from an adapted
+    o_proj on; the MLP's gate/up products per adapted gate_proj / up_proj. Then what each group of adapted Linears
+    keeps (`_adapter_input_saved`, lora_A's output, the scaling, autocast weight casts)."""
+    from llmem.components import activations as act
+    from llmem.components.activations import Saved
+
+    tokens = plan.batch_size * plan.seq_len
+    drop = {".normalized"}
+    dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT}
+    mods = [p for p in targeted(spec, plan) if p.layer == 0]
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
+    grad = _requires_grad(adapted, first)
+    items, in_attention = [], False
+    for s in act.layer_saved(spec, plan):
+        if s.name in ("q_embed (RoPE)", "eager q (bmm operand)", "math sdpa q*scale (fp32)"):
+            in_attention = True  # attention_saved's entries, up to the residual after attention
+        if s.name == _ATTENTION_LAST or s.name.startswith("post_attention_layernorm"):
+            in_attention = False
+        if s.name in dropped_names or any(s.name.endswith(d) for d in drop):
+            continue
+        if not grad[_NEEDS.get(s.name, "attention" if in_attention else "input")]:
+            continue
+        items.append(s)
+    # the o_proj input is the sdpa output itself (fused sdpa, which saves it when it records a node); after eager or
+    # the CPU math path it is a new contiguous tensor only o_proj's adapter keeps
+    o_input_saved = grad["attention"] and _flash_output_is_o_input(spec, plan)
+    group_input_grad = (grad["input"], grad["attention"], grad["residual"], grad["down_proj input"])
+    widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
+    a_bytes = 2 if plan.precision.is_mixed or half else FP32
+    for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
+        group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
+        if not group:
+            continue
+        label = "/".join(names)
+        shared = bool(full_ft) or (names == ("o_proj",) and not o_input_saved)
+        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=shared,
+                                      input_grad=group_input_grad[k], half=half)
+        items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
+        # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
+        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", len(group) * 8))
+        if plan.precision.is_mixed:
+            cast = sum(plan.lora_rank * sum(in_out(spec, p)) for p in group) * 2
+            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", cast))
+    return items
+
+
+def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the o_proj input is the fused sdpa's own output (saved by sdpa): llama-like tables list no separate
+    contiguous o_proj input for the fused kernel."""
+    from llmem.components import activations as act
+
+    return not any(s.name == _O_PROJ_INPUT for s in act.layer_saved(spec, plan))
+
+
+def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> int:
+    return sum(s.bytes for s in layer_saved(spec, plan, first, half))
+
+
+def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
+    """How much less layer 0 keeps than the others (its input needs no gradient; with a trainable embedding copy
+    it does, and layer 0 keeps what the others keep)."""
+    if trains_copy(spec, plan, "embed"):
+        return 0
+    return layer_activation_bytes(spec, plan, half=half) - layer_activation_bytes(spec, plan, first=True, half=half)
+
+
+def layer0_input_requires_grad(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether layer 0's input requires grad under LoRA: PEFT's input-require-grads hook under checkpointing
+    (`embeddings_require_grad`), or a trainable embedding copy (`--lora-modules-to-save embed_tokens`)."""
+    return embeddings_require_grad(plan) or trains_copy(spec, plan, "embed")
+
+
+def embeddings_require_grad(plan: TrainingPlan) -> bool:
+    """Whether layer 0's input requires grad under LoRA. PEFT's `PeftModel.__init__` finds the base model
+    `is_gradient_checkpointing` (`--grad-ckpt full` is enabled before `get_peft_model`) and, unless the base is
+    loaded in 4/8 bits (QLoRA), calls `model.enable_input_require_grads()`: a forward hook that makes the embedding
+    output require grad. Then layer 0 saves as any other layer. Otherwise the frozen embeddings make an output
+    that needs no gradient (`layer_saved(..., first=True)`)."""
+    from llmem.plan import GradCkpt
+
+    return plan.grad_ckpt is GradCkpt.FULL and plan.method is Method.LORA
+
+
+def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
+    """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table), the
+    checkpoint's own copy of the layer input where no op of the layer saves it (pure half precision:
+    `checkpointed_input_extra_bytes`) and its forward RNG state (`half`: FSDP2 mixed, see `half_adapters`)."""
+    from llmem.components import activations as act
+
+    return act.recompute_bytes(spec, plan, layer_activation_bytes(spec, plan, half=half)
+                               + act.checkpointed_input_extra_bytes(spec, plan))
+
+
+def recompute_end_local_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """A checkpointed layer's recompute stops (early stop) once its last saved tensor exists again: with an adapter
+    on down_proj, the input of its lora_B. Then the forward's locals are still alive beside everything the
+    recompute saved: the MLP input (the post-attention norm output, residual dtype) unless gate/up's lora_A keeps it
+    (fp32, dropout 0); the down_proj input `silu(gate) * up` unless lora_A keeps it itself (fp32, dropout 0); the
+    base down_proj output (compute dtype); under autocast the fp32 copy `x.to(lora_A.weight.dtype)` of the down_proj
+    input and (dropout > 0) the fp32 dropout output, of which lora_A saved only its half-precision cast (in pure
+    half and fp32 those two are saved tensors of the table)."""
+    from llmem.components.activations import _bytes
+
+    names = _layer_targets_short(spec, plan)
+    if "down_proj" not in names:
+        return 0
+    tokens, h = plan.batch_size * plan.seq_len, spec.hidden_size
+    cb, rb = _bytes(plan)
+    inter = tokens * spec.intermediate_size // plan.tp
+    kept_itself = plan.precision is Precision.FP32 and not plan.lora_dropout
+    local = tokens * h * cb + inter * cb * (not kept_itself)
+    if not (kept_itself and names & {"gate_proj", "up_proj"}):
+        local += tokens * h * rb
+    if plan.precision.is_mixed:
+        local += inter * FP32 * (2 if plan.lora_dropout else 1)
+    return local
+
+
+def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: bool = False) -> int:
+    """`--grad-ckpt full --ckpt-every K` under LoRA: what decoder layers 0 .. count-1 keep from forward to backward.
+    The checkpointed ones (0, K, 2K, ...) their input and RNG state, as under full fine-tuning; the others the LoRA
+    table (`layer_saved`) of a layer whose input requires grad (layer 0, the only one whose input does not, is
+    always checkpointed)."""
+    from llmem.components import activations as act
+    from llmem.plan import GradCkpt
+
+    if plan.grad_ckpt is not GradCkpt.FULL:
+        return count * layer_activation_bytes(spec, plan, half=half)
+    ckpt = -(-count // plan.ckpt_every)
+    full = layer_activation_bytes(spec, act.layer_plan(plan, 1), half=half)
+    return ckpt * (act.checkpointed_layer_bytes(spec, plan) + act.checkpoint_rng_state_bytes(plan)) \
+        + (count - ckpt) * full
+
+
+def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, half: bool = False) -> int:
+    """What layer `layer` holds while its own backward runs under LoRA with `--ckpt-every K`: checkpointed, what its
+    recompute saves (`recompute_bytes`); otherwise its LoRA table."""
+    from llmem.components import activations as act
+    from llmem.plan import GradCkpt
+
+    lp = act.layer_plan(plan, layer)
+    if lp.grad_ckpt is GradCkpt.FULL:
+        # qlora (no input-require-grads hook): layer 0's recompute is counted with the full table as before; the
+        # measured layer-0 backward of s-qwen3-qlora-ckpt exceeds layer 1's, which the first-layer table would not
+        # explain (not pinned down)
+        return recompute_bytes(spec, lp, half)
+    return layer_activation_bytes(spec, lp, half=half)
+
+
+def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
+    """The final norm under LoRA: the frozen norm weight and lm_head save neither `normalized` nor the lm_head
+    input; the last layer's output and the rsqrt stay (the input gradient needs them)."""
+    from llmem.components import activations as act
+
+    head = trains_copy(spec, plan, "head")  # a trainable lm_head copy saves its input for its weight gradient
+    return [s for s in act.final_norm_saved(spec, plan)
+            if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]
+
+
+def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return sum(s.bytes for s in final_norm_saved(spec, plan))
+
+
+# --- full checkpointing: the checkpointed layer's recompute ---------------------------------------------------------
+def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[list, list]]:
+    """`--grad-ckpt full`: what a checkpointed LoRA layer holds beyond its saved tensors (`layer_saved`) at the
+    highest moments of the recompute of its forward, as {moment: (forward tensors, activation gradients)}.
+
+    `torch.utils.checkpoint` (`use_reentrant=False`) recomputes the layer inside the backward of its first node that
+    unpacks a saved tensor (down_proj's `lora_B` mm; target sets without down_proj are not modelled here) and stops
+    with `_StopRecomputationError` in the pack hook of the last saved tensor — lora_B's saves in down_proj, before
+    that mm runs ("recompute stopped"). Then the recomputed forward's locals are still alive:
+      - pure half: the residual stream after attention (`residual`, saved by no op: the norm saves its fp32 copy);
+      - the post_attention_layernorm output (the MLP's input `x`, tokens × h in the residual dtype), unless lora_A
+        of gate/up keeps it (fp32 with dropout 0);
+      - `act_fn(gate_proj(x)) * up_proj(x)` (down_proj's input, tokens × i × cb), unless lora_A keeps it (fp32,
+        dropout 0);
+      - down_proj's base_layer output (tokens × h × cb) and `x.to(lora_A.weight.dtype)`, the fp32
+        copy of its input (tokens × i × 4), when not saved — under autocast (lora_A saves its own half cast) and in
+        pure half with dropout > 0 (lora_A saves the dropout output); the recompute has not yet created down_proj's
+        `scaling` tensor, which `layer_saved` counts (8 bytes);
+      - `torch.random.fork_rng`'s copy of the CPU RNG state (cpu profile), taken by the recompute (restored on exit).
+    Activation gradients beside the layer output's (which the walk counts): down_proj's
+    `result + lora_B(...) * scaling` backward made `grad * scaling` (tokens × h, fp32; half under autocast); in pure
+    half `result` (half) + the fp32 product is fp32, so AddBackward0 also cast the gradient to the half base output
+    (tokens × h × cb). Under autocast the fp32 residual add casts the gradient for the (half) MLP output
+    (tokens × h × 2).
+    Two earlier moments of the recompute can be higher. "recompute, up_proj adapter sum": up_proj's
+    `result + lora_B(...) * scaling` (intermediate-sized), when down_proj's saved tensors are not recomputed yet and
+    up_proj's output (the sum's `.to(result dtype)`) is not made: alive are its base_layer output, the product, the
+    sum (fp32 unless autocast), and in pure half the add's fp32 copy of the half base output (type promotion) and,
+    with dropout > 0, up_proj's `x.to(fp32)`.
+    QLoRA (peft's bnb `Linear4bit.forward`): `result = base_layer(x).clone()`, and outside autocast the adapter
+    product is cast to result's dtype before `result + output`: in pure half no fp32 sum and no type-promotion copy
+    (up_proj's moment is the product beside lora_B's fp32 output), and the backward's gradient for the base branch
+    is the layer's own (no cast).
+    Under autocast with dropout > 0 the moment just before the stop is higher ("recompute, down_proj lora_A"):
+    while down_proj's lora_A mm runs, its argument — the fp32 dropout output, which nothing saves (lora_A saves its
+    half cast) — is alive, and lora_B's half weight cast is not made yet. On the cpu profile the bf16 gemm (oneDNN)
+    also allocates a scratch buffer inside that mm (16 KiB for a 128 × 176 @ 176 × 16 product on this machine; its
+    size follows the CPU kernel's blocking, not the tensors' shapes alone), which is not modelled: bf16-mixed rows whose
+    peak is this moment (or lora_A's mm with dropout 0, a little below the stop) measure up to that much above the
+    estimate (0.4-0.7 % on the CPU suite's tiny models)."""
+    from llmem.components.activations import CPU_RNG_STATE_BYTES, Saved, _bytes
+    from llmem.plan import Device, GradCkpt
+
+    if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL:
+        return {}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    if "down_proj" not in adapted:
+        # The recompute then starts in the frozen down_proj's MmBackward0 and stops at its save of the weight, with
+        # none of the gradients above: not modelled here (target sets without down_proj keep the layer-backward
+        # moment of the walk).
+        return {}
+    tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
+    cb, rb = _bytes(plan)
+    mixed = plan.precision.is_mixed
+    pure_half = rb == 2
+    kept_by_lora_a = plan.precision is Precision.FP32 and not plan.lora_dropout  # lora_A saves its input x itself
+    qlora = plan.method is Method.QLORA  # peft's bnb Linear4bit: `output.to(result.dtype)` before `result + output`
+    common, grads = [], []  # alive at every moment below (recomputed tensors and gradients made before)
+    if pure_half:
+        common.append(Saved("residual stream after attention (held by the decoder layer)", tokens * h * rb))
+    if not (kept_by_lora_a and adapted & {"gate_proj", "up_proj"}):
+        common.append(Saved("post_attention_layernorm output (the MLP input, held by the MLP)", tokens * h * rb))
+    if plan.device is Device.CPU:
+        common.append(Saved("recompute's fork_rng copy of the CPU RNG state", CPU_RNG_STATE_BYTES))
+    grads.append(Saved("down_proj grad * scaling (lora_B output gradient)", tokens * h * (2 if mixed else FP32)))
+    if pure_half and not qlora:
+        grads.append(Saved("down_proj base_layer output gradient (cast from fp32 by AddBackward0)", tokens * h * cb))
+    if mixed:
+        grads.append(Saved("MLP output gradient (cast to half by the fp32 residual add)", tokens * h * 2))
+
+    stop = list(common)
+    if not kept_by_lora_a:
+        stop.append(Saved("act_fn(gate) * up (down_proj input)", tokens * i * cb))
+    stop.append(Saved("down_proj base_layer output", tokens * h * cb))
+    if mixed or (pure_half and plan.lora_dropout):
+        stop.append(Saved("down_proj x.to(fp32) (input cast to lora_A's dtype)", tokens * i * FP32))
+    stop.append(Saved("down_proj scaling, not yet created", -8))
+    moments = {"recompute stopped": (stop, grads)}
+    if mixed and plan.lora_dropout:
+        moments["recompute, down_proj lora_A"] = (stop + [
+            Saved("down_proj lora_dropout output (fp32, lora_A's argument)", tokens * i * FP32),
+            Saved("down_proj lora_B autocast weight cast, not yet made", -plan.lora_rank * h * 2)], grads)
+    if "up_proj" in adapted:
+        ab = 2 if mixed else FP32  # the adapter product's dtype
+        later = sum(x.bytes for x in layer_saved(spec, plan) if x.name.startswith("down_proj"))
+        up = common + [Saved("down_proj saved tensors, not yet recomputed", -later),
+                       Saved("up_proj output, not yet made", -tokens * i * cb),
+                       Saved("up_proj base_layer output", tokens * i * cb),
+                       Saved("up_proj lora_B(...) * scaling", tokens * i * ab)]
+        if qlora and pure_half:  # the product is made while lora_B's fp32 output is alive, then cast and added
+            up.append(Saved("up_proj lora_B output (fp32)", tokens * i * FP32))
+        else:
+            up.append(Saved("up_proj result + lora (the sum)", tokens * i * (cb if mixed else FP32)))
+        if pure_half and not qlora:
+            up.append(Saved("up_proj base_layer output cast to fp32 by the add (type promotion)", tokens * i * FP32))
+        if pure_half and plan.lora_dropout:
+            up.append(Saved("up_proj x.to(fp32) (input cast to lora_A's dtype)", tokens * h * FP32))
+        moments["recompute, up_proj adapter sum"] = (up, grads)
+    return moments
