@@ -457,10 +457,14 @@ _TABLES = {"gpt2": gpt2_layer_saved, "opt": opt_layer_saved, "gpt_neox": neox_la
            "falcon": falcon_layer_saved, "bloom": bloom_layer_saved}
 
 
-def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
-    tokens = plan.batch_size * plan.seq_len
-    table = _TABLES.get(spec.model_type, llama_family_saved)
-    return table(spec, plan, tokens, plan.seq_len)
+def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
+    """One decoder layer's saved tensors (its family's table). The walks ask for it many times per estimate, so it
+    is kept per spec and plan (both immutable)."""
+    cache = spec.__dict__.setdefault("_layer_saved", {})
+    if plan not in cache:
+        table = _TABLES.get(spec.model_type, llama_family_saved)
+        cache[plan] = tuple(table(spec, plan, plan.batch_size * plan.seq_len, plan.seq_len))
+    return cache[plan]
 
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
