@@ -235,16 +235,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             - first_casts * (not plan.checkpointed(0) or layer == 0),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
-        if lora.is_lora(plan) and plan.checkpointed(layer):  # the recompute's last moment (`lora.py`)
-            residual_grad = plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
-            phases.append(_phase(
-                f"{name[:-1]}, recompute end)", **persistent, activations=held + outer_act,
-                gradients=grads_outer + later + residual_grad,
-                temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
-                - first_casts * (not plan.checkpointed(0) or layer == 0) + lora.recompute_end_local_bytes(spec, plan),
-                logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan)))
         # a checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)
-        for moment, (fwd, grads) in (lora.recompute_moments(spec, plan) if not partial else {}).items():
+        for moment, (fwd, grads) in (lora.recompute_moments(spec, plan) if plan.checkpointed(layer) else {}).items():
             phase = f"{name[:-1]}, {moment})"
             backward_later[phase] = later
             phases.append(_phase(

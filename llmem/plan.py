@@ -313,17 +313,14 @@ class TrainingPlan:
         elif self.quant is not Quant.NONE:
             raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
                              "or --method qlora")
-        if self.method is Method.QLORA and self.tp > 1:
-            raise InputError("tp", "qlora with tensor parallelism is not supported: PEFT's LoRA layers replace the "
-                             "projections the Megatron TP plan names (as for lora), and a 4-bit base split by TP is "
-                             "not modelled; use --tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3)")
+        if self.method is not Method.FULL and self.tp > 1:
+            raise InputError("tp", f"{self.method} with tensor parallelism is not supported: PEFT replaces q_proj, "
+                             "v_proj, ... by LoRA layers, so the Megatron TP plan's module names no longer match (and "
+                             "a quantized base split by TP is not modelled); use --tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3) "
+                             "or --method full")
         if self.method is Method.QLORA and self.quant is Quant.INT8 and self.gpus > 1:
             raise InputError("quant", "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, "
                              "or --quant nf4/fp4 for DDP/ZeRO-1")
-        if self.method is Method.LORA and self.tp > 1:
-            raise InputError("tp", "lora with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... "
-                             "by LoRA layers, so the Megatron TP plan's module names no longer match; use --tp 1 "
-                             "(DDP, ZeRO-1, FSDP2 ZeRO-2/3) or --method full")
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:

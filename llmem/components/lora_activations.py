@@ -265,31 +265,6 @@ def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> 
                                + act.checkpointed_input_extra_bytes(spec, plan))
 
 
-def recompute_end_local_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A checkpointed layer's recompute stops (early stop) once its last saved tensor exists again: with an adapter
-    on down_proj, the input of its lora_B. Then the forward's locals are still alive beside everything the
-    recompute saved: the MLP input (the post-attention norm output, residual dtype) unless gate/up's lora_A keeps it
-    (fp32, dropout 0); the down_proj input `silu(gate) * up` unless lora_A keeps it itself (fp32, dropout 0); the
-    base down_proj output (compute dtype); under autocast the fp32 copy `x.to(lora_A.weight.dtype)` of the down_proj
-    input and (dropout > 0) the fp32 dropout output, of which lora_A saved only its half-precision cast (in pure
-    half and fp32 those two are saved tensors of the table)."""
-    from llmem.components.activations import _bytes
-
-    names = _layer_targets_short(spec, plan)
-    if "down_proj" not in names:
-        return 0
-    tokens, h = plan.batch_size * plan.seq_len, spec.hidden_size
-    cb, rb = _bytes(plan)
-    inter = tokens * spec.intermediate_size // plan.tp
-    kept_itself = plan.precision is Precision.FP32 and not plan.lora_dropout
-    local = tokens * h * cb + inter * cb * (not kept_itself)
-    if not (kept_itself and names & {"gate_proj", "up_proj"}):
-        local += tokens * h * rb
-    if plan.precision.is_mixed:
-        local += inter * FP32 * (2 if plan.lora_dropout else 1)
-    return local
-
-
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: bool = False) -> int:
     """`--grad-ckpt full --ckpt-every K` under LoRA: what decoder layers 0 .. count-1 keep from forward to backward.
     The checkpointed ones (0, K, 2K, ...) their input and RNG state, as under full fine-tuning; the others the LoRA

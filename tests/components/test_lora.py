@@ -150,7 +150,7 @@ def test_target_sets_with_checkpointing(family, targets, precision, dropout):
     ("qwen3", "o_proj", "fp32", 3, 0.005),
     ("gemma", "q_proj,v_proj", "bf16-mixed", 2, 0.005),
     # the last layer (4) is checkpointed and its backward is the peak: at the end of its recompute, locals of the
-    # forward beyond those `lora.recompute_end_local_bytes` names are alive (measured -1.0 %, see DESIGN.md)
+    # forward beyond those `lora.recompute_moments` names are alive (measured -1.0 %, see DESIGN.md)
     ("llama", "gate_proj,up_proj,down_proj", "bf16-mixed", 2, 0.02),
 ])
 def test_ckpt_every(family, targets, precision, every, tolerance):

@@ -19,8 +19,8 @@ from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows, run_module_on_two_ranks
-from tests.components.test_activations import CONFIGS
-from tests.test_estimate_multirank import CONFIG, LARGE, LARGE_BASE
+from tests.components.test_qlora_multirank import config_of
+from tests.test_estimate_multirank import LARGE, LARGE_BASE
 
 BASE = {"batch_size": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
         "method": "qlora", "quant": "nf4", "lora_dropout": 0.0, "gpus": 2}
@@ -44,13 +44,7 @@ ODD = {"model_type": "llama", "hidden_size": 38, "intermediate_size": 45, "num_h
        "tie_word_embeddings": False}
 
 
-def _config(name: str) -> dict:
-    if name.startswith("qwen3-"):
-        return CONFIGS["qwen3"]
-    return LARGE if name.startswith("large-") else CONFIG
-
-
-RUN = TwoRankRows(BASE, ROWS, _config)
+RUN = TwoRankRows(BASE, ROWS, config_of)
 
 
 @pytest.mark.parametrize("name", list(ROWS))

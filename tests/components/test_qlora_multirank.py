@@ -36,13 +36,14 @@ ROWS = {
 }
 
 
-def _config(name: str) -> dict:
+def config_of(name: str) -> dict:
+    """A row's model: qwen3-* the qwen3 config, large-* the parameter-dominated llama, others the test llama."""
     if name.startswith("qwen3-"):
         return CONFIGS["qwen3"]
     return LARGE if name.startswith("large-") else CONFIG
 
 
-RUN = TwoRankRows(BASE, ROWS, _config)
+RUN = TwoRankRows(BASE, ROWS, config_of)
 
 
 @pytest.mark.parametrize("name", list(ROWS))
