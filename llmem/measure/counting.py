@@ -1,11 +1,16 @@
 """The default CPU tracker: a counting wrapper around c10's CPU allocator (cpu_alloc.cpp, built on first use).
 
-It counts exactly what the CUDA caching allocator's `allocated_bytes` counts on a GPU — every storage and every
-kernel scratch buffer, at the moment it is allocated or freed — and, unlike the profiler (cpu.py), it sees frees
-on any thread: gloo releases some tensors on its worker threads, which left the profiler's total too high and
+It counts what the CUDA caching allocator's `allocated_bytes` counts on a GPU — every storage, at the moment it
+is allocated or freed — and, unlike the profiler (cpu.py), it sees frees on any thread: gloo releases some
+tensors on its worker threads, which left the profiler's total too high and
 run-to-run different under DDP, ZeRO and FSDP2. Allocations made on other threads than the training thread
 (gloo's scratch) are not counted (docs/DESIGN.md §1: communication buffers are outside `peak_bytes`).
 The profiler tracker stays as the independent check (tests/measure) and as the timeline's source.
+
+Kernel scratch — memory a CPU operator's own kernel allocates and frees before it returns (oneDNN's bf16 gemm
+buffers, LayerNorm backward's partial sums) — depends on the CPU's instruction set and has no counterpart in the
+CUDA program the estimate describes. `peak_bytes` leaves it out (the program's tensors only: the same on every
+CPU); `peak_bytes_with_scratch` keeps it, and `scratch()` says which operators made it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ def extension():
     from torch.utils.cpp_extension import load
 
     src = Path(__file__).with_name("cpu_alloc.cpp")
-    return load("llmem_cpu_alloc", [str(src)], extra_cflags=["-O2"], verbose=bool(os.environ.get("LLMEM_DEBUG")))
+    return load("llmem_cpu_alloc_v2", [str(src)], extra_cflags=["-O2"], verbose=bool(os.environ.get("LLMEM_DEBUG")))
 
 
 def available() -> bool:
@@ -37,9 +42,12 @@ class CountingTracker:
 
     def __init__(self) -> None:
         self.ext = extension()
-        self.peak_bytes = 0
+        self.peak_bytes = 0  # kernel scratch left out
+        self.peak_bytes_with_scratch = 0
         self.live_at_reset = 0
         self.end_bytes = 0
+        self._scratch: dict[str, tuple[int, int, int]] = {}
+        self._at_peak: dict[str, tuple[int, int]] = {}
 
     def __enter__(self) -> CountingTracker:
         self.ext.start()
@@ -50,14 +58,25 @@ class CountingTracker:
 
     def reset_peak(self) -> None:
         self.ext.reset_peak()
-        self.live_at_reset = self.ext.current()
 
     def foreign_free_bytes(self) -> int:
         """Counted bytes freed on another thread (gloo's) since the reset: such a free lands at a moment that
         varies from run to run."""
         return int(self.ext.foreign_frees()[1])
 
+    def scratch(self) -> dict[str, dict[str, int]]:
+        """Kernel scratch freed since the reset, by operator: {op: {count, largest, total}} (bytes)."""
+        return {op: dict(zip(("count", "largest", "total"), v, strict=True)) for op, v in sorted(self._scratch.items())}
+
+    def live_at_peak(self) -> dict[str, dict[str, int]]:
+        """The allocations live at the peak (scratch left out), by the operator that made each: {op: {count, bytes}}
+        ("" for memory allocated outside any operator)."""
+        return {op: dict(zip(("count", "bytes"), v, strict=True)) for op, v in sorted(self._at_peak.items())}
+
     def __exit__(self, *exc) -> None:
-        self.peak_bytes = self.ext.peak()
+        self.peak_bytes_with_scratch = self.ext.peak()
+        self.live_at_reset, self.peak_bytes = self.ext.program_peak()
+        self._scratch = dict(self.ext.scratch())
+        self._at_peak = dict(self.ext.live_at_program_peak())
         self.end_bytes = self.ext.current()
         self.ext.stop()

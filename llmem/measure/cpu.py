@@ -13,6 +13,10 @@ follow (gloo's worker threads) are not reported; docs/DESIGN.md §1 keeps commun
 `peak_bytes` anyway.
 
 `marks` are instantaneous `record_function` events: phase boundaries for the timeline (timeline.py).
+
+Kernel scratch (an allocation made and freed inside one call of an operator with its own CPU kernel) is left out
+of the trace by the same rule as the counting allocator's (counting.py): it depends on the CPU's instruction set
+and has no counterpart in the CUDA program. `with_scratch` keeps the full event series.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from llmem.measure.kernels import has_cpu_kernel
 
 RESET = "llmem::reset_peak"
 _MARK_PREFIX = "llmem::"
@@ -40,6 +46,8 @@ class CpuTrace:
     events: list[Alloc]
     marks: list[tuple[int, str]]  # (t, name), in time order
     series: list[int] = field(default_factory=list)  # live bytes after each event
+    scratch: dict[str, list[int]] = field(default_factory=dict)  # op -> [count, largest, total] left out
+    with_scratch: CpuTrace | None = None  # every event, kernel scratch included
 
     def __post_init__(self) -> None:
         live, sizes, series = 0, {}, []
@@ -136,24 +144,53 @@ class CpuTracker:
 
 
 def _parse(prof) -> CpuTrace:
+    """The CPU allocator events in time order, each with the chain of operator calls it happened in."""
     from torch._C._profiler import _EventType
 
-    events: list[tuple[int, int, Alloc]] = []
+    events: list[tuple[int, int, Alloc, tuple]] = []
     marks: list[tuple[int, str]] = []
-    seq = 0
-    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
+    stack = [(node, ()) for node in reversed(prof.profiler.kineto_results.experimental_event_tree())]
     while stack:
-        node = stack.pop()
+        node, chain = stack.pop()
         if node.tag == _EventType.Allocation:
             f = node.extra_fields
             if f.device.type == "cpu" and f.alloc_size:
-                parent = node.parent
-                events.append((node.start_time_ns, seq, Alloc(node.start_time_ns, f.ptr, f.alloc_size,
-                                                               parent.name if parent is not None else "")))
-                seq += 1
+                op = chain[-1][0].name if chain else ""
+                events.append((node.start_time_ns, len(events), Alloc(node.start_time_ns, f.ptr, f.alloc_size, op),
+                               chain))
         elif node.name.startswith(_MARK_PREFIX):
             marks.append((node.start_time_ns, node.name))
-        stack.extend(reversed(node.children))
+        inner = chain + ((node, has_cpu_kernel(node.name)),) if node.tag == _EventType.TorchOp else chain
+        stack.extend((c, inner) for c in reversed(node.children))
     events.sort(key=lambda e: (e[0], e[1]))
     marks.sort()
-    return CpuTrace([e[2] for e in events], marks)
+    program, scratch = _without_scratch(events)
+    trace = CpuTrace(program, marks, scratch=scratch)
+    trace.with_scratch = CpuTrace([e[2] for e in events], marks)
+    return trace
+
+
+def _common_kernel(a: tuple, b: tuple) -> str | None:
+    """The innermost operator call in both chains, if it has its own CPU kernel: its name."""
+    for (na, ka), (nb, _) in reversed(list(zip(a, b, strict=False))):
+        if na is nb:
+            return na.name if ka else None
+    return None
+
+
+def _without_scratch(events: list[tuple[int, int, Alloc, tuple]]) -> tuple[list[Alloc], dict[str, list[int]]]:
+    """Drop each allocation freed inside the operator call (with a CPU kernel) that made it, and its free."""
+    open_at: dict[int, int] = {}  # ptr -> index of its allocation event
+    drop: set[int] = set()
+    scratch: dict[str, list[int]] = {}
+    for i, (_, _, ev, chain) in enumerate(events):
+        if ev.size > 0:
+            open_at[ev.ptr] = i
+            continue
+        j = open_at.pop(ev.ptr, None)
+        op = _common_kernel(events[j][3], chain) if j is not None else None
+        if op is not None:
+            drop.update((i, j))
+            s = scratch.setdefault(op, [0, 0, 0])
+            s[0], s[1], s[2] = s[0] + 1, max(s[1], -ev.size), s[2] - ev.size
+    return [e[2] for i, e in enumerate(events) if i not in drop], scratch

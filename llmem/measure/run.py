@@ -71,5 +71,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
     result["tracker"] = type(tracker).__name__
     if foreign is not None:  # counted bytes freed on gloo's threads during the iterations (0 when fenced)
         result["foreign_free_bytes"] = int(foreign)
+    if hasattr(tracker, "peak_bytes_with_scratch"):  # CPU: the kernel scratch left out of peak_bytes (kernels.py)
+        result["peak_bytes_with_scratch"] = int(tracker.peak_bytes_with_scratch)
     gc.collect()
     return result

@@ -32,7 +32,7 @@ TOLERANCE_SINGLE = 0.02
 TOLERANCE_MULTI = 0.03
 
 CSV_COLUMNS = ["id", "model", "model_type", "scheme", *PLAN_FIELDS, "device", "estimated_bytes", "measured_bytes",
-               "per_rank", "error_pct", "status", "message", "torch", "transformers"]
+               "per_rank", "error_pct", "status", "message", "with_scratch_bytes", "torch", "transformers"]
 
 
 @dataclass
@@ -176,6 +176,7 @@ def result_rows(suite: Suite, measured: dict[str, dict], device: str) -> list[di
         rec = {"id": row.id, "model": row.model, "model_type": row.config.get("model_type", ""),
                "scheme": plan.scheme.value, **plan.to_dict(), "estimated_bytes": est, "measured_bytes": meas,
                "per_rank": " ".join(str(b) for b in res.get("per_rank", [])), "error_pct": None,
+               "with_scratch_bytes": res.get("peak_bytes_with_scratch"),
                "torch": res.get("torch", ""), "transformers": res.get("transformers", "")}
         if "error" in res:
             rec["status"], rec["message"] = "failed", res["error"]
@@ -229,14 +230,14 @@ def _every(r: dict) -> str:
 
 def markdown_table(records: list[dict]) -> str:
     lines = ["| id | model | scheme | gpus | tp | zero | b×s | precision | optimizer | ckpt | attn | estimate MiB | "
-             "measured MiB | error | status |", "|" + "---|" * 15]
+             "measured MiB | error | status | with kernel scratch MiB |", "|" + "---|" * 16]
     for r in records:
         status = r["status"] if not r["message"] else f"{r['status']}: {r['message']}"
         lines.append(f"| {r['id']} | {r['model']} | {r['scheme']} | {r['gpus']} | {r['tp']} | {r['zero']} | "
                      f"{r['batch_size']}×{r['seq_len']} | {r['precision']} | {r['optimizer']}/{r['optimizer_impl']} |"
                      f" {r['grad_ckpt']}{_every(r)} | {r['attn']} | {_mib(r['estimated_bytes'])} |"
                      f" {_mib(r['measured_bytes'])} |"
-                     f" {_pct(r['error_pct'])} | {status.replace('|', '/')} |")
+                     f" {_pct(r['error_pct'])} | {status.replace('|', '/')} | {_mib(r.get('with_scratch_bytes'))} |")
     return "\n".join(lines)
 
 
@@ -250,6 +251,8 @@ def summary_table(records: list[dict]) -> str:
 
 
 def accuracy_markdown(records: list[dict], suite_path: str, device: str, command: str) -> str:
+    from llmem.measure.machine import describe, summary
+
     torch_v = next((r["torch"] for r in records if r["torch"]), "")
     tf_v = next((r["transformers"] for r in records if r["transformers"]), "")
     return "\n".join([
@@ -260,8 +263,11 @@ def accuracy_markdown(records: list[dict], suite_path: str, device: str, command
         f"- suite: `{suite_path}` ({len(records)} configurations)",
         f"- device profile: `{device}`; torch {torch_v}, transformers {tf_v}",
         "- measured: per-rank peak of allocated tensor bytes over two iterations after the model was built and "
-        "wrapped (docs/DESIGN.md §1); on CPU, a counting wrapper of the CPU allocator; on CUDA, "
-        "`torch.cuda.max_memory_allocated()`; multi-rank figures are the maximum over ranks",
+        "wrapped (docs/DESIGN.md §1); on CPU, a counting wrapper of the CPU allocator that leaves out kernel "
+        "scratch (memory an operator's own CPU kernel allocates and frees before it returns: it depends on the "
+        "instruction set and has no CUDA counterpart; `llmem/measure/kernels.py`), so the figures are the same on "
+        "any x86-64 CPU; on CUDA, `torch.cuda.max_memory_allocated()`; multi-rank figures are the maximum over ranks",
+        f"- machine: {summary(describe())}" if device == "cpu" else "- machine: CUDA device",
         "- error = (estimate − measured) / measured; tolerance "
         f"{100 * TOLERANCE_SINGLE:.0f}% single-rank, {100 * TOLERANCE_MULTI:.0f}% multi-rank",
         "",

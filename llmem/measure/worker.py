@@ -91,6 +91,8 @@ def summarize(row: dict, per_rank: list[dict], device_type: str) -> dict:
     if device_type == "cuda":
         out["reserved_bytes"] = [int(r["reserved_bytes"]) for r in per_rank]
     out["end_bytes"] = [int(r["end_bytes"]) for r in per_rank]
+    if all("peak_bytes_with_scratch" in r for r in per_rank):  # CPU: kernel scratch included (max over ranks)
+        out["peak_bytes_with_scratch"] = max(int(r["peak_bytes_with_scratch"]) for r in per_rank)
     if all("foreign_free_bytes" in r for r in per_rank):
         out["foreign_free_bytes"] = [int(r["foreign_free_bytes"]) for r in per_rank]
     out["seconds"] = round(max(r["seconds"] for r in per_rank), 3)

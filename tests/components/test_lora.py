@@ -206,9 +206,9 @@ def test_checkpointed_lora_layer_recompute(model, plan):
 
 @pytest.mark.parametrize("model,dropout", [("llama-gqa", 0.05), ("qwen2", 0.05), ("qwen3", 0.0)])
 def test_checkpointed_lora_layer_recompute_bf16_mixed(model, dropout):
-    """bf16-mixed: were 8.8 % (llama), 6.3 % (qwen2) low. The peak is inside down_proj's lora_A mm, where the CPU's
-    bf16 gemm also allocates a scratch buffer the estimate does not model (9-16 KiB here, lora.recompute_moments), so
-    these measure 0.4-0.7 % above the estimate; 1 % bounds that and still fails if a tensor of the layer is missed."""
+    """bf16-mixed: were 8.8 % (llama), 6.3 % (qwen2) low. The peak is inside down_proj's lora_A mm; the scratch the
+    CPU's bf16 gemm allocates there (0 to 16 KiB, by instruction set) is left out of the measurement
+    (llmem/measure/kernels.py), so the same 0.2 % bound as the other recompute rows holds on every CPU."""
     pytest.importorskip("torch")
     err = _suite_error(model, method="lora", precision="bf16-mixed", lora_dropout=dropout)
-    assert -0.01 < err < 0.001
+    assert abs(err) < 0.002
