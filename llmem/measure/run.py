@@ -17,6 +17,15 @@ from llmem.plan import TrainingPlan
 from llmem.runtime import Topology, prepare, train_step
 
 
+def collect() -> None:
+    """Free unreachable cycles (a previous run's model) before and after a measurement, then move what survives —
+    the modules torch and transformers import, a few hundred thousand objects — into the collector's permanent
+    generation (`gc.freeze`), so that the next full collection scans only what was made since (0.5 s -> ~10 ms).
+    A frozen object is still freed when its last reference goes; only a cycle it later joins waits."""
+    gc.collect()
+    gc.freeze()
+
+
 def make_tracker(device_type: str, topo: Topology):
     if device_type == "cuda":
         from llmem.measure.cuda import CudaTracker
@@ -44,7 +53,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         torch.set_num_threads(1)
     if topo.device_type == "cuda":
         torch.cuda.set_device(topo.device)
-    gc.collect()
+    collect()
     tracker = tracker or make_tracker(topo.device_type, topo)
     start = time.perf_counter()
     with tracker:
@@ -60,7 +69,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
                 train_step(session, mark=tracker.mark)
         foreign = tracker.foreign_free_bytes() if hasattr(tracker, "foreign_free_bytes") else None
         del session
-        gc.collect()
+        collect()
     result = {"rank": topo.rank, "peak_bytes": int(tracker.peak_bytes), "seconds": time.perf_counter() - start}
     if topo.device_type == "cuda":
         result["reserved_bytes"] = int(tracker.reserved_bytes)
@@ -73,5 +82,5 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         result["foreign_free_bytes"] = int(foreign)
     if hasattr(tracker, "peak_bytes_with_scratch"):  # CPU: the kernel scratch left out of peak_bytes (kernels.py)
         result["peak_bytes_with_scratch"] = int(tracker.peak_bytes_with_scratch)
-    gc.collect()
+    collect()
     return result

@@ -11,7 +11,6 @@ crash later in the job loses nothing already measured. Also runs without torchru
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import os
 import sys
@@ -63,7 +62,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def run_row(row: dict, topo: Topology, device_type: str) -> dict:
-    from llmem.measure.run import measure_rank
+    from llmem.measure.run import collect, measure_rank
 
     try:
         plan = TrainingPlan(**{**row["plan"], "device": device_type})
@@ -72,7 +71,7 @@ def run_row(row: dict, topo: Topology, device_type: str) -> dict:
         if os.environ.get("LLMEM_DEBUG"):
             traceback.print_exc()
         res = {"rank": topo.rank, "error": error_text(exc)}
-    gc.collect()
+    collect()
     return res
 
 
