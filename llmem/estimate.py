@@ -232,7 +232,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             activations=held + outer_act - mlp_dropout,
             gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
             temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
-            - first_casts * (not plan.checkpointed(0) or layer == 0),
+            - first_casts * (not plan.checkpointed(0) or layer == 0)
+            - autocast.released_by_mlp_backward_bytes(spec, act.layer_plan(plan, layer)),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
         # a checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)

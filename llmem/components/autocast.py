@@ -14,7 +14,7 @@ gradient (the moment `gradients.layer_backward_peak_extra_bytes` models), so it 
 from __future__ import annotations
 
 from llmem.components.sharding import local_numel
-from llmem.plan import GradCkpt, TrainingPlan
+from llmem.plan import GradCkpt, Method, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -32,6 +32,16 @@ def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
+
+
+def released_by_mlp_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """At a dense decoder layer's backward moment (`gradients.layer_backward_peak_extra_bytes`: the MLP's last Linear
+    has run backward) that Linear's MmBackward0 has released the half weight copy it saved; the layer's other copies
+    are still saved. The last Linear is the MLP weight registered last (down_proj, c_proj, fc2, dense_4h_to_h)."""
+    if not _applies(plan) or spec.is_moe or plan.method is not Method.FULL:
+        return 0
+    mlp = [p for p in _linear_weights(spec, 0) if ".mlp." in p.name or ".fc" in p.name]
+    return local_numel(mlp[-1], plan) * plan.precision.compute_bytes if mlp else 0
 
 
 def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
