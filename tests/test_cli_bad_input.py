@@ -111,3 +111,42 @@ def test_compare_accepts_every_sequence_estimate_accepts(capsys, seq_len):
                          "--json")
     assert code == 0, err
     assert all(r["max_batch_size"] <= 1 for r in json.loads(out)["rows"])
+
+
+TINY_EAGER_ONLY = {
+    "gemma2": {"model_type": "gemma2", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+    "bloom": {"model_type": "bloom", "vocab_size": 128, "hidden_size": 32, "n_layer": 1, "n_head": 2},
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_EAGER_ONLY))
+def test_eager_only_models_run_eager_for_sdpa_in_estimate_and_measure_alike(family):
+    """transformers 5.23 has no sdpa path for gemma2 and bloom (it raises when sdpa is forced): `--attn sdpa`
+    is estimated as the eager program, and the runtime builds that same eager model."""
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
+    from llmem.runtime.model import build_model
+    from llmem.spec import ModelSpec
+
+    spec = ModelSpec.from_config(TINY_EAGER_ONLY[family])
+    for device in ("cuda", "cpu"):
+        plans = [TrainingPlan(seq_len=64, device=device, attn=a) for a in ("sdpa", "eager")]
+        assert estimate(spec, plans[0]).peak_bytes == estimate(spec, plans[1]).peak_bytes
+    model = build_model(TINY_EAGER_ONLY[family], TrainingPlan(seq_len=8, device="cpu", precision="fp32"))
+    assert model.config._attn_implementation == "eager"
+
+
+def test_opt_350m_mixed_precision_has_no_negative_category(capsys):
+    for precision in ("bf16-mixed", "fp16-mixed"):
+        code, out, err = run(capsys, "estimate", "--model", "opt-350m", "--precision", precision, "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        assert all(v >= 0 for v in data["breakdown"].values())
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
+    from llmem.sources import resolve_model
+    from llmem.spec import ModelSpec
+
+    est = estimate(ModelSpec.from_config(resolve_model("opt-350m").config), TrainingPlan())
+    assert all(b >= 0 for phase in est.phases for b in phase.breakdown.values())

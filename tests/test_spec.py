@@ -129,7 +129,8 @@ def test_bad_sizes_on_the_meta_device_are_input_errors(config):
 
 
 def test_a_meta_device_spec_is_refused_by_the_estimator_naming_model_type():
-    from llmem import TrainingPlan, estimate
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
 
     spec = ModelSpec.from_config({"model_type": "stablelm", "hidden_size": 64, "intermediate_size": 128,
                                   "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100})
