@@ -31,7 +31,7 @@ VALUES = {
 links = st.fixed_dictionaries({}, optional=VALUES)
 
 
-@settings(max_examples=1200, deadline=None, derandomize=True)
+@settings(max_examples=1500, deadline=None, derandomize=True)
 @given(links)
 def test_every_decoded_link_forms_a_plan(query):
     inputs, warnings = decode(query)
