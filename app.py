@@ -62,21 +62,21 @@ def _presets() -> list:
 def _spec_for_model(model: str):
     """(ModelSpec, origin) for a preset name or Hugging Face id; InputError is not cached, so a retry refetches."""
     from llmem.sources import resolve_model
-    from llmem.spec import ModelSpec
+    from llmem.spec import modelled_spec
 
     share.check_model_name(model)  # never let the app open a server path, whatever the caller passed
     source = resolve_model(model)
-    return ModelSpec.from_config(source.config), source.origin
+    return modelled_spec(source.config), source.origin
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _spec_for_upload(digest: str, _data: bytes, name: str):
     from llmem.sources import config_from_bytes
-    from llmem.spec import ModelSpec
+    from llmem.spec import modelled_spec
 
     parsed = config_from_bytes(_data, name)
     config = getattr(parsed, "config", parsed)  # ModelSource or plain dict
-    return ModelSpec.from_config(config), f"uploaded {name}"
+    return modelled_spec(config), f"uploaded {name}"
 
 
 def _plan_key(plan: TrainingPlan) -> str:

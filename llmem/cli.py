@@ -98,11 +98,11 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
 
 def _spec_and_origin(model: str):
     from llmem.sources import resolve_model
-    from llmem.spec import ModelSpec
+    from llmem.spec import modelled_spec
 
     source = resolve_model(model)
     config = {"_name_or_path": model, **source.config}
-    return ModelSpec.from_config(config), source.origin
+    return modelled_spec(config), source.origin
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -150,7 +150,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _gpu(args):
-    if not getattr(args, "gpu_type", None):
+    if getattr(args, "gpu_type", None) is None:  # only estimate's --gpu-type is optional; '' is an error
         return None
     from llmem.gpus import get_gpu
 
@@ -166,7 +166,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     result = compare(spec, plan, gpu.memory_bytes, variants=method_variants(args.methods))
     frame = result.to_frame()
     if args.csv:
-        frame.to_csv(args.csv, index=False)
+        _write_csv(frame, args.csv)
     if args.json:
         print(json.dumps({"origin": origin, "gpu_type": gpu.key, "rows": frame.to_dict("records"),
                           "recommended": result.recommended.label if result.recommended else None,
@@ -182,6 +182,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.csv:
         print(f"table written to {args.csv}")
     return 0
+
+
+def _write_csv(frame, path: str) -> None:
+    """`--csv PATH`: a file to create or overwrite; a directory, a missing folder or a failed write is one line."""
+    from pathlib import Path
+
+    try:
+        if Path(path).is_dir():
+            raise InputError("csv", f"{path} is a directory; give a file name, e.g. {Path(path) / 'compare.csv'}")
+        frame.to_csv(path, index=False)
+    except OSError as e:
+        raise InputError("csv", f"cannot write {path}: {e.strerror or str(e).splitlines()[0]}") from None
 
 
 def cmd_plan_ckpt(args: argparse.Namespace) -> int:

@@ -159,7 +159,7 @@ def variant_plans(spec: ModelSpec, plan: TrainingPlan, variants) -> list[Trainin
         variant = None
         for where in ({}, {"tp": 1, "zero": 0}, {"gpus": 1, "tp": 1, "zero": 0}):
             try:
-                variant = plan.with_(**changes, **where)
+                variant = plan.with_(**{**where, **changes})  # the method's own fields (e.g. zero) win
                 break
             except InputError:
                 continue
@@ -202,10 +202,13 @@ def _device_total(peak: int, plan: TrainingPlan) -> int:
 
 
 def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
-    """Largest micro-batch whose device total fits `capacity_bytes` (0 if even 1 does not)."""
+    """Largest micro-batch whose device total fits `capacity_bytes` (0 if even 1 does not), at most the largest
+    the plan allows (`MAX_TOKENS // seq_len`)."""
+    limit = MAX_TOKENS // plan.seq_len
+    if limit < 2:  # a sequence over half the token bound: batch 1 is the only batch the plan allows
+        return int(_device_total(estimate(spec, plan.with_(batch_size=1)).peak_bytes, plan) <= capacity_bytes)
     one = [p.total for p in iteration_phases(spec, plan.with_(batch_size=1))]
     two = [p.total for p in iteration_phases(spec, plan.with_(batch_size=2))]
-    limit = MAX_TOKENS // plan.seq_len
     best = limit
     # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
     fitting_peak = _largest_fitting_peak(capacity_bytes, plan)

@@ -588,7 +588,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan."""
     from llmem.errors import InputError
-
+    spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
     if fused_ce.is_fused(plan) and spec.model_type not in fused_ce.LIGER_FAMILIES:

@@ -39,32 +39,45 @@ def meta_spec(config: dict) -> ModelSpec:
                          "an architecture that transformers ships")
     try:
         cfg = AutoConfig.for_model(model_type, **rest)
-    except (ValueError, KeyError, TypeError):
-        raise InputError("model_type", f"transformers {_version()} does not know {model_type!r}; check the "
-                         "spelling, or pass a config.json of an architecture it ships") from None
+    except Exception as e:  # noqa: BLE001 - transformers' config validation raises its own error types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise InputError("model_type", f"transformers {_version()} cannot read this {model_type!r} config "
+                         f"({first}); check the spelling and the sizes") from None
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise InputError("model_type", f"{model_type!r} is not a causal language model transformers can build "
-                         f"({str(e).splitlines()[0]})") from None
+    except Exception as e:  # noqa: BLE001 - bad sizes fail deep inside torch (negative dimension, division by 0)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise InputError("model_type", f"{model_type!r}: transformers could not build this config as a causal "
+                         f"language model ({first})") from None
+    return _spec(config, model_type, cfg, model)
+
+
+def _size(text, name: str, default=None) -> int:
+    value = getattr(text, name, None) or default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(name, f"must be a positive whole number in the (text) config, got {value!r}")
+    return value
+
+
+def _spec(config: dict, model_type: str, cfg, model) -> ModelSpec:
     params = []
     for name, p in model.named_parameters():  # tied weights are listed once
         m = _LAYER.search(name)
         params.append(ParamTensor(name, tuple(p.shape), int(m.group(1)) if m else None))
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    hidden = int(text.hidden_size)
-    heads = int(text.num_attention_heads)
+    hidden = _size(text, "hidden_size")
+    heads = _size(text, "num_attention_heads")
     spec = ModelSpec(
         model_type=model_type,
         name=str(config.get("_name_or_path") or model_type),
-        vocab_size=int(text.vocab_size),
+        vocab_size=_size(text, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(getattr(text, "intermediate_size", None) or 4 * hidden),
-        num_layers=int(text.num_hidden_layers),
+        intermediate_size=_size(text, "intermediate_size", 4 * hidden),
+        num_layers=_size(text, "num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+        num_kv_heads=_size(text, "num_key_value_heads", heads),
+        head_dim=_size(text, "head_dim", max(1, hidden // heads)),
         tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
         caveats=(f"{model_type!r} has no activation table: parameters are exact (meta device), activations use "
                  "the Llama-style layer and may be off",),

@@ -290,17 +290,17 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
             if err.field == KEYS[attr]:
                 warnings.append(f"{err.field}: {_reason(err)}; using {str(getattr(defaults, attr)) or 'none'}")
                 inputs = replace(inputs, **{attr: getattr(defaults, attr)})
-    if inputs.compare_all:
-        return inputs
-    for _ in range(3):
+    for _ in range(6):
         try:
             inputs.to_plan()
             return inputs
         except InputError as err:
-            if err.field in ("optimizer", "optimizer-impl"):  # e.g. adafactor with FSDP2 or a fused impl
+            # e.g. adafactor with FSDP2, a fused impl; an option valid only on the strategy the link no longer has
+            if err.field in ("optimizer", "optimizer-impl", "offload", "loss", "lora-modules-to-save"):
                 attr = err.field.replace("-", "_")
                 fallback = getattr(AppInputs(), attr)
-                warnings.append(f"{err.field}: {_reason(err)}; using {fallback!s}")
+                warnings.append(f"{err.field}: {_reason(err)}; using {fallback!s}" if fallback else
+                                f"{err.field}: {_reason(err)}; using none")
                 inputs = replace(inputs, **{attr: fallback})
                 continue
             if inputs.method is not Method.FULL and _valid(inputs.with_(method=Method.FULL, quant=Quant.NONE)):
@@ -311,7 +311,8 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
             zero = _valid_zero(inputs.gpus, inputs.tp)
             warnings.append(f"{err.field}: {_reason(err)}; using zero {zero}")
             inputs = replace(inputs, zero=zero)
-    return replace(inputs, tp=1, zero=ALL)  # unreachable with the rules of TrainingPlan; never raise anyway
+    warnings.append("these inputs do not form a plan together; using the defaults")  # unreachable: never raise
+    return replace(defaults, model=inputs.model, gpu_type=inputs.gpu_type)
 
 
 def _method_plan(inputs: AppInputs, method: Method, quant: Quant, *, strategy: bool) -> TrainingPlan:

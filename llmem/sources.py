@@ -18,6 +18,8 @@ from llmem import presets
 from llmem.errors import InputError
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config.json is a few kilobytes; anything bigger is not one
+MAX_CONFIG_DEPTH = 32  # real configs nest 2-3 levels (text_config, rope_scaling); deeper is not a config
+MAX_MODEL_CHARS = 1024  # longer than any path or hub id the OS and the hub accept
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 
 
@@ -37,8 +39,15 @@ def resolve_model(model: str) -> ModelSource:
     info = presets.find_preset(text)
     if info is not None:
         return ModelSource(presets.load_preset(info.name), f"preset {info.name} ({info.hf_id})")
+    if len(text) > MAX_MODEL_CHARS:
+        raise InputError("model", f"{len(text):,} characters long; a preset name, path or org/name is at most "
+                         f"{MAX_MODEL_CHARS:,}")
     path = Path(text).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as e:  # a name the OS refuses (too long, NUL byte)
+        raise InputError("model", f"not a usable path: {getattr(e, 'strerror', None) or e}") from None
+    if exists:
         return _from_path(path)
     if _HF_ID.match(text) and not text.endswith(".json"):
         repo_id, _, revision = text.partition("@")
@@ -79,15 +88,39 @@ def config_from_bytes(data: bytes, name: str) -> dict:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError("model", f"{name}: not UTF-8 text (byte {e.start}); is this really a config.json?") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError("model", f"{name}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    config = parse_json(text, name)
     if not isinstance(config, dict):
         raise InputError("model", f"{name}: expected a JSON object {{...}}, got {type(config).__name__}")
     if not isinstance(config.get("model_type"), str) or not config["model_type"]:
         raise InputError("model", f"{name}: no \"model_type\" key; is this a Hugging Face model config.json?")
     return config
+
+
+def parse_json(text: str, name: str, field: str = "model"):
+    """`json.loads` with its failures as one line: syntax, integers beyond Python's digit limit, nesting deeper
+    than `MAX_CONFIG_DEPTH` (checked on the text first, so the parser never recurses deeply)."""
+    if _nesting_depth(text) > MAX_CONFIG_DEPTH:
+        raise InputError(field, f"{name}: JSON nested more than {MAX_CONFIG_DEPTH} levels deep; a config.json "
+                         "nests two or three")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(field, f"{name}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of thousands of digits
+        raise InputError(field, f"{name}: not a usable JSON config ({str(e).splitlines()[0][:120]})") from None
+
+
+def _nesting_depth(text: str) -> int:
+    """Deepest bracket nesting outside strings (an upper bound on the parsed depth; cheap, no recursion)."""
+    depth = deepest = 0
+    for token in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        t = token.group()
+        if t in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif t in "]}":
+            depth -= 1
+    return deepest
 
 
 def load_from_hub(repo_id: str, revision: str | None = None) -> ModelSource:

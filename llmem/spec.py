@@ -7,7 +7,6 @@ column/row splits) can be computed tensor by tensor. No parallelism lives here: 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,7 +62,10 @@ class ModelSpec:
         """The `llmem.families.Family` that describes this architecture's layer structure."""
         from llmem.families import FAMILIES
 
-        return FAMILIES[self.model_type]
+        family = FAMILIES.get(self.model_type)
+        if family is None:  # e.g. a spec counted on the meta device (`llmem.meta`)
+            raise unsupported_model_type(self.model_type)
+        return family
 
     @cached_property
     def total_params(self) -> int:
@@ -103,10 +105,13 @@ class ModelSpec:
     def from_config(cls, config: dict | str | bytes) -> ModelSpec:
         """Build from a config dict (or its JSON text). Unknown architectures raise `InputError`."""
         if isinstance(config, (str, bytes)):
+            from llmem.sources import parse_json
+
             try:
-                config = json.loads(config)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise InputError("config", f"not valid JSON ({e})") from None
+                text = config.decode("utf-8-sig") if isinstance(config, bytes) else config
+            except UnicodeDecodeError as e:
+                raise InputError("config", f"not UTF-8 text (byte {e.start})") from None
+            config = parse_json(text, "config.json", field="config")
         if hasattr(config, "to_dict"):  # a transformers PretrainedConfig
             config = config.to_dict()
         if not isinstance(config, dict):
@@ -117,8 +122,57 @@ class ModelSpec:
         from llmem.families import FAMILIES
 
         family = FAMILIES.get(model_type)
-        if family is None:
+        if family is None:  # parameters counted on the meta device; the estimator refuses it (`family`)
             from llmem.meta import meta_spec
 
             return meta_spec(config)
         return family.build(config)
+
+
+# transformers 5.23.0 sets `_supports_sdpa = False` on these models (gemma2: sdpa has no attention-logit
+# softcapping; bloom: ALiBi in its own eager attention) and raises when asked for attn_implementation="sdpa".
+# `--attn sdpa` (the default) means "the fused kernel where the model has one": both the estimator and the
+# runtime run these models' eager attention for it, as transformers does when no implementation is forced.
+EAGER_ONLY = ("gemma2", "bloom")
+
+
+def attention_implementation(model_type: str, attn) -> str:
+    """The attention transformers runs for `--attn`: eager for the models that have no sdpa path."""
+    return "eager" if model_type in EAGER_ONLY else str(attn)
+
+
+def modelled_spec(config: dict) -> ModelSpec:
+    """`ModelSpec.from_config` for the estimator's front-ends: a `model_type` outside `llmem.families` is refused
+    at once (one line naming `model_type`), without building it on the meta device first."""
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(model_type, str) and model_type:
+        from llmem.families import FAMILIES
+
+        if model_type not in FAMILIES:
+            raise unsupported_model_type(model_type)
+    return ModelSpec.from_config(config)
+
+
+def unsupported_model_type(model_type: str) -> InputError:
+    """The one-line refusal of a `model_type` outside `llmem.families`: a causal LM transformers ships (support
+    is planned), an architecture that is not a causal LM, or a name transformers does not know."""
+    from llmem.families import FAMILIES
+
+    modelled = ", ".join(sorted(FAMILIES))
+    shown = model_type if len(model_type) <= 60 else model_type[:57] + "..."
+    try:
+        from transformers.models.auto import modeling_auto as auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        auto, CONFIG_MAPPING_NAMES = None, {}
+    causal = getattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {})
+    encoders = {**getattr(auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {}),
+                **getattr(auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})}
+    if model_type in causal and model_type not in encoders:
+        return InputError("model_type", f"{shown!r} is not modelled yet (support for more architectures is "
+                          f"planned); the modelled families are: {modelled}")
+    if model_type in CONFIG_MAPPING_NAMES:
+        return InputError("model_type", f"{shown!r} is not a causal language model (encoder, seq2seq or other "
+                          f"head); llmem estimates decoder-only fine-tuning of: {modelled}")
+    return InputError("model_type", f"{shown!r} is not an architecture transformers knows; check the spelling, "
+                      f"or use one of the modelled families: {modelled}")

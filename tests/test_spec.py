@@ -115,3 +115,34 @@ def test_unknown_architecture_falls_back_to_the_meta_device_with_a_caveat():
 def test_unbuildable_architectures_are_input_errors(config):
     with pytest.raises(InputError):
         ModelSpec.from_config(config)
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "gptj", "n_head": 0},  # ZeroDivisionError inside the model's constructor
+    {"model_type": "gptj", "n_embd": -5},  # negative dimension
+    {"model_type": "llama4_text", "num_attention_heads": None},  # strict config validation
+    {"model_type": "llama4", "text_config": {"model_type": "llama4_text", "num_attention_heads": None}},
+])
+def test_bad_sizes_on_the_meta_device_are_input_errors(config):
+    with pytest.raises(InputError):
+        ModelSpec.from_config(config)
+
+
+def test_a_meta_device_spec_is_refused_by_the_estimator_naming_model_type():
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
+
+    spec = ModelSpec.from_config({"model_type": "stablelm", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100})
+    with pytest.raises(InputError) as e:
+        estimate(spec, TrainingPlan())
+    assert e.value.field == "model_type" and "not modelled yet" in str(e.value)
+
+
+def test_from_config_text_bounds_nesting_and_integers():
+    with pytest.raises(InputError, match="nested"):
+        ModelSpec.from_config('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(InputError, match="digits"):
+        ModelSpec.from_config('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}")
+    with pytest.raises(InputError, match="UTF-8"):
+        ModelSpec.from_config(b"\xff\xfe{")

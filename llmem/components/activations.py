@@ -73,7 +73,14 @@ def dropout_saved(name: str, plan: TrainingPlan, numel: int, elem_bytes: int, p:
 
 def _flash(spec: ModelSpec, plan: TrainingPlan, key: str = "attention_dropout") -> bool:
     """Whether attention runs a fused sdpa kernel (not eager, not the CPU math fallback for dropout)."""
-    return plan.attn is Attention.SDPA and (plan.device is Device.CUDA or not _p(spec, key))
+    return _sdpa(spec, plan) and (plan.device is Device.CUDA or not _p(spec, key))
+
+
+def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """`--attn sdpa` on a model with an sdpa path (gemma2 and bloom run eager: `spec.EAGER_ONLY`)."""
+    from llmem.spec import attention_implementation
+
+    return attention_implementation(spec.model_type, plan.attn) == Attention.SDPA.value
 
 
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
@@ -95,10 +102,10 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
-    if plan.attn is Attention.SDPA and (not p or plan.device is Device.CUDA):  # fused kernel
+    if _sdpa(spec, plan) and (not p or plan.device is Device.CUDA):  # fused kernel
         items = [*sdpa_inputs, Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
         return items + ([Saved("attention output contiguous (o_proj input)", tokens * q * cb)] if output_copy else [])
-    if plan.attn is Attention.SDPA:  # CPU math path
+    if _sdpa(spec, plan):  # CPU math path
         return [Saved("math sdpa q*scale (fp32)", tokens * q * FP32),
                 Saved("math sdpa k*scale (fp32)", tokens * q * FP32),
                 Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32),

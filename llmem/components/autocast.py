@@ -51,10 +51,18 @@ def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
     return count - -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... are checkpointed
 
 
+def _head_weight_numel(spec: ModelSpec) -> int:
+    """The lm_head weight: vocab × its input width, which is OPT's word_embed_proj_dim when project_out exists
+    (opt-350m: 512, not the hidden 1024)."""
+    from llmem.components.activations import _proj_dim
+
+    return spec.vocab_size * _proj_dim(spec)
+
+
 def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
-    return spec.vocab_size * spec.hidden_size * plan.precision.compute_bytes
+    return _head_weight_numel(spec) * plan.precision.compute_bytes
 
 
 def head_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -71,7 +79,7 @@ def head_fp32_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The fp32 lm_head weight gradient ToCopyBackward0 returns (0 when autocast does not apply)."""
     if not _applies(plan):
         return 0
-    return spec.vocab_size * spec.hidden_size * plan.precision.param_bytes
+    return _head_weight_numel(spec) * plan.precision.param_bytes
 
 
 def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

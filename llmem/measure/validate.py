@@ -57,20 +57,46 @@ class Suite:
     extra: dict = field(default_factory=dict)
 
 
+MAX_SUITE_BYTES = 4 * 1024 * 1024  # a suite is a few kilobytes of YAML
+
+
+def _yaml_loader():
+    """PyYAML's SafeLoader refusing aliases (`*name`): a few lines of them expand to billions of nodes."""
+    import yaml
+
+    class NoAliasSafeLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise InputError("suite", "YAML aliases (*name) are not allowed in a suite; write the values out")
+            return super().compose_node(parent, index)
+
+    return NoAliasSafeLoader
+
+
 def _load_file(path: Path) -> dict:
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_SUITE_BYTES:
+            raise InputError("suite", f"{path.name} is over {MAX_SUITE_BYTES // 2**20} MiB; a suite is a few KiB")
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
-        raise InputError("suite", f"cannot read {path}: {exc.strerror}") from None
+        raise InputError("suite", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError("suite", f"{path.name} is not UTF-8 text (byte {exc.start}); a suite is YAML or JSON") \
+            from None
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
         else:
-            data = json.loads(text)
-    except Exception as exc:
-        raise InputError("suite", f"{path.name} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+            from llmem.sources import parse_json
+
+            data = parse_json(text, path.name, field="suite")
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parser failure (incl. recursion on deep nesting) is one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise InputError("suite", f"{path.name} is not valid {path.suffix.lstrip('.') or 'JSON'}: {first}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise InputError("suite", f"{path.name} needs a 'rows' list")
     return data
@@ -79,22 +105,51 @@ def _load_file(path: Path) -> dict:
 def _resolve(name: str, models: dict) -> dict:
     spec = models.get(name, name)
     if isinstance(spec, dict):
-        return spec
+        return _check_config(spec, name)
+    if not isinstance(spec, str):
+        raise InputError("suite", f"model {name!r}: expected an inline config or a preset/path/hub id")
+    from llmem.sources import resolve_model
+
+    return resolve_model(spec).config
+
+
+def _check_config(config: dict, name: str) -> dict:
+    """An inline config: a `model_type`, and for the estimator's families sizes it accepts (a bad size named now,
+    not as a failed row after a measurement started)."""
+    if not isinstance(config.get("model_type"), str) or not config["model_type"]:
+        raise InputError("suite", f"model {name!r}: an inline config needs a \"model_type\"")
     try:
-        from llmem.sources import resolve_model
+        from llmem.families import FAMILIES
+        from llmem.spec import ModelSpec
     except ImportError:
-        resolve_model = None
-    if resolve_model is not None:
-        return resolve_model(str(spec)).config
-    with open(spec) as fh:
-        return json.load(fh)
+        return config
+    if config["model_type"] in FAMILIES:
+        try:
+            ModelSpec.from_config(config)
+        except InputError as exc:
+            raise InputError("suite", f"model {name!r}: {exc}") from None
+    return config
+
+
+def _steps(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise InputError("steps", f"must be a whole number of at least 1, got {value!r}")
+    if int(value) < 1:
+        raise InputError("steps", f"must be at least 1, got {value}")
+    return int(value)
+
+
+def _mapping(data: dict, key: str) -> dict:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise InputError("suite", f"'{key}' must be a mapping (name: value), got a {type(value).__name__}")
+    return value
 
 
 def load_suite(path: str | Path) -> Suite:
     path = Path(path)
     data = _load_file(path)
-    models = data.get("models") or {}
-    defaults = data.get("defaults") or {}
+    models, defaults = _mapping(data, "models"), _mapping(data, "defaults")
     rows, seen = [], set()
     for i, raw in enumerate(data["rows"]):
         if not isinstance(raw, dict) or "model" not in raw:
@@ -102,16 +157,29 @@ def load_suite(path: str | Path) -> Suite:
         merged = {**defaults, **raw}
         unknown = set(merged) - {*PLAN_FIELDS, "id", "model", "steps"}
         if unknown:
-            raise InputError("suite", f"row {i + 1}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise InputError("suite", f"row {i + 1}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         row_id = str(merged.get("id") or f"row{i + 1}")
         if row_id in seen:
             raise InputError("suite", f"row id {row_id!r} appears twice")
         seen.add(row_id)
         plan = {k: merged[k] for k in PLAN_FIELDS if k in merged}
         TrainingPlan(**plan)  # validate now: a bad row names its field before anything runs
-        rows.append(Row(row_id, str(merged["model"]), _resolve(str(merged["model"]), models), plan,
-                        int(merged.get("steps", 2))))
+        model = merged["model"]
+        if not isinstance(model, str):
+            raise InputError("suite", f"row {i + 1}: 'model' must be a name, path or hub id")
+        rows.append(Row(row_id, model, _resolve(model, models), plan, _steps(merged.get("steps", 2))))
     return Suite(rows, str(path))
+
+
+def check_device(device: str) -> None:
+    """`--device cuda` needs a CUDA build of torch and a visible GPU; say so before any worker starts."""
+    if str(device) != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InputError("device", f"CUDA is not available here (torch {torch.__version__}: "
+                         f"{'no GPU visible' if torch.version.cuda else 'a CPU-only build'}); use --device cpu")
 
 
 def estimate_row(row: Row, device: str) -> tuple[int | None, str]:
@@ -287,8 +355,13 @@ def validate(suite_path: str | Path, device: str = "cpu", out_dir: str | Path = 
     suite = load_suite(suite_path)
     for row in suite.rows:
         row.training_plan(device)  # validates the device too
+    check_device(device)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what = "is a file, not a directory" if out.exists() else f"cannot be created ({exc.strerror or exc})"
+        raise InputError("out", f"{out} {what}; give a directory for validate.csv and validate.md") from None
     measured = measure_rows(suite.rows, device, out / "measured.jsonl", log, resume)
     records = result_rows(suite, measured, device)
     write_csv(records, out / "validate.csv")

@@ -31,13 +31,16 @@ def build_model(config: dict, plan: TrainingPlan, device: torch.device | str = "
     """The model, built on `device` in the plan's parameter dtype (fp32 for mixed precision), in train mode."""
     from transformers import AutoModelForCausalLM
 
+    from llmem.spec import attention_implementation
+
     cfg = hf_config(config, plan)
     dtype = getattr(torch, plan.precision.torch_dtype_name)
     if plan.loss is Loss.FUSED_LINEAR_CE:
         apply_fused_linear_ce(cfg.model_type)
     with torch.device(device):
         try:
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=str(plan.attn))
+            model = AutoModelForCausalLM.from_config(
+                cfg, dtype=dtype, attn_implementation=attention_implementation(cfg.model_type, plan.attn))
         except ValueError as exc:
             raise InputError("attn", str(exc).splitlines()[0]) from None
     model.config.use_cache = False

@@ -1,0 +1,152 @@
+"""Reproducers of bad input that once ended in a traceback: each now ends in one stderr line naming the field
+and exit code 2 (or in a result). The CLI's `main` runs in-process here; `test_cli.py` covers the subprocess."""
+
+import json
+
+import pytest
+
+from llmem.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, field: str, *argv: str) -> str:
+    code, _, err = run(capsys, *argv)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"llmem: error: {field}: "), err
+    return lines[0]
+
+
+def write(tmp_path, text: str, name: str = "config.json") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_json_nested_5000_deep_is_refused_without_recursion(tmp_path, capsys):
+    path = write(tmp_path, '{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert "nested" in refused(capsys, "model", "estimate", "--model", path)
+
+
+def test_an_integer_of_5000_digits_is_refused(tmp_path, capsys):
+    path = write(tmp_path, '{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}")
+    assert "digits" in refused(capsys, "model", "estimate", "--model", path)
+
+
+@pytest.mark.parametrize("model_type", ["gptj", "gpt_bigcode", "llama4_text", "deepseek_v3"])
+def test_a_causal_lm_outside_the_families_says_it_is_not_modelled_yet(tmp_path, capsys, model_type):
+    path = write(tmp_path, json.dumps({"model_type": model_type, "num_attention_heads": 0, "n_embd": -5}))
+    line = refused(capsys, "model_type", "estimate", "--model", path)
+    assert "not modelled yet" in line and "planned" in line and "llama" in line
+
+
+@pytest.mark.parametrize("model_type", ["bert", "t5", "bart", "roberta"])
+def test_encoders_and_seq2seq_are_not_causal_lms(tmp_path, capsys, model_type):
+    path = write(tmp_path, json.dumps({"model_type": model_type}))
+    assert "not a causal language model" in refused(capsys, "model_type", "compare", "--model", path)
+
+
+def test_an_unknown_model_type_is_named(tmp_path, capsys):
+    path = write(tmp_path, json.dumps({"model_type": "no-such-arch"}))
+    assert "not an architecture transformers knows" in refused(capsys, "model_type", "plan-ckpt", "--model", path)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "42", '"llama"', "null"])
+def test_json_that_is_not_an_object(tmp_path, capsys, text):
+    assert "JSON object" in refused(capsys, "model", "estimate", "--model", write(tmp_path, text))
+
+
+def test_a_huge_file_is_refused_by_size(tmp_path, capsys):
+    path = write(tmp_path, '{"model_type": "llama", "pad": "' + "x" * 300_000 + '"}')
+    assert "limit" in refused(capsys, "model", "estimate", "--model", path)
+
+
+def test_a_model_argument_longer_than_the_os_allows(capsys):
+    refused(capsys, "model", "estimate", "--model", "a" * 5000)
+    refused(capsys, "model", "estimate", "--model", "/" + "a" * 300)  # one path component over NAME_MAX
+
+
+def test_wrong_types_name_the_key(tmp_path, capsys):
+    path = write(tmp_path, json.dumps({"model_type": "llama", "hidden_size": "big"}))
+    refused(capsys, "hidden_size", "estimate", "--model", path)
+
+
+@pytest.mark.parametrize("verb", ["compare", "plan-ckpt", "estimate"])
+def test_an_empty_gpu_type_is_an_error_not_a_silent_default(capsys, verb):
+    refused(capsys, "gpu-type", verb, "--model", "gpt2", "--gpu-type", "")
+
+
+def test_compare_csv_to_a_directory_or_a_missing_folder(tmp_path, capsys):
+    assert "directory" in refused(capsys, "csv", "compare", "--model", "gpt2", "--csv", str(tmp_path))
+    refused(capsys, "csv", "compare", "--model", "gpt2", "--csv", str(tmp_path / "missing" / "x.csv"))
+
+
+def test_compare_csv_to_a_full_device(capsys):
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    assert "space" in refused(capsys, "csv", "compare", "--model", "gpt2", "--csv", "/dev/full").lower()
+
+
+def test_compare_offload_params_method_on_one_gpu_and_on_four(capsys):
+    code, out, err = run(capsys, "compare", "--model", "llama-3.1-8b", "--methods", "offload-params", "--json")
+    assert code == 0, err
+    code, out, err = run(capsys, "compare", "--model", "llama-3.1-8b", "--gpus", "4", "--methods",
+                         "offload-params", "--json")
+    assert code == 0, err
+    labels = [r["strategy"] for r in json.loads(out)["rows"]]
+    assert any("offload optimizer+params" in label and "ZeRO-3" in label for label in labels)
+
+
+@pytest.mark.parametrize("seq_len", ["8388609", "16777216"])
+def test_compare_accepts_every_sequence_estimate_accepts(capsys, seq_len):
+    assert run(capsys, "estimate", "--model", "gpt2", "--seq-len", seq_len, "--json")[0] == 0
+    code, out, err = run(capsys, "compare", "--model", "gpt2", "--seq-len", seq_len, "--gpu-type", "h100-sxm",
+                         "--json")
+    assert code == 0, err
+    assert all(r["max_batch_size"] <= 1 for r in json.loads(out)["rows"])
+
+
+TINY_EAGER_ONLY = {
+    "gemma2": {"model_type": "gemma2", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+    "bloom": {"model_type": "bloom", "vocab_size": 128, "hidden_size": 32, "n_layer": 1, "n_head": 2},
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_EAGER_ONLY))
+def test_eager_only_models_run_eager_for_sdpa_in_estimate_and_measure_alike(family):
+    """transformers 5.23 has no sdpa path for gemma2 and bloom (it raises when sdpa is forced): `--attn sdpa`
+    is estimated as the eager program, and the runtime builds that same eager model."""
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
+    from llmem.runtime.model import build_model
+    from llmem.spec import ModelSpec
+
+    spec = ModelSpec.from_config(TINY_EAGER_ONLY[family])
+    for device in ("cuda", "cpu"):
+        plans = [TrainingPlan(seq_len=64, device=device, attn=a) for a in ("sdpa", "eager")]
+        assert estimate(spec, plans[0]).peak_bytes == estimate(spec, plans[1]).peak_bytes
+    model = build_model(TINY_EAGER_ONLY[family], TrainingPlan(seq_len=8, device="cpu", precision="fp32"))
+    assert model.config._attn_implementation == "eager"
+
+
+def test_opt_350m_mixed_precision_has_no_negative_category(capsys):
+    for precision in ("bf16-mixed", "fp16-mixed"):
+        code, out, err = run(capsys, "estimate", "--model", "opt-350m", "--precision", precision, "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        assert all(v >= 0 for v in data["breakdown"].values())
+    from llmem import TrainingPlan
+    from llmem.estimate import estimate
+    from llmem.sources import resolve_model
+    from llmem.spec import ModelSpec
+
+    est = estimate(ModelSpec.from_config(resolve_model("opt-350m").config), TrainingPlan())
+    assert all(b >= 0 for phase in est.phases for b in phase.breakdown.values())

@@ -1,0 +1,35 @@
+"""`modelled_spec` / `ModelSpec.from_config` and `estimate` over random config dicts of every model_type
+transformers knows: a spec and an estimate, or an InputError naming the field — within a second each."""
+
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmem.errors import InputError
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.spec import modelled_spec
+from tests.test_cli_properties import MODEL_TYPES, SIZE_KEYS, values
+
+FAMILY_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "gpt2",
+                "opt", "gpt_neox", "falcon", "bloom"]
+small = st.integers(0, 96) | values
+configs = st.fixed_dictionaries(
+    {"model_type": st.sampled_from(MODEL_TYPES) | st.sampled_from(FAMILY_TYPES)},
+    optional={k: small for k in SIZE_KEYS},
+) | st.none() | st.lists(st.integers(), max_size=2) | st.text(max_size=10)
+
+
+@settings(max_examples=3000)
+@given(configs, st.sampled_from([TrainingPlan(seq_len=32), TrainingPlan(seq_len=16, precision="fp16-mixed"),
+                                 TrainingPlan(gpus=2, zero=3, seq_len=16, method="lora")]))
+def test_random_configs_give_an_estimate_or_a_named_error(config, plan):
+    t0 = time.perf_counter()
+    try:
+        est = estimate(modelled_spec(config), plan)
+    except InputError as e:
+        assert e.field and " " not in e.field and str(e).count("\n") == 0
+    else:
+        assert est.peak_bytes > 0 and all(b >= 0 for b in est.breakdown.values())
+    assert time.perf_counter() - t0 < 1.0
