@@ -123,9 +123,10 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
       the last saved tensor (the inverse permutation). Live besides the saved tensors recomputed so far: the
       forward's locals (the decoder layer's `residual`, saved only when fp32; the router logits held by `_`; the
       topk routing weights; `expert_ids_g` from sort; the histc input `expert_ids_g.float()` (`.int()` on CUDA) and
-      `tokens_per_expert`), the promoted copy of the down output TensorIterator makes when eb != ob, the product
-      (r × h × ob), and — mixtral, where the routed experts' `IndexBackward0` is the layer's first node to unpack
-      a saved tensor — its input that triggered the recompute (the reshaped sum gradient, r × h × ob). qwen2_moe's
+      `tokens_per_expert`), the product (r × h × ob; the CPU's TensorIterator also makes a promoted copy of the
+      down output when eb != ob, inside the mul: kernel scratch, not in the CUDA program), and — mixtral, where the
+      routed experts' `IndexBackward0` is the layer's first node to unpack a saved tensor — its input that
+      triggered the recompute (the reshaped sum gradient, r × h × ob). qwen2_moe's
       recompute is triggered by the shared-expert gate's mul instead (its sigmoid is not yet recomputed).
     - routing-weight mul backward (`MulBackward0` of `proj_out * weights`): `IndexBackward0`'s output (r × h × ob,
       the inverse permutation freed), grad × proj_out (the routing weights' gradient before its sum) and
@@ -177,10 +178,9 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
         histc_input, tokens_per_expert = r * 4, e * 4
         forward_locals = residual_local + router_logits + topk_weights + sorted_ids + histc_input + tokens_per_expert
         trigger = routed_output_grad if not shared else -T * cb  # qwen2_moe: the gate sigmoid not yet recomputed
-        promoted_copy = r * h * ob if eb != ob else 0
         weighted_product = r * h * ob
         moments["recompute end (routing-weight mul)"] = (forward_locals - inverse_permutation + trigger
-                                                         + promoted_copy + weighted_product)
+                                                         + weighted_product)
     converted = 0 if ckpt else (r * h * eb if eb != ob else r * ob)
     moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
                                               + 2 * r * h * ob + converted)

@@ -337,8 +337,9 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     Two earlier moments of the recompute can be higher. "recompute, up_proj adapter sum": up_proj's
     `result + lora_B(...) * scaling` (intermediate-sized), when down_proj's saved tensors are not recomputed yet and
     up_proj's output (the sum's `.to(result dtype)`) is not made: alive are its base_layer output, the product, the
-    sum (fp32 unless autocast), and in pure half the add's fp32 copy of the half base output (type promotion) and,
-    with dropout > 0, up_proj's `x.to(fp32)`.
+    sum (fp32 unless autocast) and, with dropout > 0, up_proj's `x.to(fp32)` (in pure half the CPU's add also
+    makes an fp32 copy of the half base output inside the kernel — TensorIterator's type promotion, kernel scratch
+    that CUDA's dynamic casting does not allocate).
     QLoRA (peft's bnb `Linear4bit.forward`): `result = base_layer(x).clone()`, and outside autocast the adapter
     product is cast to result's dtype before `result + output`: in pure half no fp32 sum and no type-promotion copy
     (up_proj's moment is the product beside lora_B's fp32 output), and the backward's gradient for the base branch
@@ -403,8 +404,6 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
             up.append(Saved("up_proj lora_B output (fp32)", tokens * i * FP32))
         else:
             up.append(Saved("up_proj result + lora (the sum)", tokens * i * (cb if mixed else FP32)))
-        if pure_half and not qlora:
-            up.append(Saved("up_proj base_layer output cast to fp32 by the add (type promotion)", tokens * i * FP32))
         if pure_half and plan.lora_dropout:
             up.append(Saved("up_proj x.to(fp32) (input cast to lora_A's dtype)", tokens * h * FP32))
         moments["recompute, up_proj adapter sum"] = (up, grads)
