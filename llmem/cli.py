@@ -139,7 +139,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
               f"{format_gib(est.host_node_bytes)} per node of {est.to_dict()['host_ranks_per_node']} ranks")
         for cat, b in est.host_breakdown.items():
             print(f"  {str(cat):<{width}}  {format_gib(b):>12}")
-    for caveat in spec.caveats:
+    for caveat in (*spec.caveats, *est.notes):
         print(f"note: {caveat}")
     if gpu is not None:
         spare = gpu.memory_bytes - est.device_total_bytes

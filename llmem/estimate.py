@@ -88,6 +88,13 @@ class Estimate:
         return self.reserved_bytes + self.cuda_context_bytes + self.paged_state_bytes
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """Plain-language facts about the plan (e.g. FSDP2 padding small tensors to the rank count)."""
+        from llmem.notes import plan_notes
+
+        return plan_notes(self.spec, self.plan)
+
+    @property
     def total_params(self) -> int:
         """Every parameter of the model that runs (LoRA: base plus adapters)."""
         return lora.total_params(self.spec, self.plan)
@@ -118,6 +125,7 @@ class Estimate:
             "host_node_bytes": self.host_node_bytes,
             "host_ranks_per_node": offload.ranks_per_node(self.plan),
             "phases": {p.name: p.total for p in self.phases},
+            "notes": list(self.notes),
         }
 
 

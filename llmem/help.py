@@ -6,7 +6,9 @@ HELP = {
     "tp": "Tensor-parallel degree: splits attention heads and the MLP width over this many GPUs, dividing the "
           "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
     "zero": "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 shards "
-            "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer.",
+            "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer. "
+            "With lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's "
+            "shards plus every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
     "batch-size": "Micro-batch per GPU. Activations and logits grow linearly with it.",
     "seq-len": "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
     "precision": "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
@@ -27,7 +29,11 @@ HELP = {
     "device": "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
     "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
     "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
-              "states for the base, fp32 adapters get both; fewer saved activations. qlora: the same adapters over a "
+              "states for the base, fp32 adapters get both. Not fewer activations: the layers save about what "
+              "full fine-tuning saves, and each adapted Linear keeps its own copy of its input for lora_A (fp32 "
+              "under pure bf16/fp16, as PEFT keeps adapters in fp32; a half cast under autocast; its dropout "
+              "output with --lora-dropout), so where activations dominate (long sequences, small models, sgd) "
+              "lora can sit above full. qlora: the same adapters over a "
               "base whose Linears are stored 4-bit or 8-bit by bitsandbytes (choose --quant); 4-bit on one GPU, DDP "
               "(--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base, or FSDP2 (--zero 2/3), which "
               "shards the packed 4-bit codes and all-gathers them as bytes with the adapters (the fp32 scales stay "

@@ -1,0 +1,41 @@
+"""Plain-language notes on an estimate: facts about the plan a reader would not guess from the breakdown."""
+
+from __future__ import annotations
+
+import math
+
+from llmem.components.sharding import FSDP_SCHEMES, fsdp_padded_numel, tp_local_shape
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+PADDING_NOTE_FRACTION = 0.05  # say it when padding adds at least 5% to the gathered parameters
+
+
+def fsdp_padding_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
+    """FSDP2 chunks every tensor on dim 0 over the data-parallel ranks and pads it to ceil(d0 / dp) rows
+    (`FSDPParam._init_sharded_param`, torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so a tensor whose dim 0
+    is smaller than the rank count (stacked experts: num_experts rows) is stored at 1/d0 of its size per rank, not
+    1/dp, and all-gathered dp/d0 times its size. Returns a note naming those tensors and the fix, or None."""
+    if plan.scheme not in FSDP_SCHEMES or plan.dp == 1:
+        return None
+    shapes = [tp_local_shape(p, plan.tp) for p in spec.params]
+    exact = sum(math.prod(s) for s in shapes)
+    gathered = sum(fsdp_padded_numel(s, plan.dp) * plan.dp for s in shapes)
+    if exact == 0 or gathered - exact < PADDING_NOTE_FRACTION * exact:
+        return None
+    short = [(p, s) for p, s in zip(spec.params, shapes, strict=True) if s and s[0] < plan.dp]
+    if not short:
+        return None
+    worst_p, worst_s = max(short, key=lambda ps: fsdp_padded_numel(ps[1], plan.dp) * plan.dp - math.prod(ps[1]))
+    factor = fsdp_padded_numel(worst_s, plan.dp) * plan.dp / math.prod(worst_s)
+    return (f"FSDP2 pads dim 0 of each tensor to a multiple of the {plan.dp} data-parallel GPUs: {len(short)} "
+            f"tensors have fewer rows than that (e.g. {worst_p.name}, {worst_s[0]} rows), so each GPU stores 1/"
+            f"{worst_s[0]} of them instead of 1/{plan.dp} and gathers them {factor:.1f}× their size; the padding "
+            f"adds {(gathered - exact) / exact:.0%} to the gathered parameters. Fix: shard those tensors on a larger "
+            f"dim (fully_shard(shard_placement_fn=...) returning Shard(1) for them), or use at most "
+            f"{min(s[0] for _, s in short)} GPUs per shard group (HSDP) — compare fewer GPUs to see the gain.")
+
+
+def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
+    """Every note that applies to this plan, in a stable order."""
+    return tuple(n for n in (fsdp_padding_note(spec, plan),) if n)

@@ -1,0 +1,41 @@
+"""Notes on an estimate: FSDP2's dim-0 padding of tensors with fewer rows than data-parallel ranks."""
+
+import math
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.presets import load_preset
+from llmem.spec import ModelSpec
+
+MIXTRAL = ModelSpec.from_config(load_preset("mixtral-8x7b"))
+LLAMA = ModelSpec.from_config(load_preset("llama-3.1-8b"))
+
+
+def test_the_mixtral_peak_rises_past_8_gpus_and_the_note_says_why():
+    """The rise is the estimator's own (per-rank shards stop shrinking at 8 rows); the note must appear exactly
+    where the stacked expert tensors have fewer rows than ranks, and name one of them."""
+    experts = {p.shape[0] for p in MIXTRAL.params if "experts" in p.name}
+    assert experts == {8}
+    peaks = {g: estimate(MIXTRAL, TrainingPlan(gpus=g, zero=3)) for g in (8, 16, 64)}
+    assert peaks[64].peak_bytes > peaks[8].peak_bytes
+    assert peaks[8].notes == ()
+    for g in (16, 64):
+        (note,) = peaks[g].notes
+        named = next(p for p in MIXTRAL.params if p.name in note)
+        assert named.shape[0] < g and f"{g} data-parallel GPUs" in note and "Shard(1)" in note
+    assert peaks[64].to_dict()["notes"] == list(peaks[64].notes)
+
+
+@pytest.mark.parametrize("gpus,zero", [(64, 3), (8, 2), (1, 0), (8, 1)])
+def test_a_dense_model_gets_no_padding_note(gpus, zero):
+    assert estimate(LLAMA, TrainingPlan(gpus=gpus, zero=zero)).notes == ()
+
+
+def test_the_note_reports_the_padding_it_counts():
+    """The percentage in the note is the gathered padded size over the exact size, computed here from the shapes."""
+    (note,) = estimate(MIXTRAL, TrainingPlan(gpus=64, zero=3)).notes
+    exact = sum(p.numel for p in MIXTRAL.params)
+    padded = sum(math.ceil(p.shape[0] / 64) * 64 * math.prod(p.shape[1:]) for p in MIXTRAL.params)
+    assert f"adds {(padded - exact) / exact:.0%}" in note
