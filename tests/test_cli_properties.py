@@ -2,6 +2,7 @@
 stdout) or one stderr line naming the field (exit 2) — never a traceback. Nothing is written but stdout/stderr."""
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def check(capsys, argv: list[str]) -> dict | None:
     return None
 
 
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(documents, st.sampled_from(["estimate", "compare"]))
 def test_random_config_files(folder, capsys, document, verb):
     path = folder / "config.json"
@@ -71,7 +72,7 @@ def test_random_config_files(folder, capsys, document, verb):
     check(capsys, [verb, "--model", str(path), "--json", "--seq-len", "64"])
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["estimate", "compare", "plan-ckpt"]), st.sampled_from(["gpt2", "opt-125m", "pythia-160m"]),
        options)
 def test_random_options_on_presets(capsys, verb, model, opts):

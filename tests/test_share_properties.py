@@ -2,6 +2,8 @@
 that does not is repaired, with a warning naming the field), and the repaired inputs re-encode to a link that
 decodes to themselves without warnings."""
 
+from datetime import timedelta
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +33,7 @@ VALUES = {
 links = st.fixed_dictionaries({}, optional=VALUES)
 
 
-@settings(max_examples=1500, deadline=None, derandomize=True)
+@settings(max_examples=1500, deadline=timedelta(seconds=1), derandomize=True)
 @given(links)
 def test_every_decoded_link_forms_a_plan(query):
     inputs, warnings = decode(query)
@@ -40,7 +42,7 @@ def test_every_decoded_link_forms_a_plan(query):
     assert all(w.split(":", 1)[0] in known or w.startswith("these inputs") for w in warnings), warnings
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=timedelta(seconds=1), derandomize=True)
 @given(links)
 def test_repaired_inputs_round_trip_without_warnings(query):
     inputs, _ = decode(query)
