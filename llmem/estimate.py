@@ -381,19 +381,20 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # The start of forward: the root's pre-forward all-gather (the step's input_ids alive), its copy-out (the
     # output beside the new unsharded storage); then, with the embeddings' output (layer 0's input) alive, layer 0's
     # all-gather and copy-out while the root's output is still retained (`all_gather_state`) beside the root's
-    # unsharded parameters. The copy-out frees the retained output first (`wait_for_unshard`), so later forward
-    # all-gathers hold one retained layer output instead: the last layer's is the largest (ZeRO-2 keeps every
-    # earlier layer gathered, ZeRO-3 only the activations grow).
+    # unsharded parameters. Each copy-out frees the retained output only when it returns (`wait_for_unshard` holds
+    # it in a local), so later forward all-gathers and copy-outs hold one retained layer output: the last layer's
+    # are the largest (ZeRO-2 keeps every earlier layer gathered, ZeRO-3 only the activations grow).
     ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
     hidden = act.checkpointed_layer_bytes(spec, cp)  # the hidden states entering a layer
     phases = [
         _phase("forward (root all-gather)", **persistent, activations=ids,
                communication=comm.all_gather_bytes(spec, plan, root=True)),
-        _phase("forward (root all-gather copy-out)", **persistent, activations=ids, communication=2 * root_gather),
+        _phase("forward (root all-gather copy-out)", **persistent, activations=ids,
+               communication=2 * root_gather + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
         _phase("forward (layer 0 all-gather)", **persistent, activations=outer_act + hidden,
                communication=2 * root_gather + comm.all_gather_bytes(spec, plan)),
         _phase("forward (layer 0 all-gather copy-out)", **persistent, activations=outer_act + hidden,
-               communication=2 * root_gather + 2 * layer_gather),
+               communication=2 * root_gather + 2 * layer_gather + comm.shard_dim1_copy_out_bytes(spec, plan)),
     ]
     if layers > 1:
         earlier_layers = (layers - 1) * kept - first_saving if lora.is_lora(plan) else act.kept_layers_bytes(
@@ -409,6 +410,12 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
             f"forward (layer {layers - 1} all-gather)", **persistent,
             activations=earlier_layers + outer_act + embeds + hidden,
             communication=root_gather + unsharded + layer_gather + comm.all_gather_bytes(spec, plan)))
+        # its copy-out: `wait_for_unshard` binds the retained output of layer L-2 to a local
+        # (`prev_all_gather_state`), so it is freed only when the copy-out returns
+        phases.append(_phase(
+            f"forward (layer {layers - 1} all-gather copy-out)", **persistent,
+            activations=earlier_layers + outer_act + embeds + hidden,
+            communication=root_gather + unsharded + 3 * layer_gather + comm.shard_dim1_copy_out_bytes(spec, plan)))
     phases += [
         _phase("forward (last layer)", **persistent, activations=forward_acts,
                communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
@@ -428,7 +435,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases[loss_fwd + 1:loss_fwd + 1] = [
             _phase("loss backward (root pre-backward all-gather)", **at_start,
                    communication=comm.all_gather_bytes(spec, plan, root=True)),
-            _phase("loss backward (root pre-backward copy-out)", **at_start, communication=2 * root_gather),
+            _phase("loss backward (root pre-backward copy-out)", **at_start,
+                   communication=2 * root_gather + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
             _phase(f"loss backward (prefetch of layer {layers - 1})", **at_start,
                    communication=root_gather + comm.all_gather_bytes(spec, plan)),
         ]
@@ -492,7 +500,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 temporaries=act.attention_backward_transient_bytes(spec, cp),
                 logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
         earlier = dict(**persistent, activations=below + outer_act - (first_saving if layer else 0), logits=logits)
-        gather = comm.backward_gather_bytes(spec, plan, layer, own=False)
+        gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
         phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input
             f"reduce-scatter copy-in (layer {layer})", **earlier,
             gradients=root_grads_head + later + layer_grads, communication=gather + rs_in))
@@ -520,6 +528,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(_phase("backward end (root reduce-scatter)", **persistent, logits=logits,
                          gradients=sum(sharded_layer) * resident + root_sharded + head_unsharded,
                          communication=comm.root_reduce_scatter_input_bytes(spec, plan)
+                         + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True)))
     held["backward end (root reduce-scatter)"] = sum(sharded_layer) * resident
     if plan.grad_accum > 1:

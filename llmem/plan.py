@@ -122,6 +122,16 @@ class Offload(Choice):
     OPTIMIZER_PARAMS = "optimizer+params"  # FSDP2 CPUOffloadPolicy()
 
 
+class FsdpShard(Choice):
+    """Which dim FSDP2 shards each tensor on (`fully_shard(shard_placement_fn=...)`, torch 2.13). dim0: FSDP2's
+    default, dim 0 padded to a multiple of the ranks. dim1-if-short: `Shard(1)` for a tensor whose dim 0 has fewer
+    rows than data-parallel ranks and whose dim 1 divides evenly by them (FSDP2 allows uneven sharding on dim 0
+    only): MoE's stacked experts past num_experts GPUs. No effect outside FSDP2 (--zero 2/3)."""
+
+    DIM0 = "dim0"
+    DIM1_IF_SHORT = "dim1-if-short"
+
+
 class Loss(Choice):
     """How the causal-LM loss is computed (DESIGN.md "Project extensions")."""
 
@@ -186,6 +196,7 @@ class TrainingPlan:
     loss: Loss = Loss.STANDARD
     lora_modules_to_save: str = ""
     double_quant: bool = False
+    fsdp_shard: FsdpShard = FsdpShard.DIM0
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -379,6 +390,7 @@ class TrainingPlan:
 
 
 _ENUM_FIELDS = {
+    "fsdp_shard": FsdpShard,
     "precision": Precision,
     "optimizer": Optimizer,
     "optimizer_impl": OptimizerImpl,

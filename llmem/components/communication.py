@@ -11,7 +11,7 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
                   all-gather input is a narrow view into it); `wait_for_unshard` copies it out into the unsharded
                   parameters (`FSDPParam.init_unsharded_param`, storage re-allocated with `resize_`), so a gather
                   briefly holds 2A. In forward the output is kept in `comm_ctx.all_gather_state` until the next
-                  group's copy-out, and the last one until the root's post-forward (`_fsdp_state.py:
+                  group's copy-out has returned, and the last one until the root's post-forward (`_fsdp_state.py:
                   _post_forward`), i.e. through the loss: one retained A at the loss forward.
   unsharded params ZeRO-3 frees a layer's after its forward (`reshard`), ZeRO-2 keeps them to its backward. The
                   root: ZeRO-2 keeps its to the end of backward; ZeRO-3 passes `reshard_after_forward=True` explicitly,
@@ -31,12 +31,19 @@ to dp rows per tensor, in `MixedPrecisionPolicy.param_dtype`), R = the root's (e
   gloo scratch     (CPU profile) the gloo backend has no native reduce-scatter: `reduce_scatter_tensor` all-reduces
                   a copy of the whole input (`empty_strided` on the calling thread, freed on gloo's worker
                   thread) and copies this rank's chunk out; NCCL (CUDA profile) reduce-scatters in place.
+  Shard(1) copies  (`--fsdp-shard dim1-if-short`) `foreach_all_gather_copy_out` gathers a tensor sharded on dim > 0
+                  into a `torch.empty_like` temporary of its unsharded size and chunk-cats it into the parameter:
+                  the temporaries of the group stay until the copy-out returns (D beside 2A). `foreach_reduce`
+                  replaces each such gradient with `torch.cat(torch.chunk(grad, world, dim), dim=0)`, one at a
+                  time; its loop variables keep the last one's original until the function returns (through the
+                  copy-in and the collective).
   root gradients   the root's post-backward runs in the final callback (its inputs need no grad), so the lm_head,
                   final-norm and embedding gradients stay unsharded in param_dtype until the end of backward.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from llmem.components import lora, quant
@@ -175,13 +182,16 @@ def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -
     new unsharded storage beside its prefetched all-gather output, 2A) and, for layer > 0, the same 2A once that
     output is freed and `_backward_prefetch` has allocated layer - 1's, plus gloo's flat output during that
     all-gather (`gloo_all_gather_flat_output_bytes`) and, under a MixedPrecisionPolicy, its input
-    (`all_gather_input_copy_bytes`)."""
+    (`all_gather_input_copy_bytes`) — or, if larger, the copy-out's Shard(1) temporaries
+    (`shard_dim1_copy_out_bytes`)."""
     if plan.scheme not in FSDP_SCHEMES or plan.scheme is Scheme.ZERO2:
         return 0
     a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    copy_out = shard_dim1_copy_out_bytes(spec, plan)  # its Shard(1) temporaries, only during the copy-out
     if layer == 0:
-        return root + 2 * a
-    return root + 2 * a + gloo_all_gather_flat_output_bytes(spec, plan) + all_gather_input_copy_bytes(spec, plan)
+        return root + 2 * a + copy_out
+    prefetch = gloo_all_gather_flat_output_bytes(spec, plan) + all_gather_input_copy_bytes(spec, plan)
+    return root + 2 * a + max(copy_out, prefetch)
 
 
 def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
@@ -203,6 +213,35 @@ def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) ->
     output = root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
     return (output + all_gather_input_copy_bytes(spec, plan, root)
             + gloo_all_gather_flat_output_bytes(spec, plan, root))
+
+
+def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[int]:
+    """Unsharded elements of the group's tensors that FSDP2 shards on dim 1, in registration order (TP-local; LoRA:
+    the frozen base's, then the adapters'; `trainable_only`: the adapters' alone)."""
+    if plan.scheme not in FSDP_SCHEMES:
+        return []
+    from llmem.components.sharding import fsdp_shard_dim, tp_local_shape
+
+    params = spec.outer_params if root else spec.layer_params(0)
+    frozen = lora.is_lora(plan)
+    shapes = [] if frozen and trainable_only else [tp_local_shape(p, plan.tp) for p in params]
+    if frozen:
+        shapes += [a.shape for a in lora.adapter_params(spec, plan) if a.layer == (None if root else 0)]
+    return [math.prod(s) for s in shapes if fsdp_shard_dim(s, plan)]
+
+
+def shard_dim1_copy_out_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """D: `foreach_all_gather_copy_out`'s `empty_like` temporaries of a group's dim-1-sharded tensors (param dtype),
+    beside its all-gather output and new unsharded parameters (`_fsdp_collectives.py`, torch 2.13)."""
+    return sum(_dim1_gathered_numels(spec, plan, root)) * gather_bytes(plan)
+
+
+def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+    """`foreach_reduce`: the original unsharded gradient of the group's last dim-1-sharded tensor that has one (the
+    spec's tensors, and PEFT's adapters, follow the modules' registration order), kept by the loop's variables
+    beside its `torch.cat` replacement until the function returns. LoRA: only the adapters have gradients."""
+    numels = _dim1_gathered_numels(spec, plan, root, trainable_only=True)
+    return (numels[-1] if numels else 0) * gather_bytes(plan)
 
 
 def root_resharded_after_forward(plan: TrainingPlan) -> bool:

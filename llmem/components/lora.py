@@ -247,35 +247,35 @@ def adapter_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
 
 def sharded_adapter_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """FSDP2 (ZeRO-2/3): each adapter's padded shard on one rank, ceil(d0 / dp) rows (`fsdp_padded_numel`)."""
-    from llmem.components.sharding import fsdp_padded_numel
+    from llmem.components.sharding import fsdp_shard_numel
 
-    return [fsdp_padded_numel(a.shape, plan.dp) for a in adapter_params(spec, plan)]
+    return [fsdp_shard_numel(a.shape, plan) for a in adapter_params(spec, plan)]
 
 
 def sharded_layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """FSDP2: the adapters' padded shards of each decoder layer on one rank (fp32: parameters, gradients)."""
-    from llmem.components.sharding import fsdp_padded_numel
+    from llmem.components.sharding import fsdp_shard_numel
 
     per_layer = [0] * spec.num_layers
     for a in adapter_params(spec, plan):
         if a.layer is not None:
-            per_layer[a.layer] += fsdp_padded_numel(a.shape, plan.dp) * ADAPTER_BYTES
+            per_layer[a.layer] += fsdp_shard_numel(a.shape, plan) * ADAPTER_BYTES
     return per_layer
 
 
 def sharded_outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    from llmem.components.sharding import fsdp_padded_numel
+    from llmem.components.sharding import fsdp_shard_numel
 
-    return sum(fsdp_padded_numel(a.shape, plan.dp) for a in adapter_params(spec, plan) if a.layer is None) \
+    return sum(fsdp_shard_numel(a.shape, plan) for a in adapter_params(spec, plan) if a.layer is None) \
         * ADAPTER_BYTES
 
 
 def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
     """FSDP2: elements of the adapters of decoder layer `layer` (None: of the root) while all-gathered — dp padded
     shards each, as the all-gather output holds them."""
-    from llmem.components.sharding import fsdp_padded_numel
+    from llmem.components.sharding import fsdp_shard_numel
 
-    return sum(fsdp_padded_numel(a.shape, plan.dp) * plan.dp for a in adapter_params(spec, plan) if a.layer == layer)
+    return sum(fsdp_shard_numel(a.shape, plan) * plan.dp for a in adapter_params(spec, plan) if a.layer == layer)
 
 
 def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -293,16 +293,16 @@ def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathe
     """FSDP2: one rank's padded shard of decoder layer `layer`'s frozen base (`gathered`: the all-gather output's
     share of it, dp shards): the packed codes, 1 byte per row of (ceil(numel / 2), 1), and the other tensors (norm
     weights) in the plan's dtype."""
-    from llmem.components.sharding import fsdp_padded_numel
+    from llmem.components.sharding import fsdp_shard_numel
 
     quantized = {p.name for p in quantized_weights(spec, plan)}
     pb = plan.precision.param_bytes
     total = 0
     for p in spec.layer_params(layer):
         if p.name in quantized:
-            total += fsdp_padded_numel((-(-p.numel // 2), 1), plan.dp)
+            total += fsdp_shard_numel((-(-p.numel // 2), 1), plan)
         else:
-            total += fsdp_padded_numel(p.shape, plan.dp) * pb
+            total += fsdp_shard_numel(p.shape, plan) * pb
     return total * (plan.dp if gathered else 1)
 
 

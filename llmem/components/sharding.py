@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmem.plan import Scheme, TrainingPlan
+from llmem.plan import FsdpShard, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
 FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
@@ -36,17 +36,31 @@ def fsdp_padded_numel(shape: tuple[int, ...], dp: int) -> int:
     return ceil_div(shape[0], dp) * math.prod(shape[1:])
 
 
-_LOCAL_NUMEL: dict = {}  # (shape, split, tp, dp, fsdp) -> elements; shapes repeat across layers, so it stays small
+def fsdp_shard_dim(shape: tuple[int, ...], plan: TrainingPlan) -> int:
+    """The dim FSDP2 shards a tensor on: 0, or 1 under `--fsdp-shard dim1-if-short` for a tensor with fewer dim-0
+    rows than ranks whose dim 1 divides evenly (`Shard(dim > 0)` must be even: `FSDPParam._init_sharded_param`)."""
+    short = plan.fsdp_shard is FsdpShard.DIM1_IF_SHORT and len(shape) >= 2 and shape[0] < plan.dp
+    return 1 if short and shape[1] % plan.dp == 0 else 0
+
+
+def fsdp_shard_numel(shape: tuple[int, ...], plan: TrainingPlan) -> int:
+    """One rank's FSDP2 shard of a tensor: padded on dim 0, or exactly 1/dp when sharded on dim 1."""
+    if fsdp_shard_dim(shape, plan):
+        return math.prod(shape) // plan.dp
+    return fsdp_padded_numel(shape, plan.dp)
+
+
+_LOCAL_NUMEL: dict = {}  # (shape, split, tp, dp, fsdp, rule) -> elements; shapes repeat across layers, so it stays small
 
 
 def local_numel(p: ParamTensor, plan: TrainingPlan) -> int:
     """Elements of `p` stored on the largest rank."""
     fsdp = plan.scheme in FSDP_SCHEMES
-    key = (p.shape, p.tp_split, plan.tp, plan.dp, fsdp)
+    key = (p.shape, p.tp_split, plan.tp, plan.dp, fsdp, fsdp and plan.fsdp_shard)
     n = _LOCAL_NUMEL.get(key)
     if n is None:
         shape = tp_local_shape(p, plan.tp)
-        n = _LOCAL_NUMEL[key] = fsdp_padded_numel(shape, plan.dp) if fsdp else math.prod(shape)
+        n = _LOCAL_NUMEL[key] = fsdp_shard_numel(shape, plan) if fsdp else math.prod(shape)
     return n
 
 
@@ -54,7 +68,7 @@ def unsharded_numel(p: ParamTensor, plan: TrainingPlan) -> int:
     """Elements of `p` while gathered for compute: the TP-local tensor (FSDP all-gather output keeps the padding)."""
     shape = tp_local_shape(p, plan.tp)
     if plan.scheme in FSDP_SCHEMES:
-        return fsdp_padded_numel(shape, plan.dp) * plan.dp
+        return fsdp_shard_numel(shape, plan) * plan.dp
     return math.prod(shape)
 
 
@@ -75,7 +89,7 @@ class ShardSummary:
 
 def shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
     """Cached on the spec: an estimate needs these sums in many places, and compare calls it many times."""
-    key = (plan.tp, plan.dp, plan.scheme in FSDP_SCHEMES)
+    key = (plan.tp, plan.dp, plan.scheme in FSDP_SCHEMES, plan.fsdp_shard)
     cache = spec.__dict__.setdefault("_shard_summaries", {})
     summary = cache.get(key)
     if summary is None:

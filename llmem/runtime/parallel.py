@@ -81,15 +81,29 @@ def _apply_fsdp(model: nn.Module, plan: TrainingPlan, dp_mesh, reshard: bool) ->
     if plan.precision.is_mixed:
         half = getattr(torch, plan.precision.compute_dtype_name)
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
-    from llmem.plan import Offload
+    from llmem.plan import FsdpShard, Offload
 
     if plan.offload is Offload.OPTIMIZER_PARAMS:  # sharded params, grads and optimizer states in pinned host memory
         from torch.distributed.fsdp import CPUOffloadPolicy
 
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if plan.fsdp_shard is FsdpShard.DIM1_IF_SHORT:
+        kwargs["shard_placement_fn"] = _dim1_if_short(dp_mesh.size())
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def _dim1_if_short(dp: int):
+    """`--fsdp-shard dim1-if-short`: Shard(1) for a tensor with fewer dim-0 rows than ranks whose dim 1 divides
+    evenly (the same rule as `llmem.components.sharding.fsdp_shard_dim`); None keeps FSDP2's Shard(0)."""
+    from torch.distributed.tensor import Shard
+
+    def placement(param):
+        short = param.ndim >= 2 and param.size(0) < dp and param.size(1) % dp == 0
+        return Shard(1) if short else None
+
+    return placement
 
 
 def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.Module:
