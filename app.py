@@ -41,7 +41,6 @@ WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy",
                "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
                "w_lora_mts", "w_dq")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
-UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -187,9 +186,6 @@ def _model_widgets():
             "To share, pick the matching preset or use its Hugging Face id.")
     if upload is None:
         return st.session_state.w_preset, None, None, "", ""
-    if upload.size > UPLOAD_LIMIT:
-        raise InputError("model", f"{upload.name} is {upload.size:,} bytes; a config.json is a few kilobytes "
-                                  f"(limit {UPLOAD_LIMIT // 1024} KiB)")
     data = upload.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     spec, origin = _spec_for_upload(digest, data, upload.name)
@@ -316,7 +312,7 @@ def _strategy_widget(comparison) -> None:
         wanted = st.session_state.get("w_strategy")
         st.session_state.w_strategy = "all"
         if wanted:
-            st.warning(f"strategy: {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
+            st.warning(f"strategy: TP {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
                        f"{st.session_state.w_gpus} GPU(s); comparing all strategies instead.")
     st.sidebar.selectbox("Strategy", list(options), key="w_strategy", format_func=options.get,
                          help=_help("zero") or "How the work is split: DDP replicates everything, ZeRO-1/2/3 "

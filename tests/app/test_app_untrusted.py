@@ -9,6 +9,7 @@ import pytest
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
+from llmem.cli import main as cli_main
 from llmem.view import plain
 
 from .conftest import APP, ROOT
@@ -60,6 +61,13 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
     return at.file_uploader(key="w_upload").set_value((name, data, "application/json")).run()
 
 
+@pytest.fixture(scope="module")
+def uploader() -> AppTest:
+    """One session switched to "Upload config.json": each bad upload below costs a single script run."""
+    at = run()
+    return at.radio(key="w_source").set_value(UPLOAD).run()
+
+
 def test_the_hazard_check_sees_an_image_a_tag_and_an_outside_link():
     """Unescaped, the strings used here are what the check must catch (so a pass below means something)."""
     found = " ".join(hazards([f"**{EVIL}** — config from uploaded {EVIL_FILE}", f"model: {EVIL!r}"]))
@@ -92,3 +100,72 @@ def test_a_typed_model_id_and_lora_targets_with_markdown_render_as_plain_text():
     assert at.error and at.sidebar.error  # the model id in the page, the LoRA targets in the sidebar
     assert not markdown_hazards(at)
     assert "looks like a file path" in shown_text(at) and "is not a module name" in shown_text(at)
+
+
+BAD_UPLOADS = {  # id: (file content, the field the message names)
+    "json-nested-5000-deep": ('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}", "model"),
+    "hidden-size-of-5000-digits": ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "model"),
+    "gptj": (json.dumps({"model_type": "gptj"}), "model_type"),
+    "gpt-bigcode": (json.dumps({"model_type": "gpt_bigcode"}), "model_type"),
+    "bert": (json.dumps({"model_type": "bert"}), "model_type"),
+    "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "model_type"),
+    "unknown-model-type": (json.dumps({"model_type": "no-such-arch"}), "model_type"),
+    "no-model-type": (json.dumps({"hidden_size": 8}), "model"),
+    "zero-attention-heads": (json.dumps({"model_type": "llama", "num_attention_heads": 0}), "num_attention_heads"),
+    "negative-hidden-size": (json.dumps({"model_type": "llama", "hidden_size": -4096}), "hidden_size"),
+    "hidden-size-a-string": (json.dumps({"model_type": "llama", "hidden_size": "big"}), "hidden_size"),
+    "json-list": ("[1, 2]", "model"),
+    "json-number": ("42", "model"),
+    "json-null": ("null", "model"),
+    "not-utf8": (bytes(range(256)), "model"),
+    "empty-file": ("", "model"),
+    "over-the-size-cap": ('{"model_type": "llama", "pad": "' + "x" * 300_000 + '"}', "model"),
+}
+
+
+def cli_line(tmp_path, capsys, content: str | bytes, name: str) -> str:
+    """What `llmem estimate --model <the file>` says on stderr, with the file's path shown as its bare name."""
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert cli_main(["estimate", "--model", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmem: error: ")
+    return lines[0].removeprefix("llmem: error: ").replace(str(path), name)
+
+
+@pytest.mark.parametrize("case", list(BAD_UPLOADS))
+def test_a_bad_upload_shows_the_clis_one_line_message_naming_the_field(uploader, tmp_path, capsys, case):
+    content, field = BAD_UPLOADS[case]
+    expected = cli_line(tmp_path, capsys, content, "config.json")
+    assert expected.startswith(f"{field}: ")
+    at = upload(uploader, "config.json", content if isinstance(content, bytes) else content.encode())
+    assert not at.exception, at.exception[0].message if at.exception else ""
+    assert [e.value for e in at.error] == [plain(expected)]  # one inline message: the CLI's, rendered as text
+    assert not at.success and not at.table  # no verdict, no table left from an earlier model
+    assert at.number_input(key="w_gpus").value == 1  # the rest of the sidebar is still there
+
+
+LINKS = [  # (query string, fields the warnings must name)
+    ({"methods": "offload-params"}, []),  # 1 GPU: no row for it, as in the CLI, and no traceback
+    ({"methods": "offload-params,lora,qlora", "gpus": "1", "zero": "0"}, []),
+    ({"gpus": "0", "tp": "0", "zero": "9"}, ["gpus", "tp", "zero"]),
+    ({"offload": "optimizer+params", "gpus": "1", "zero": "0"}, ["offload"]),
+    ({"model": "gpt2", "gpus": "2", "tp": "2", "zero": "1"}, ["zero"]),
+    ({"method": "qlora", "quant": "none", "precision": "fp32"}, ["quant"]),
+    ({"optimizer": "adafactor", "optimizer-impl": "fused", "gpus": "8", "zero": "3"}, ["optimizer-impl", "optimizer"]),
+    ({"model": EVIL, "gpus": EVIL, "lora-targets": EVIL, "upload": EVIL, EVIL: EVIL},
+     ["model", "gpus", "lora-targets", "upload", "unknown link parameter"]),
+]
+
+
+@pytest.mark.parametrize("query, fields", LINKS, ids=[f"link{i}" for i in range(len(LINKS))])
+def test_an_odd_or_tampered_share_link_opens_without_a_traceback(query, fields):
+    at = run(query)
+    assert not at.exception, at.exception[0].message if at.exception else ""
+    assert not [e.value for e in at.error if not e.value.startswith("**Short by")]  # only an OOM verdict
+    assert len([e for e in [*at.success, *at.error] if "Fits on" in e.value or "Short by" in e.value]) == 1
+    warnings = " ".join(w.value for w in at.warning if w.value.startswith("Share link"))
+    for field in fields:
+        assert plain(field) in warnings, (field, warnings)
+    assert bool(warnings) == bool(fields)
+    assert not markdown_hazards(at)
