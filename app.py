@@ -33,14 +33,14 @@ from llmem.plan import (
     parse_lora_targets,
     parse_modules_to_save,
 )
-from llmem.units import format_gib, format_params, gib
+from llmem.units import format_gib, format_params
+from llmem.view import comparison_csv, comparison_table, plain
 
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
                "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
                "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
                "w_lora_mts", "w_dq")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
-UPLOAD_LIMIT = 256 * 1024  # a config.json is a few kilobytes
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -186,9 +186,6 @@ def _model_widgets():
             "To share, pick the matching preset or use its Hugging Face id.")
     if upload is None:
         return st.session_state.w_preset, None, None, "", ""
-    if upload.size > UPLOAD_LIMIT:
-        raise InputError("model", f"{upload.name} is {upload.size:,} bytes; a config.json is a few kilobytes "
-                                  f"(limit {UPLOAD_LIMIT // 1024} KiB)")
     data = upload.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     spec, origin = _spec_for_upload(digest, data, upload.name)
@@ -259,7 +256,7 @@ def _typed_names(key: str, parse, fallback: str, show: bool) -> str:
         return parse(st.session_state.get(key, fallback))
     except InputError as err:
         if show:
-            st.sidebar.error(f"{err}; using {fallback or 'none'}")
+            st.sidebar.error(plain(f"{err}; using {fallback or 'none'}"))
         return fallback
 
 
@@ -315,7 +312,7 @@ def _strategy_widget(comparison) -> None:
         wanted = st.session_state.get("w_strategy")
         st.session_state.w_strategy = "all"
         if wanted:
-            st.warning(f"strategy: {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
+            st.warning(f"strategy: TP {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
                        f"{st.session_state.w_gpus} GPU(s); comparing all strategies instead.")
     st.sidebar.selectbox("Strategy", list(options), key="w_strategy", format_func=options.get,
                          help=_help("zero") or "How the work is split: DDP replicates everything, ZeRO-1/2/3 "
@@ -337,34 +334,6 @@ def _verdict(row, gpu, gpus: int, comparison, compare_all: bool) -> None:
         st.info(f"**{lead}: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")
     else:
         st.warning(f"**No strategy fits on {where}.** {comparison.reason}")
-
-
-def _comparison_table(comparison) -> pd.DataFrame:
-    rec = comparison.recommended
-    rows = []
-    for row in comparison.rows:
-        rows.append({
-            "strategy": row.label,
-            "recommended": "★" if rec is not None and row.plan == rec.plan else "",
-            "TP": row.tp,
-            "ZeRO": row.zero,
-            "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
-            "device total (GiB)": round(gib(row.device_total_bytes), 2),
-            "fits": "yes" if row.fits else "no",
-            "headroom (GiB)": round(gib(row.headroom_bytes), 2),
-            "max micro-batch": row.max_batch_size,
-            "tokens/step": row.tokens_per_step,
-            "host RAM per node (GiB)": round(gib(row.estimate.host_node_bytes), 2),
-        })
-    return pd.DataFrame(rows)
-
-
-def _csv(table: pd.DataFrame, inputs: share.AppInputs, link: str, spec) -> str:
-    """The table exactly as shown, after `#` comment lines with the inputs that produced it."""
-    lines = ["# llmem strategy comparison (GiB = 2^30 bytes; peak = max_memory_allocated per GPU)"]
-    lines += [f"# {k}: {v}" for k, v in share.encode(inputs).items()]
-    lines += [f"# parameters: {spec.total_params}", f"# link: {link}"]
-    return "\n".join(lines) + "\n" + table.to_csv(index=False)
 
 
 def _curves(spec_key: str, spec, row, gpu, left, right) -> None:
@@ -396,13 +365,13 @@ def main() -> None:
     _init_from_url()
     _restore_widgets()
     for message in st.session_state.get("link_warnings", []):
-        st.warning(f"Share link: {message}")
+        st.warning(f"Share link: {plain(message)}")
 
     try:
         model, spec, origin, upload, spec_key = _model_widgets()
     except InputError as err:
         model = st.session_state.w_preset
-        st.error(str(err))
+        st.error(plain(err))
         _training_widgets()
         _remember_widgets()
         _sync_url(_inputs(model, ""))
@@ -428,15 +397,15 @@ def main() -> None:
         _render(spec_key, spec, origin, inputs, gpu, comparison, link)
     except InputError as err:
         _sync_url(inputs)
-        st.error(str(err))
+        st.error(plain(err))
         st.stop()
     st.session_state.last_render_ms = (time.perf_counter() - started) * 1000
     st.caption(f"Rendered in {st.session_state.last_render_ms:.0f} ms.")
 
 
 def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comparison, link: str) -> None:
-    st.markdown(f"**{spec.name}** ({spec.model_type}) — {format_params(spec.total_params)} parameters "
-                f"({format_params(spec.trainable_params)} trainable); config from {origin}")
+    st.markdown(f"**{plain(spec.name)}** ({plain(spec.model_type)}) — {format_params(spec.total_params)} "
+                f"parameters ({format_params(spec.trainable_params)} trainable); config from {plain(origin)}")
     own = [r for r in comparison.rows if not r.variant]
     if inputs.compare_all:
         row = comparison.recommended or min(own, key=lambda r: r.device_total_bytes)
@@ -445,13 +414,13 @@ def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comp
     _verdict(row, gpu, inputs.gpus, comparison, inputs.compare_all)
 
     st.subheader(f"Strategies on {inputs.gpus} GPU(s) of {gpu.name}")
-    table = _comparison_table(comparison)
+    table = comparison_table(comparison)
     st.table(table.set_index("strategy").style.format(precision=2))
     st.caption("per-GPU peak = largest allocated tensor memory per GPU (torch max_memory_allocated); device total adds "
                "fragmentation and the CUDA context (what nvidia-smi shows); headroom = GPU memory − device total; "
                "max micro-batch = largest micro-batch per GPU that fits (0: none).")
     csv_col, link_col = st.columns([1, 3])
-    csv_col.download_button("Download CSV (table + inputs)", _csv(table, inputs, link, spec),
+    csv_col.download_button("Download CSV (table + inputs)", comparison_csv(table, inputs, link, spec),
                             file_name="llmem-strategies.csv", mime="text/csv", key="csv")
     with link_col:
         st.markdown("**Share link** — the address bar is always this link; copy it with the icon at its right:")
@@ -515,7 +484,7 @@ def _simulate_section(spec_key: str, row) -> None:
                                      progress=lambda text: status.update(label=f"Simulating: {text}"))
             except InputError as err:
                 status.update(label="This step cannot be simulated", state="error")
-                st.error(str(err))
+                st.error(plain(err))
                 return
             status.update(label=f"Simulated in {sims[key].seconds:.1f} s ({sims[key].ops:,} ops)", state="complete")
     sim = sims.get(key)
