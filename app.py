@@ -21,6 +21,7 @@ from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
 from llmem.plan import (
     Attention,
+    FsdpShard,
     GradCkpt,
     Loss,
     Method,
@@ -39,7 +40,7 @@ from llmem.view import comparison_csv, comparison_table, plain
 WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
                "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
                "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
-               "w_lora_mts", "w_dq")
+               "w_lora_mts", "w_dq", "w_fsdp_shard")
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -141,6 +142,7 @@ def _init_from_url() -> None:
     ss.w_lora_targets = inputs.lora_targets
     ss.w_lora_mts = inputs.lora_modules_to_save
     ss.w_dq = inputs.double_quant
+    ss.w_fsdp_shard = inputs.fsdp_shard.value
     ss.w_grad_accum = inputs.grad_accum
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
@@ -236,6 +238,8 @@ def _training_widgets() -> None:
                     help=_help("grad-accum"))
     sb.selectbox("Offload to host memory", [o.value for o in Offload], key="w_offload", help=_help("offload"))
     sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
+    sb.selectbox("FSDP2 shard dim (ZeRO-2/3)", [v.value for v in FsdpShard], key="w_fsdp_shard",
+                 help=_help("fsdp-shard"))
     sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=_help("methods"))
 
 
@@ -290,6 +294,7 @@ def _inputs(model: str, upload: str) -> share.AppInputs:
         methods=",".join(sorted(ss.get("w_methods", []))),
         lora_modules_to_save=_lora_modules_to_save() if adapters else "",
         double_quant=bool(ss.get("w_dq", False)) and quant in (Quant.NF4, Quant.FP4),
+        fsdp_shard=FsdpShard(ss.get("w_fsdp_shard", "dim0")),
     )
 
 
@@ -440,6 +445,8 @@ def _render(spec_key: str, spec, origin: str, inputs: share.AppInputs, gpu, comp
         st.caption(f"Peak phase: **{est.peak_phase}**. The stacked categories sum to the allocator peak "
                    f"({format_gib(est.peak_bytes)}); hatched items are outside it and only count toward the "
                    f"device total ({format_gib(est.device_total_bytes)}).")
+    for note in est.notes:
+        st.warning(plain(note))
     _curves(spec_key, spec, row, gpu, middle, right)
     _simulate_section(spec_key, row)
 

@@ -15,6 +15,7 @@ from llmem.help import HELP
 from llmem.plan import (
     Attention,
     Device,
+    FsdpShard,
     GradCkpt,
     Loss,
     Method,
@@ -67,6 +68,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
                    metavar="|".join(m.value for m in Loss))
     p.add_argument("--double-quant", action="store_true", help=HELP["double-quant"])
+    p.add_argument("--fsdp-shard", default=str(FsdpShard.DIM0), help=HELP["fsdp-shard"],
+                   metavar="|".join(m.value for m in FsdpShard))
     p.add_argument("--engine", default="torch", help=HELP["engine"], metavar="torch|deepspeed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -93,7 +96,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
                         grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every,
                         offload=args.offload, loss=args.loss, lora_modules_to_save=args.lora_modules_to_save,
-                        double_quant=args.double_quant)
+                        double_quant=args.double_quant, fsdp_shard=args.fsdp_shard)
 
 
 def _spec_and_origin(model: str):

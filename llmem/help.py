@@ -81,6 +81,12 @@ HELP = {
                             "model's dtype (the frozen original stays) with its own gradient and optimizer states; a "
                             "trainable lm_head keeps its input for the weight gradient, a trainable embedding makes "
                             "a dense vocab × hidden gradient. Empty = none. Not with tied embeddings or FSDP2.",
+    "fsdp-shard": "Which dim FSDP2 (--zero 2/3) shards each tensor on. dim0 (FSDP2's default) pads dim 0 to a "
+                  "multiple of the GPUs, so a tensor with fewer rows than GPUs (a MoE's stacked experts: one row per "
+                  "expert) is stored at 1/rows instead of 1/GPUs and gathered padded. dim1-if-short passes "
+                  "fully_shard(shard_placement_fn=...) returning Shard(1) for such tensors when dim 1 divides "
+                  "evenly (FSDP2 requires it): exact 1/GPUs shards, at the cost of a copy of those tensors in each "
+                  "all-gather's copy-out. No effect on DDP, ZeRO-1 or TP.",
     "double-quant": "With --method qlora --quant nf4/fp4: bitsandbytes' double quantization "
                     "(bnb_4bit_use_double_quant): each block of 64 weights keeps a 1-byte scale instead of a 4-byte "
                     "one (plus one fp32 scale per 256 blocks): about 0.37 bits less per weight.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from llmem.components.sharding import FSDP_SCHEMES, fsdp_padded_numel, tp_local_shape
+from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, fsdp_shard_numel, tp_local_shape
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -20,19 +20,21 @@ def fsdp_padding_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
         return None
     shapes = [tp_local_shape(p, plan.tp) for p in spec.params]
     exact = sum(math.prod(s) for s in shapes)
-    gathered = sum(fsdp_padded_numel(s, plan.dp) * plan.dp for s in shapes)
+    gathered = sum(fsdp_shard_numel(s, plan) * plan.dp for s in shapes)
     if exact == 0 or gathered - exact < PADDING_NOTE_FRACTION * exact:
         return None
-    short = [(p, s) for p, s in zip(spec.params, shapes, strict=True) if s and s[0] < plan.dp]
+    short = [(p, s) for p, s in zip(spec.params, shapes, strict=True)
+             if s and s[0] < plan.dp and not fsdp_shard_dim(s, plan)]
     if not short:
         return None
-    worst_p, worst_s = max(short, key=lambda ps: fsdp_padded_numel(ps[1], plan.dp) * plan.dp - math.prod(ps[1]))
-    factor = fsdp_padded_numel(worst_s, plan.dp) * plan.dp / math.prod(worst_s)
+    worst_p, worst_s = max(short, key=lambda ps: fsdp_shard_numel(ps[1], plan) * plan.dp - math.prod(ps[1]))
+    factor = fsdp_shard_numel(worst_s, plan) * plan.dp / math.prod(worst_s)
     return (f"FSDP2 pads dim 0 of each tensor to a multiple of the {plan.dp} data-parallel GPUs: {len(short)} "
             f"tensors have fewer rows than that (e.g. {worst_p.name}, {worst_s[0]} rows), so each GPU stores 1/"
             f"{worst_s[0]} of them instead of 1/{plan.dp} and gathers them {factor:.1f}× their size; the padding "
-            f"adds {(gathered - exact) / exact:.0%} to the gathered parameters. Fix: shard those tensors on a larger "
-            f"dim (fully_shard(shard_placement_fn=...) returning Shard(1) for them), or use at most "
+            f"adds {(gathered - exact) / exact:.0%} to the gathered parameters. Fix: --fsdp-shard dim1-if-short "
+            f"(fully_shard(shard_placement_fn=...) returning Shard(1) for them, where dim 1 divides evenly), "
+            f"or use at most "
             f"{min(s[0] for _, s in short)} GPUs per shard group (HSDP) — compare fewer GPUs to see the gain.")
 
 

@@ -23,6 +23,7 @@ from llmem.gpus import get_gpu
 from llmem.plan import (
     MAX_TOKENS,
     Attention,
+    FsdpShard,
     GradCkpt,
     Loss,
     Method,
@@ -79,6 +80,7 @@ class AppInputs:
     grad_accum: int = 1  # micro-steps per optimizer step
     lora_modules_to_save: str = ""  # with lora/qlora: PEFT modules_to_save, e.g. "lm_head"
     double_quant: bool = False  # with a 4-bit qlora base: bitsandbytes' nested quantization of the block scales
+    fsdp_shard: FsdpShard = FsdpShard.DIM0  # FSDP2 (ZeRO-2/3): Shard(1) for tensors with fewer rows than ranks
 
     def __post_init__(self) -> None:
         if self.quant is not Quant.NONE and self.method is Method.FULL:  # a 4-bit base alone has always meant qlora
@@ -99,6 +101,7 @@ class AppInputs:
             grad_accum=self.grad_accum, offload=self.offload, loss=self.loss,
             lora_modules_to_save=self.lora_modules_to_save if self.method is not Method.FULL else "",
             double_quant=self.double_quant and self.quant in (Quant.NF4, Quant.FP4),
+            fsdp_shard=self.fsdp_shard,
         )
 
     def with_(self, **changes) -> AppInputs:
@@ -131,6 +134,7 @@ KEYS: dict[str, str] = {
     "grad_accum": "grad-accum",
     "lora_modules_to_save": "lora-modules-to-save",
     "double_quant": "double-quant",
+    "fsdp_shard": "fsdp-shard",
 }
 _ATTR = {v: k for k, v in KEYS.items()}
 _ENUMS = {
@@ -143,13 +147,14 @@ _ENUMS = {
     "offload": Offload,
     "loss": Loss,
     "method": Method,
+    "fsdp_shard": FsdpShard,
 }
 _INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
                "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY),
                "lora_rank": (1, MAX_APP_LORA_RANK), "grad_accum": (1, MAX_APP_GRAD_ACCUM)}
 # written into a link only when they differ from their default, so that older links stay equal to new ones
 _ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum",
-                  "lora_modules_to_save", "double_quant")
+                  "lora_modules_to_save", "double_quant", "fsdp_shard")
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:

@@ -42,6 +42,7 @@ OPTIONS = {
     "--offload": st.sampled_from(["none", "optimizer", "optimizer+params"]),
     "--grad-ckpt": st.sampled_from(["none", "full"]), "--attn": st.sampled_from(["sdpa", "eager"]),
     "--gpu-type": st.sampled_from(["h100-sxm", "", "t4", "nope"]),
+    "--fsdp-shard": st.sampled_from(["dim0", "dim1-if-short", "dim2"]),
 }
 options = st.fixed_dictionaries({}, optional=OPTIONS)
 

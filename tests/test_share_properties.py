@@ -29,6 +29,7 @@ VALUES = {
     "lora-modules-to-save": st.sampled_from(["", "lm_head", "embed_tokens"]),
     "double-quant": st.sampled_from(["true", "false"]),
     "methods": st.sampled_from(["", "lora", "offload-params", "qlora,offload-optimizer"]),
+    "fsdp-shard": st.sampled_from(["dim0", "dim1-if-short", "bad"]),
 }
 links = st.fixed_dictionaries({}, optional=VALUES)
 

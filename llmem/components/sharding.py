@@ -50,7 +50,7 @@ def fsdp_shard_numel(shape: tuple[int, ...], plan: TrainingPlan) -> int:
     return fsdp_padded_numel(shape, plan.dp)
 
 
-_LOCAL_NUMEL: dict = {}  # (shape, split, tp, dp, fsdp, rule) -> elements; shapes repeat across layers, so it stays small
+_LOCAL_NUMEL: dict = {}  # (shape, split, tp, dp, fsdp, rule) -> elements; shapes repeat across layers
 
 
 def local_numel(p: ParamTensor, plan: TrainingPlan) -> int:

@@ -58,7 +58,7 @@ def test_default_view_answers_first_and_fills_the_link():
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
     only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
-                     "lora-modules-to-save", "double-quant"}
+                     "lora-modules-to-save", "double-quant", "fsdp-shard"}
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
@@ -365,3 +365,16 @@ def test_double_quant_link_lowers_the_qlora_parameters():
     assert nested.checkbox(key="w_dq").value is True and not nested.checkbox(key="w_dq").disabled
     assert nested.query_params["double-quant"] == "true"
     assert table(nested)["per-GPU peak (GiB)"].iloc[0] < table(plain)["per-GPU peak (GiB)"].iloc[0]
+
+
+def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
+    query = {"model": "mixtral-8x7b", "gpus": "64", "tp": "1", "zero": "3"}
+    padded, dim1 = run(query), run({**query, "fsdp-shard": "dim1-if-short"})
+    assert_clean(dim1)
+    assert not link_warnings(dim1)
+    assert dim1.selectbox(key="w_fsdp_shard").value == "dim1-if-short"
+    assert dim1.query_params["fsdp-shard"] == "dim1-if-short"
+    assert any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in padded.warning)
+    assert not any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in dim1.warning)
+    assert table(dim1).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"] < \
+        table(padded).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"]
