@@ -503,7 +503,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
         phases.append(_phase(  # foreach_reduce copy-in: the unsharded grads into reduce_scatter_input
             f"reduce-scatter copy-in (layer {layer})", **earlier,
-            gradients=root_grads_head + later + layer_grads, communication=gather + rs_in))
+            gradients=root_grads_head + later + layer_grads,
+            communication=gather + rs_in + comm.chunk_cat_padding_bytes(spec, plan)))
         phases.append(_phase(  # the collective: unsharded grads freed, the output shard and gloo's copy allocated
             f"reduce-scatter (layer {layer})", **earlier, gradients=root_grads_head + later + sharded_layer[layer],
             communication=gather + rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)))

@@ -244,6 +244,27 @@ def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = Fa
     return (numels[-1] if numels else 0) * gather_bytes(plan)
 
 
+def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """(CPU profile) `foreach_reduce_scatter_copy_in` calls `torch._chunk_cat(grads, 0, world, out=...)`. On CPU that
+    is the composite `at::native::_chunk_cat_out`, whose `_pad_chunk` copies every gradient whose dim 0 does not
+    divide by the ranks into a `new_zeros` tensor of the padded size (grad dtype) and keeps them until the cat;
+    CUDA's `_chunk_cat_out_cuda` pads inside its kernel for contiguous inputs (ATen native/cuda/TensorShape.cu).
+    One decoder layer's gradients (LoRA: the adapters'); Shard(1) gradients arrive re-chunked with w x d0 rows."""
+    from llmem.components.sharding import fsdp_shard_dim, tp_local_shape
+    from llmem.plan import Device
+
+    if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
+        return 0
+    if lora.is_lora(plan):
+        shapes = [a.shape for a in lora.adapter_params(spec, plan) if a.layer == 0]
+        elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
+    else:
+        shapes, elem = [tp_local_shape(p, plan.tp) for p in spec.layer_params(0)], gather_bytes(plan)
+    padded = [-(-s[0] // plan.dp) * plan.dp * math.prod(s[1:]) for s in shapes
+              if s[0] % plan.dp and not fsdp_shard_dim(s, plan)]
+    return sum(padded) * elem
+
+
 def root_resharded_after_forward(plan: TrainingPlan) -> bool:
     """ZeRO-3 (and TP × FSDP2) pass `reshard_after_forward=True` to `fully_shard` explicitly, so the root's
     `_lazy_init` keeps its post-forward reshard (it drops it only when the option was left unset): the root frees its

@@ -1,7 +1,9 @@
 """`--fsdp-shard dim1-if-short` (FSDP2 `shard_placement_fn` returning Shard(1) for tensors with fewer rows than
 ranks) against a real 4-rank run: a tiny Mixtral with 2 experts, whose stacked expert tensors FSDP2's default
 pads from 2 to 4 rows. The estimate follows the real program's copy-out temporaries and kept gradient, within the
-multi-rank bar; the padded default is checked beside it, so both sides of the option are measured."""
+multi-rank bar; the padded default is checked beside it, so both sides of the option are measured (its ZeRO-3
+fp32 peak is the reduce-scatter copy-in, where CPU's composite `_chunk_cat` pads the short gradients: -4.6% before
+`chunk_cat_padding_bytes`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ ROWS = {f"{shard}-z{zero}-{prec}": dict(gpus=4, zero=zero, precision=prec, seq_l
                                         fsdp_shard=shard, attn="eager")
         for shard in ("dim0", "dim1-if-short") for zero in (2, 3) for prec in ("fp32", "bf16-mixed")}
 TOLERANCE = 0.01
-KNOWN_GAP = {"dim0-z3-fp32"}  # the padded default under ZeRO-3 fp32: -4.6%, the reduce-scatter of padded experts
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,7 @@ def measured() -> dict:
     return {r["id"]: r for r in results}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="see KNOWN_GAP"))
-                                  if n in KNOWN_GAP else n for n in ROWS])
+@pytest.mark.parametrize("name", ROWS)
 def test_estimate_within_one_percent_of_the_measured_peak(measured, name):
     res = measured[name]
     assert "error" not in res, res.get("error")
