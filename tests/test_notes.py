@@ -39,3 +39,13 @@ def test_the_note_reports_the_padding_it_counts():
     exact = sum(p.numel for p in MIXTRAL.params)
     padded = sum(math.ceil(p.shape[0] / 64) * 64 * math.prod(p.shape[1:]) for p in MIXTRAL.params)
     assert f"adds {(padded - exact) / exact:.0%}" in note
+
+
+def test_compare_prints_the_padding_note_once(capsys):
+    from llmem.cli import main
+
+    assert main(["compare", "--model", "mixtral-8x7b", "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: FSDP2 pads dim 0") == 1
+    assert main(["compare", "--model", "mixtral-8x7b", "--gpus", "64", "--fsdp-shard", "dim1-if-short"]) == 0
+    assert "FSDP2 pads dim 0" not in capsys.readouterr().out
