@@ -26,7 +26,7 @@ from llmem.plan import Scheme, TrainingPlan
 
 PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
                "grad_ckpt", "attn", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quant",
-               "ckpt_every", "grad_accum", "lora_modules_to_save", "double_quant")
+               "ckpt_every", "grad_accum", "lora_modules_to_save", "double_quant", "fsdp_shard")
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.01  # every row of the suite; the bound README and the issues state
 TOLERANCE_MULTI = 0.01
