@@ -253,7 +253,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 gradients=grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
                 temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
                 logits=logits, communication=gathered(layer + 1)))
-        if act.falcon_math_attention(spec) and not lora.is_lora(plan):
+        if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
             phases.append(_phase(
                 f"{name[:-1]}, attention core)", **persistent,
                 activations=held + outer_act - mlp_dropout - act.attention_backward_freed_bytes(spec, plan),
@@ -492,7 +492,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                     gradients=root_grads_head + later + residual_grad + sum(s.bytes for s in grads),
                     logits=logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained))
                 held[phase] = later
-        if act.falcon_math_attention(spec):
+        if act.falcon_math_attention(spec, plan):
             phases.append(_phase(
                 f"backward (layer {layer}, attention core)", **persistent,
                 activations=below + outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),

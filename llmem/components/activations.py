@@ -285,10 +285,14 @@ def falcon_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             Saved("key expanded to all heads", tokens * q * cb), Saved("value", tokens * kv * cb)],
             _p(spec, "attention_dropout"), output_copy=False)
     else:
+        math = plan.attn is Attention.SDPA
         items += [Saved("query_key_value split indices [-2], [-1] (int64)", 16),
-                  *_falcon_math_sdpa_operands(spec, plan, tokens),
-                  Saved("attention probabilities (softmax)", tokens * heads * seq * FP32),
+                  *(_falcon_math_sdpa_operands if math else _falcon_eager_operands)(spec, plan, tokens),
+                  # eager: softmax(dtype=hidden_states.dtype), the layernorm output's: fp32 under autocast
+                  Saved("attention probabilities (softmax)", tokens * heads * seq * (FP32 if math else rb)),
                   Saved("attention output", tokens * q * cb)]
+        if not math and plan.precision.is_mixed:  # autocast casts them to half for `@ value`, which keeps the cast
+            items.append(Saved("attention probabilities cast to half (matmul operand)", tokens * heads * seq * cb))
     hidden = _p(spec, "hidden_dropout")
     if not parallel:
         items += [*dropout_saved("attention dropout_add", plan, tokens * h, cb, hidden),
@@ -315,9 +319,24 @@ def _falcon_math_sdpa_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int)
             Saved("math sdpa v.to(float32) (bmm operand)", tokens * k_width * FP32)]
 
 
-def falcon_math_attention(spec: ModelSpec) -> bool:
-    """Falcon's old architecture with parallel attention: sdpa with an explicit mask runs the math path."""
-    return (spec.model_type == "falcon" and not spec.options.get("new_decoder_architecture")
+def _falcon_eager_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
+    """`FalconAttention.forward`'s eager branch (old architecture, `--attn eager`): `query @ key.transpose(-1, -2)`
+    and `softmax(...) @ value` in the compute dtype; `at::matmul` broadcasts k and v from their kv heads to the
+    query heads, a stride-0 view at micro-batch 1 and a copy otherwise (as in `_falcon_math_sdpa_operands`); the
+    scores are scaled in place and the mask added into a new tensor that softmax does not keep."""
+    cb, _ = _bytes(plan)
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    k_width = kv if plan.batch_size == 1 else q
+    return [Saved("query (RoPE, matmul operand)", tokens * q * cb),
+            Saved("key (matmul operand)", tokens * k_width * cb),
+            Saved("value (matmul operand)", tokens * k_width * cb)]
+
+
+def falcon_math_attention(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Falcon's old architecture with parallel attention under `--attn sdpa`: sdpa with an explicit mask runs the
+    math path (`--attn eager` runs `FalconAttention`'s own matmul-softmax branch, `_falcon_eager_operands`)."""
+    return (spec.model_type == "falcon" and plan.attn is Attention.SDPA
+            and not spec.options.get("new_decoder_architecture")
             and bool(spec.options.get("parallel_attn", True)))
 
 
@@ -326,7 +345,7 @@ def attention_backward_freed_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     (dense_h_to_4h output, gelu output, and under autocast dense_h_to_4h's input cast) — the MLP ran last, so its
     backward runs first —, the attention output (saved by `dense`) and the v operand (released by the bmm
     backward)."""
-    if not falcon_math_attention(spec):
+    if not falcon_math_attention(spec, plan):
         return 0
     tokens = plan.batch_size * plan.seq_len
     cb, _ = _bytes(plan)
@@ -342,7 +361,7 @@ def attention_backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> i
     the saved probabilities), v's gradient (the bmm gradient summed over the broadcast heads, fp32 when upcast),
     the gradient of the layer output (held by the residual branch, param dtype) and the MLP branch's gradient of
     the layernorm output (residual-stream dtype), which waits for the attention branch's to be added to it."""
-    if not falcon_math_attention(spec):
+    if not falcon_math_attention(spec, plan):
         return 0
     tokens = plan.batch_size * plan.seq_len
     cb, rb = _bytes(plan)

@@ -1,0 +1,44 @@
+"""Falcon's old architecture (multi-query, parallel attention) under `--attn eager` runs `FalconAttention`'s own
+matmul-softmax branch, not sdpa's math path: probabilities in the layernorm output's dtype (fp32 under autocast,
+which then keeps a half cast for `@ value`), k and v broadcast to the query heads. Estimate against a real CPU
+run (counting allocator) of one rank. Found by the random sweep (+17.8% before: the math path's fp32 operands)."""
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.measure.run import measure_rank
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+FALCON = {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "vocab_size": 512, "new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
+          "bias": False}
+TOLERANCE = 0.005  # the single-rank bar of the component tests
+CASES = {
+    "bf16-b2": dict(batch_size=2, seq_len=128, precision="bf16", optimizer_impl="foreach"),
+    "fp32-b1": dict(batch_size=1, seq_len=128, precision="fp32"),
+    "bf16-mixed-b2": dict(batch_size=2, seq_len=64, precision="bf16-mixed"),
+    "fp16-mixed-b1": dict(batch_size=1, seq_len=128, precision="fp16-mixed"),
+    "sgd-fp32-b3": dict(batch_size=3, seq_len=96, precision="fp32", optimizer="sgd"),
+    "bf16-mixed-ckpt": dict(batch_size=2, seq_len=64, precision="bf16-mixed", grad_ckpt="full"),
+}
+# Residuals of the checkpointed layer's backward under eager attention, kept visible (not tuned away):
+RESIDUAL = {"fp32-ckpt": dict(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full"),  # +3.4%
+            "bf16-ckpt-b1": dict(batch_size=1, seq_len=128, precision="bf16", grad_ckpt="full")}  # -1.9%
+
+
+def _error(plan_fields: dict) -> float:
+    plan = TrainingPlan(**plan_fields, attn="eager", device="cpu")
+    measured = measure_rank(FALCON, plan)["peak_bytes"]
+    return (estimate(ModelSpec.from_config(FALCON), plan).peak_bytes - measured) / measured
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_falcon_eager_within_half_a_percent(name):
+    assert abs(_error(CASES[name])) <= TOLERANCE
+
+
+@pytest.mark.xfail(strict=True, reason="the checkpointed eager falcon layer's backward moment is not modelled yet")
+@pytest.mark.parametrize("name", RESIDUAL)
+def test_falcon_eager_checkpointed_residuals(name):
+    assert abs(_error(RESIDUAL[name])) <= TOLERANCE
