@@ -113,7 +113,7 @@ def _error(family: str, **plan) -> float:
     ("qwen3", dict(double_quant=True, precision="bf16", grad_ckpt="full")),
 ])
 def test_qlora_estimate_matches_cpu_run(family, plan):
-    # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (DESIGN.md "Fine-tuning methods")
+    # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (docs/notes/2026-11-26-methods-lora-qlora.md)
     assert abs(_error(family, **plan)) < 0.02
 
 
@@ -164,7 +164,7 @@ def _int8_run(family: str, **plan):
     ("qwen3", dict(lora_targets="q_proj,v_proj", lora_dropout=0.1)),
 ])
 def test_int8_estimate_matches_cpu_run(family, plan):
-    # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (DESIGN.md "Fine-tuning methods")
+    # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (docs/notes/2026-11-26-methods-lora-qlora.md)
     est, trace, _ = _int8_run(family, **plan)
     assert abs(est.peak_bytes - trace.peak_bytes) / trace.peak_bytes < 0.02
 
