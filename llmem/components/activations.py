@@ -401,17 +401,21 @@ def moe_routing_weight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
     """transformers 5 `MixtralSparseMoeBlock` / `Qwen2MoeSparseMoeBlock` with grouped experts: router softmax
     (fp32), top-k indices, routing weights, tokens sorted by expert and gathered (tokens × top_k rows), grouped
-    gate_up output, silu, silu*up, down output (scaled by the routing weights), offsets and permutations."""
+    gate_up output, silu, silu*up, down output (scaled by the routing weights), offsets and permutations.
+    The experts compute in their weights' dtype, not autocast's: `integrations/moe.py: _grouped_mm` runs
+    `grouped_mm(input.to(weight.dtype), weight)` (grouped mm is not autocast-enabled), so under mixed precision
+    the gathered tokens (the fp32 layernorm output) and every expert tensor are fp32."""
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     i = spec.moe_intermediate_size or spec.intermediate_size
-    cb, _ = _bytes(plan)
+    _, rb = _bytes(plan)
+    cb = plan.precision.param_bytes  # the expert weights' dtype
     r = tokens * k
     items = [Saved("router softmax", tokens * e * FP32), Saved("topk indices", r * 8)]
     if spec.model_type == "mixtral" or spec.options.get("norm_topk_prob"):
         items += [Saved("topk weight sum", tokens * FP32), Saved("normalized routing weights", r * FP32)]
     return items + [
         Saved("sorted expert ids", r * 8), Saved("sort permutation", r * 8),
-        Saved("gathered tokens (tokens × top_k)", r * h * cb),
+        Saved("gathered tokens (tokens × top_k)", r * h * rb),
         Saved("gathered routing weights", r * moe_routing_weight_bytes(spec, plan)),
         Saved("expert offsets (cumsum)", e * FP32), Saved("grouped gate_up output", r * 2 * i * cb),
         Saved("silu(gate)", r * i * cb), Saved("silu(gate) * up", r * i * cb),
