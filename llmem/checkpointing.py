@@ -24,8 +24,10 @@ Tokens = micro-batch × seq_len × grad_accum micro-steps.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from llmem.components.sharding import FSDP_SCHEMES
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, validate_plan_for_model
 from llmem.plan import GradCkpt, TrainingPlan
@@ -122,26 +124,107 @@ def candidate_plans(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
     """Every checkpointing choice valid for `plan` (none, every K-th layer, full), other fields unchanged."""
     plans = [plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)]
     for k in range(spec.num_layers, 0, -1):
-        try:
-            plans.append(plan.with_(grad_ckpt=GradCkpt.FULL, ckpt_every=k))
-        except InputError:
-            continue
+        p = _every(plan, k)
+        if p is not None:
+            plans.append(p)
     return plans
+
+
+def _every(plan: TrainingPlan, k: int) -> TrainingPlan | None:
+    try:
+        return plan.with_(grad_ckpt=GradCkpt.FULL, ckpt_every=k)
+    except InputError:  # e.g. an int8 base: partial checkpointing is not modelled
+        return None
 
 
 def plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> CkptPlan:
     """The checkpointing choice with the fewest recomputed layers whose estimate fits `capacity_bytes` per GPU.
-    `plan`'s own grad_ckpt / ckpt_every are ignored (they are what is chosen)."""
+    `plan`'s own grad_ckpt / ckpt_every are ignored (they are what is chosen). Of the K that recompute the same
+    number of layers, the one with the lowest device total represents it (ties: the largest K), found as
+    `_group_choice` says — the same answer as estimating every K."""
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
         raise InputError("gpu-type", f"capacity must be a positive number of bytes, got {capacity_bytes!r}")
     validate_plan_for_model(spec, plan)
     per_layer = layer_forward_flops(spec, plan) * plan.grad_accum
-    best: dict[int, CkptOption] = {}
-    for p in candidate_plans(spec, plan):
-        n = -(-spec.num_layers // p.ckpt_every) if p.grad_ckpt is GradCkpt.FULL else 0
-        opt = CkptOption(p, estimate(spec, p), n, n * per_layer, capacity_bytes)
-        if n not in best or opt.estimate.device_total_bytes < best[n].estimate.device_total_bytes:
-            best[n] = opt
-    options = tuple(best[n] for n in sorted(best))
+    layers = spec.num_layers
+    estimates: dict[int, Estimate] = {}
+
+    def total(k: int) -> int:
+        if k not in estimates:
+            estimates[k] = estimate(spec, _every(plan, k))
+        return estimates[k].device_total_bytes
+
+    none = plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)
+    options = [CkptOption(none, estimate(spec, none), 0, 0, capacity_bytes)]
+    trend = _layer_trend(spec, plan, total, estimates) if _every(plan, 2) is not None else None
+    for n in range(1, layers + 1):  # n layers recomputed: K in [ceil(L / n), floor((L - 1) / (n - 1))]
+        lo, hi = -(-layers // n), (layers - 1) // (n - 1) if n > 1 else layers
+        if lo > hi or _every(plan, hi) is None:
+            continue
+        k = _group_choice(layers, n, lo, hi, total, trend if lo > 1 else None)
+        options.append(CkptOption(_every(plan, k), estimates[k], n, n * per_layer, capacity_bytes))
     chosen = next((o for o in options if o.fits), None)
-    return CkptPlan(spec, capacity_bytes, options, chosen, model_forward_flops(spec, plan) * plan.grad_accum)
+    return CkptPlan(spec, capacity_bytes, tuple(options), chosen,
+                    model_forward_flops(spec, plan) * plan.grad_accum)
+
+
+_LAYER = re.compile(r"\(layer \d+(?=[),])")
+
+
+def _layer_trend(spec: ModelSpec, plan: TrainingPlan, total, estimates: dict) -> str | None:
+    """How the live bytes of a layer's backward moments change from one layer to the next at a fixed number of
+    checkpointed layers below it: "falling" (never up: the layer's gradients outweigh what it keeps), "rising"
+    (never down), None when the moments disagree or the walk has other edges (FSDP2: no prefetch at layer 0, no
+    retained reduce-scatter input at the last layer), so every K is estimated. Read off K = L, whose layers 1 .. L-1
+    form one run without checkpointed layers: each moment of layer L-1 against the same moment of layer 1. The
+    walk's terms are linear in the layer index there (`activations.backward_layers`), with the same slope for the
+    moments that only checkpointed layers have (they hold the same kept layers and later gradients)."""
+    layers = spec.num_layers
+    if layers < 4 or plan.scheme in FSDP_SCHEMES:
+        return None
+    total(layers)
+    phases = {p.name: p.total for p in estimates[layers].phases}
+    steps = []
+    for name, value in phases.items():
+        if _LAYER.search(name) and _LAYER.search(name).group() == "(layer 1":
+            top = phases.get(_LAYER.sub(f"(layer {layers - 1}", name, count=1))
+            if top is None:
+                return None
+            steps.append(top - value)
+    if steps and all(s <= 0 for s in steps):
+        return "falling"
+    if steps and all(s >= 0 for s in steps):
+        return "rising"
+    return None
+
+
+def _group_choice(layers: int, n: int, lo: int, hi: int, total, trend: str | None) -> int:
+    """Of K = lo .. hi (all recomputing n layers: layers 0, K, .., (n-1)K), the K with the lowest device total,
+    ties to the largest K. Every K of the group has the same forward moments (they depend on n only), and a layer's
+    backward moments depend on K only through how many checkpointed layers lie below it and whether it is one.
+    Map layer jK + d (0 <= d < K) of one K to layer jK' + d of another K' — the same count below, the same kind:
+      falling: every layer of K' = hi has a layer at or below it in any K with the same count and kind (d >= K:
+        layer (j+1)K - 1), whose moments are at least as large; so hi is the least (and the largest K): one estimate.
+      rising: for lo <= K < K' every layer of K maps at or above itself in K' (past the last layer: to the last
+        layer, which has the same count unless (n-1)K' = L-1 checkpoints it — only K' = hi can), so the total does
+        not decrease in K up to hi (exclusive in that case): the lowest is lo's, and the largest K sharing it is
+        found by bisection; hi, if excluded, is compared on its own.
+    Otherwise every K is estimated (largest first, as the planner always did)."""
+    if lo == hi or trend == "falling":
+        total(hi)
+        return hi
+    if trend == "rising":
+        top = hi - 1 if (n - 1) * hi == layers - 1 else hi
+        least, a, b = total(lo), lo, top  # total(a) == least; total(b + 1) > least
+        while a < b:
+            mid = (a + b + 1) // 2
+            if total(mid) == least:
+                a = mid
+            else:
+                b = mid - 1
+        return hi if top < hi and total(hi) <= least else a
+    best = hi
+    for k in range(hi - 1, lo - 1, -1):
+        if total(k) < total(best):
+            best = k
+    return best
