@@ -1,6 +1,7 @@
-"""The `--ckpt-every K` walk evaluates only the ends of each linear run of layers (`activations.backward_layers`);
-the checkpointing planner evaluates every K once. Both are compared here with the algorithms they replaced, kept below
-as oracles: the walk over the full K (+ edge - 1) layers at each end, and the planner that estimates every candidate.
+"""The `--ckpt-every K` walk evaluates only the ends of each linear run of layers (`activations.backward_layers`),
+and the checkpointing planner estimates a few K per recomputed-layer count where the layers' trend allows
+(`checkpointing._group_choice`). Both are compared here with the algorithms they replaced, kept below as oracles:
+the walk over the full K (+ edge - 1) layers at each end, and the planner that estimates every K on that walk.
 Everything an estimate reports but its list of evaluated moments must be identical (the moments the new walk keeps
 are a subset of the old ones, with identical breakdowns), and the planner's answer identical to the byte."""
 
