@@ -604,12 +604,34 @@ def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, saved: int | None = Non
 
 def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[int]:
     """Decoder layers whose backward the walk evaluates, last first. With identical layers the live total is linear
-    in the layer index between the `edge` outermost layers at each end, so those suffice. With --ckpt-every K > 1
-    it is linear within each residue class mod K (the pattern of kept bytes and gradients repeats every K layers),
-    so the first and last layer of every class are evaluated: the K (+ edge - 1) layers at each end."""
+    in the layer index between the `edge` outermost layers at each end, so those suffice.
+
+    With --ckpt-every K > 1 the pattern of kept bytes and gradients repeats every K layers, so the K (+ edge - 1)
+    layers at each end hold the extremes (every residue class mod K has its first and last layer there). Inside
+    those two spans the total is also linear along each run of consecutive layers that are neither checkpointed
+    nor among the `edge` outermost (a layer of such a run keeps one more uncheckpointed layer below it than its
+    predecessor, and its gradients one layer fewer above; everything else is the same): a run's largest value,
+    and the first of equal ones in the walk's last-first order, is at one of its two ends. So only the run ends
+    are evaluated, next to the checkpointed and outermost layers — O(1) layers per plan instead of 2K, the same
+    peak and peak phase (tests/test_ckpt_walk.py compares with the full spans)."""
     n = spec.num_layers
-    span = edge if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1 else plan.ckpt_every + edge - 1
-    return sorted({*range(min(span, n)), *range(max(n - span, 0), n)}, reverse=True)
+    if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1:
+        return sorted({*range(min(edge, n)), *range(max(n - edge, 0), n)}, reverse=True)
+    k = plan.ckpt_every
+    span = k + edge - 1
+    low, high = min(span, n), max(n - span, 0)  # the spans: [0, low) and [high, n)
+
+    def inside(layer: int) -> bool:
+        return 0 <= layer < low or high <= layer < n
+
+    def breaks(layer: int) -> bool:  # a layer that ends a linear run (or lies outside the spans)
+        return not inside(layer) or layer < edge or layer >= n - edge or layer % k == 0
+
+    # the layers next to a break: the outermost, the checkpointed ones in the spans, the spans' own ends
+    near = {*range(edge + 1), *range(n - edge - 1, n), low - 1, low, high - 1, high,
+            *range(0, low, k), *range(-(-high // k) * k, n, k)}
+    near |= {x + d for x in near for d in (-1, 1)}
+    return sorted((x for x in near if inside(x) and (breaks(x) or breaks(x - 1) or breaks(x + 1))), reverse=True)
 
 
 def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:

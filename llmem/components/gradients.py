@@ -38,7 +38,7 @@ def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int)
         return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
     if offload.offloads_gradients(plan):
         return sum(offload.device_gradient_bytes(spec.layer_params(k), plan) for k in range(layer + 1, spec.num_layers))
-    return sum(shard_summary(spec, plan).per_layer[layer + 1:]) * plan.precision.param_bytes
+    return shard_summary(spec, plan).later[layer] * plan.precision.param_bytes  # suffix sums: O(1) per layer
 
 
 def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

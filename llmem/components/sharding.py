@@ -81,10 +81,11 @@ class ShardSummary:
     outer: int  # local elements outside the decoder layers
     gathered_layer: int  # elements of layer 0 while all-gathered (FSDP2 keeps the padding; TP-local)
     gathered_outer: int  # the same for the tensors outside the decoder layers
+    later: tuple[int, ...] = ()  # later[l]: local elements of the decoder layers after l (suffix sums of per_layer)
 
     @property
     def total(self) -> int:
-        return sum(self.per_layer) + self.outer
+        return (self.later[0] + self.per_layer[0] if self.per_layer else 0) + self.outer
 
 
 def shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
@@ -101,10 +102,14 @@ def shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
                 outer += n
             else:
                 per_layer[p.layer] += n
+        later = [0] * spec.num_layers
+        for layer in range(spec.num_layers - 2, -1, -1):
+            later[layer] = later[layer + 1] + per_layer[layer + 1]
         summary = cache[key] = ShardSummary(
             sizes, tuple(per_layer), outer,
             gathered_layer=sum(unsharded_numel(p, plan) for p in spec.layer_params(0)),
             gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
+            later=tuple(later),
         )
     return summary
 
