@@ -1,0 +1,147 @@
+"""The building blocks of every activation table: a saved tensor (`Saved`), a plan's dtype sizes, dropout, attention
+(sdpa and eager), RMSNorm / LayerNorm and autocast's input casts, each as what autograd keeps for backward. The
+per-family layer tables are in `llmem.components.layer_tables`; the walk's sums in `llmem.components.activations`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.plan import Attention, Device, Precision, TrainingPlan
+from llmem.spec import ModelSpec
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor kept from forward to backward: `bytes` for the whole micro-batch on one rank."""
+
+    name: str
+    bytes: int
+
+
+def _bytes(plan: TrainingPlan) -> tuple[int, int]:
+    """(compute bytes, residual-stream bytes)."""
+    cb = plan.precision.compute_bytes
+    rb = 4 if plan.precision in (Precision.FP32,) or plan.precision.is_mixed else 2
+    return cb, rb
+
+
+def _p(spec: ModelSpec, key: str) -> float:
+    """A dropout probability (or fraction) from the config (`Family.extra`); 0 when the family has no such key."""
+    value = spec.options.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise InputError(key, f"must be a number between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _proj_dim(spec: ModelSpec) -> int:
+    """OPT's word_embed_proj_dim: the width of project_out when the model has it (else hidden)."""
+    for p in spec.outer_params:
+        if p.name.endswith("project_out.weight"):
+            return p.shape[0]
+    return spec.hidden_size
+
+
+def dropout_saved(name: str, plan: TrainingPlan, numel: int, elem_bytes: int, p: float) -> list[Saved]:
+    """`nn.functional.dropout(x, p, training=True)` keeps, besides its output (a new tensor):
+    CPU: `at::native::dropout` uses the fused kernel only on CUDA/XPU; `_dropout_impl` allocates
+      `noise = empty_like(x).bernoulli_(1-p).div_(1-p)` in x's dtype and returns `x * noise`: mul saves the noise.
+    CUDA: `native_dropout` returns (output, mask) with a bool mask (1 byte/element) saved by NativeDropoutBackward0.
+    p == 0 returns x itself (nothing allocated)."""
+    if not p:
+        return []
+    if plan.device is Device.CPU:
+        return [Saved(f"{name} dropout noise", numel * elem_bytes)]
+    return [Saved(f"{name} dropout mask (bool)", numel)]
+
+
+def _flash(spec: ModelSpec, plan: TrainingPlan, key: str = "attention_dropout") -> bool:
+    """Whether attention runs a fused sdpa kernel (not eager, not the CPU math fallback for dropout)."""
+    return _sdpa(spec, plan) and (plan.device is Device.CUDA or not _p(spec, key))
+
+
+def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """`--attn sdpa` on a model with an sdpa path (gemma2 and bloom run eager: `spec.EAGER_ONLY`)."""
+    from llmem.spec import attention_implementation
+
+    return attention_implementation(spec.model_type, plan.attn) == Attention.SDPA.value
+
+
+def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
+                    p: float = 0.0, output_copy: bool = True, softcap: bool = False) -> list[Saved]:
+    """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
+
+    sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
+      (`sdpa_inputs`, views of fused projections where the family has them), output and fp32 logsumexp; attention
+      dropout runs inside the CUDA kernels (philox state only). On CPU the flash kernel refuses dropout > 0
+      (`check_for_dropout`): `_scaled_dot_product_attention_math` then upcasts half q/k/v to fp32 and saves
+      q*sqrt(scale), k*sqrt(scale), v (bmm copies, full heads), the fp32 `_safe_softmax` output, the dropout noise
+      and the dropped probabilities (all fp32), then casts the output back.
+    eager (`eager_attention_forward`): q, k and v as bmm operands (contiguous full-head copies: repeat_kv output or
+      the reshape of a transposed view), softmax in fp32 (its output saved by softmax and, in fp32, by the bmm),
+      cast back to the compute dtype when half (saved by the bmm), dropout on the probabilities;
+      gemma2's attention softcapping `tanh(scores / cap) * cap` saves the tanh output (TanhBackward0), in the
+      scores' dtype: the compute dtype (the q·kᵀ matmul runs in half under autocast; div/tanh/mul keep it).
+    The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
+    cb, _ = _bytes(plan)
+    q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
+    scores = tokens * heads * seq
+    if _sdpa(spec, plan) and (not p or plan.device is Device.CUDA):  # fused kernel
+        items = [*sdpa_inputs, Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
+        return items + ([Saved("attention output contiguous (o_proj input)", tokens * q * cb)] if output_copy else [])
+    if _sdpa(spec, plan):  # CPU math path
+        return [Saved("math sdpa q*scale (fp32)", tokens * q * FP32),
+                Saved("math sdpa k*scale (fp32)", tokens * q * FP32),
+                Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32),
+                Saved("math sdpa _safe_softmax output (fp32)", scores * FP32),
+                *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
+                Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
+                Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
+             Saved("eager v (bmm operand)", tokens * q * cb)]
+    if softcap:
+        items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
+    items.append(Saved("softmax output (fp32)", scores * FP32))
+    if p:  # the dropout input (the cast, when half) is not saved: mul/native_dropout keep only noise or mask
+        items += [*dropout_saved("attention probabilities", plan, scores, cb, p),
+                  Saved("dropped probabilities (bmm operand)", scores * cb)]
+    elif cb != FP32:
+        items.append(Saved("probabilities cast to the compute dtype (bmm operand)", scores * cb))
+    return items + [Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+
+
+def rms_norm_saved(name: str, spec: ModelSpec, plan: TrainingPlan, tokens: int, output_saved: bool) -> list[Saved]:
+    """`LlamaRMSNorm.forward`: x.to(fp32); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype)."""
+    h = spec.hidden_size
+    cb, rb = _bytes(plan)
+    items = [Saved(f"{name}.rsqrt", tokens * FP32)]
+    if rb == 2:  # pure half: the fp32 upcast is a copy saved by pow/mul; the product is cast back and saved
+        items += [Saved(f"{name}.to_fp32", tokens * h * FP32), Saved(f"{name}.normalized", tokens * h * rb)]
+    else:
+        items += [Saved(f"{name}.normalized", tokens * h * rb)]
+    if output_saved:
+        items.append(Saved(f"{name}.output", tokens * h * rb))
+    return items
+
+
+
+
+def layer_norm_saved(name: str, plan: TrainingPlan, tokens: int, h: int) -> list[Saved]:
+    """`nn.LayerNorm` (native_layer_norm saves its input, mean and rstd; fp32 under autocast). The output is saved
+    by the following Linear — except under mixed precision, where that Linear saves its bf16 cast instead."""
+    _, rb = _bytes(plan)
+    items = [Saved(f"{name}.mean", tokens * FP32), Saved(f"{name}.rstd", tokens * FP32)]
+    if not plan.precision.is_mixed:
+        items.append(Saved(f"{name}.output", tokens * h * rb))
+    return items
+
+
+def _cast(plan: TrainingPlan, tokens: int, h: int, n: int, what: str) -> list[Saved]:
+    return [Saved(f"autocast input cast {what}", n * tokens * h * 2)] if plan.precision.is_mixed and n else []
+
+
