@@ -78,6 +78,9 @@ def cmd_measure(args, plan_from_args) -> int:
     except RuntimeError as exc:
         print(f"error: measure: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the launch and its files are already cleaned up (launch.py)
+        print("error: measure: interrupted", file=sys.stderr)
+        return 130
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # inside an existing torchrun launch, rank 0 reports for everyone
     if "error" in res:
@@ -104,6 +107,10 @@ def cmd_validate(args) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: validate: interrupted; rows measured so far are in measured.jsonl (--resume keeps them)",
+              file=sys.stderr)
+        return 130
     failed = sum(r["status"] == "failed" for r in records)
     over = sum(r["status"] == "over tolerance" for r in records)
     print(f"{len(records)} rows: {failed} failed, {over} over tolerance; wrote {args.out}/validate.csv and "
