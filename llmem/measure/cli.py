@@ -47,6 +47,7 @@ def _model_config(model: str) -> dict:
 def measure(config: dict, plan, steps: int = 2) -> dict:
     """Measure a plan (launching torchrun when it needs several ranks) and return the JSON-ready result."""
     from llmem.measure.launch import run_job
+    from llmem.measure.preflight import host_memory_problem
     from llmem.measure.validate import check_device
     from llmem.runtime.parallel import check_supported
 
@@ -54,6 +55,9 @@ def measure(config: dict, plan, steps: int = 2) -> dict:
         raise InputError("steps", f"must be at least 1, got {steps}")
     check_supported(str(config.get("model_type")), plan, config)
     check_device(plan.device.value)
+    problem = host_memory_problem(config, plan)
+    if problem:
+        raise InputError("model", problem)
     plan_dict = {k: v for k, v in plan.to_dict().items() if k != "device"}
     row = {"id": "measure", "config": config, "plan": plan_dict, "steps": steps}
     results, err = run_job([row], plan.gpus, plan.device.value)
