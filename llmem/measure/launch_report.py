@@ -1,8 +1,8 @@
 """What each rank of a failed or stopped torchrun launch did, in one line.
 
-torchrun's failure summary gives each failed rank's exit code (negative: the signal that ended it) and which rank
-failed first; each rank's own stderr is in the launch's log folder (`--log-dir ... --redirects 3`). A launch that
-failed before any rank ran (no summary, no logs) is described by the last error line torchrun printed.
+torchrun's failure summary gives each failed rank's exit code (negative: the signal that ended it); each rank's
+own stderr is in the launch's log folder (`--log-dir ... --redirects 3`). A launch that failed before any rank
+ran (no summary, no logs) is described by the last error line torchrun printed.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ _FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b[^\n]*\n\s*exitcode\s*:\s*(-?\d+)"
 TAIL_CHARS = 240
 
 
-def rank_exits(torchrun_stderr: str) -> tuple[dict[int, int], int | None]:
-    """(rank -> exit code, the rank torchrun saw fail first) from torchrun's failure summary."""
-    exits = {int(r): int(c) for r, c in _FAILURE.findall(torchrun_stderr)}
-    _, _, root = torchrun_stderr.partition("Root Cause")
-    first = _FAILURE.search(root)
-    return exits, int(first.group(1)) if first else None
+def rank_exits(torchrun_stderr: str) -> dict[int, int]:
+    """rank -> exit code, from torchrun's failure summary. (Its "first observed failure" is left out: it compares
+    whole seconds, so a rank that fails within the same second as the one that was killed can be shown first.)"""
+    return {int(r): int(c) for r, c in _FAILURE.findall(torchrun_stderr)}
 
 
 def describe_exit(code: int) -> str:
@@ -60,12 +58,12 @@ def launch_report(code: int | None, torchrun_stderr: str, log_dir: Path, world_s
         head = f"torchrun was {describe_exit(code)}"
     else:
         head = f"torchrun exited with code {code}"
-    exits, first = rank_exits(torchrun_stderr) if code else ({}, None)
+    exits = rank_exits(torchrun_stderr) if code else {}
     parts = []
     for rank in range(world_size):
         tail = rank_stderr_tail(log_dir, rank)
         if rank in exits:
-            what = describe_exit(exits[rank]) + (" (the first to fail)" if rank == first else "")
+            what = describe_exit(exits[rank])
         elif tail is None:
             continue  # never started
         elif code is None:
