@@ -47,6 +47,7 @@ def _model_config(model: str) -> dict:
 def measure(config: dict, plan, steps: int = 2) -> dict:
     """Measure a plan (launching torchrun when it needs several ranks) and return the JSON-ready result."""
     from llmem.measure.launch import run_job
+    from llmem.measure.preflight import host_memory_problem
     from llmem.measure.validate import check_device
     from llmem.runtime.parallel import check_supported
 
@@ -54,6 +55,9 @@ def measure(config: dict, plan, steps: int = 2) -> dict:
         raise InputError("steps", f"must be at least 1, got {steps}")
     check_supported(str(config.get("model_type")), plan, config)
     check_device(plan.device.value)
+    problem = host_memory_problem(config, plan)
+    if problem:
+        raise InputError("model", problem)
     plan_dict = {k: v for k, v in plan.to_dict().items() if k != "device"}
     row = {"id": "measure", "config": config, "plan": plan_dict, "steps": steps}
     results, err = run_job([row], plan.gpus, plan.device.value)
@@ -78,6 +82,9 @@ def cmd_measure(args, plan_from_args) -> int:
     except RuntimeError as exc:
         print(f"error: measure: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the launch and its files are already cleaned up (launch.py)
+        print("error: measure: interrupted", file=sys.stderr)
+        return 130
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # inside an existing torchrun launch, rank 0 reports for everyone
     if "error" in res:
@@ -104,6 +111,10 @@ def cmd_validate(args) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: validate: interrupted; rows measured so far are in measured.jsonl (--resume keeps them)",
+              file=sys.stderr)
+        return 130
     failed = sum(r["status"] == "failed" for r in records)
     over = sum(r["status"] == "over tolerance" for r in records)
     print(f"{len(records)} rows: {failed} failed, {over} over tolerance; wrote {args.out}/validate.csv and "

@@ -16,8 +16,11 @@ CPU); `peak_bytes_with_scratch` keeps it, and `scratch()` says which operators m
 from __future__ import annotations
 
 import os
+import time
 from functools import lru_cache
 from pathlib import Path
+
+SETTLE_S = 0.5  # for gloo's threads to let go of the last collective's tensors
 
 
 @lru_cache(maxsize=1)
@@ -72,6 +75,14 @@ class CountingTracker:
         """The allocations live at the peak (scratch left out), by the operator that made each: {op: {count, bytes}}
         ("" for memory allocated outside any operator)."""
         return {op: dict(zip(("count", "bytes"), v, strict=True)) for op, v in sorted(self._at_peak.items())}
+
+    def settle(self, timeout: float = SETTLE_S) -> None:
+        """Wait (at most `timeout` s) until every counted allocation is freed. gloo's worker thread drops a finished
+        collective's tensors (DDP's gradient bucket) a moment after the training thread has moved on; on a busy
+        machine that moment can come after the row ended, and the bucket would be reported as never freed."""
+        deadline = time.monotonic() + timeout
+        while self.ext.current() > 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def __exit__(self, *exc) -> None:
         self.peak_bytes_with_scratch = self.ext.peak()

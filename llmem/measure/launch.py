@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from llmem.runtime.topology import under_torchrun
@@ -17,17 +16,34 @@ from llmem.runtime.topology import under_torchrun
 JOB_TIMEOUT_S = int(os.environ.get("LLMEM_JOB_TIMEOUT", "3600"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun_command(nproc: int) -> list[str]:
+def launcher_command(nproc: int, log_dir: Path) -> list[str]:
+    """torchrun for `nproc` local ranks, up to (not including) what it runs. Its rendezvous store binds port 0
+    itself (no port picked here and bound later: parallel launches cannot race for it); each rank's stdout and
+    stderr go to `log_dir`/<run>/attempt_0/<rank>/."""
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
-    return [*base, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port",
-            str(_free_port()), "-m", "llmem.measure.worker"]
+    return [*base, "--nnodes", "1", "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"llmem-{uuid.uuid4().hex[:12]}",
+            "--local-addr", "127.0.0.1", "--log-dir", str(log_dir), "--redirects", "3"]
+
+
+def torchrun_command(nproc: int, log_dir: Path) -> list[str]:
+    return [*launcher_command(nproc, log_dir), "-m", "llmem.measure.worker"]
+
+
+def run_launch(cmd: list[str], job_dir: Path, world_size: int, timeout: float, marker: str,
+               env: dict | None = None, cwd: str | None = None) -> str:
+    """Run a torchrun command (its ranks logging under `job_dir`/logs), bounded by `timeout` s and stopped with
+    everything it started on any exit. Returns "" on success, else one line on what each rank did."""
+    from llmem.measure.launch_report import launch_report
+    from llmem.measure.supervise import run_supervised
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    code = run_supervised(cmd, env, job_dir, marker, timeout, cwd)
+    if code == 0:
+        return ""
+    stderr = (job_dir / "torchrun.err").read_text(errors="replace")
+    return launch_report(code, stderr, job_dir / "logs", world_size, timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -60,23 +76,13 @@ def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | Non
             raise InputError("gpus", f"this torchrun launch has {os.environ['WORLD_SIZE']} ranks, the plan needs "
                              f"{world_size}")
         return worker.run_job(job, str(out_path) if out_path else None), ""
-    with tempfile.TemporaryDirectory(prefix="llmem-") as tmp:
+    from llmem.measure.supervise import terminate_raises
+
+    with terminate_raises(), tempfile.TemporaryDirectory(prefix="llmem-") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(job))
         out = out_path or Path(tmp) / "out.jsonl"
         before = len(read_jsonl(out))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [*torchrun_command(world_size), str(job_path), str(out)]
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout or JOB_TIMEOUT_S)
-            err = "" if proc.returncode == 0 else _launch_error(proc.stderr, proc.returncode)
-        except subprocess.TimeoutExpired:
-            err = "timeout: the torchrun job did not finish"
+        cmd = [*torchrun_command(world_size, Path(tmp) / "logs"), str(job_path), str(out)]
+        err = run_launch(cmd, Path(tmp), world_size, timeout or JOB_TIMEOUT_S, str(job_path))
         return read_jsonl(out)[before:], err
-
-
-def _launch_error(stderr: str, code: int) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("USDT")]
-    interesting = [ln for ln in lines if "Error" in ln or "error" in ln]
-    tail = (interesting or lines or [""])[-1].strip()
-    return f"torchrun exited with code {code}: {tail[:300]}"

@@ -70,6 +70,8 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         foreign = tracker.foreign_free_bytes() if hasattr(tracker, "foreign_free_bytes") else None
         del session
         collect()
+        if topo.world_size > 1 and hasattr(tracker, "settle"):
+            tracker.settle()
     result = {"rank": topo.rank, "peak_bytes": int(tracker.peak_bytes), "seconds": time.perf_counter() - start}
     if topo.device_type == "cuda":
         result["reserved_bytes"] = int(tracker.reserved_bytes)

@@ -182,6 +182,16 @@ def check_device(device: str) -> None:
                          f"{'no GPU visible' if torch.version.cuda else 'a CPU-only build'}); use --device cpu")
 
 
+def check_host_memory(rows: list[Row], device: str) -> None:
+    """Refuse a grid with a row whose CPU run cannot fit in the memory available now (preflight.py)."""
+    from llmem.measure.preflight import host_memory_problem
+
+    for row in rows:
+        problem = host_memory_problem(row.config, row.training_plan(device))
+        if problem:
+            raise InputError("suite", f"row {row.id!r}: {problem}")
+
+
 def estimate_row(row: Row, device: str) -> tuple[int | None, str]:
     """(estimated peak bytes, message). The estimator is imported lazily: measuring works without it."""
     try:
@@ -356,6 +366,7 @@ def validate(suite_path: str | Path, device: str = "cpu", out_dir: str | Path = 
     for row in suite.rows:
         row.training_plan(device)  # validates the device too
     check_device(device)
+    check_host_memory(suite.rows, device)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

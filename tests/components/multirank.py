@@ -44,18 +44,17 @@ class TwoRankRows:
 
 def run_module_on_two_ranks(module: str, out) -> list[dict]:
     """`torchrun` 2 processes of `python -m module OUT` (a test module's own worker); each rank writes OUT.<rank>
-    as JSON. Returns the ranks' results."""
+    as JSON. Returns the ranks' results. Bounded, and on failure says what each rank did."""
     import json
-    import os
-    import subprocess
+    import tempfile
     from pathlib import Path
 
-    from llmem.measure.launch import torchrun_command
+    from llmem.measure.launch import launcher_command, run_launch
 
-    cmd = torchrun_command(2)
-    cmd = [*cmd[:cmd.index("-m")], "-m", module, str(out)]
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    with tempfile.TemporaryDirectory(prefix="llmem-test-") as tmp:
+        cmd = [*launcher_command(2, Path(tmp) / "logs"), "-m", module, str(out)]
+        err = run_launch(cmd, Path(tmp), 2, timeout=600, marker=str(out), env={"PYTHONPATH": str(root)},
+                         cwd=str(root))
+    assert err == "", err
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
