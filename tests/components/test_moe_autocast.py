@@ -9,13 +9,8 @@ from llmem.estimate import estimate
 from llmem.measure.run import measure_rank
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.components.test_moe_backward import MIXTRAL, QWEN2_MOE
 
-_ATTN = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-             max_position_embeddings=256)
-MIXTRAL = dict(model_type="mixtral", intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, **_ATTN)
-QWEN2_MOE = dict(model_type="qwen2_moe", intermediate_size=128, moe_intermediate_size=32,
-                 shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=4, norm_topk_prob=True,
-                 decoder_sparse_step=1, **_ATTN)
 CASES = {
     "mixtral-bf16-mixed-eager": (MIXTRAL, dict(precision="bf16-mixed", attn="eager")),
     "mixtral-bf16-mixed-adamw8bit": (MIXTRAL, dict(precision="bf16-mixed", optimizer="adamw8bit")),
