@@ -93,8 +93,10 @@ def test_stopping_measure_leaves_no_process_and_no_job_folder(tmp_path, sig, cod
     cfg.write_text(json.dumps(LLAMA))
     cmd = [sys.executable, "-m", "llmem", "measure", "--model", str(cfg), "--device", "cpu", "--gpus", "2",
            "--seq-len", "16", "--precision", "fp32", "--steps", str(ENDLESS["steps"])]
+    # SIGINT back to its default in the child, as at a terminal: a test run started in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         workers = wait_for_workers(proc.pid, 2)
         tree = descendants(proc.pid)
