@@ -81,5 +81,6 @@ def cmd_sweep(args) -> int:
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(page)
-    print(page.split("\n## ", 2)[1].split("\n", 1)[1].strip() if "\n## " in page else page)
+    # On the terminal: the outcomes and the error distribution (the page has the rest).
+    print("## Outcomes" + page.split("## Outcomes", 1)[1].split("\n## Per option", 1)[0].rstrip())
     return 0
