@@ -6,7 +6,7 @@ from __future__ import annotations
 from llmem.sweep import stats
 
 WORST = 15
-BREAKDOWN_ROWS = 25
+BREAKDOWN_ROWS = 30
 
 
 def _pct(x: float) -> str:
@@ -55,11 +55,12 @@ def breakdown_section(rows: list[dict]) -> list[str]:
     groups = stats.breakdown(rows)[:BREAKDOWN_ROWS]
     if not groups:
         return []
-    lines = [f"Option values ranked by their worst |error| (top {len(groups)}): rows with the value, rows beyond "
-             "±1%, mean |error|, worst error.", "",
-             "| option | value | plans | beyond ±1% | mean abs. error | worst |", "|---|---|---|---|---|---|"]
+    lines = [f"Option values of the compared plans, those with the largest share of plans beyond ±1% first (top "
+             f"{len(groups)}, ties by the worst error).", "",
+             "| option | value | plans | beyond ±1% | share beyond | mean abs. error | worst |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {g['option']} | {_cell(g['value']) or '(none)'} | {g['n']} | {g['beyond']} | "
-              f"{g['mean_abs']:.3f}% | {_pct(g['worst'])} |" for g in groups]
+              f"{_share(g['beyond_share'])} | {g['mean_abs']:.3f}% | {_pct(g['worst'])} |" for g in groups]
     return lines
 
 

@@ -65,8 +65,8 @@ def option_value(row: dict, option: str) -> str:
 
 
 def breakdown(rows: list[dict], options=("model", *OPTIONS), bound_pct: float = 1.0) -> list[dict]:
-    """Per option value over the compared rows: n, rows beyond `bound_pct`, mean and worst |error| — sorted worst
-    first (largest |error|, then most rows beyond the bound)."""
+    """Per option value over the compared rows: n, rows beyond `bound_pct` and their share, mean and worst |error| —
+    sorted where the errors concentrate first: largest share beyond the bound, then largest |error|."""
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in rows:
         if r.get("outcome") != COMPARED:
@@ -76,10 +76,10 @@ def breakdown(rows: list[dict], options=("model", *OPTIONS), bound_pct: float = 
     out = []
     for (option, value), errs in groups.items():
         worst = max(errs, key=abs)
-        out.append({"option": option, "value": value, "n": len(errs),
-                    "beyond": sum(abs(e) > bound_pct for e in errs),
-                    "mean_abs": sum(map(abs, errs)) / len(errs), "worst": worst})
-    out.sort(key=lambda g: (-abs(g["worst"]), -g["beyond"], g["option"], g["value"]))
+        beyond = sum(abs(e) > bound_pct for e in errs)
+        out.append({"option": option, "value": value, "n": len(errs), "beyond": beyond,
+                    "beyond_share": beyond / len(errs), "mean_abs": sum(map(abs, errs)) / len(errs), "worst": worst})
+    out.sort(key=lambda g: (-g["beyond_share"], -abs(g["worst"]), g["option"], g["value"]))
     return out
 
 

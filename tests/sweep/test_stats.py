@@ -67,9 +67,12 @@ def test_breakdown_by_option_value_worst_first():
     fp32 = groups[("precision", "fp32")]
     assert (fp32["n"], fp32["beyond"], fp32["worst"]) == (3, 0, -0.6)
     assert groups[("model", "llama-gqa")]["n"] == 5
+    assert two["beyond_share"] == 0.5 and groups[("gpus", "1")]["beyond_share"] == 1 / 3
     ranked = stats.breakdown(ROWS)
-    assert abs(ranked[0]["worst"]) == 3.0 and abs(ranked[-1]["worst"]) == 0.6
-    assert [abs(g["worst"]) for g in ranked] == sorted((abs(g["worst"]) for g in ranked), reverse=True)
+    assert (ranked[0]["option"], ranked[0]["value"]) == ("precision", "bf16")  # 2 of 2 beyond 1%
+    assert (ranked[-1]["option"], ranked[-1]["value"]) == ("precision", "fp32")  # 0 of 3
+    shares = [g["beyond_share"] for g in ranked]
+    assert shares == sorted(shares, reverse=True)
 
 
 def test_refusals_grouped_by_reason_without_the_numbers():
