@@ -1,4 +1,5 @@
-"""Command line (DESIGN.md section 3): `estimate`, `compare`, `plan-ckpt`, `measure`, `validate`.
+"""Command line (DESIGN.md section 3): `estimate`, `compare`, `plan-ckpt`, `measure`, `validate`, `simulate`,
+`sweep`.
 
 Builds a TrainingPlan from the options, calls the library, renders. Errors: one line on stderr naming the field,
 exit code 2, no traceback.
@@ -251,12 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     from llmem.simulate.cli import register as register_simulate
 
     register_simulate(sub, add_plan_arguments, plan_from_args)
+    from llmem.sweep.cli import register as register_sweep
+
+    register_sweep(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[2:] if argv is None else argv[1:])
         return args.func(args)
     except InputError as e:
         print(f"llmem: error: {e}", file=sys.stderr)

@@ -1,0 +1,135 @@
+"""Random training plans over every option the estimator accepts (pure, torch-free).
+
+Plan `i` of seed `s` comes from its own generator seeded with "s:i", so a draw does not depend on how many plans are
+drawn, and a resumed sweep draws the same plans. Options are drawn independently except where one option only has
+a meaning given another (the ZeRO stage given the GPU count and TP degree, the optimizer implementation given the
+optimizer, the quantization given the method, `ckpt_every` given checkpointing, LoRA's options given LoRA): every
+other combination the estimator refuses is kept, and its refusal recorded.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.plan import (
+    Attention,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    TrainingPlan,
+)
+from llmem.sweep.models import lora_targets, models, tp_capable
+
+MAX_GPUS = {"small": 4, "full": 16}
+BATCH = {"small": (1, 2, 4), "full": (1, 2, 4, 8)}
+SEQ = {"small": (32, 64, 128), "full": (512, 1024, 2048, 4096)}
+GPU_COUNTS = {"small": (1, 2, 3, 4), "full": (1, 2, 4, 8, 16)}
+CKPT_EVERY = (1, 2, 3)
+GRAD_ACCUM = (1, 2, 3)
+LORA_RANK = (4, 8, 16)
+LORA_DROPOUT = (0.0, 0.05, 0.1)
+MODULES_TO_SAVE = ("", "", "lm_head", "embed_tokens", "lm_head,embed_tokens")
+# Options that leave the GPU or need CUDA kernels: drawn less often (the cpu profile refuses them all).
+OFFLOAD = ((Offload.NONE, 6), (Offload.OPTIMIZER, 1), (Offload.OPTIMIZER_PARAMS, 1))
+LOSS = ((Loss.STANDARD, 6), (Loss.FUSED_LINEAR_CE, 1))
+METHOD = ((Method.FULL, 2), (Method.LORA, 2), (Method.QLORA, 1))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One drawn plan: its index, the model's name and config, and the plan's fields (TrainingPlan keywords)."""
+
+    index: int
+    model: str
+    config: dict
+    fields: dict
+
+    def plan(self) -> TrainingPlan:
+        """The TrainingPlan, or InputError naming the field the plan refuses."""
+        return TrainingPlan(**self.fields)
+
+    def refusal(self) -> InputError | None:
+        try:
+            self.plan()
+        except InputError as exc:
+            return exc
+        return None
+
+
+def _weighted(rng: random.Random, pairs) -> object:
+    values, weights = zip(*pairs, strict=True)
+    return rng.choices(values, weights=weights)[0]
+
+
+def _enum(rng: random.Random, enum) -> str:
+    return rng.choice([m.value for m in enum])
+
+
+def draw_layout(rng: random.Random, size: str, tp_ok: bool) -> dict:
+    """GPU count, TP degree and ZeRO stage, drawn so that the triple is one of the schemes of DESIGN.md §2."""
+    gpus = rng.choice(GPU_COUNTS[size])
+    degrees = [d for d in range(1, gpus + 1) if gpus % d == 0 and (d == 1 or tp_ok)]
+    tp = rng.choice(degrees)
+    if gpus == 1 or tp == gpus:
+        zero = 0
+    elif tp > 1:
+        zero = 3
+    else:
+        zero = rng.choice((0, 1, 2, 3))
+    return {"gpus": gpus, "tp": tp, "zero": zero}
+
+
+def draw_optimizer(rng: random.Random) -> dict:
+    optimizer = _enum(rng, Optimizer)
+    if optimizer in (Optimizer.ADAMW8BIT.value, Optimizer.PAGED_ADAMW8BIT.value):
+        impl = OptimizerImpl.DEFAULT.value  # bitsandbytes' own kernels
+    elif optimizer == Optimizer.ADAFACTOR.value:
+        impl = rng.choice([m.value for m in OptimizerImpl if m is not OptimizerImpl.FUSED])
+    else:
+        impl = _enum(rng, OptimizerImpl)
+    return {"optimizer": optimizer, "optimizer_impl": impl}
+
+
+def draw_method(rng: random.Random, config: dict) -> dict:
+    method = _weighted(rng, METHOD).value
+    if method == Method.FULL.value:
+        return {"method": method}
+    out = {"method": method, "lora_rank": rng.choice(LORA_RANK), "lora_dropout": rng.choice(LORA_DROPOUT),
+           "lora_targets": rng.choice(lora_targets(config)), "lora_modules_to_save": rng.choice(MODULES_TO_SAVE)}
+    out["lora_alpha"] = 2 * out["lora_rank"]
+    if method == Method.QLORA.value:
+        out["quant"] = rng.choice([q.value for q in Quant if q is not Quant.NONE])
+        if out["quant"] in (Quant.NF4.value, Quant.FP4.value):
+            out["double_quant"] = rng.random() < 0.5
+    return out
+
+
+def draw_checkpointing(rng: random.Random) -> dict:
+    grad_ckpt = _enum(rng, GradCkpt)
+    every = rng.choice(CKPT_EVERY) if grad_ckpt == GradCkpt.FULL.value else 1
+    return {"grad_ckpt": grad_ckpt, "ckpt_every": every}
+
+
+def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | None = None) -> Draw:
+    """Plan `index` of the sweep seeded `seed`, on the `device` profile, over the models of `size`."""
+    catalogue = models(size)
+    rng = random.Random(f"{seed}:{index}")
+    name = rng.choice(sorted(names or catalogue))
+    config = catalogue[name]
+    fields = {**draw_layout(rng, size, tp_capable(config)),
+              "batch_size": rng.choice(BATCH[size]), "seq_len": rng.choice(SEQ[size]),
+              "precision": _enum(rng, Precision), **draw_optimizer(rng), **draw_checkpointing(rng),
+              "attn": _enum(rng, Attention), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
+              "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
+    return Draw(index, name, config, fields)
+
+
+def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:
+    return [draw_one(seed, i, size, device) for i in range(start, start + n)]

@@ -1,0 +1,103 @@
+"""Random plans: deterministic for a seed, every option value drawn, every plan accepted or its refusal recorded."""
+
+import sys
+
+import pytest
+
+from llmem.families import FAMILIES
+from llmem.plan import (
+    Attention,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    TrainingPlan,
+)
+from llmem.sweep.draw import draw, draw_one
+from llmem.sweep.models import SMALL
+from llmem.sweep.run import REFUSED_ESTIMATOR, base_record, estimate_draw
+
+MANY = 3000
+
+
+@pytest.fixture(scope="module")
+def many():
+    return draw(MANY, seed=11)
+
+
+def test_same_seed_same_plans_other_seed_other_plans():
+    a, b, c = draw(40, seed=5), draw(40, seed=5), draw(40, seed=6)
+    assert [(d.model, d.fields) for d in a] == [(d.model, d.fields) for d in b]
+    assert [(d.model, d.fields) for d in a] != [(d.model, d.fields) for d in c]
+
+
+def test_a_plan_does_not_depend_on_how_many_are_drawn():
+    assert draw(12, seed=3)[9] == draw_one(3, 9, "small", "cpu")
+    assert draw(4, seed=3, start=9)[0] == draw_one(3, 9, "small", "cpu")
+
+
+def test_the_draw_imports_no_torch():
+    import subprocess
+
+    code = ("import sys; from llmem.sweep import draw, stats, report; draw.draw(20, 1); "
+            "sys.exit('torch' in sys.modules or 'transformers' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+ENUMS = {"precision": Precision, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl, "grad_ckpt": GradCkpt,
+         "attn": Attention, "method": Method, "offload": Offload, "loss": Loss}
+
+
+@pytest.mark.parametrize("field", sorted(ENUMS))
+def test_every_enum_value_is_drawn(many, field):
+    seen = {d.fields[field] for d in many}
+    assert seen == {m.value for m in ENUMS[field]}
+
+
+def test_every_layout_model_and_numeric_option_is_drawn(many):
+    seen = lambda key: {d.fields.get(key) for d in many}  # noqa: E731
+    assert {d.model for d in many} == set(SMALL)
+    assert seen("gpus") == {1, 2, 3, 4} and seen("zero") == {0, 1, 2, 3} and seen("tp") == {1, 2, 3, 4}
+    assert {q.value for q in Quant} - {"none"} <= seen("quant")
+    assert {True, False} <= seen("double_quant")
+    assert {1, 2, 3} <= seen("ckpt_every") and {1, 2, 3} <= seen("grad_accum")
+    assert {"lm_head", "embed_tokens", "lm_head,embed_tokens", ""} <= seen("lora_modules_to_save")
+    assert len(seen("lora_targets") - {None}) >= 6 and "all-linear" in seen("lora_targets")
+    assert len(seen("lora_rank") - {None}) >= 3 and len(seen("lora_dropout") - {None}) >= 3
+    assert len(seen("batch_size")) >= 3 and len(seen("seq_len")) >= 3
+    assert {(d.fields["tp"], d.fields["gpus"], d.fields["zero"]) for d in many} >= {(2, 4, 3), (2, 2, 0), (4, 4, 0)}
+
+
+def test_tensor_parallel_only_where_the_family_has_a_plan(many):
+    tp_families = {name for name, f in FAMILIES.items() if f.tp_plan}
+    drawn = {d.config["model_type"] for d in many if d.fields["tp"] > 1}
+    assert drawn == tp_families & {c["model_type"] for c in SMALL.values()}
+
+
+def test_the_layout_is_always_a_scheme_the_plan_accepts(many):
+    for d in many:
+        layout = {k: d.fields[k] for k in ("gpus", "tp", "zero")}
+        TrainingPlan(**layout)  # raises if the triple is not one of DESIGN.md's schemes
+
+
+def test_every_plan_is_estimated_or_its_refusal_recorded(many):
+    outcomes = set()
+    for d in many[:400]:
+        rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
+        if "outcome" in rec:
+            assert rec["outcome"] == REFUSED_ESTIMATOR and rec["reason"] and rec["field"]
+            assert rec["reason"].startswith(rec["field"] + ":")
+        else:
+            assert rec["estimate_bytes"] > 0 and rec["scheme"]
+        outcomes.add(rec.get("outcome", "estimated"))
+    assert outcomes == {"estimated", REFUSED_ESTIMATOR}
+
+
+def test_full_size_draws_every_family_on_the_cuda_profile():
+    drawn = draw(600, seed=2, size="full", device="cuda")
+    assert {d.model for d in drawn} == set(FAMILIES)
+    assert {d.fields["device"] for d in drawn} == {"cuda"} and max(d.fields["gpus"] for d in drawn) > 4

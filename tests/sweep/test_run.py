@@ -1,0 +1,92 @@
+"""The sweep's loop with a stand-in oracle: one JSON line per plan as it finishes, resume, oracle outcomes."""
+
+import json
+
+import pytest
+
+from llmem.sweep import run
+from llmem.sweep.run import COMPARED, FAILED, REFUSED_ESTIMATOR, REFUSED_ORACLE
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """The measure oracle replaced by one that finds every estimate 2% low, or refuses model 'bloom'."""
+    calls = []
+
+    def measure_block(pending, raw, log):
+        calls.append([rec["index"] for _, rec in pending])
+        return [run.oracle_failure(rec, "attn: no such attention") if d.model == "bloom"
+                else run.compared(rec, int(rec["estimate_bytes"] * 1.02)) for d, rec in pending]
+
+    monkeypatch.setattr(run, "measure_block", measure_block)
+    return calls
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_every_plan_is_one_line_with_its_outcome(tmp_path, fake_measure):
+    out = tmp_path / "s.jsonl"
+    rows = run.sweep(30, 5, "measure", "small", out, block=7, log=lambda _: None)
+    written = lines(out)
+    assert rows == written and sorted(r["index"] for r in written) == list(range(30))
+    assert {r["outcome"] for r in written} <= {COMPARED, REFUSED_ESTIMATOR, REFUSED_ORACLE}
+    assert COMPARED in {r["outcome"] for r in written} and REFUSED_ESTIMATOR in {r["outcome"] for r in written}
+    for r in written:
+        if r["outcome"] == COMPARED:
+            assert r["error_pct"] == pytest.approx(100 * (1 / 1.02 - 1), abs=0.01)
+    assert all(max(block) - min(block) < 7 for block in fake_measure)  # the oracle runs block by block
+
+
+def test_resume_keeps_the_rows_and_draws_only_the_rest(tmp_path, fake_measure):
+    out = tmp_path / "s.jsonl"
+    first = run.sweep(12, 5, "measure", "small", out, log=lambda _: None)
+    measured = sum(fake_measure, [])
+    fake_measure.clear()
+    both = run.sweep(30, 5, "measure", "small", out, resume=True, log=lambda _: None)
+    again = sum(fake_measure, [])
+    assert not set(measured) & set(again) and min(again, default=12) >= 12
+    assert [r for r in both if r["index"] < 12] == first and len(both) == 30
+    fresh = run.sweep(12, 5, "measure", "small", out, log=lambda _: None)  # no resume: starts over
+    assert fresh == first and len(lines(out)) == 12
+
+
+@pytest.mark.parametrize("message, outcome", [
+    ("quant: the 8-bit base is modelled on one GPU only", REFUSED_ORACLE),
+    ("RuntimeError: shapes do not match", FAILED),
+    ("NotImplementedError: Linear biases under qlora are not modelled", REFUSED_ORACLE),
+    ("rank 0: NotImplementedError: Operator aten._fused_sgd_.default has no sharding strategy", REFUSED_ORACLE),
+    ("rank 1: ValueError: bad", FAILED),
+    ("OOM: out of memory", FAILED),
+    ("torchrun exited with code 1: boom", FAILED),
+    ("timeout: the torchrun job did not finish", FAILED),
+])
+def test_an_oracle_error_is_a_refusal_or_a_failure(message, outcome):
+    rec = run.oracle_failure({"id": "x"}, message)
+    assert rec["outcome"] == outcome and rec["reason"] == message
+
+
+def test_the_simulate_oracle_compares_or_refuses():
+    """Plans 15 (llama, one GPU, AdamW) and 3 (mixtral DDP, adamw8bit, whose step reads values on the host) of
+    seed 3 on the cuda profile: the first simulated and compared, the second refused by the simulation."""
+    from llmem.sweep.draw import draw_one
+
+    out = {}
+    for index in (15, 3):
+        d = draw_one(3, index, "small", "cuda")
+        rec = run.estimate_draw(d, run.base_record(d, 3, "small", "simulate"))
+        out[index] = run.simulate_one(d, rec)
+    assert out[15]["outcome"] == COMPARED and out[15]["oracle_bytes"] > 0
+    assert out[15]["error_pct"] == pytest.approx(
+        100 * (out[15]["estimate_bytes"] - out[15]["oracle_bytes"]) / out[15]["oracle_bytes"], abs=1e-4)
+    assert out[3]["outcome"] == REFUSED_ORACLE and out[3]["field"] == "optimizer"
+
+
+def test_rows_read_back_are_classified_by_the_current_rule(tmp_path):
+    out = tmp_path / "s.jsonl"
+    old = [{"id": "a", "outcome": FAILED, "reason": "NotImplementedError: no such path"},
+           {"id": "b", "outcome": FAILED, "reason": "RuntimeError: boom"},
+           {"id": "c", "outcome": COMPARED, "error_pct": 0.1}]
+    out.write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert [r["outcome"] for r in run.read_rows(out)] == [REFUSED_ORACLE, FAILED, COMPARED]

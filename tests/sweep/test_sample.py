@@ -1,0 +1,55 @@
+"""The CI sample of the random sweep: plans 0-11 of seed 18 (4 accepted by the estimator: two single-rank, two DDP
+ranks in one torchrun job), measured for real on CPU; each within the bound of the measured suite rows (1%).
+
+A plan outside the bound is not tuned away here: it is marked xfail(strict=True) with its figures and reported."""
+
+import pytest
+
+from llmem.measure.validate import TOLERANCE_MULTI, TOLERANCE_SINGLE
+from llmem.sweep.draw import draw
+from llmem.sweep.run import COMPARED, base_record, estimate_draw, sweep
+
+SEED, N = 18, 12
+KNOWN_OVER = {
+    # gpt_neox, DDP on 2 ranks, fp32, adamw8bit, --grad-ckpt full --ckpt-every 3 (layer 0 of 2 checkpointed):
+    # estimate 2,653,376 B vs measured 2,588,504 B (+2.51%)
+    "s18-2": "gpt_neox DDP + adamw8bit with --ckpt-every 3 over-estimated by 2.5%",
+}
+
+
+def accepted_ids() -> list[str]:
+    """The plans of the sample the estimator accepts (torch-free: known when the tests are collected)."""
+    ids = []
+    for d in draw(N, SEED):
+        rec = estimate_draw(d, base_record(d, SEED, "small", "measure"))
+        if "outcome" not in rec:
+            ids.append(rec["id"])
+    return ids
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "sample.jsonl"
+    rows = sweep(N, SEED, "measure", "small", out, block=N, log=lambda _: None)
+    return {r["id"]: r for r in rows}
+
+
+def test_the_sample_is_a_handful_of_single_and_multi_rank_plans():
+    plans = {d.index: d.fields for d in draw(N, SEED)}
+    ids = accepted_ids()
+    assert 1 <= len(ids) <= 8
+    assert {plans[int(i.split("-")[1])]["gpus"] for i in ids} >= {1, 2}
+
+
+def test_every_plan_of_the_sample_has_a_row(measured):
+    assert sorted(measured) == sorted(f"s{SEED}-{i}" for i in range(N))
+
+
+@pytest.mark.parametrize("row_id", [
+    pytest.param(i, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OVER[i])) if i in KNOWN_OVER else i
+    for i in accepted_ids()])
+def test_measured_plan_within_the_suite_bound(measured, row_id):
+    r = measured[row_id]
+    assert r["outcome"] == COMPARED, r.get("reason")
+    bound = 100 * (TOLERANCE_SINGLE if r["plan"]["gpus"] == 1 else TOLERANCE_MULTI)
+    assert abs(r["error_pct"]) <= bound, (r["error_pct"], r["estimate_bytes"], r["oracle_bytes"], r["plan"])
