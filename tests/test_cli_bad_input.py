@@ -150,3 +150,32 @@ def test_opt_350m_mixed_precision_has_no_negative_category(capsys):
 
     est = estimate(ModelSpec.from_config(resolve_model("opt-350m").config), TrainingPlan())
     assert all(b >= 0 for phase in est.phases for b in phase.breakdown.values())
+
+
+def test_nothing_is_read_or_written_outside_the_inputs(tmp_path):
+    """Good and bad inputs through every pure verb, run as a user would (a subprocess in an empty folder, HOME and the
+    Hugging Face cache pointed into it): the folder holds afterwards exactly what it held before, and a decoy
+    `config.json` beside the inputs (unparseable) is never picked up in place of the file or preset named."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path / "work"
+    (work / "home").mkdir(parents=True)
+    good = work / "good.json"
+    good.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}))
+    bad = work / "bad.json"
+    bad.write_text("[" * 5000)
+    (work / "config.json").write_text("{ decoy: not json")
+    env = {**os.environ, "HOME": str(work / "home"), "HF_HOME": str(work / "home" / "hf"),
+           "XDG_CACHE_HOME": str(work / "home" / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    for verb in ("estimate", "compare", "plan-ckpt"):
+        for model, code in ((good, 0), (bad, 2), ("gpt2", 0)):
+            proc = subprocess.run([sys.executable, "-m", "llmem", verb, "--model", str(model), "--json"], cwd=work,
+                                  env=env, capture_output=True, text=True, timeout=120)
+            assert proc.returncode in (code, 1 if verb == "plan-ckpt" else code), (verb, model, proc.stderr[-500:])
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
