@@ -69,7 +69,7 @@ def gpt2_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int)
         Saved("input (residual stream, ln_1 input)", tokens * h * rb),
         *layer_norm_saved("ln_1", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_attn"),
         *attention_saved(spec, plan, tokens, seq, [Saved("c_attn output (q, k, v views)", tokens * 3 * q * cb)],
-                         _p(spec, "attn_pdrop"), output_copy=False),
+                         _p(spec, "attn_pdrop"), output_copy=False, softmax_in_input_dtype=True),
         *dropout_saved("resid_dropout (attention)", plan, tokens * h, cb, resid),
         Saved("residual after attention (ln_2 input)", tokens * h * rb),
         *layer_norm_saved("ln_2", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_fc"),

@@ -73,7 +73,8 @@ def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
-                    p: float = 0.0, output_copy: bool = True, softcap: bool = False) -> list[Saved]:
+                    p: float = 0.0, output_copy: bool = True, softcap: bool = False,
+                    softmax_in_input_dtype: bool = False) -> list[Saved]:
     """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
 
     sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
@@ -87,6 +88,9 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       cast back to the compute dtype when half (saved by the bmm), dropout on the probabilities;
       gemma2's attention softcapping `tanh(scores / cap) * cap` saves the tanh output (TanhBackward0), in the
       scores' dtype: the compute dtype (the q·kᵀ matmul runs in half under autocast; div/tanh/mul keep it).
+      `softmax_in_input_dtype` (gpt2: `softmax(w, dim=-1)` with no dtype, then `.type(value.dtype)`): the softmax
+      runs in the scores' dtype — half in pure bf16/fp16, no cast after it — and in fp32 only where autocast
+      promotes it (softmax is on autocast's fp32 list) or the model is fp32.
     The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
@@ -106,11 +110,13 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
              Saved("eager v (bmm operand)", tokens * q * cb)]
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
-    items.append(Saved("softmax output (fp32)", scores * FP32))
+    fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
+    items.append(Saved("softmax output (fp32)", scores * FP32) if fp32_softmax
+                 else Saved("softmax output (compute dtype)", scores * cb))
     if p:  # the dropout input (the cast, when half) is not saved: mul/native_dropout keep only noise or mask
         items += [*dropout_saved("attention probabilities", plan, scores, cb, p),
                   Saved("dropped probabilities (bmm operand)", scores * cb)]
-    elif cb != FP32:
+    elif cb != FP32 and fp32_softmax:
         items.append(Saved("probabilities cast to the compute dtype (bmm operand)", scores * cb))
     return items + [Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
 
