@@ -19,33 +19,20 @@ from functools import lru_cache
 
 from llmem.components.layer_tables import (  # noqa: F401 (re-exported)
     _TABLES,
-    _falcon_eager_operands,
-    _falcon_math_sdpa_operands,
     attention_backward_freed_bytes,
     attention_backward_transient_bytes,
-    bloom_layer_saved,
-    falcon_layer_saved,
     falcon_math_attention,
-    gpt2_layer_saved,
     llama_family_saved,
-    llama_layer_saved,
     moe_routing_weight_bytes,
     moe_saved,
-    neox_layer_saved,
-    opt_layer_saved,
 )
 from llmem.components.saved import (  # noqa: F401 (re-exported)
     FP32,
     Saved,
     _bytes,
-    _cast,
-    _flash,
     _p,
     _proj_dim,
-    _sdpa,
-    attention_saved,
     dropout_saved,
-    layer_norm_saved,
     rms_norm_saved,
 )
 from llmem.plan import Device, GradCkpt, TrainingPlan

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 SETTLE_S = 0.5  # for gloo's threads to let go of the last collective's tensors
+STILL_S, STILL_MAX_S = 0.1, 3.0  # how long the live total must stay unchanged; the bound on that wait
 
 
 @lru_cache(maxsize=1)
@@ -83,6 +84,16 @@ class CountingTracker:
         deadline = time.monotonic() + timeout
         while self.ext.current() > 0 and time.monotonic() < deadline:
             time.sleep(0.001)
+
+    def wait_still(self, still: float = STILL_S, timeout: float = STILL_MAX_S) -> None:
+        """Wait (at most `timeout` s) until the live total has not changed for `still` s: gloo's worker threads
+        have dropped the tensors of the collectives that came before (nothing else runs meanwhile)."""
+        start = last_change = time.monotonic()
+        last = self.ext.current()
+        while time.monotonic() - last_change < still and time.monotonic() - start < timeout:
+            time.sleep(0.005)
+            if (now := self.ext.current()) != last:
+                last, last_change = now, time.monotonic()
 
     def __exit__(self, *exc) -> None:
         self.peak_bytes_with_scratch = self.ext.peak()

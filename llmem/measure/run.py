@@ -40,28 +40,17 @@ def make_tracker(device_type: str, topo: Topology):
     return CpuTracker()
 
 
-SETTLE_STILL_S = 0.1  # how long the live total must stay unchanged before the peak is reset
-SETTLE_MAX_S = 3.0
-
-
 def _settle_setup(tracker) -> None:
     """Before the peak is reset, let gloo's worker threads drop the setup collectives' tensors (DDP's coalesced
-    broadcast of the module states, TP's `distribute_tensor` of each weight), which they hold until they move on:
-    a barrier, then wait (bounded) until the live total has not changed for `SETTLE_STILL_S`. gloo runs two worker
-    threads, so a barrier alone does not queue behind every earlier collective. Without it a loaded machine now and
-    then left such a buffer alive into the measured iterations (a LoRA DDP row +13.5 MiB, a TP row +32 KiB)."""
+    broadcast of the module states, TP's `distribute_tensor` of each weight): a barrier, then the tracker's wait
+    until the live total is still (`CountingTracker.wait_still`). gloo runs two worker threads, so a barrier alone
+    does not queue behind every earlier collective. Without it a loaded machine now and then left such a buffer
+    alive into the measured iterations (a LoRA DDP row +13.5 MiB, a TP row +32 KiB)."""
     import torch.distributed as dist
 
     dist.barrier()
-    current = getattr(getattr(tracker, "ext", None), "current", None)
-    if current is None:
-        return
-    start = last_change = time.monotonic()
-    last = current()
-    while time.monotonic() - last_change < SETTLE_STILL_S and time.monotonic() - start < SETTLE_MAX_S:
-        time.sleep(0.005)
-        if (now := current()) != last:
-            last, last_change = now, time.monotonic()
+    if hasattr(tracker, "wait_still"):
+        tracker.wait_still()
 
 
 def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topology | None = None,
