@@ -215,19 +215,27 @@ def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) ->
             + gloo_all_gather_flat_output_bytes(spec, plan, root))
 
 
-def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[int]:
-    """Unsharded elements of the group's tensors that FSDP2 shards on dim 1, in registration order (TP-local; LoRA:
-    the frozen base's, then the adapters'; `trainable_only`: the adapters' alone)."""
-    if plan.scheme not in FSDP_SCHEMES:
-        return []
-    from llmem.components.sharding import fsdp_shard_dim, tp_local_shape
+def _group_shapes(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[tuple]:
+    """The (TP-local) shapes of one FSDP2 group's tensors — a decoder layer's, or the root's — in registration
+    order; LoRA: the frozen base's, then the adapters' (`trainable_only`: the adapters' alone, the tensors that
+    have gradients)."""
+    from llmem.components.sharding import tp_local_shape
 
     params = spec.outer_params if root else spec.layer_params(0)
     frozen = lora.is_lora(plan)
     shapes = [] if frozen and trainable_only else [tp_local_shape(p, plan.tp) for p in params]
     if frozen:
         shapes += [a.shape for a in lora.adapter_params(spec, plan) if a.layer == (None if root else 0)]
-    return [math.prod(s) for s in shapes if fsdp_shard_dim(s, plan)]
+    return shapes
+
+
+def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[int]:
+    """Unsharded elements of the group's tensors that FSDP2 shards on dim 1, in registration order."""
+    if plan.scheme not in FSDP_SCHEMES:
+        return []
+    from llmem.components.sharding import fsdp_shard_dim
+
+    return [math.prod(s) for s in _group_shapes(spec, plan, root, trainable_only) if fsdp_shard_dim(s, plan)]
 
 
 def shard_dim1_copy_out_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
@@ -250,16 +258,16 @@ def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     divide by the ranks into a `new_zeros` tensor of the padded size (grad dtype) and keeps them until the cat;
     CUDA's `_chunk_cat_out_cuda` pads inside its kernel for contiguous inputs (ATen native/cuda/TensorShape.cu).
     One decoder layer's gradients (LoRA: the adapters'); Shard(1) gradients arrive re-chunked with w x d0 rows."""
-    from llmem.components.sharding import fsdp_shard_dim, tp_local_shape
+    from llmem.components.sharding import fsdp_shard_dim
     from llmem.plan import Device
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
+    shapes = _group_shapes(spec, plan, root=False, trainable_only=True)
     if lora.is_lora(plan):
-        shapes = [a.shape for a in lora.adapter_params(spec, plan) if a.layer == 0]
         elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
     else:
-        shapes, elem = [tp_local_shape(p, plan.tp) for p in spec.layer_params(0)], gather_bytes(plan)
+        elem = gather_bytes(plan)
     padded = [-(-s[0] // plan.dp) * plan.dp * math.prod(s[1:]) for s in shapes
               if s[0] % plan.dp and not fsdp_shard_dim(s, plan)]
     return sum(padded) * elem
