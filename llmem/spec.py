@@ -56,6 +56,14 @@ class ModelSpec:
     options: dict = field(default_factory=dict, compare=False, hash=False)
     caveats: tuple[str, ...] = ()  # what the estimate cannot vouch for (e.g. a family without activation table)
     params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def memo(self, key: tuple, compute):
+        """`compute()`, once per `key` for this spec: tables derived from the spec (and the plan fields in `key`)
+        that the walks ask for many times per estimate. The spec is immutable, so a value never goes stale."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @property
     def family(self):

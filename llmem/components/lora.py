@@ -77,10 +77,14 @@ def _module(p: ParamTensor) -> str:
     return p.name.removesuffix(".weight")
 
 
-def linear_weights(spec: ModelSpec) -> list[ParamTensor]:
+def linear_weights(spec: ModelSpec) -> tuple[ParamTensor, ...]:
     """The weights of the spec's nn.Linear / Conv1D modules other than the output layer: 2-D `.weight` tensors that
     are not embeddings; MoE routers (`mlp.gate` of mixtral/qwen2_moe) are their own modules in transformers 5, and
     fused 3-D experts are not Linears."""
+    return spec.memo(("lora.linear_weights",), lambda: tuple(_linear_weights(spec)))
+
+
+def _linear_weights(spec: ModelSpec) -> list[ParamTensor]:
     out = []
     for p in spec.params:
         name = _module(p)
@@ -98,7 +102,8 @@ def saved_module_names(plan: TrainingPlan) -> list[str]:
 
 
 def _copy_kind(spec: ModelSpec, p: ParamTensor) -> str | None:
-    """"embed" for the input embedding table, "head" for the output layer's weight, else None."""
+    """"embed" for the input embedding table, "head" for the output layer's weight, else None (always None inside
+    the decoder layers, so callers look only at `spec.outer_params`)."""
     if p.layer is not None or not p.name.endswith(".weight") or len(p.shape) != 2:
         return None
     last = _module(p).rsplit(".", 1)[-1]
@@ -114,7 +119,7 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     PEFT names them; each has its module's shape and the plan's parameter dtype."""
     names = saved_module_names(plan)
     out = []
-    for p in spec.params:
+    for p in spec.outer_params:
         if _copy_kind(spec, p) and any(_module(p).endswith(n) for n in names):
             m = _module(p)
             out.append(ParamTensor(f"{m}.modules_to_save.default.weight", p.shape, None))
@@ -124,14 +129,14 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
 def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
     """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
     names = saved_module_names(plan)
-    return any(_copy_kind(spec, p) == kind and any(_module(p).endswith(n) for n in names) for p in spec.params)
+    return any(_copy_kind(spec, p) == kind and any(_module(p).endswith(n) for n in names) for p in spec.outer_params)
 
 
 def copy_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str | None = None) -> int:
     """Bytes of the trainable copies (of one kind, or all): the plan's parameter dtype. Their gradients have the
     same size."""
     total = 0
-    for p in spec.params:
+    for p in spec.outer_params:
         k = _copy_kind(spec, p)
         if k and (kind is None or k == kind) and trains_copy(spec, plan, k):
             total += p.numel
@@ -167,13 +172,17 @@ def _matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
-def targeted(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
+def targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, ...]:
     """The base weights that get adapters, in spec order."""
+    return spec.memo(("lora.targeted", plan.lora_targets), lambda: _targeted(spec, plan.lora_targets))
+
+
+def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
     linears = linear_weights(spec)
-    if plan.lora_targets == ALL_LINEAR:
+    if targets == ALL_LINEAR:
         return linears
-    names = plan.lora_targets.split(",")
-    return [p for p in linears if any(_matches(_module(p), t) for t in names)]
+    names = targets.split(",")
+    return tuple(p for p in linears if any(_matches(_module(p), t) for t in names))
 
 
 def validate(spec: ModelSpec, plan: TrainingPlan) -> None:

@@ -116,22 +116,24 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
     return g
 
 
-def _layer_targets(spec: ModelSpec, plan: TrainingPlan, layer: int) -> set[str]:
-    """The adapted Linears of decoder layer `layer`, named within the layer (e.g. self_attn.q_proj)."""
-    return {_module(p).split(f".{layer}.", 1)[-1] for p in targeted(spec, plan) if p.layer == layer}
-
-
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
     if is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
         raise InputError("method", f"LoRA activations are modelled for {', '.join(LORA_ACTIVATION_FAMILIES)} so "
                          f"far; {spec.model_type!r} is not one of them (use --method full)")
-    if is_lora(plan) and spec.num_layers > 1:
-        # the activation tables are per layer, all alike: targets naming one layer's modules are not modelled
-        first = _layer_targets(spec, plan, 0)
-        if any(_layer_targets(spec, plan, n) != first for n in range(1, spec.num_layers)):
-            raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
-                             "layers, which is not modelled; name modules by their name within a layer (e.g. "
-                             "q_proj or self_attn.o_proj), or use all-linear")
+    if is_lora(plan) and spec.num_layers > 1 and not spec.memo(("lora.uniform", plan.lora_targets),
+                                                                lambda: _uniform_targets(spec, plan)):
+        raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
+                         "layers, which is not modelled; name modules by their name within a layer (e.g. "
+                         "q_proj or self_attn.o_proj), or use all-linear")
+
+
+def _uniform_targets(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether every decoder layer adapts the same Linears (the activation tables are per layer, all alike)."""
+    by_layer: dict[int, set[str]] = {n: set() for n in range(spec.num_layers)}
+    for p in targeted(spec, plan):
+        if p.layer is not None:
+            by_layer[p.layer].add(_module(p).split(f".{p.layer}.", 1)[-1])
+    return all(names == by_layer[0] for names in by_layer.values())
 
 
 def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int, n: int, shared: bool,
