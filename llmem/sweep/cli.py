@@ -31,6 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--block", default="8", help="plans estimated and measured per batch (default 8)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in --out and draw only the rest")
     p.add_argument("--report", action="store_true", help="run nothing: render --markdown from the rows in --out")
+    p.add_argument("--reestimate", action="store_true",
+                   help="with --report: estimate every compared plan again with this estimator against its recorded "
+                   "oracle figure (checks a formula change on an earlier sweep without running the oracle)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -61,6 +64,8 @@ def check_args(args) -> dict:
         raise InputError("out", f"{out} is a directory; give a .jsonl file")
     if args.report and not out.is_file():
         raise InputError("out", f"{out} does not exist; --report renders the rows of an earlier sweep")
+    if getattr(args, "reestimate", False) and not args.report:
+        raise InputError("reestimate", "--reestimate re-renders an earlier sweep: give --report and --out too")
     if args.report and not args.markdown:
         raise InputError("markdown", "--report writes the page: give --markdown FILE")
     return {"n": n, "seed": seed, "oracle": oracle, "size": size, "out": out, "block": block}
@@ -68,11 +73,12 @@ def check_args(args) -> dict:
 
 def cmd_sweep(args) -> int:
     from llmem.sweep.report import markdown
-    from llmem.sweep.run import read_rows, sweep
+    from llmem.sweep.run import read_rows, reestimate, sweep
 
     a = check_args(args)
     if args.report:
         rows = read_rows(a["out"])
+        rows = reestimate(rows) if getattr(args, "reestimate", False) else rows
     else:
         rows = sweep(a["n"], a["seed"], a["oracle"], a["size"], a["out"], resume=args.resume, block=a["block"],
                      log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -95,6 +95,23 @@ def simulate_one(d: Draw, rec: dict) -> dict:
     return compared(rec, sim.peak_bytes, time.perf_counter() - t0)
 
 
+def reestimate(rows: list[dict]) -> list[dict]:
+    """The rows with every compared plan estimated again by the current estimator against the oracle figure the row
+    recorded (the plan is drawn again from its seed and index): a formula change is checked on every plan an
+    earlier sweep measured, without running the oracle again. A plan the estimator now refuses becomes a refusal;
+    rows that were not compared stay as they were."""
+    out = []
+    for r in rows:
+        if r.get("outcome") != COMPARED:
+            out.append(r)
+            continue
+        d = draw_one(r["seed"], r["index"], r["size"], DEVICE[r["oracle"]])
+        keep = {k: v for k, v in r.items() if k not in ("outcome", "estimate_bytes", "error_pct", "field", "reason")}
+        rec = estimate_draw(d, keep)
+        out.append(rec if "outcome" in rec else compared(rec, r["oracle_bytes"], r.get("seconds")))
+    return out
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a sweep's JSONL, the oracle's errors classified (refusal or failure) by the rule above."""
     from llmem.measure.launch import read_jsonl

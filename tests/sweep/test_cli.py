@@ -19,6 +19,7 @@ from tests.sweep.test_stats import ROWS
     (["--random", "2", "--size", "full"], "size"),  # the measure oracle is CPU-only
     (["--random", "2", "--block", "0"], "block"),
     (["--report", "--out", "nowhere/none.jsonl", "--markdown", "x.md"], "out"),
+    (["--random", "2", "--reestimate"], "reestimate"),  # re-estimating re-renders an earlier sweep's rows
 ])
 def test_bad_arguments_exit_2_naming_the_field(argv, field, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -90,3 +90,17 @@ def test_rows_read_back_are_classified_by_the_current_rule(tmp_path):
            {"id": "c", "outcome": COMPARED, "error_pct": 0.1}]
     out.write_text("".join(json.dumps(r) + "\n" for r in old))
     assert [r["outcome"] for r in run.read_rows(out)] == [REFUSED_ORACLE, FAILED, COMPARED]
+
+
+def test_reestimate_recomputes_the_estimate_against_the_recorded_oracle(tmp_path, fake_measure):
+    out = tmp_path / "s.jsonl"
+    rows = run.sweep(20, 5, "measure", "small", out, log=lambda _: None)
+    # The recorded estimates are what this estimator gives: re-estimating reproduces every row.
+    assert run.reestimate(rows) == rows
+    # A row whose recorded estimate is off (as after a formula change) gets this estimator's figure back.
+    cmp_i = next(i for i, r in enumerate(rows) if r["outcome"] == COMPARED)
+    tampered = [dict(r) for r in rows]
+    tampered[cmp_i] |= {"estimate_bytes": 1, "error_pct": -99.0}
+    again = run.reestimate(tampered)
+    assert again[cmp_i] == rows[cmp_i]
+    assert [r for i, r in enumerate(again) if i != cmp_i] == [r for i, r in enumerate(rows) if i != cmp_i]
