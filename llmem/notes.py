@@ -38,6 +38,20 @@ def fsdp_padding_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
             f"{min(s[0] for _, s in short)} GPUs per shard group (HSDP) — compare fewer GPUs to see the gain.")
 
 
+def moe_routing_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
+    """Mixture-of-experts: the estimate assumes nothing about routing, because nothing depends on it —
+    `integrations/moe.py: grouped_mm_experts_forward` (transformers 5.23) sorts the tokens × top_k rows by expert
+    and runs grouped matmuls over all of them, so every tensor of the layer has the same size whichever experts the
+    tokens go to (tests/components/test_moe_routing.py: every token to the same experts and the model's own routing
+    measure the same peak to the byte)."""
+    if not spec.is_moe:
+        return None
+    return (f"Mixture of experts: each token goes to {spec.experts_per_token} of {spec.num_experts} experts, and "
+            "transformers runs them as grouped matrix products over all tokens × top-k rows, so the peak is the "
+            "same however the router spreads the tokens (balanced or all to the same experts): the range is this "
+            "one figure.")
+
+
 def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
     """Every note that applies to this plan, in a stable order."""
-    return tuple(n for n in (fsdp_padding_note(spec, plan),) if n)
+    return tuple(n for n in (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan)) if n)

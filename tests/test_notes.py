@@ -1,4 +1,4 @@
-"""Notes on an estimate: FSDP2's dim-0 padding of tensors with fewer rows than data-parallel ranks."""
+"""Notes on an estimate: FSDP2's dim-0 padding of tensors with fewer rows than data-parallel ranks; MoE routing."""
 
 import math
 
@@ -13,6 +13,10 @@ MIXTRAL = ModelSpec.from_config(load_preset("mixtral-8x7b"))
 LLAMA = ModelSpec.from_config(load_preset("llama-3.1-8b"))
 
 
+def padding(est) -> tuple[str, ...]:
+    return tuple(n for n in est.notes if n.startswith("FSDP2 pads"))
+
+
 def test_the_mixtral_peak_rises_past_8_gpus_and_the_note_says_why():
     """The rise is the estimator's own (per-rank shards stop shrinking at 8 rows); the note must appear exactly
     where the stacked expert tensors have fewer rows than ranks, and name one of them."""
@@ -20,9 +24,9 @@ def test_the_mixtral_peak_rises_past_8_gpus_and_the_note_says_why():
     assert experts == {8}
     peaks = {g: estimate(MIXTRAL, TrainingPlan(gpus=g, zero=3)) for g in (8, 16, 64)}
     assert peaks[64].peak_bytes > peaks[8].peak_bytes
-    assert peaks[8].notes == ()
+    assert padding(peaks[8]) == ()
     for g in (16, 64):
-        (note,) = peaks[g].notes
+        (note,) = padding(peaks[g])
         named = next(p for p in MIXTRAL.params if p.name in note)
         assert named.shape[0] < g and f"{g} data-parallel GPUs" in note and "Shard(1)" in note
     assert peaks[64].to_dict()["notes"] == list(peaks[64].notes)
@@ -35,7 +39,7 @@ def test_a_dense_model_gets_no_padding_note(gpus, zero):
 
 def test_the_note_reports_the_padding_it_counts():
     """The percentage in the note is the gathered padded size over the exact size, computed here from the shapes."""
-    (note,) = estimate(MIXTRAL, TrainingPlan(gpus=64, zero=3)).notes
+    (note,) = padding(estimate(MIXTRAL, TrainingPlan(gpus=64, zero=3)))
     exact = sum(p.numel for p in MIXTRAL.params)
     padded = sum(math.ceil(p.shape[0] / 64) * 64 * math.prod(p.shape[1:]) for p in MIXTRAL.params)
     assert f"adds {(padded - exact) / exact:.0%}" in note
@@ -49,3 +53,15 @@ def test_compare_prints_the_padding_note_once(capsys):
     assert out.count("note: FSDP2 pads dim 0") == 1
     assert main(["compare", "--model", "mixtral-8x7b", "--gpus", "64", "--fsdp-shard", "dim1-if-short"]) == 0
     assert "FSDP2 pads dim 0" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("plan", [TrainingPlan(), TrainingPlan(gpus=8, zero=3),
+                                  TrainingPlan(gpus=4, zero=2, precision="bf16-mixed")])
+def test_moe_estimates_say_routing_moves_nothing_and_give_a_one_point_range(plan):
+    moe, dense = estimate(MIXTRAL, plan), estimate(LLAMA, plan)
+    (note,) = [n for n in moe.notes if n.startswith("Mixture of experts")]
+    assert "2 of 8 experts" in note
+    assert not [n for n in dense.notes if n.startswith("Mixture of experts")]
+    for est in (moe, dense):
+        assert est.peak_bytes_range == (est.peak_bytes, est.peak_bytes)
+        assert est.to_dict()["peak_bytes_range"] == [est.peak_bytes, est.peak_bytes]
