@@ -378,3 +378,21 @@ def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
     assert not any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in dim1.warning)
     assert table(dim1).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"] < \
         table(padded).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"]
+
+
+def test_a_preset_not_modelled_yet_is_listed_marked_and_refused_in_one_line():
+    at = run()
+    box = at.selectbox(key="w_preset")
+    labels = {o.split(" — ")[0]: o for o in box.options}  # the options as shown: "name — hf_id[ (mark)]"
+    assert labels["gpt-oss-20b"].endswith("(not modelled yet)")
+    assert not labels["qwen3-0.6b"].endswith("(not modelled yet)")
+    box.set_value("gpt-oss-20b")
+    at.run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and plain("not modelled yet") in errors[0] and plain("'gpt_oss'") in errors[0], errors
+    assert at.query_params["model"] == "gpt-oss-20b"
+    at.selectbox(key="w_preset").set_value(PRESET)
+    at.run()
+    assert_clean(at)
+    verdict(at)
