@@ -175,7 +175,8 @@ def _model_widgets():
         st.session_state.w_preset = next(iter(presets))
     if source == SOURCE_PRESET:
         sb.selectbox("Preset (type to search)", list(presets), key="w_preset",
-                     format_func=lambda n: f"{n} — {presets[n].hf_id}")
+                     format_func=lambda n: f"{n} — {presets[n].hf_id}"
+                                           + ("" if presets[n].supported else " (not modelled yet)"))
         return st.session_state.w_preset, None, None, "", ""
     if source == SOURCE_HUB:
         sb.text_input("Hugging Face model id", key="w_hub", placeholder="org/name, e.g. Qwen/Qwen2.5-7B",

@@ -3,6 +3,10 @@
 A preset directory holds the model's `config.json` (unchanged where a verbatim copy was found) and a small
 `source.json` saying where it came from and how many parameters its publisher states. Listing reads only the
 `source.json` files, once, on first use; nothing is read at import time. Pure: no torch, no transformers.
+
+A preset may be of a `model_type` the estimator does not model yet (`PresetInfo.supported` is False): it is still
+listed, so its provenance and exact parameter count are at hand, and estimating it gives the one-line
+"not modelled yet" refusal that any config of that architecture gets.
 """
 
 from __future__ import annotations
@@ -34,10 +38,19 @@ class PresetInfo:
     published_params: int | None
     published_params_source: str | None
     note: str = ""
+    published_params_rounded: str | None = None  # a stated rounded figure such as "0.6B" (checked as rounding)
+    published_params_rounded_source: str | None = None
 
     @property
     def config_path(self) -> Path:
         return PRESETS_DIR / self.name / "config.json"
+
+    @property
+    def supported(self) -> bool:
+        """Whether the estimator models this preset's `model_type` (a family in `llmem.families`)."""
+        from llmem.families import FAMILIES
+
+        return self.model_type in FAMILIES
 
 
 def _natural_key(text: str) -> list:
@@ -63,6 +76,8 @@ def _read_info(directory: Path) -> PresetInfo:
         published_params=data.get("published_params"),
         published_params_source=data.get("published_params_source"),
         note=data.get("note", ""),
+        published_params_rounded=data.get("published_params_rounded"),
+        published_params_rounded_source=data.get("published_params_rounded_source"),
     )
 
 
@@ -78,6 +93,11 @@ def _index() -> tuple[PresetInfo, ...]:
 def list_presets() -> list[PresetInfo]:
     """All presets, sorted by name (numbers in names compare numerically)."""
     return list(_index())
+
+
+def supported_presets() -> list[PresetInfo]:
+    """The presets whose architecture the estimator models, in `list_presets` order."""
+    return [info for info in _index() if info.supported]
 
 
 def preset_names() -> list[str]:

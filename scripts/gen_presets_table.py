@@ -1,5 +1,6 @@
 """Generate docs/PRESETS.md and the preset table of README.md (between its `presets:begin/end` markers): every
-preset with its parameter count (closed form, from `llmem.spec`).
+preset with its parameter count (closed form, from `llmem.spec`; counted on the meta device for a preset whose
+architecture the estimator does not model yet) and whether the estimator models it.
 
 Run `python scripts/gen_presets_table.py` after adding a preset; `--check` exits 1 if either file is stale.
 """
@@ -27,15 +28,21 @@ def _table_rows() -> list[str]:
     rows = []
     for info in sorted(list_presets(), key=lambda i: (i.family.lower(), totals[i.name])):
         total = totals[info.name]
-        published = f"{info.published_params:,}" if info.published_params else "—"
+        if info.published_params:
+            published = f"{info.published_params:,}"
+        elif info.published_params_rounded:
+            published = f"≈ {info.published_params_rounded}"
+        else:
+            published = "—"
         verbatim = "yes" if info.verbatim else "no"
+        modelled = "yes" if info.supported else "not yet"
         rows.append(f"| `{info.name}` | {info.hf_id} | {info.model_type} | {format_params(total)} | {total:,} "
-                    f"| {published} | {verbatim} |")
+                    f"| {published} | {verbatim} | {modelled} |")
     return rows
 
 
-HEADER = ["| preset | Hugging Face id | model_type | params | exact | published | verbatim |",
-          "|---|---|---|---:|---:|---:|:---:|"]
+HEADER = ["| preset | Hugging Face id | model_type | params | exact | published | verbatim | estimator |",
+          "|---|---|---|---:|---:|---:|:---:|:---:|"]
 
 
 def render_readme(current: str) -> str:
@@ -53,7 +60,10 @@ def render() -> str:
         "`config.json` in `presets/<name>/` with its provenance in `source.json`; *verbatim* says whether the file",
         "is an unchanged copy of the hub file or was reconstructed from the published architecture. Parameter",
         "counts are llmem's closed form, which the test suite checks against the `transformers` model built on the",
-        "meta device and against the published count where one is recorded.",
+        "meta device and against the published count where one is recorded (*published* shows an exact count, or",
+        "≈ a rounded one the publisher states, which the tests check as the rounding of the exact count).",
+        "*estimator* says whether llmem models the architecture yet: a preset marked *not yet* is listed with its",
+        "exact count (from the meta device), and estimating it gives the one-line \"not modelled yet\" message.",
         "",
         *HEADER,
         *_table_rows(),

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from llmem.cli import main
+from llmem.presets import get_preset, list_presets
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -43,6 +44,14 @@ def test_a_causal_lm_outside_the_families_says_it_is_not_modelled_yet(tmp_path, 
     path = write(tmp_path, json.dumps({"model_type": model_type, "num_attention_heads": 0, "n_embd": -5}))
     line = refused(capsys, "model_type", "estimate", "--model", path)
     assert "not modelled yet" in line and "planned" in line and "llama" in line
+
+
+@pytest.mark.parametrize("name", [i.name for i in list_presets() if not i.supported])
+@pytest.mark.parametrize("command", ["estimate", "compare", "plan-ckpt"])
+def test_a_preset_not_modelled_yet_is_listed_but_refused_in_one_line(capsys, name, command):
+    """A preset of an architecture outside the families (gpt-oss, DeepSeek-V3, ...) gives the same refusal."""
+    line = refused(capsys, "model_type", command, "--model", name)
+    assert "not modelled yet" in line and repr(get_preset(name).model_type) in line
 
 
 @pytest.mark.parametrize("model_type", ["bert", "t5", "bart", "roberta"])

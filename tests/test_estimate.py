@@ -9,10 +9,10 @@ from llmem.components import Category
 from llmem.errors import InputError
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
-from llmem.presets import list_presets, load_preset
+from llmem.presets import load_preset, supported_presets
 from llmem.spec import ModelSpec
 
-PRESETS = [p.name for p in list_presets()]
+PRESETS = [p.name for p in supported_presets()]  # presets of other model_types are refused (test_presets)
 
 
 def spec_of(name: str) -> ModelSpec:

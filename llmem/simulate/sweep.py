@@ -35,7 +35,7 @@ def rows(max_params: float, only: list[str] | None = None):
     from llmem.spec import ModelSpec
 
     for info in presets.list_presets():
-        if only and info.name not in only:
+        if (only and info.name not in only) or not info.supported:
             continue
         config = presets.load_preset(info.name)
         spec = ModelSpec.from_config(config)

@@ -378,3 +378,27 @@ def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
     assert not any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in dim1.warning)
     assert table(dim1).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"] < \
         table(padded).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"]
+
+
+def test_a_preset_not_modelled_yet_is_listed_marked_and_refused_in_one_line():
+    from llmem.presets import list_presets
+
+    waiting = [p for p in list_presets() if not p.supported]
+    if not waiting:
+        pytest.skip("every preset's architecture is modelled")
+    name, model_type = waiting[0].name, waiting[0].model_type
+    at = run()
+    box = at.selectbox(key="w_preset")
+    labels = {o.split(" — ")[0]: o for o in box.options}  # the options as shown: "name — hf_id[ (mark)]"
+    assert labels[name].endswith("(not modelled yet)")
+    assert not labels[PRESET].endswith("(not modelled yet)")
+    box.set_value(name)
+    at.run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and plain("not modelled yet") in errors[0] and plain(repr(model_type)) in errors[0], errors
+    assert at.query_params["model"] == name
+    at.selectbox(key="w_preset").set_value(PRESET)
+    at.run()
+    assert_clean(at)
+    verdict(at)
