@@ -89,7 +89,7 @@ class Option:
     plan: bool = True  # a TrainingPlan field
     cli: str = ARGUMENT
     link: str = ALWAYS
-    app_default: object = _SAME
+    app_default: object = _SAME  # the app's and a link's default, where it differs (None: required on the CLI)
     widget: Widget | None = None
     needs: Needs | None = None
     fallback: bool = False  # a link whose plan refuses it falls back to its default, never to another strategy
@@ -112,6 +112,18 @@ class Option:
     @property
     def app_value(self) -> object:
         return self.default if self.app_default is _SAME else self.app_default
+
+    def cli_argument(self, **default) -> dict:
+        """`argparse.add_argument` keywords for `--key`: the row's default unless one is given (a row default of None:
+        the option is required)."""
+        if self.kind is bool:
+            return {"action": "store_true", "help": self.help}
+        out: dict = {"help": self.help, "default": default.get("default", self.default)}
+        if not default and self.default is None:
+            out = {"help": self.help, "required": True}
+        if self.choice:
+            out |= {"default": str(self.default), "metavar": "|".join(self.values)}
+        return out
 
     def coerce(self, value: object) -> object:
         """`value` as a TrainingPlan stores it, or InputError naming the option."""
@@ -226,12 +238,14 @@ def as_int(field: str, value: object) -> int:
 _LORA = Needs("method", ("lora", "qlora"))
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model", str, "llama-3.1-8b",
+    Option("model", str, None,
            "A preset name (e.g. llama-3.1-8b), a path to a config.json, or a Hugging Face model id (online).",
-           plan=False, cli=ARGUMENT, parse=_model_name, widget=Widget("Model", "w_source", SPECIAL)),
-    Option("gpu_type", str, "a100-80gb",
+           plan=False, cli=ARGUMENT, parse=_model_name, app_default="llama-3.1-8b",
+           widget=Widget("Model", "w_source", SPECIAL)),
+    Option("gpu_type", str, None,
            "GPU model: sets the memory capacity for the fits/OOM verdict.",
-           plan=False, cli=COMMAND, parse=_gpu_key, widget=Widget("GPU type", "w_gpu", SPECIAL)),
+           plan=False, cli=COMMAND, parse=_gpu_key, app_default="a100-80gb",
+           widget=Widget("GPU type", "w_gpu", SPECIAL)),
     Option("gpus", int, 1,
            "GPUs in the job. Data parallelism replicates the model; ZeRO/TP divide parts of it by this count.",
            low=1, high=MAX_APP_GPUS, widget=Widget("GPU count", "w_gpus", NUMBER)),
