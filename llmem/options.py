@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from llmem.choices import (
     Attention,
@@ -96,12 +97,12 @@ class Option:
     compared: bool = True  # False: valid for some strategies only, left out of the app's strategy comparison
     cuda_only: bool = False  # needs CUDA kernels or pinned host memory: not in the CPU validation suite
 
-    @property
+    @cached_property
     def key(self) -> str:
         """`--key` on the command line, `key=` in a link, the field an error names."""
         return self.name.replace("_", "-")
 
-    @property
+    @cached_property
     def choice(self) -> bool:
         return issubclass(self.kind, Choice)
 
