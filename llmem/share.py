@@ -34,6 +34,7 @@ from llmem.options import (  # noqa: F401  (the app's bounds, re-exported)
 from llmem.plan import Method, OptimizerImpl, Quant, TrainingPlan
 
 MAX_MODEL_CHARS = 200
+QLORA_BASE = Quant.NF4  # the base a link or the app gives --method qlora when none is chosen
 
 # One path-free part of a model name: what Hugging Face allows in an org or repo name.
 _NAME_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
@@ -279,7 +280,7 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
     if inputs.method is Method.QLORA and inputs.quant is Quant.NONE:
         if quant_given:
             warnings.append("quant: none leaves --method qlora without its quantized base; using nf4")
-        inputs = replace(inputs, quant=Quant.NF4)  # the app's default base for qlora
+        inputs = replace(inputs, quant=QLORA_BASE)
     if inputs.method is Method.FULL:
         return inputs
     for strategy in (False, True):
