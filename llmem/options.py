@@ -15,21 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from llmem.choices import (
-    Attention,
-    Choice,
-    Device,
-    Engine,
-    FsdpShard,
-    GradCkpt,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
-    Quant,
-)
+from llmem import choices as c
 from llmem.errors import InputError
 
 ALL = "all"  # the app's zero=all: compare every strategy for the GPU count and show the recommended one
@@ -104,7 +90,7 @@ class Option:
 
     @cached_property
     def choice(self) -> bool:
-        return issubclass(self.kind, Choice)
+        return issubclass(self.kind, c.Choice)
 
     @property
     def values(self) -> list[str]:
@@ -266,11 +252,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("seq_len", int, 2048,
            "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
            low=1, high=MAX_TOKENS, widget=Widget("Sequence length (tokens)", "w_seq", NUMBER, step=256)),
-    Option("precision", Precision, Precision.BF16_MIXED,
+    Option("precision", c.Precision, c.Precision.BF16_MIXED,
            "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
            "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
            widget=Widget("Precision", "w_precision", SELECT)),
-    Option("optimizer", Optimizer, Optimizer.ADAMW,
+    Option("optimizer", c.Optimizer, c.Optimizer.ADAMW,
            "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one. adafactor (torch) keeps "
            "only a row and a column vector per weight matrix (a full vector for 1-D weights), no first moment; its "
            "default for-loop step briefly holds two weight-sized temporaries. adamw8bit (bitsandbytes) keeps both "
@@ -279,11 +265,11 @@ OPTIONS: tuple[Option, ...] = (
            "memory outside PyTorch's allocator (shown apart; the driver can page them to host RAM). The three run on "
            "one GPU, DDP and ZeRO-1.",
            fallback=True, widget=Widget("Optimizer", "w_optimizer", SELECT)),
-    Option("optimizer_impl", OptimizerImpl, OptimizerImpl.DEFAULT,
+    Option("optimizer_impl", c.OptimizerImpl, c.OptimizerImpl.DEFAULT,
            "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary copy of all "
            "parameters during step(); for-loop two copies of the largest tensor; fused none.",
            fallback=True, widget=Widget("Optimizer implementation", "w_impl", SELECT)),
-    Option("grad_ckpt", GradCkpt, GradCkpt.NONE,
+    Option("grad_ckpt", c.GradCkpt, c.GradCkpt.NONE,
            "full: keep only each layer's input and recompute the layer in backward (activations shrink to one "
            "hidden-size tensor per layer, at about one extra forward of compute).",
            widget=Widget("Activation checkpointing", "w_ckpt", SELECT)),
@@ -293,14 +279,14 @@ OPTIONS: tuple[Option, ...] = (
            low=1, high=MAX_APP_CKPT_EVERY, link=WHEN_SET,
            needs=Needs("grad_ckpt", ("full",), "{value} needs grad-ckpt full"),
            widget=Widget("Checkpoint every K-th layer", "w_ckpt_every", NUMBER)),
-    Option("attn", Attention, Attention.SDPA,
+    Option("attn", c.Attention, c.Attention.SDPA,
            "sdpa: fused attention keeps no seq×seq matrices. eager: keeps scores and probabilities, heads × seq² per "
            "sequence per layer.",
            widget=Widget("Attention", "w_attn", SELECT)),
-    Option("device", Device, Device.CUDA,
+    Option("device", c.Device, c.Device.CUDA,
            "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
            link=NEVER),
-    Option("method", Method, Method.FULL,
+    Option("method", c.Method, c.Method.FULL,
            "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer states "
            "for the base, fp32 adapters get both. Not fewer activations: the layers save about what full fine-tuning "
            "saves, and each adapted Linear keeps its own copy of its input for lora_A (fp32 under pure bf16/fp16, as "
@@ -343,7 +329,7 @@ OPTIONS: tuple[Option, ...] = (
            parse=parse_modules_to_save, link=WHEN_SET, fallback=True,
            needs=Needs("method", ("lora", "qlora"), "trainable module copies go with --method lora/qlora"),
            widget=Widget("LoRA modules to save (trained in full)", "w_lora_mts", TEXT)),
-    Option("quant", Quant, Quant.NONE,
+    Option("quant", c.Quant, c.Quant.NONE,
            "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a byte per"
            " weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype while it "
            "runs. int8 = LLM.int8 (load_in_8bit): 1 byte per weight plus one fp32 scale per output row; each 8-bit "
@@ -364,7 +350,7 @@ OPTIONS: tuple[Option, ...] = (
            " synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the sharded gradients; no no_sync).",
            low=1, high=MAX_APP_GRAD_ACCUM, link=WHEN_SET,
            widget=Widget("Gradient accumulation (micro-steps)", "w_grad_accum", NUMBER)),
-    Option("offload", Offload, Offload.NONE,
+    Option("offload", c.Offload, c.Offload.NONE,
            "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and optimizer "
            "states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only gathered layers, "
            "unsharded gradients, buffers and activations. Host RAM is shown separately. optimizer (one GPU): "
@@ -372,12 +358,12 @@ OPTIONS: tuple[Option, ...] = (
            "pinned copy of each weight and gradient live on the host and the step runs on the CPU; gradients leave "
            "the GPU as they are made (with --grad-accum 1). Tensors under 4096 elements stay on the GPU.",
            fallback=True, compared=False, cuda_only=True, widget=Widget("Offload to host memory", "w_offload", SELECT)),
-    Option("loss", Loss, Loss.STANDARD,
+    Option("loss", c.Loss, c.Loss.STANDARD,
            "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the logits: "
            "chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden gradient and an "
            "lm_head-sized weight gradient instead of tokens × vocab logits.",
            fallback=True, compared=False, cuda_only=True, widget=Widget("Loss", "w_loss", SELECT)),
-    Option("fsdp_shard", FsdpShard, FsdpShard.DIM0,
+    Option("fsdp_shard", c.FsdpShard, c.FsdpShard.DIM0,
            "Which dim FSDP2 (--zero 2/3) shards each tensor on. dim0 (FSDP2's default) pads dim 0 to a multiple of "
            "the GPUs, so a tensor with fewer rows than GPUs (a MoE's stacked experts: one row per expert) is stored "
            "at 1/rows instead of 1/GPUs and gathered padded. dim1-if-short passes fully_shard(shard_placement_fn=...)"
@@ -395,7 +381,7 @@ OPTIONS: tuple[Option, ...] = (
            " on 2+ GPUs). The recommendation stays with the chosen method.",
            plan=False, cli=COMMAND, parse=_methods, link=WHEN_SET,
            widget=Widget("Also compare methods", "w_methods", SPECIAL)),
-    Option("engine", Engine, Engine.TORCH,
+    Option("engine", c.Engine, c.Engine.TORCH,
            "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
            "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
            plan=False, link=NEVER),
