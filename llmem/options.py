@@ -114,18 +114,26 @@ class Option:
 
     def coerce(self, value: object) -> object:
         """`value` as a TrainingPlan stores it, or InputError naming the option."""
+        return self.coercer(value)
+
+    @cached_property
+    def coercer(self) -> Callable[[object], object]:
+        """`coerce` for this option's kind, made once: a plan is built several times per link decode."""
+        key, kind, low = self.key, self.kind, self.low
         if self.choice:
-            return self.kind.parse(self.key, value)
-        if self.kind is bool:
-            return as_bool(self.key, value)
-        if self.kind is float:
-            return as_probability(self.key, value)
-        if self.kind is int:
-            number = as_int(self.key, value)
-            if self.low is not None and number < self.low:
-                raise InputError(self.key, f"must be a positive whole number, got {number}")
-            return number
-        return self.parse(value) if self.parse else value
+            return lambda value: value if type(value) is kind else kind.parse(key, value)
+        if kind is bool:
+            return lambda value: value if type(value) is bool else as_bool(key, value)
+        if kind is float:
+            return lambda value: as_probability(key, value)
+        if kind is int:
+            def whole(value: object) -> int:
+                number = value if type(value) is int else as_int(key, value)
+                if low is not None and number < low:
+                    raise InputError(key, f"must be a positive whole number, got {number}")
+                return number
+            return whole
+        return self.parse or (lambda value: value)
 
 
 def _model_name(text: str) -> str:

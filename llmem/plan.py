@@ -37,6 +37,7 @@ __all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention",
 
 MAX_GPUS = 65536
 
+_COERCERS = tuple((o.name, o.coercer) for o in PLAN_OPTIONS)
 _PlanFields = make_dataclass("_PlanFields", [(o.name, o.kind, o.default) for o in PLAN_OPTIONS], frozen=True)
 
 
@@ -46,8 +47,10 @@ class TrainingPlan(_PlanFields):
     seq_len, precision, optimizer, ...), with the defaults of DESIGN.md's command line."""
 
     def __post_init__(self) -> None:
-        for option in PLAN_OPTIONS:
-            object.__setattr__(self, option.name, option.coerce(getattr(self, option.name)))
+        for name, coerce in _COERCERS:
+            value = getattr(self, name)
+            if (coerced := coerce(value)) is not value:
+                object.__setattr__(self, name, coerced)
         if self.gpus > MAX_GPUS:
             raise InputError("gpus", f"at most {MAX_GPUS} GPUs are supported, got {self.gpus}")
         if self.batch_size * self.seq_len > MAX_TOKENS:

@@ -61,8 +61,10 @@ class AppInputs(_AppFields):
     def to_plan(self) -> TrainingPlan:
         """The plan to estimate. With zero=all this is the data-parallel base plan that `compare` varies; an option
         without meaning here (LoRA's without LoRA, ...) takes its default."""
-        values = {o.name: getattr(self, o.name) if o.needs is None or o.needs.met(self) else o.default
-                  for o in LINK_OPTIONS if o.plan}
+        values = {o.name: getattr(self, o.name) for o in _PLAN_LINK}
+        for o in _PLAN_NEEDS:
+            if not o.needs.met(self):
+                values[o.name] = o.default
         if self.compare_all:
             values |= {"tp": 1, "zero": 0}
         return TrainingPlan(**values)
@@ -74,6 +76,8 @@ class AppInputs(_AppFields):
 # attribute -> query key (the command-line option name, so the URL reads like the CLI)
 KEYS: dict[str, str] = {o.name: o.key for o in LINK_OPTIONS}
 _OPTION = {o.key: o for o in LINK_OPTIONS}
+_PLAN_LINK = tuple(o for o in LINK_OPTIONS if o.plan)
+_PLAN_NEEDS = tuple(o for o in _PLAN_LINK if o.needs is not None)
 _NEEDS = tuple(o for o in LINK_OPTIONS if o.needs is not None and o.needs.repair)
 _FALLBACK = tuple(o for o in LINK_OPTIONS if o.fallback)
 
