@@ -18,19 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, make_dataclass, replace
 
 from llmem.errors import InputError
-from llmem.options import (  # noqa: F401  (the app's bounds, re-exported)
-    ALL,
-    LINK_OPTIONS,
-    MAX_APP_BATCH,
-    MAX_APP_CKPT_EVERY,
-    MAX_APP_GPUS,
-    MAX_APP_GRAD_ACCUM,
-    MAX_APP_LORA_RANK,
-    MAX_TOKENS,
-    WHEN_SET,
-    Option,
-    as_probability,
-)
+from llmem.options import ALL, LINK_OPTIONS, MAX_TOKENS, WHEN_SET
+from llmem.optiontypes import Option, as_probability
 from llmem.plan import Method, OptimizerImpl, Quant, TrainingPlan
 
 MAX_MODEL_CHARS = 200
