@@ -148,7 +148,10 @@ def _parse(option: Option, text: str) -> object:
     if option.choice:
         return option.kind.parse(field, text)
     if option.kind is float:
-        return as_probability(field, text[:20])
+        number = as_probability(field, text[:20])
+        if not option.low <= number <= option.high:  # the widget's bounds: it refuses a value outside them
+            raise InputError(field, f"{number} is outside {option.low}..{option.high}")
+        return number
     if option.name == "zero" and text.lower() == ALL:
         return ALL
     if not re.fullmatch(r"[0-9]{1,9}", text):

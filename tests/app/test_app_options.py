@@ -58,3 +58,12 @@ def test_lora_alpha_travels_in_the_link_and_leaves_memory_alone():
     assert at.query_params["lora-alpha"] == "64" and peak(at) == before  # alpha only scales the adapter's output
     full = run({**QUERY, "method": "full", "lora-alpha": "64"})
     assert full.number_input(key="w_lora_alpha").disabled and full.number_input(key="w_lora_dropout").disabled
+
+
+def test_a_link_past_a_widget_bound_opens_with_a_warning_not_an_error():
+    """Streamlit's number_input raises on a value above its maximum: a link may not put one there."""
+    at = run({**QUERY, "lora-dropout": "0.995", "lora-alpha": "99999999"})
+    assert not at.exception
+    warned = [w.value.replace("\\", "") for w in at.warning if w.value.startswith("Share link")]
+    assert any("lora-dropout" in w for w in warned) and any("lora-alpha" in w for w in warned)
+    assert at.number_input(key="w_lora_dropout").value == pytest.approx(0.05)
