@@ -14,43 +14,23 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from llmem import figures, share
+from llmem import figures, share, widgets
 from llmem.compare import METHOD_VARIANTS
 from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
-from llmem.plan import (
-    Attention,
-    FsdpShard,
-    GradCkpt,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
-    Quant,
-    TrainingPlan,
-    parse_lora_targets,
-    parse_modules_to_save,
-)
+from llmem.options import CHECK, NUMBER, SELECT, TEXT
+from llmem.plan import Loss, Offload, TrainingPlan
 from llmem.units import format_gib, format_params
 from llmem.view import comparison_csv, comparison_table, plain
 
-WIDGET_KEYS = ("w_source", "w_preset", "w_hub", "w_gpu", "w_gpus", "w_strategy", "w_batch", "w_seq", "w_precision",
-               "w_optimizer", "w_impl", "w_ckpt", "w_attn", "w_quant", "w_ckpt_every", "w_offload", "w_loss",
-               "w_methods", "w_method", "w_lora_rank", "w_lora_targets", "w_grad_accum",
-               "w_lora_mts", "w_dq", "w_fsdp_shard")
+WIDGET_KEYS = ("w_source", *widgets.WIDGET_KEYS)
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 # ---------------------------------------------------------------- library calls, cached per process
-
-def _help(key: str) -> str:
-    return HELP.get(key, "")
-
 
 @st.cache_resource(show_spinner=False)
 def _presets() -> list:
@@ -122,28 +102,7 @@ def _init_from_url() -> None:
     ss.w_source = SOURCE_PRESET if inputs.model in preset_names else SOURCE_HUB
     ss.w_preset = inputs.model if inputs.model in preset_names else defaults.model
     ss.w_hub = "" if inputs.model in preset_names else inputs.model
-    ss.w_gpu = inputs.gpu_type
-    ss.w_gpus = inputs.gpus
-    ss.w_strategy = "all" if inputs.compare_all else f"{inputs.tp}:{inputs.zero}"
-    ss.w_batch = inputs.batch_size
-    ss.w_seq = inputs.seq_len
-    ss.w_precision = inputs.precision.value
-    ss.w_optimizer = inputs.optimizer.value
-    ss.w_impl = inputs.optimizer_impl.value
-    ss.w_ckpt = inputs.grad_ckpt.value
-    ss.w_attn = inputs.attn.value
-    ss.w_quant = inputs.quant.value
-    ss.w_ckpt_every = inputs.ckpt_every
-    ss.w_offload = inputs.offload.value
-    ss.w_loss = inputs.loss.value
-    ss.w_methods = [m for m in inputs.methods.split(",") if m]
-    ss.w_method = inputs.method.value
-    ss.w_lora_rank = inputs.lora_rank
-    ss.w_lora_targets = inputs.lora_targets
-    ss.w_lora_mts = inputs.lora_modules_to_save
-    ss.w_dq = inputs.double_quant
-    ss.w_fsdp_shard = inputs.fsdp_shard.value
-    ss.w_grad_accum = inputs.grad_accum
+    ss.update(widgets.state_from_inputs(inputs))
     if ss.w_source == SOURCE_HUB:
         try:  # a link's model that cannot be loaded (offline, gated, unknown) opens the default preset instead
             _spec_for_model(inputs.model)
@@ -169,7 +128,7 @@ def _model_widgets():
     """The model inputs: (model for the link, spec or None, origin, upload name, cache key of the spec)."""
     sb = st.sidebar
     source = sb.radio("Model", (SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD), key="w_source", horizontal=False,
-                      help=_help("model") or "Which model to size: its architecture sets every memory term.")
+                      help=HELP["model"])
     presets = {p.name: p for p in _presets()}
     if st.session_state.w_preset not in presets and presets:
         st.session_state.w_preset = next(iter(presets))
@@ -196,107 +155,28 @@ def _model_widgets():
 
 
 def _training_widgets() -> None:
+    """The GPU type, then one widget per option of the table (`llmem.widgets`), then the methods to compare."""
     sb = st.sidebar
     gpus = {g.key: g for g in list_gpus()}
-    sb.selectbox("GPU type", list(gpus), key="w_gpu", help=_help("gpu-type") or "Sets the memory capacity per GPU.",
+    sb.selectbox("GPU type", list(gpus), key="w_gpu", help=HELP["gpu-type"],
                  format_func=lambda k: f"{gpus[k].name} ({format_gib(gpus[k].memory_bytes)})")
-    sb.number_input("GPU count", 1, share.MAX_APP_GPUS, step=1, key="w_gpus",
-                    help=_help("gpus") or "More GPUs let ZeRO/TP shard the model; DDP replicates it on each.")
-    sb.number_input("Micro-batch per GPU", 1, share.MAX_APP_BATCH, step=1, key="w_batch",
-                    help=_help("batch-size") or "Activations and logits grow linearly with it.")
-    sb.number_input("Sequence length (tokens)", 1, None, step=256, key="w_seq",
-                    help=_help("seq-len") or "Activations grow linearly (eager attention: quadratically).")
-    sb.selectbox("Precision", [p.value for p in Precision], key="w_precision",
-                 help=_help("precision") or "Bytes per parameter, gradient, optimizer state and activation.")
-    sb.selectbox("Optimizer", [o.value for o in Optimizer], key="w_optimizer",
-                 help=_help("optimizer") or "AdamW keeps two states per parameter, SGD with momentum one.")
-    sb.selectbox("Optimizer implementation", [i.value for i in OptimizerImpl], key="w_impl",
-                 help=_help("optimizer-impl") or "foreach needs temporary copies during the step; fused does not.")
-    sb.selectbox("Activation checkpointing", [g.value for g in GradCkpt], key="w_ckpt",
-                 help=_help("grad-ckpt") or "full keeps only each layer's input and recomputes the rest.")
-    sb.number_input("Checkpoint every K-th layer", 1, share.MAX_APP_CKPT_EVERY, step=1, key="w_ckpt_every",
-                    disabled=st.session_state.get("w_ckpt") != GradCkpt.FULL.value,
-                    help=_help("ckpt-every") or "With full: checkpoint layers 0, K, 2K, ... only.")
-    sb.selectbox("Attention", [a.value for a in Attention], key="w_attn",
-                 help=_help("attn") or "eager materialises the seq × seq score matrix; sdpa does not.")
-    sb.selectbox("Fine-tuning method", [m.value for m in Method], key="w_method", on_change=_method_changed,
-                 help=_help("method"))
-    adapters = st.session_state.get("w_method") != Method.FULL.value
-    sb.number_input("LoRA rank", 1, share.MAX_APP_LORA_RANK, step=1, key="w_lora_rank", disabled=not adapters,
-                    help=_help("lora-rank"))
-    sb.text_input("LoRA target modules", key="w_lora_targets", disabled=not adapters, help=_help("lora-targets"))
-    if adapters:
-        _lora_targets(show=True)
-    sb.text_input("LoRA modules to save (trained in full)", key="w_lora_mts", disabled=not adapters,
-                  help=_help("lora-modules-to-save"))
-    if adapters:
-        _lora_modules_to_save(show=True)
-    sb.selectbox("QLoRA quantized base", [q.value for q in Quant], key="w_quant",
-                 disabled=st.session_state.get("w_method") != Method.QLORA.value, help=_help("quant"))
-    sb.checkbox("Double quantization (4-bit base)", key="w_dq", help=_help("double-quant"),
-                disabled=st.session_state.get("w_quant") not in (Quant.NF4.value, Quant.FP4.value))
-    sb.number_input("Gradient accumulation (micro-steps)", 1, share.MAX_APP_GRAD_ACCUM, step=1, key="w_grad_accum",
-                    help=_help("grad-accum"))
-    sb.selectbox("Offload to host memory", [o.value for o in Offload], key="w_offload", help=_help("offload"))
-    sb.selectbox("Loss", [v.value for v in Loss], key="w_loss", help=_help("loss"))
-    sb.selectbox("FSDP2 shard dim (ZeRO-2/3)", [v.value for v in FsdpShard], key="w_fsdp_shard",
-                 help=_help("fsdp-shard"))
-    sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=_help("methods"))
+    draw = {SELECT: sb.selectbox, NUMBER: sb.number_input, TEXT: sb.text_input, CHECK: sb.checkbox}
+    for option in widgets.TABLE_WIDGETS:
+        args = widgets.widget_args(option, st.session_state)
+        on_change = _method_changed if option.name == "method" else None
+        draw[option.widget.kind](**args, on_change=on_change)
+        error = widgets.text_error(option, st.session_state) if option.widget.kind == TEXT else ""
+        if error and not args["disabled"]:
+            sb.error(plain(error))
+    sb.multiselect("Also compare methods", list(METHOD_VARIANTS), key="w_methods", help=HELP["methods"])
 
 
 def _method_changed() -> None:
-    """qlora needs a quantized base (nf4 unless one is chosen); the other methods have none."""
-    ss = st.session_state
-    qlora = ss.get("w_method") == Method.QLORA.value
-    if qlora and ss.get("w_quant", "none") == Quant.NONE.value:
-        ss.w_quant = Quant.NF4.value
-    elif not qlora:
-        ss.w_quant = Quant.NONE.value
-
-
-def _typed_names(key: str, parse, fallback: str, show: bool) -> str:
-    """A typed list of module names parsed as the library does, or `fallback` (with a message when `show`) when
-    it is not valid."""
-    try:
-        return parse(st.session_state.get(key, fallback))
-    except InputError as err:
-        if show:
-            st.sidebar.error(plain(f"{err}; using {fallback or 'none'}"))
-        return fallback
-
-
-def _lora_targets(show: bool = False) -> str:
-    return _typed_names("w_lora_targets", parse_lora_targets, "all-linear", show)
-
-
-def _lora_modules_to_save(show: bool = False) -> str:
-    return _typed_names("w_lora_mts", parse_modules_to_save, "", show)
+    widgets.method_changed(st.session_state)
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:
-    ss = st.session_state
-    method = Method(ss.get("w_method", "full"))
-    quant = Quant(ss.get("w_quant", "none")) if method is Method.QLORA else Quant.NONE
-    if method is Method.QLORA and quant is Quant.NONE:
-        quant = Quant.NF4
-    adapters = method is not Method.FULL
-    strategy = ss.get("w_strategy", "all")
-    tp, zero = (1, share.ALL) if strategy == "all" else map(int, strategy.split(":"))
-    return share.AppInputs(
-        model=model, gpu_type=ss.w_gpu, gpus=int(ss.w_gpus), tp=tp, zero=zero, batch_size=int(ss.w_batch),
-        seq_len=int(ss.w_seq), precision=Precision(ss.w_precision), optimizer=Optimizer(ss.w_optimizer),
-        optimizer_impl=OptimizerImpl(ss.w_impl), grad_ckpt=GradCkpt(ss.w_ckpt), attn=Attention(ss.w_attn),
-        method=method, quant=quant,
-        lora_rank=int(ss.get("w_lora_rank", 16)) if adapters else 16,
-        lora_targets=_lora_targets() if adapters else "all-linear",
-        grad_accum=int(ss.get("w_grad_accum", 1)),
-        ckpt_every=int(ss.get("w_ckpt_every", 1)) if ss.w_ckpt == GradCkpt.FULL.value else 1,
-        offload=Offload(ss.get("w_offload", "none")), loss=Loss(ss.get("w_loss", "standard")), upload=upload,
-        methods=",".join(sorted(ss.get("w_methods", []))),
-        lora_modules_to_save=_lora_modules_to_save() if adapters else "",
-        double_quant=bool(ss.get("w_dq", False)) and quant in (Quant.NF4, Quant.FP4),
-        fsdp_shard=FsdpShard(ss.get("w_fsdp_shard", "dim0")),
-    )
+    return widgets.inputs_from_state(st.session_state, model, upload)
 
 
 def _sync_url(inputs: share.AppInputs) -> str:
@@ -321,8 +201,7 @@ def _strategy_widget(comparison) -> None:
             st.warning(f"strategy: TP {wanted.replace(':', ', ZeRO ')} is not valid for this model on "
                        f"{st.session_state.w_gpus} GPU(s); comparing all strategies instead.")
     st.sidebar.selectbox("Strategy", list(options), key="w_strategy", format_func=options.get,
-                         help=_help("zero") or "How the work is split: DDP replicates everything, ZeRO-1/2/3 "
-                                               "shard optimizer states / gradients / parameters, TP splits layers.")
+                         help=HELP["zero"])
 
 
 # ---------------------------------------------------------------- rendering

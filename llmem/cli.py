@@ -13,20 +13,8 @@ import sys
 
 from llmem.errors import InputError
 from llmem.help import HELP
-from llmem.plan import (
-    Attention,
-    Device,
-    FsdpShard,
-    GradCkpt,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
-    Quant,
-    TrainingPlan,
-)
+from llmem.options import ARGUMENT, BY_NAME, OPTIONS, PLAN_OPTIONS
+from llmem.plan import TrainingPlan
 from llmem.units import format_gib, format_params
 
 
@@ -36,42 +24,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help=HELP["model"])
-    p.add_argument("--gpus", default=1, help=HELP["gpus"])
-    p.add_argument("--tp", default=1, help=HELP["tp"])
-    p.add_argument("--zero", default=0, help=HELP["zero"])
-    p.add_argument("--batch-size", default=1, help=HELP["batch-size"])
-    p.add_argument("--seq-len", default=2048, help=HELP["seq-len"])
-    p.add_argument("--precision", default=str(Precision.BF16_MIXED), help=HELP["precision"],
-                   metavar="|".join(m.value for m in Precision))
-    p.add_argument("--optimizer", default=str(Optimizer.ADAMW), help=HELP["optimizer"],
-                   metavar="|".join(m.value for m in Optimizer))
-    p.add_argument("--optimizer-impl", default=str(OptimizerImpl.DEFAULT), help=HELP["optimizer-impl"],
-                   metavar="|".join(m.value for m in OptimizerImpl))
-    p.add_argument("--grad-ckpt", default=str(GradCkpt.NONE), help=HELP["grad-ckpt"],
-                   metavar="|".join(m.value for m in GradCkpt))
-    p.add_argument("--attn", default=str(Attention.SDPA), help=HELP["attn"],
-                   metavar="|".join(m.value for m in Attention))
-    p.add_argument("--device", default=str(Device.CUDA), help=HELP["device"],
-                   metavar="|".join(m.value for m in Device))
-    p.add_argument("--method", default=str(Method.FULL), help=HELP["method"],
-                   metavar="|".join(m.value for m in Method))
-    p.add_argument("--lora-rank", default=16, help=HELP["lora-rank"])
-    p.add_argument("--lora-alpha", default=32, help=HELP["lora-alpha"])
-    p.add_argument("--lora-dropout", default=0.05, help=HELP["lora-dropout"])
-    p.add_argument("--lora-targets", default="all-linear", help=HELP["lora-targets"])
-    p.add_argument("--lora-modules-to-save", default="", help=HELP["lora-modules-to-save"])
-    p.add_argument("--grad-accum", default=1, help=HELP["grad-accum"])
-    p.add_argument("--quant", default=str(Quant.NONE), help=HELP["quant"], metavar="|".join(m.value for m in Quant))
-    p.add_argument("--ckpt-every", default=1, help=HELP["ckpt-every"])
-    p.add_argument("--offload", default=str(Offload.NONE), help=HELP["offload"],
-                   metavar="|".join(m.value for m in Offload))
-    p.add_argument("--loss", default=str(Loss.STANDARD), help=HELP["loss"],
-                   metavar="|".join(m.value for m in Loss))
-    p.add_argument("--double-quant", action="store_true", help=HELP["double-quant"])
-    p.add_argument("--fsdp-shard", default=str(FsdpShard.DIM0), help=HELP["fsdp-shard"],
-                   metavar="|".join(m.value for m in FsdpShard))
-    p.add_argument("--engine", default="torch", help=HELP["engine"], metavar="torch|deepspeed")
+    """Every option of `llmem.options` that each plan command takes (`--model`, the plan's fields, `--engine`)."""
+    for option in OPTIONS:
+        if option.cli == ARGUMENT:
+            p.add_argument(f"--{option.key}", **option.cli_argument())
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -90,14 +46,7 @@ def check_engine(value: str) -> None:
 
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     check_engine(args.engine)
-    return TrainingPlan(gpus=args.gpus, tp=args.tp, zero=args.zero, batch_size=args.batch_size,
-                        seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
-                        optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
-                        device=args.device, method=args.method, lora_rank=args.lora_rank,
-                        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=args.lora_targets,
-                        grad_accum=args.grad_accum, quant=args.quant, ckpt_every=args.ckpt_every,
-                        offload=args.offload, loss=args.loss, lora_modules_to_save=args.lora_modules_to_save,
-                        double_quant=args.double_quant, fsdp_shard=args.fsdp_shard)
+    return TrainingPlan(**{option.name: getattr(args, option.name) for option in PLAN_OPTIONS})
 
 
 def _spec_and_origin(model: str):
@@ -231,17 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="per-GPU peak memory of one plan")
     add_plan_arguments(est)
-    est.add_argument("--gpu-type", default=None, help=HELP["gpu-type"])
+    est.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default=None))
     est.set_defaults(func=cmd_estimate)
     cmp_ = sub.add_parser("compare", help="every strategy for a GPU count and type")
     add_plan_arguments(cmp_)
-    cmp_.add_argument("--gpu-type", default="h100-80gb", help=HELP["gpu-type"])
+    cmp_.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))
     cmp_.add_argument("--csv", default=None, help="write the comparison table to this CSV file")
-    cmp_.add_argument("--methods", default="", help=HELP["methods"])
+    cmp_.add_argument("--methods", **BY_NAME["methods"].cli_argument(default=""))
     cmp_.set_defaults(func=cmd_compare)
     pck = sub.add_parser("plan-ckpt", help=HELP["plan-ckpt"], description=HELP["plan-ckpt"])
     add_plan_arguments(pck)
-    pck.add_argument("--gpu-type", default="h100-80gb", help=HELP["gpu-type"])
+    pck.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))
     pck.set_defaults(func=cmd_plan_ckpt)
     try:
         from llmem.measure.cli import register

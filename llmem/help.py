@@ -1,93 +1,9 @@
-"""Help text for each knob — what it does to memory. Written once, shown by the CLI and the app."""
+"""Help text for each knob — what it does to memory. Written once (an option's in its row of `llmem.options`), shown
+by the CLI and the app."""
 
-HELP = {
-    "model": "A preset name (e.g. llama-3.1-8b), a path to a config.json, or a Hugging Face model id (online).",
-    "gpus": "GPUs in the job. Data parallelism replicates the model; ZeRO/TP divide parts of it by this count.",
-    "tp": "Tensor-parallel degree: splits attention heads and the MLP width over this many GPUs, dividing the "
-          "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
-    "zero": "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 shards "
-            "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer. "
-            "With lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's "
-            "shards plus every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
-    "batch-size": "Micro-batch per GPU. Activations and logits grow linearly with it.",
-    "seq-len": "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
-    "precision": "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
-                 "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
-    "optimizer": "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one. adafactor "
-                 "(torch) keeps only a row and a column vector per weight matrix (a full vector for 1-D weights), "
-                 "no first moment; its default for-loop step briefly holds two weight-sized temporaries. adamw8bit "
-                 "(bitsandbytes) keeps both states in 1 byte per parameter plus an fp32 scale per 256 (tensors under "
-                 "4096 elements: fp32 states). paged-adamw8bit: the same, but on CUDA states of tensors with at least "
-                 "100k elements live in unified memory outside PyTorch's allocator (shown apart; the driver can page "
-                 "them to host RAM). The three run on one GPU, DDP and ZeRO-1.",
-    "optimizer-impl": "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary "
-                      "copy of all parameters during step(); for-loop two copies of the largest tensor; fused none.",
-    "grad-ckpt": "full: keep only each layer's input and recompute the layer in backward (activations shrink to "
-                 "one hidden-size tensor per layer, at about one extra forward of compute).",
-    "attn": "sdpa: fused attention keeps no seq×seq matrices. eager: keeps scores and probabilities, "
-            "heads × seq² per sequence per layer.",
-    "device": "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
-    "gpu-type": "GPU model: sets the memory capacity for the fits/OOM verdict.",
-    "method": "full: train every weight. lora: PEFT LoRA adapters on a frozen base — no gradients or optimizer "
-              "states for the base, fp32 adapters get both. Not fewer activations: the layers save about what "
-              "full fine-tuning saves, and each adapted Linear keeps its own copy of its input for lora_A (fp32 "
-              "under pure bf16/fp16, as PEFT keeps adapters in fp32; a half cast under autocast; its dropout "
-              "output with --lora-dropout), so where activations dominate (long sequences, small models, sgd) "
-              "lora can sit above full. qlora: the same adapters over a "
-              "base whose Linears are stored 4-bit or 8-bit by bitsandbytes (choose --quant); 4-bit on one GPU, DDP "
-              "(--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base, or FSDP2 (--zero 2/3), which "
-              "shards the packed 4-bit codes and all-gathers them as bytes with the adapters (the fp32 scales stay "
-              "whole on every GPU); int8 on one GPU (TP with a quantized base is not modelled).",
-    "lora-rank": "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
-    "lora-alpha": "LoRA alpha (scaling = alpha / r); no effect on memory.",
-    "lora-dropout": "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and "
-                    "mask for backward.",
-    "lora-targets": "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj or "
-                    "gate_proj,up_proj,down_proj (the same Linears in every layer). Layer 0 saves activations only "
-                    "from its first adapted Linear on.",
-    "grad-accum": "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward "
-                  "and backward, so the peak grows by about one gradient copy (per GPU: its share of them). On more "
-                  "GPUs every micro-step synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the "
-                  "sharded gradients; no no_sync).",
-    "methods": "Other fine-tuning methods to show beside the chosen one, comma-separated (lora, qlora, full, "
-               "offload-optimizer, offload-params): each runs on the same GPU count where it can (qlora: DDP, "
-               "ZeRO-1 and FSDP2 ZeRO-2/3), else on one GPU (qlora: nf4 base in bf16; offload-optimizer: full "
-               "fine-tuning with torchao's optimizer offload on one GPU; offload-params: full fine-tuning with FSDP2 "
-               "CPU offload, ZeRO-2/3 on 2+ GPUs). The recommendation stays with the chosen method.",
-    "quant": "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a "
-             "byte per weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype "
-             "while it runs. int8 = LLM.int8 (load_in_8bit): 1 byte per weight plus one fp32 scale per output row; "
-             "each 8-bit Linear also keeps its input until the step ends (more activation memory in backward), and "
-             "on CUDA quantizes its input to int8 with an int32 product. none for full/lora.",
-    "ckpt-every": "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others "
-                  "keep all their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
+from llmem.options import OPTIONS
+
+HELP = {o.key: o.help for o in OPTIONS} | {
     "plan-ckpt": "Pick the checkpointing (none, every K-th layer, full) that recomputes the fewest layers and still "
                  "fits the GPU; the recompute cost is shown as approximate extra forward FLOPs.",
-    "offload": "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and "
-               "optimizer states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only "
-               "gathered layers, unsharded gradients, buffers and activations. Host RAM is shown separately. "
-               "optimizer (one GPU): torchao's CPUOffloadOptimizer, the single-GPU form of DeepSpeed's ZeRO-Offload: "
-               "AdamW/SGD states and a pinned copy of each weight and gradient live on the host and the step runs "
-               "on the CPU; gradients leave the GPU as they are made (with --grad-accum 1). Tensors under 4096 "
-               "elements stay on the GPU.",
-    "loss": "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the "
-            "logits: chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden "
-            "gradient and an lm_head-sized weight gradient instead of tokens × vocab logits.",
-    "engine": "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
-              "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different "
-              "program.",
-    "lora-modules-to-save": "PEFT modules_to_save with lora/qlora: comma-separated module names (lm_head, "
-                            "embed_tokens) trained in full beside the adapters. Each gets a trainable copy in the "
-                            "model's dtype (the frozen original stays) with its own gradient and optimizer states; a "
-                            "trainable lm_head keeps its input for the weight gradient, a trainable embedding makes "
-                            "a dense vocab × hidden gradient. Empty = none. Not with tied embeddings or FSDP2.",
-    "fsdp-shard": "Which dim FSDP2 (--zero 2/3) shards each tensor on. dim0 (FSDP2's default) pads dim 0 to a "
-                  "multiple of the GPUs, so a tensor with fewer rows than GPUs (a MoE's stacked experts: one row per "
-                  "expert) is stored at 1/rows instead of 1/GPUs and gathered padded. dim1-if-short passes "
-                  "fully_shard(shard_placement_fn=...) returning Shard(1) for such tensors when dim 1 divides "
-                  "evenly (FSDP2 requires it): exact 1/GPUs shards, at the cost of a copy of those tensors in each "
-                  "all-gather's copy-out. No effect on DDP, ZeRO-1 or TP.",
-    "double-quant": "With --method qlora --quant nf4/fp4: bitsandbytes' double quantization "
-                    "(bnb_4bit_use_double_quant): each block of 64 weights keeps a 1-byte scale instead of a 4-byte "
-                    "one (plus one fp32 scale per 256 blocks): about 0.37 bits less per weight.",
 }

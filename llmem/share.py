@@ -15,72 +15,29 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, make_dataclass, replace
 
-from llmem.compare import parse_methods
 from llmem.errors import InputError
-from llmem.gpus import get_gpu
-from llmem.plan import (
-    MAX_TOKENS,
-    Attention,
-    FsdpShard,
-    GradCkpt,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
-    Quant,
-    TrainingPlan,
-    parse_lora_targets,
-    parse_modules_to_save,
-)
+from llmem.options import ALL, LINK_OPTIONS, MAX_TOKENS, WHEN_SET
+from llmem.optiontypes import Option, as_probability
+from llmem.plan import Method, OptimizerImpl, Quant, TrainingPlan
 
-ALL = "all"  # zero=all: compare every strategy for the GPU count and show the recommended one
-MAX_APP_GPUS = 4096
-MAX_APP_BATCH = 4096
-MAX_APP_CKPT_EVERY = 1024
-MAX_APP_LORA_RANK = 4096
-MAX_APP_GRAD_ACCUM = 1024
 MAX_MODEL_CHARS = 200
-MAX_UPLOAD_NAME_CHARS = 80
+QLORA_BASE = Quant.NF4  # the base a link or the app gives --method qlora when none is chosen
 
 # One path-free part of a model name: what Hugging Face allows in an org or repo name.
 _NAME_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _MODEL_RE = re.compile(rf"{_NAME_PART}(/{_NAME_PART})?")
 _FILE_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".py", ".bin", ".safetensors", ".gguf", ".pt", ".pth")
 
+_AppFields = make_dataclass("_AppFields", [(o.name, object, o.app_value) for o in LINK_OPTIONS], frozen=True)
+
 
 @dataclass(frozen=True)
-class AppInputs:
-    """Everything the app's view depends on. `zero` is 0-3, or "all" to compare every strategy."""
-
-    model: str = "llama-3.1-8b"
-    gpu_type: str = "a100-80gb"
-    gpus: int = 1
-    tp: int = 1
-    zero: int | str = ALL
-    batch_size: int = 1
-    seq_len: int = 2048
-    precision: Precision = Precision.BF16_MIXED
-    optimizer: Optimizer = Optimizer.ADAMW
-    optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
-    grad_ckpt: GradCkpt = GradCkpt.NONE
-    attn: Attention = Attention.SDPA
-    quant: Quant = Quant.NONE  # nf4/fp4/int8: the quantized base of --method qlora; none otherwise
-    offload: Offload = Offload.NONE
-    loss: Loss = Loss.STANDARD
-    upload: str = ""  # display name of an uploaded config.json (the file itself never travels)
-    ckpt_every: int = 1  # with grad_ckpt full: checkpoint decoder layers 0, K, 2K, ...
-    methods: str = ""  # other fine-tuning methods shown beside the plan's strategies, e.g. "lora,qlora"
-    method: Method = Method.FULL  # full / lora / qlora (a link with quant nf4/fp4 and no method means qlora)
-    lora_rank: int = 16  # with lora/qlora
-    lora_targets: str = "all-linear"  # with lora/qlora
-    grad_accum: int = 1  # micro-steps per optimizer step
-    lora_modules_to_save: str = ""  # with lora/qlora: PEFT modules_to_save, e.g. "lm_head"
-    double_quant: bool = False  # with a 4-bit qlora base: bitsandbytes' nested quantization of the block scales
-    fsdp_shard: FsdpShard = FsdpShard.DIM0  # FSDP2 (ZeRO-2/3): Shard(1) for tensors with fewer rows than ranks
+class AppInputs(_AppFields):
+    """Everything the app's view depends on: one field per option of `llmem.options.LINK_OPTIONS` (the model, the
+    GPU type, the plan's options but the device, the upload's name, the methods compared). `zero` is 0-3, or "all"
+    to compare every strategy; a quantized base without a method means qlora (as older links wrote it)."""
 
     def __post_init__(self) -> None:
         if self.quant is not Quant.NONE and self.method is Method.FULL:  # a 4-bit base alone has always meant qlora
@@ -91,81 +48,38 @@ class AppInputs:
         return self.zero == ALL
 
     def to_plan(self) -> TrainingPlan:
-        """The plan to estimate. With zero=all this is the data-parallel base plan that `compare` varies."""
-        tp, zero = (1, 0) if self.compare_all else (self.tp, int(self.zero))
-        return TrainingPlan(
-            gpus=self.gpus, tp=tp, zero=zero, batch_size=self.batch_size, seq_len=self.seq_len,
-            precision=self.precision, optimizer=self.optimizer, optimizer_impl=self.optimizer_impl,
-            grad_ckpt=self.grad_ckpt, attn=self.attn, ckpt_every=self.ckpt_every,
-            method=self.method, quant=self.quant, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
-            grad_accum=self.grad_accum, offload=self.offload, loss=self.loss,
-            lora_modules_to_save=self.lora_modules_to_save if self.method is not Method.FULL else "",
-            double_quant=self.double_quant and self.quant in (Quant.NF4, Quant.FP4),
-            fsdp_shard=self.fsdp_shard,
-        )
+        """The plan to estimate. With zero=all this is the data-parallel base plan that `compare` varies; an option
+        without meaning here (LoRA's without LoRA, ...) takes its default."""
+        values = {o.name: getattr(self, o.name) for o in _PLAN_LINK}
+        for o in _PLAN_NEEDS:
+            if not o.needs.met(self):
+                values[o.name] = o.default
+        if self.compare_all:
+            values |= {"tp": 1, "zero": 0}
+        return TrainingPlan(**values)
 
     def with_(self, **changes) -> AppInputs:
         return replace(self, **changes)
 
 
 # attribute -> query key (the command-line option name, so the URL reads like the CLI)
-KEYS: dict[str, str] = {
-    "model": "model",
-    "gpu_type": "gpu-type",
-    "gpus": "gpus",
-    "tp": "tp",
-    "zero": "zero",
-    "batch_size": "batch-size",
-    "seq_len": "seq-len",
-    "precision": "precision",
-    "optimizer": "optimizer",
-    "optimizer_impl": "optimizer-impl",
-    "grad_ckpt": "grad-ckpt",
-    "attn": "attn",
-    "quant": "quant",
-    "offload": "offload",
-    "loss": "loss",
-    "upload": "upload",
-    "ckpt_every": "ckpt-every",
-    "methods": "methods",
-    "method": "method",
-    "lora_rank": "lora-rank",
-    "lora_targets": "lora-targets",
-    "grad_accum": "grad-accum",
-    "lora_modules_to_save": "lora-modules-to-save",
-    "double_quant": "double-quant",
-    "fsdp_shard": "fsdp-shard",
-}
-_ATTR = {v: k for k, v in KEYS.items()}
-_ENUMS = {
-    "precision": Precision,
-    "optimizer": Optimizer,
-    "optimizer_impl": OptimizerImpl,
-    "grad_ckpt": GradCkpt,
-    "attn": Attention,
-    "quant": Quant,
-    "offload": Offload,
-    "loss": Loss,
-    "method": Method,
-    "fsdp_shard": FsdpShard,
-}
-_INT_RANGES = {"gpus": (1, MAX_APP_GPUS), "tp": (1, MAX_APP_GPUS), "batch_size": (1, MAX_APP_BATCH),
-               "seq_len": (1, MAX_TOKENS), "ckpt_every": (1, MAX_APP_CKPT_EVERY),
-               "lora_rank": (1, MAX_APP_LORA_RANK), "grad_accum": (1, MAX_APP_GRAD_ACCUM)}
-# written into a link only when they differ from their default, so that older links stay equal to new ones
-_ONLY_WHEN_SET = ("upload", "ckpt_every", "methods", "method", "lora_rank", "lora_targets", "grad_accum",
-                  "lora_modules_to_save", "double_quant", "fsdp_shard")
+KEYS: dict[str, str] = {o.name: o.key for o in LINK_OPTIONS}
+_OPTION = {o.key: o for o in LINK_OPTIONS}
+_PLAN_LINK = tuple(o for o in LINK_OPTIONS if o.plan)
+_PLAN_NEEDS = tuple(o for o in _PLAN_LINK if o.needs is not None)
+_NEEDS = tuple(o for o in LINK_OPTIONS if o.needs is not None and o.needs.repair)
+_FALLBACK = tuple(o for o in LINK_OPTIONS if o.fallback)
 
 
 def encode(inputs: AppInputs) -> dict[str, str]:
-    """Every input as `{query key: value}`; `upload`, `ckpt-every`, `methods`, `method`, `lora-rank`,
-    `lora-targets`, `grad-accum` and `lora-modules-to-save` only when they differ from their defaults."""
+    """Every input as `{query key: value}`; the options a link carries only when set (`llmem.options.WHEN_SET`:
+    upload, method, LoRA's, ...) only when they differ from their defaults."""
     out = {}
-    for f in fields(inputs):
-        value = getattr(inputs, f.name)
-        if f.name in _ONLY_WHEN_SET and value == f.default:
+    for o in LINK_OPTIONS:
+        value = getattr(inputs, o.name)
+        if o.link == WHEN_SET and value == o.app_value:
             continue
-        out[KEYS[f.name]] = str(value).lower() if isinstance(value, bool) else str(value)
+        out[o.key] = str(value).lower() if isinstance(value, bool) else str(value)
     return out
 
 
@@ -204,15 +118,15 @@ def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tu
         raw = query[key]
         if isinstance(raw, list | tuple):  # a repeated key: the last value wins, as in st.query_params
             raw = raw[-1] if raw else ""
-        attr = _ATTR.get(str(key))
-        if attr is None:
+        option = _OPTION.get(str(key))
+        if option is None:
             warnings.append(f"unknown link parameter {_show(str(key))} ignored")
             continue
         text = str(raw).strip()
         try:
-            values[attr] = _parse(attr, text)
+            values[option.name] = _parse(option, text)
         except InputError as err:
-            warn(attr, _reason(err))
+            warn(option.name, _reason(err))
     implied = "method" not in values and values.get("quant", Quant.NONE) is not Quant.NONE  # an older link
     if values.get("method") is Method.FULL and values.get("quant", Quant.NONE) is not Quant.NONE:
         warnings.append(f"quant: {values['quant']} is the quantized base of --method qlora, not of full; using none")
@@ -222,53 +136,45 @@ def decode(query: Mapping[str, object], defaults: AppInputs | None = None) -> tu
     return inputs, warnings
 
 
-def _parse(attr: str, text: str) -> object:
-    field = KEYS[attr]
-    if attr == "model":
-        return check_model_name(text)
-    if attr == "upload":
-        name = re.sub(r"[^A-Za-z0-9._ -]", "_", text)[:MAX_UPLOAD_NAME_CHARS]
-        return name
-    if attr == "gpu_type":
-        return get_gpu(text).key
-    if attr == "methods":
-        return parse_methods(text[:MAX_MODEL_CHARS])
-    if attr == "lora_targets":
-        return parse_lora_targets(text[:MAX_MODEL_CHARS])
-    if attr == "lora_modules_to_save":
-        return parse_modules_to_save(text[:MAX_MODEL_CHARS])
-    if attr == "double_quant":
+def _parse(option: Option, text: str) -> object:
+    """One link value as the app holds it, or InputError naming the option."""
+    field = option.key
+    if option.kind is str:
+        return option.parse(text[:MAX_MODEL_CHARS] if option.plan else text) if option.parse else text
+    if option.kind is bool:
         if text.lower() not in ("true", "false"):
             raise InputError(field, f"{_show(text)} is not true or false")
         return text.lower() == "true"
-    if attr in _ENUMS:
-        return _ENUMS[attr].parse(field, text)
-    if attr == "zero" and text.lower() == ALL:
+    if option.choice:
+        return option.kind.parse(field, text)
+    if option.kind is float:
+        number = as_probability(field, text[:20])
+        if not option.low <= number <= option.high:  # the widget's bounds: it refuses a value outside them
+            raise InputError(field, f"{number} is outside {option.low}..{option.high}")
+        return number
+    if option.name == "zero" and text.lower() == ALL:
         return ALL
     if not re.fullmatch(r"[0-9]{1,9}", text):
         raise InputError(field, f"{_show(text)} is not a whole number")
     number = int(text)
-    if attr == "zero":
+    if option.name == "zero":
         if number not in (0, 1, 2, 3):
             raise InputError(field, f"{number} is not 0, 1, 2, 3 or all")
         return number
-    low, high = _INT_RANGES[attr]
-    if not low <= number <= high:
-        raise InputError(field, f"{number} is outside {low}..{high}")
+    if not option.low <= number <= option.high:
+        raise InputError(field, f"{number} is outside {option.low}..{option.high}")
     return number
 
 
 def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str], *, method_implied: bool = False,
                      quant_given: bool = True) -> AppInputs:
-    """Fix combinations that are each valid alone but not together (TP vs GPU count, tokens per GPU, a
-    fine-tuning method and the strategy or precision it is not modelled with)."""
+    """Fix combinations that are each valid alone but not together (TP vs GPU count, tokens per GPU, an option
+    without the option it needs, a fine-tuning method and the strategy or precision it is not modelled with)."""
     if inputs.batch_size * inputs.seq_len > MAX_TOKENS:
         warnings.append(f"batch-size: {inputs.batch_size} × seq-len {inputs.seq_len} exceeds {MAX_TOKENS:,} "
                         f"tokens per GPU; using batch-size 1")
         inputs = replace(inputs, batch_size=1)
-    if inputs.ckpt_every > 1 and inputs.grad_ckpt is not GradCkpt.FULL:
-        warnings.append(f"ckpt-every: {inputs.ckpt_every} needs grad-ckpt full; using 1")
-        inputs = replace(inputs, ckpt_every=1)
+    inputs = _repair_needs(inputs, warnings)
     if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
         warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
         inputs = replace(inputs, tp=1)
@@ -278,35 +184,63 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
     inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
-    if inputs.double_quant and inputs.quant not in (Quant.NF4, Quant.FP4):
-        warnings.append("double-quant: double quantization goes with a 4-bit qlora base (--quant nf4/fp4); using off")
-        inputs = replace(inputs, double_quant=False)
-    if inputs.lora_modules_to_save and inputs.method is Method.FULL:
-        warnings.append("lora-modules-to-save: trainable module copies go with --method lora/qlora; using none")
-        inputs = replace(inputs, lora_modules_to_save="")
-    # options valid for some strategies only: never traded for a strategy change
-    for attr in ("offload", "loss", "lora_modules_to_save"):
+    inputs = _repair_needs(inputs, warnings)  # what a method's fall-back to full left without meaning
+    inputs = _repair_fallbacks(inputs, defaults, warnings)
+    return _repair_strategy(inputs, defaults, warnings)
+
+
+def _repair_needs(inputs: AppInputs, warnings: list[str]) -> AppInputs:
+    """An option set where it has no meaning (`Option.needs` with a repair: ckpt-every without grad-ckpt full, a
+    quantized base without qlora, ...) goes back to its default, with the row's warning."""
+    for option in _NEEDS:
+        value = getattr(inputs, option.name)
+        if value != option.app_value and not option.needs.met(inputs):
+            reason = option.needs.repair.format(value=value, other=getattr(inputs, option.needs.attr))
+            warnings.append(f"{option.key}: {reason}; using {_shown(option.app_value)}")
+            inputs = replace(inputs, **{option.name: option.app_value})
+    return inputs
+
+
+def _repair_fallbacks(inputs: AppInputs, defaults: AppInputs, warnings: list[str]) -> AppInputs:
+    """Options valid for some strategies only (`Option.fallback`: offload, loss, an optimizer, ...) that the plan
+    refuses fall back to their defaults, never trading the strategy; with compare-all on several GPUs, those left out
+    of the comparison (`Option.compared`) too."""
+    for _ in _FALLBACK:
         try:
             inputs.to_plan()
-            if inputs.compare_all and attr != "lora_modules_to_save" \
-                    and getattr(inputs, attr) is not getattr(defaults, attr) and inputs.gpus > 1:
-                raise InputError(KEYS[attr], "compare-all varies the strategy; pick one strategy for this option")
+            break
         except InputError as err:
-            if err.field == KEYS[attr]:
-                warnings.append(f"{err.field}: {_reason(err)}; using {str(getattr(defaults, attr)) or 'none'}")
-                inputs = replace(inputs, **{attr: getattr(defaults, attr)})
+            option = _OPTION.get(err.field)
+            if option is None or not option.fallback:
+                break
+            inputs = _fall_back(inputs, option, err, defaults, warnings)
+    for option in _FALLBACK:
+        if inputs.compare_all and inputs.gpus > 1 and not option.compared \
+                and getattr(inputs, option.name) is not getattr(defaults, option.name):
+            err = InputError(option.key, "compare-all varies the strategy; pick one strategy for this option")
+            inputs = _fall_back(inputs, option, err, defaults, warnings)
+    return inputs
+
+
+def _fall_back(inputs: AppInputs, option: Option, err: InputError, defaults: AppInputs,
+               warnings: list[str]) -> AppInputs:
+    fallback = getattr(defaults, option.name)
+    warnings.append(f"{err.field}: {_reason(err)}; using {str(fallback) or 'none'}")
+    return replace(inputs, **{option.name: fallback})
+
+
+def _repair_strategy(inputs: AppInputs, defaults: AppInputs, warnings: list[str]) -> AppInputs:
+    """What the plan still refuses: an option valid only on a strategy the link no longer has falls back to its
+    default; else the method to full; else the ZeRO stage."""
     for _ in range(6):
         try:
             inputs.to_plan()
             return inputs
         except InputError as err:
             # e.g. adafactor with FSDP2, a fused impl; an option valid only on the strategy the link no longer has
-            if err.field in ("optimizer", "optimizer-impl", "offload", "loss", "lora-modules-to-save"):
-                attr = err.field.replace("-", "_")
-                fallback = getattr(AppInputs(), attr)
-                warnings.append(f"{err.field}: {_reason(err)}; using {fallback!s}" if fallback else
-                                f"{err.field}: {_reason(err)}; using none")
-                inputs = replace(inputs, **{attr: fallback})
+            option = _OPTION.get(err.field)
+            if option is not None and option.fallback:
+                inputs = _fall_back(inputs, option, err, AppInputs(), warnings)
                 continue
             if inputs.method is not Method.FULL and _valid(inputs.with_(method=Method.FULL, quant=Quant.NONE)):
                 warnings.append(f"method: {inputs.method} does not go with these inputs ({err.field}: "
@@ -342,11 +276,7 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
     if inputs.method is Method.QLORA and inputs.quant is Quant.NONE:
         if quant_given:
             warnings.append("quant: none leaves --method qlora without its quantized base; using nf4")
-        inputs = replace(inputs, quant=Quant.NF4)  # the app's default base for qlora
-    if inputs.method is not Method.QLORA and inputs.quant is not Quant.NONE:
-        warnings.append(f"quant: {inputs.quant} is the quantized base of --method qlora, not of {inputs.method}; "
-                        "using none")
-        inputs = replace(inputs, quant=Quant.NONE)
+        inputs = replace(inputs, quant=QLORA_BASE)
     if inputs.method is Method.FULL:
         return inputs
     for strategy in (False, True):
@@ -384,6 +314,13 @@ def _reason(err: InputError) -> str:
     prefix = f"{err.field}: "
     text = str(err)
     return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _shown(value: object) -> str:
+    """A fallback as a warning names it: on/off, or none for an empty text."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value) or "none"
 
 
 def _show(text: str) -> str:

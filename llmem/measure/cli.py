@@ -122,32 +122,10 @@ def cmd_validate(args) -> int:
     return 1 if failed or over else 0
 
 
-def _fallback_plan_arguments(parser) -> None:
-    """Until llmem/cli.py provides them: the plan options of docs/DESIGN.md §3."""
-    parser.add_argument("--model", required=True)
-    for name, default in (("gpus", 1), ("tp", 1), ("zero", 0), ("batch-size", 1), ("seq-len", 2048)):
-        parser.add_argument(f"--{name}", default=default)
-    for name, default in (("precision", "bf16-mixed"), ("optimizer", "adamw"), ("optimizer-impl", "default"),
-                          ("grad-ckpt", "none"), ("attn", "sdpa"), ("device", "cuda")):
-        parser.add_argument(f"--{name}", default=default)
-    parser.add_argument("--json", action="store_true")
-
-
-def _fallback_plan_from_args(args):
-    from llmem.plan import TrainingPlan
-
-    return TrainingPlan(gpus=args.gpus, tp=args.tp, zero=args.zero, batch_size=args.batch_size,
-                        seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
-                        optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt, attn=args.attn,
-                        device=args.device)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m llmem.measure measure|validate ...`: the same subcommands as `python -m llmem`."""
-    try:
-        from llmem.cli import add_plan_arguments, plan_from_args
-    except ImportError:
-        add_plan_arguments, plan_from_args = _fallback_plan_arguments, _fallback_plan_from_args
+    from llmem.cli import add_plan_arguments, plan_from_args
+
     parser = argparse.ArgumentParser(prog="python -m llmem.measure")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub, add_plan_arguments, plan_from_args)

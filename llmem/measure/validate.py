@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmem.errors import InputError
+from llmem.options import PLAN_OPTIONS
 from llmem.plan import Scheme, TrainingPlan
 
-PLAN_FIELDS = ("gpus", "tp", "zero", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl",
-               "grad_ckpt", "attn", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quant",
-               "ckpt_every", "grad_accum", "lora_modules_to_save", "double_quant", "fsdp_shard")
+# what a suite row may set: the plan's options but the device (a column of its own) and those that need CUDA
+PLAN_FIELDS = tuple(o.name for o in PLAN_OPTIONS if o.name != "device" and not o.cuda_only)
 # Pass criteria of the accuracy suite: |estimate - measured| / measured.
 TOLERANCE_SINGLE = 0.01  # every row of the suite; the bound README and the issues state
 TOLERANCE_MULTI = 0.01

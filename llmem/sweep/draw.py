@@ -13,18 +13,8 @@ import random
 from dataclasses import dataclass
 
 from llmem.errors import InputError
-from llmem.plan import (
-    Attention,
-    GradCkpt,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
-    Quant,
-    TrainingPlan,
-)
+from llmem.options import BY_NAME
+from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Quant, TrainingPlan
 from llmem.sweep.models import lora_targets, models, tp_capable
 
 MAX_GPUS = {"small": 4, "full": 16}
@@ -68,8 +58,9 @@ def _weighted(rng: random.Random, pairs) -> object:
     return rng.choices(values, weights=weights)[0]
 
 
-def _enum(rng: random.Random, enum) -> str:
-    return rng.choice([m.value for m in enum])
+def _enum(rng: random.Random, option: str) -> str:
+    """One of the option's values (`llmem.options`), uniformly."""
+    return rng.choice(BY_NAME[option].values)
 
 
 def draw_layout(rng: random.Random, size: str, tp_ok: bool) -> dict:
@@ -87,13 +78,13 @@ def draw_layout(rng: random.Random, size: str, tp_ok: bool) -> dict:
 
 
 def draw_optimizer(rng: random.Random) -> dict:
-    optimizer = _enum(rng, Optimizer)
+    optimizer = _enum(rng, "optimizer")
     if optimizer in (Optimizer.ADAMW8BIT.value, Optimizer.PAGED_ADAMW8BIT.value):
         impl = OptimizerImpl.DEFAULT.value  # bitsandbytes' own kernels
     elif optimizer == Optimizer.ADAFACTOR.value:
         impl = rng.choice([m.value for m in OptimizerImpl if m is not OptimizerImpl.FUSED])
     else:
-        impl = _enum(rng, OptimizerImpl)
+        impl = _enum(rng, "optimizer_impl")
     return {"optimizer": optimizer, "optimizer_impl": impl}
 
 
@@ -112,7 +103,7 @@ def draw_method(rng: random.Random, config: dict) -> dict:
 
 
 def draw_checkpointing(rng: random.Random) -> dict:
-    grad_ckpt = _enum(rng, GradCkpt)
+    grad_ckpt = _enum(rng, "grad_ckpt")
     every = rng.choice(CKPT_EVERY) if grad_ckpt == GradCkpt.FULL.value else 1
     return {"grad_ckpt": grad_ckpt, "ckpt_every": every}
 
@@ -125,8 +116,8 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     config = catalogue[name]
     fields = {**draw_layout(rng, size, tp_capable(config)),
               "batch_size": rng.choice(BATCH[size]), "seq_len": rng.choice(SEQ[size]),
-              "precision": _enum(rng, Precision), **draw_optimizer(rng), **draw_checkpointing(rng),
-              "attn": _enum(rng, Attention), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
+              "precision": _enum(rng, "precision"), **draw_optimizer(rng), **draw_checkpointing(rng),
+              "attn": _enum(rng, "attn"), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
     return Draw(index, name, config, fields)
 

@@ -58,7 +58,7 @@ def test_default_view_answers_first_and_fills_the_link():
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
     only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
-                     "lora-modules-to-save", "double-quant", "fsdp-shard"}
+                     "lora-modules-to-save", "double-quant", "fsdp-shard", "lora-alpha", "lora-dropout"}
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy

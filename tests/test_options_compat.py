@@ -1,0 +1,38 @@
+"""Links and command lines recorded with the code before the options table (tests/data/README.md) are read the same
+today: the same inputs, re-encoded link, warnings, parsed arguments and plan."""
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from llmem.cli import build_parser, plan_from_args
+from llmem.errors import InputError
+from llmem.share import AppInputs, decode, encode
+
+DATA = json.loads((Path(__file__).parent / "data" / "links_and_command_lines_v1.json").read_text())
+
+
+@pytest.mark.parametrize("case", DATA["links"], ids=lambda c: ",".join(c["query"]) or "empty")
+def test_old_links_decode_to_the_same_inputs(case):
+    inputs, warnings = decode(case["query"])
+    now = {f.name: str(getattr(inputs, f.name)) for f in fields(inputs)}
+    assert {k: now[k] for k in case["inputs"]} == case["inputs"]
+    added = {f.name: str(f.default) for f in fields(AppInputs) if f.name not in case["inputs"]}
+    assert {k: now[k] for k in added} == added  # options the old links could not carry keep their defaults
+    assert encode(inputs) == case["encoded"]
+    assert warnings == case["warnings"]
+
+
+@pytest.mark.parametrize("case", DATA["command_lines"], ids=lambda c: " ".join(c["argv"][:1] + c["argv"][3:7]))
+def test_old_command_lines_parse_to_the_same_arguments_and_plan(case):
+    args = build_parser().parse_args(case["argv"])
+    now = vars(args)
+    assert {k: now[k] for k in case["args"]} == case["args"]
+    assert all(type(now[k]) is type(v) for k, v in case["args"].items())
+    try:
+        plan = plan_from_args(args).to_dict()
+    except InputError as err:
+        plan = {"error": str(err)}
+    assert plan == case["plan"]
