@@ -13,8 +13,10 @@ from functools import partial as partial_fn
 
 from llmem.components import Category, autocast, fused_ce, lora, offload, outside, quant
 from llmem.components import activations as act
+from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     accumulated_embedding_gradient_bytes,
     attention_backward_layer_gradient_bytes,
@@ -235,15 +237,26 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(plan, layer))  # freed by now
         # 8-bit Linears' inputs of the layers whose backward ran (and, checkpointed, of the one recomputing)
         held += (layers - 1 - layer + bool(recompute)) * held_layer + quant.held_past_adapter_bytes(spec, plan)
+        lp = act.layer_plan(plan, layer)
+        post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
         phases.append(_phase(
             name, **persistent,
-            activations=held + outer_act - mlp_dropout,
+            activations=held + outer_act - mlp_dropout - post_norm,
             gradients=grads_outer + later + layer_backward_peak_extra_bytes(spec, act.layer_plan(plan, layer)),
             temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts
             - first_casts * (not plan.checkpointed(0) or layer == 0)
             - autocast.released_by_mlp_backward_bytes(spec, act.layer_plan(plan, layer)),
             logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan),
         ))
+        if norm_bwd.applies(spec) and not lora.is_lora(plan):  # gemma2: the post-feedforward norm runs first
+            phase = f"{name[:-1]}, post-feedforward norm)"
+            backward_later[phase] = later
+            phases.append(_phase(
+                phase, **persistent, activations=held + outer_act,
+                gradients=grads_outer + later + layer_output_gradient_bytes(spec, plan)
+                + norm_bwd.post_mlp_norm_backward_bytes(spec, plan),
+                temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
+                logits=logits, communication=gathered(layer + 1) + comm.backward_transient_bytes(spec, plan)))
         # a checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)
         for moment, (fwd, grads) in (lora.recompute_moments(spec, plan) if plan.checkpointed(layer) else {}).items():
             phase = f"{name[:-1]}, {moment})"
@@ -252,6 +265,17 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
                 phase, **persistent, activations=held + outer_act + sum(s.bytes for s in fwd),
                 gradients=grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
                 temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * casts,
+                logits=logits, communication=gathered(layer + 1)))
+        if core.applies(spec, plan):
+            lp = act.layer_plan(plan, layer)
+            saved = tuple(lora.layer_saved(spec, lp)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+            phases.append(_phase(
+                f"{name[:-1]}, attention core)", **persistent,
+                activations=held + outer_act - core.eager_core_released(spec, lp, saved),
+                gradients=grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan)
+                + core.eager_core_transient_bytes(spec, lp, saved),
+                temporaries=autocast.saved_layer_copies(plan, layer) * casts
+                + core.eager_core_weight_copy_bytes(spec, plan),
                 logits=logits, communication=gathered(layer + 1)))
         if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
             phases.append(_phase(
@@ -303,8 +327,9 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     later = dict(backward_later) if backward_later is not None else {
         "backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
         "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
-    # falcon's attention core runs after the layer's MLP and `dense` gradients were accumulated and freed
-    attention_grads = attention_backward_layer_gradient_bytes(spec, plan)
+    # an attention core runs backward after the layer's MLP and output projection gradients were accumulated
+    attention_grads = (core.eager_core_layer_gradient_bytes(spec, plan) if core.applies(spec, plan)
+                       else attention_backward_layer_gradient_bytes(spec, plan))
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
     out, ends = [], []
     for ph in phases:

@@ -32,6 +32,7 @@ from llmem.components.saved import (  # noqa: F401 (re-exported)
     _bytes,
     _p,
     _proj_dim,
+    _sdpa,
     dropout_saved,
     rms_norm_saved,
 )
@@ -272,9 +273,24 @@ def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     `args`/`kwargs`), so the model forward's `position_ids` (1 × seq int64, `cache_position.unsqueeze(0)`; without
     checkpointing only RoPE's cos/sin derived from it survive the forward) lives until layer 0's backward — the
     first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`)."""
-    if plan.grad_ckpt is not GradCkpt.FULL or spec.model_type not in POSITION_ID_FAMILIES:
+    if plan.grad_ckpt is not GradCkpt.FULL:
         return []
-    return [Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8)]
+    items = eager_mask_held_saved(spec, plan)
+    if spec.model_type in POSITION_ID_FAMILIES:
+        items.append(Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8))
+    return items
+
+
+def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+    """Eager attention takes a float causal mask: transformers 5.23 `masking_utils.eager_mask` turns sdpa's boolean
+    (micro-batch × 1 × seq × seq) mask into `torch.where(mask, 0, finfo(dtype).min)` in the embeddings' dtype (rb).
+    The mask add saves nothing, so without checkpointing the mask dies with the model forward; a checkpointed layer
+    keeps it as a kwarg of its recompute until layer 0's backward."""
+    if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan):
+        return []
+    _, rb = _bytes(plan)
+    return [Saved("eager causal mask (held by the checkpointed layers' kwargs)",
+                  plan.batch_size * plan.seq_len * plan.seq_len * rb)]
 
 
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
