@@ -289,8 +289,32 @@ def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan):
         return []
     _, rb = _bytes(plan)
-    return [Saved("eager causal mask (held by the checkpointed layers' kwargs)",
-                  plan.batch_size * plan.seq_len * plan.seq_len * rb)]
+    size = plan.batch_size * plan.seq_len * plan.seq_len * rb
+    return [Saved(f"eager {kind} mask (held by the checkpointed layers' kwargs)", size)
+            for kind in _mask_holders(spec, plan)]
+
+
+def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """The eager masks checkpointed layers hold, each with the lowest checkpointed layer taking it: gemma2 alternates
+    sliding-window (even layers) and full attention (odd layers) and makes both (`Gemma2Model.forward`'s
+    `causal_mask_mapping`, `Gemma2Config.layer_types`); the others make one causal mask (layer 0 is always
+    checkpointed)."""
+    if spec.model_type != "gemma2":
+        return {"causal": 0}
+    holders = {}
+    for kind, parity in (("sliding-window causal", 0), ("causal", 1)):
+        low = next((k for k in range(parity, spec.num_layers, 2) if plan.checkpointed(k)), None)
+        if low is not None:
+            holders[kind] = low
+    return holders
+
+
+def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
+    lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it."""
+    masks = eager_mask_held_saved(spec, plan)
+    return sum(s.bytes for s, low in zip(masks, _mask_holders(spec, plan).values(), strict=True)
+               if low > layer) if masks else 0
 
 
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

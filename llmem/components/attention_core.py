@@ -96,14 +96,15 @@ def _after_core(name: str) -> bool:
     return not any(f".{k}." in name or name.endswith(f".{k}") or f".{k}_" in name for k in _BEFORE_CORE)
 
 
-def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter_bytes: int | None = None) -> int:
     """The layer's weight gradients made before its attention core runs backward: those of every parameter but the
-    pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32)."""
+    pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32, or
+    `adapter_bytes` each: FSDP2's half unsharded adapter gradients)."""
     from llmem.components import lora
 
     if lora.is_lora(plan):
         after = [p for p in lora.targeted(spec, plan) if p.layer == 0 and _after_core(p.name)]
-        return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * lora.ADAPTER_BYTES
+        return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * (adapter_bytes or lora.ADAPTER_BYTES)
     params = [p for p in spec.layer_params(0) if _after_core(p.name)]
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmem.components import activations as act
+from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import lora
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import attention_backward_layer_gradient_bytes, layer_backward_peak_extra_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -44,14 +46,20 @@ def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) ->
 
 
 
+def _below(w: FsdpTerms, layer: int) -> int:
+    """What the layers below `layer` keep, less the eager masks only the layers above it took
+    (`activations.eager_mask_released_bytes`)."""
+    return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
+
+
 def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
     unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
     (`_backward_prefetch`): a new all-gather output while the unsharded parameters stay, and on CPU gloo's flat
     output inside the all-gather."""
-    below = w.kept_layers(w.spec, w.cp, layer)
-    own = w.kept_layers(w.spec, w.cp, layer + 1) - below
+    below = _below(w, layer)
+    own = w.kept_layers(w.spec, w.cp, layer + 1) - w.kept_layers(w.spec, w.cp, layer)
     return moment(
         f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
         activations=below + w.outer_act + own - w.first_saving,
@@ -63,14 +71,16 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    below = w.kept_layers(spec, cp, layer)
+    below = _below(w, layer)
     current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
     lp = act.layer_plan(cp, layer)
     mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
     on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
+    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
     phases = [moment(f"backward (layer {layer})", **on,
-                     activations=below + w.outer_act + current - w.first_saving - mlp_dropout,
+                     activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
+    phases += _attention_moments(w, layer, later, on, held)
     end = lora_recompute_end(spec, plan, cp) if not w.partial else None
     if end is not None:  # see `lora_recompute_end`
         live, grads = end
@@ -93,11 +103,37 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     return phases
 
 
+def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int]) -> list[Phase]:
+    """gemma2's post-feedforward norm backward (`norm_backward`) and the eager attention core's softmax backward
+    (`attention_core`), as in the single-device walk on the compute plan (unsharded gradients in param_dtype;
+    LoRA: the adapters' in `adapter_grad` bytes)."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    below = _below(w, layer)
+    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    phases = []
+    if norm_bwd.applies(spec) and not lora.is_lora(plan):
+        phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
+                             activations=below + w.outer_act + current - w.first_saving,
+                             gradients=w.root_grads_head + later + w.residual_grad
+                             + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
+        held[phases[-1].name] = later
+    if core.applies(spec, plan):
+        lp = act.layer_plan(cp, layer)
+        saved = tuple(lora.layer_saved(spec, lp, half=w.half)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+        phases.append(moment(f"backward (layer {layer}, attention core)", **on,
+                             activations=below + w.outer_act + current - w.first_saving
+                             - core.eager_core_released(spec, lp, saved),
+                             gradients=w.root_grads_head + later
+                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad)
+                             + core.eager_core_transient_bytes(spec, lp, saved)))
+    return phases
+
+
 def _reduce_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
     spec, plan = w.spec, w.plan
-    below = w.kept_layers(spec, w.cp, layer)
+    below = _below(w, layer)
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
     gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
     return [

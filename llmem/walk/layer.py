@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 def held_bytes(t: Terms, layer: int) -> int:
     """What the decoder layers hold while layer `layer` runs backward: the layers below it their kept activations,
     it its saved tensors (checkpointed: its recompute's); --quant int8: the 8-bit Linears' inputs of the layers whose
-    backward ran (and, checkpointed, of the one recomputing)."""
+    backward ran (and, checkpointed, of the one recomputing). Less the eager masks only the layers above took."""
     spec, plan = t.spec, t.plan
     if t.partial or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
         held = t.kept_layers(spec, plan, layer) + t.current_layer(spec, plan, layer)
     else:
         held = layer * t.kept + (t.recompute or t.kept)
-    return held + (t.layers - 1 - layer + bool(t.recompute)) * t.held_layer + quant.held_past_adapter_bytes(spec, plan)
+    held += (t.layers - 1 - layer + bool(t.recompute)) * t.held_layer + quant.held_past_adapter_bytes(spec, plan)
+    return held - act.eager_mask_released_bytes(spec, plan, layer)  # a mask only layers above took is gone
 
 
 def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:

@@ -73,3 +73,40 @@ def test_eager_mask_held_only_under_checkpointing():
     assert named["eager causal mask (held by the checkpointed layers' kwargs)"] == nbytes
     for other in (plan.with_(attn="sdpa"), plan.with_(grad_ckpt="none")):
         assert not any("causal mask" in s.name for s in act.outer_saved(spec, other))
+
+
+def test_gemma2_holds_two_masks_until_the_lowest_layer_taking_each():
+    """gemma2 makes a sliding-window mask (even layers) and a full causal one (odd layers): under checkpointing both
+    are alive at layer 1's backward, and the full one is gone by layer 0's (its only holder, layer 1, is done)."""
+    import gc
+
+    from llmem.sweep.models import SMALL
+
+    torch.manual_seed(0)
+    cfg = SMALL["gemma2"]
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**cfg), attn_implementation="eager")
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    refs, alive = {}, {}
+
+    def seen(i: int) -> None:  # a backward pre-hook that returns nothing (no replaced gradient)
+        gc.collect()
+        alive[i] = [refs[k][0]() is not None for k in sorted(refs)]
+
+    def took(i: int, mask) -> None:  # a forward pre-hook that returns nothing (no replaced arguments)
+        refs.setdefault(i, (weakref.ref(mask), mask.nbytes, mask.data_ptr()))
+
+    for i, layer in enumerate(model.model.layers[:2]):
+        layer.register_forward_pre_hook(lambda m, a, kw, i=i: took(i, kw["attention_mask"]), with_kwargs=True)
+        layer.register_full_backward_pre_hook(lambda *_, i=i: seen(i))
+    ids = torch.randint(0, cfg["vocab_size"], (2, 64))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert refs[0][2] != refs[1][2]  # two masks, not one shared (both alive in forward)
+    assert alive[1] == [True, True] and alive[0] == [True, False]
+    spec = ModelSpec.from_config(cfg)
+    plan = TrainingPlan(batch_size=2, seq_len=64, grad_ckpt="full", attn="eager", precision="fp32")
+    masks = [s.bytes for s in act.outer_saved(spec, plan) if "mask" in s.name]
+    assert masks == [refs[0][1], refs[1][1]]
+    assert act.eager_mask_released_bytes(spec, plan, 0) == refs[1][1]
+    assert act.eager_mask_released_bytes(spec, plan, 1) == 0
