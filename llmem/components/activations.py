@@ -32,6 +32,7 @@ from llmem.components.saved import (  # noqa: F401 (re-exported)
     _bytes,
     _p,
     _proj_dim,
+    _sdpa,
     dropout_saved,
     rms_norm_saved,
 )
@@ -272,9 +273,48 @@ def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     `args`/`kwargs`), so the model forward's `position_ids` (1 × seq int64, `cache_position.unsqueeze(0)`; without
     checkpointing only RoPE's cos/sin derived from it survive the forward) lives until layer 0's backward — the
     first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`)."""
-    if plan.grad_ckpt is not GradCkpt.FULL or spec.model_type not in POSITION_ID_FAMILIES:
+    if plan.grad_ckpt is not GradCkpt.FULL:
         return []
-    return [Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8)]
+    items = eager_mask_held_saved(spec, plan)
+    if spec.model_type in POSITION_ID_FAMILIES:
+        items.append(Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8))
+    return items
+
+
+def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+    """Eager attention takes a float causal mask: transformers 5.23 `masking_utils.eager_mask` turns sdpa's boolean
+    (micro-batch × 1 × seq × seq) mask into `torch.where(mask, 0, finfo(dtype).min)` in the embeddings' dtype (rb).
+    The mask add saves nothing, so without checkpointing the mask dies with the model forward; a checkpointed layer
+    keeps it as a kwarg of its recompute until layer 0's backward."""
+    if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan):
+        return []
+    _, rb = _bytes(plan)
+    size = plan.batch_size * plan.seq_len * plan.seq_len * rb
+    return [Saved(f"eager {kind} mask (held by the checkpointed layers' kwargs)", size)
+            for kind in _mask_holders(spec, plan)]
+
+
+def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """The eager masks checkpointed layers hold, each with the lowest checkpointed layer taking it: gemma2 alternates
+    sliding-window (even layers) and full attention (odd layers) and makes both (`Gemma2Model.forward`'s
+    `causal_mask_mapping`, `Gemma2Config.layer_types`); the others make one causal mask (layer 0 is always
+    checkpointed)."""
+    if spec.model_type != "gemma2":
+        return {"causal": 0}
+    holders = {}
+    for kind, parity in (("sliding-window causal", 0), ("causal", 1)):
+        low = next((k for k in range(parity, spec.num_layers, 2) if plan.checkpointed(k)), None)
+        if low is not None:
+            holders[kind] = low
+    return holders
+
+
+def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
+    lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it."""
+    masks = eager_mask_held_saved(spec, plan)
+    return sum(s.bytes for s, low in zip(masks, _mask_holders(spec, plan).values(), strict=True)
+               if low > layer) if masks else 0
 
 
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

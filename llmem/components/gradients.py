@@ -77,18 +77,26 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
+# Families whose MLP is up-projection -> gelu -> down-projection: gelu saves its input (the up output), not its
+# output, which only down's matmul keeps. (OPT's relu saves its output, which stays through relu's backward: two.)
+SINGLE_ACTIVATION_MLPS = ("falcon", "gpt_neox")
+
+
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
     layer's backward. Mixture-of-experts layers: `moe_layer_backward_peak_extra_bytes`.
 
     Dense MLP: the layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus
-    two intermediate-sized activation gradients (d silu(gate)*up and d up), before the MLP's saved tensors are freed,
-    plus the gradient of the layer output (tokens × h), which the residual add hands to the attention branch later."""
+    two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs of
+    `SINGLE_ACTIVATION_MLPS`), before the MLP's saved tensors are freed, plus the gradient of the layer output
+    (tokens × h), which the residual add hands to the attention branch later."""
     if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
-    weight = max((local_numel(p, plan) for p in mlp), default=0)
+    # the last MLP Linear is the one registered last (down_proj, c_proj, fc2, dense_4h_to_h); phi3's fused
+    # gate_up_proj is twice its size and has no gradient yet
+    weight = local_numel(mlp[-1], plan) if mlp else 0
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
     if spec.model_type == "bloom":
@@ -96,6 +104,11 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
         # `0.5*x*((1-tanh_out*tanh_out)*(c + c3*x*x)) + 0.5*(1+tanh_out)` live with the incoming gradient, after
         # dense_4h_to_h's backward freed the gelu output it saved: 5 intermediate-sized tensors beyond it.
         inter_grads = 5
+    elif spec.model_type in SINGLE_ACTIVATION_MLPS:
+        # x -> up -> gelu -> down: down's MmBackward0 makes one intermediate-sized gradient (of the gelu output)
+        # while the up output and the gelu output are saved; when it returns the gelu output is released, and
+        # gelu_backward's input gradient takes its place (measured on falcon's checkpointed layer)
+        inter_grads = 1
     else:
         inter_grads = 2
     # The gradient of the layer's output stays referenced by the residual branch through the whole layer backward.

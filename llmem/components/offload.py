@@ -10,7 +10,7 @@ What moves to host memory, per rank (`host_breakdown`):
   optimizer   the optimizer is built on the (host) sharded parameters: its states are plain host tensors and
               `optimizer.step()` runs on the CPU (the implementation flag the plan gives, e.g. foreach's
               temporaries are host memory too).
-What stays on the GPU (`llmem.estimate.fsdp_phases`): the all-gather outputs and unsharded parameters during
+What stays on the GPU (`llmem.walk.fsdp.fsdp_phases`): the all-gather outputs and unsharded parameters during
 forward/backward, the unsharded gradients until their reduce-scatter, `reduce_scatter_input`, the reduce-scatter
 output until its device-to-host copy is issued, activations and logits — everything but the sharded parameters,
 sharded gradients, optimizer states and step temporaries. The host-to-device copy of each shard before the

@@ -21,10 +21,11 @@ CASES = {
     "fp16-mixed-b1": dict(batch_size=1, seq_len=128, precision="fp16-mixed"),
     "sgd-fp32-b3": dict(batch_size=3, seq_len=96, precision="fp32", optimizer="sgd"),
     "bf16-mixed-ckpt": dict(batch_size=2, seq_len=64, precision="bf16-mixed", grad_ckpt="full"),
+    # the checkpointed layer's backward: its MLP moment (one intermediate-sized gradient after gelu's down
+    # projection, +3.4% before) and the eager causal mask its recompute keeps (-1.9% before)
+    "fp32-ckpt": dict(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full"),
+    "bf16-ckpt-b1": dict(batch_size=1, seq_len=128, precision="bf16", grad_ckpt="full"),
 }
-# Residuals of the checkpointed layer's backward under eager attention, kept visible (not tuned away):
-RESIDUAL = {"fp32-ckpt": dict(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full"),  # +3.4%
-            "bf16-ckpt-b1": dict(batch_size=1, seq_len=128, precision="bf16", grad_ckpt="full")}  # -1.9%
 
 
 def _error(plan_fields: dict) -> float:
@@ -36,9 +37,3 @@ def _error(plan_fields: dict) -> float:
 @pytest.mark.parametrize("name", CASES)
 def test_falcon_eager_within_half_a_percent(name):
     assert abs(_error(CASES[name])) <= TOLERANCE
-
-
-@pytest.mark.xfail(strict=True, reason="the checkpointed eager falcon layer's backward moment is not modelled yet")
-@pytest.mark.parametrize("name", RESIDUAL)
-def test_falcon_eager_checkpointed_residuals(name):
-    assert abs(_error(RESIDUAL[name])) <= TOLERANCE

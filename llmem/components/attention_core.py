@@ -1,0 +1,120 @@
+"""The backward of an eager attention core: the moment `_softmax_backward_data` allocates its output.
+
+Eager attention (transformers 5.23 `eager_attention_forward` and the families' own eager branches) saves s-sized
+tensors (the softmax output, the probabilities cast back to half) that sdpa does not. Its backward runs after the
+layer's MLP and output projection have run backward (autograd's ready queue runs the node of the highest sequence
+number first: the ops made last in forward), so at `SoftmaxBackward0` the layer holds:
+- of its saved tensors, those of the ops before the softmax (the norm, the q/k/v inputs and operands, the softmax
+  output itself); the later ones (probabilities cast and dropout, v, attention output, MLP) were released with
+  their nodes (`eager_core_released`);
+- the weight gradients of the Linears after the attention core (MLP, o_proj), `eager_core_layer_gradient_bytes`;
+- the gradients in flight (`eager_core_transient_bytes`): the probabilities' gradient in the softmax dtype (the
+  `ToCopyBackward0` of the half cast makes it fp32), the softmax backward's output of the same size, the full-head
+  gradient of v (`probs^T @ grad`, reduced to the kv heads only by repeat_kv's backward, which was made before
+  the scores and so runs after the softmax chain), and the gradient of the layer's residual stream;
+- under autocast, the half copies of the Linears whose backward has not run (q, k, v).
+A checkpointed layer reaches this moment after its recompute, so it shows most there (the other layers' saved
+tensors are not alive). Falcon's old architecture under sdpa (the math path) has its own moment
+(`layer_tables.attention_backward_*`); under eager it is modelled here.
+Sources: torch 2.13 `tools/autograd/derivatives.yaml` (`_softmax`: `_softmax_backward_data(grad, result, dim,
+self.scalar_type())`; `bmm`; `_to_copy`), `torch/csrc/autograd/engine.cpp` (`ReadyQueue` ordered by sequence_nr),
+`torch/csrc/autograd/input_buffer.cpp` (in-place accumulation of the residual gradient).
+"""
+
+from __future__ import annotations
+
+from llmem.components.saved import Saved, _bytes, _sdpa
+from llmem.components.sharding import local_numel
+from llmem.plan import Method, TrainingPlan
+from llmem.spec import ModelSpec
+
+# Parameters whose backward runs after the attention core: the norm before attention and the q/k/v projections.
+_BEFORE_CORE = ("q_proj", "k_proj", "v_proj", "query_key_value", "c_attn", "qkv_proj", "input_layernorm", "ln_1",
+                "self_attn_layer_norm", "q_norm", "k_norm", "ln_attn")
+# Saved tensors appended to a family's table after its MLP that belong to ops before the attention core (LoRA: what
+# the q/k/v adapters keep, `lora_activations.layer_saved`).
+_APPENDED_BEFORE = ("q_norm.", "k_norm.", "input_layernorm.(1+weight)", "q_proj/k_proj/v_proj")
+
+
+def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """A layer whose attention runs an eager matmul-softmax-matmul (the families' `eager_attention_forward`, and
+    `FalconAttention`'s own branch in falcon's old architecture; falcon's sdpa path has its own moment in
+    `layer_tables.attention_backward_*`). Not the quantized base of QLoRA (not modelled)."""
+    return plan.method is not Method.QLORA and not _sdpa(spec, plan)
+
+
+def _falcon_old(spec: ModelSpec) -> bool:
+    """Falcon's old architecture (one layernorm for the parallel attention and MLP, multi-query k and v)."""
+    return spec.model_type == "falcon" and not spec.options.get("new_decoder_architecture")
+
+
+_SOFTMAX = ("softmax output", "attention probabilities (softmax)")  # `attention_saved`, falcon's old architecture
+_V_OPERAND = ("eager v ", "value (matmul operand)")
+
+
+def _softmax_index(items: tuple[Saved, ...]) -> int | None:
+    return next((k for k, s in enumerate(items) if s.name.startswith(_SOFTMAX)), None)
+
+
+def eager_core_released(spec: ModelSpec, plan: TrainingPlan, items: tuple[Saved, ...]) -> int:
+    """Bytes of the layer's saved tensors (`items`, its table) already released at the softmax backward: those after
+    the softmax output in the table (but the pre-attention ones a family appends last) and the v operand."""
+    k = _softmax_index(items)
+    if k is None:
+        return 0
+    after = [s for s in items[k + 1:] if not s.name.startswith(_APPENDED_BEFORE)]
+    v = [s for s in items[:k] if s.name.startswith(_V_OPERAND)]
+    # falcon's old architecture casts the layernorm output once for query_key_value and once for dense_h_to_4h
+    # (autocast); the second went with the MLP's backward
+    mlp_cast = sum(s.bytes for s in items[:k] if s.name.startswith("autocast input cast query_key_value, dense_"))
+    return sum(s.bytes for s in after + v) + mlp_cast // 2
+
+
+def _softmax_bytes(items: tuple[Saved, ...]) -> int:
+    k = _softmax_index(items)
+    return items[k].bytes if k is not None else 0
+
+
+def eager_core_transient_bytes(spec: ModelSpec, plan: TrainingPlan, items: tuple[Saved, ...]) -> int:
+    """The gradients in flight when `_softmax_backward_data` allocates its output: the probabilities' gradient and
+    the softmax input's, each the softmax output's size (batch × heads × seq² in the softmax dtype); v's full-head
+    gradient (tokens × heads·head_dim, compute dtype); the residual stream's gradient (tokens × h, param dtype).
+    Falcon's old architecture: `at::matmul` sums v's gradient over the broadcast query heads inside its backward
+    (tokens × kv width), and the MLP branch's gradient of the shared layernorm output (tokens × h, residual-stream
+    dtype) waits for the attention branch's."""
+    tokens = plan.batch_size * plan.seq_len
+    cb, rb = _bytes(plan)
+    q = spec.num_heads * spec.head_dim // plan.tp
+    residual = tokens * spec.hidden_size * plan.precision.param_bytes
+    if _falcon_old(spec):
+        v = tokens * spec.num_kv_heads * spec.head_dim * cb
+        return 2 * _softmax_bytes(items) + v + residual + tokens * spec.hidden_size * rb
+    return 2 * _softmax_bytes(items) + tokens * q * cb + residual
+
+
+def _after_core(name: str) -> bool:
+    return not any(f".{k}." in name or name.endswith(f".{k}") or f".{k}_" in name for k in _BEFORE_CORE)
+
+
+def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter_bytes: int | None = None) -> int:
+    """The layer's weight gradients made before its attention core runs backward: those of every parameter but the
+    pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32, or
+    `adapter_bytes` each: FSDP2's half unsharded adapter gradients)."""
+    from llmem.components import lora
+
+    if lora.is_lora(plan):
+        after = [p for p in lora.targeted(spec, plan) if p.layer == 0 and _after_core(p.name)]
+        return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * (adapter_bytes or lora.ADAPTER_BYTES)
+    params = [p for p in spec.layer_params(0) if _after_core(p.name)]
+    return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
+
+
+def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under autocast: the half copies of the q/k/v Linears (their MmBackward0 has not run yet)."""
+    from llmem.components.autocast import _applies, _linear_weights
+
+    if not _applies(plan):
+        return 0
+    left = [p for p in _linear_weights(spec, 0) if not _after_core(p.name)]
+    return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes
+

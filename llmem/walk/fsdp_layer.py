@@ -1,0 +1,161 @@
+"""One decoder layer's backward in the FSDP2 walk (`fsdp.py`), in order: ZeRO-3's pre-backward all-gather, the
+layer's backward moment (and LoRA's recompute moments, falcon's math-path attention core), the reduce-scatter's
+copy-in and the collective.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmem.components import activations as act
+from llmem.components import attention_core as core
+from llmem.components import communication as comm
+from llmem.components import lora
+from llmem.components import norm_backward as norm_bwd
+from llmem.components.gradients import attention_backward_layer_gradient_bytes, layer_backward_peak_extra_bytes
+from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.walk.phase import Phase, moment
+
+if TYPE_CHECKING:
+    from llmem.walk.fsdp import FsdpTerms
+
+
+def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> tuple[int, int] | None:
+    """LoRA under FSDP2 with a MixedPrecisionPolicy (half adapters), `--grad-ckpt full`, lora_dropout > 0 and
+    down_proj adapted: the end of a checkpointed layer's recompute, which measured above the layer's backward. The
+    layer's backward first runs down_proj's `lora_B(...) * scaling` backward (a Python-float mul saves no tensor,
+    so no recompute yet): the gradient of lora_B's output (tokens × h, half) beside the layer output's. The first
+    saved tensor it needs then reruns the layer's forward under `fork_rng` (which stashes the current CPU generator
+    state, `checkpoint_rng_state_bytes`) up to down_proj's lora_A, the last saved tensor, and stops. There every
+    saved tensor but the scaling lora_B's mul saves is recomputed, beside the forward's intermediates no op saves:
+    the attention residual, the MLP input and down_proj's base output (tokens × h each) and down_proj's input
+    `act_fn(gate) * up` (tokens × intermediate). Not counted: the bf16 matmul's scratch inside lora_A (CPU kernel,
+    25.6 KB on the test llama). Returns (activations beyond the recomputed layer's `recompute_bytes`, gradients
+    beyond the layer output's), or None where this moment is not modelled (measured only in this configuration; with
+    dropout 0 the layer's backward peaks)."""
+    if not (lora.half_adapters(plan) and plan.grad_ckpt is GradCkpt.FULL and plan.lora_dropout > 0):
+        return None
+    if not any("down_proj" in p.name for p in lora.targeted(spec, plan)):
+        return None
+    rb, tokens = cp.precision.compute_bytes, plan.batch_size * plan.seq_len
+    scaling = sum(s.bytes for s in lora.layer_saved(spec, cp, half=True) if s.name.startswith("down_proj: scaling"))
+    intermediates = tokens * (3 * spec.hidden_size + spec.intermediate_size) * rb
+    live = intermediates + act.checkpoint_rng_state_bytes(cp) - scaling
+    return live, tokens * spec.hidden_size * rb
+
+
+
+def _below(w: FsdpTerms, layer: int) -> int:
+    """What the layers below `layer` keep, less the eager masks only the layers above it took
+    (`activations.eager_mask_released_bytes`)."""
+    return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
+
+
+def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> Phase:
+    """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
+    (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
+    unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
+    (`_backward_prefetch`): a new all-gather output while the unsharded parameters stay, and on CPU gloo's flat
+    output inside the all-gather."""
+    below = _below(w, layer)
+    own = w.kept_layers(w.spec, w.cp, layer + 1) - w.kept_layers(w.spec, w.cp, layer)
+    return moment(
+        f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
+        activations=below + w.outer_act + own - w.first_saving,
+        gradients=w.root_grads_head + later + w.residual_grad,
+        logits=w.logits, communication=comm.pre_backward_gather_bytes(w.spec, w.plan, layer) + retained)
+
+
+def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int]) -> list[Phase]:
+    """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
+    (fp32 adapters), falcon's math-path attention core."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    below = _below(w, layer)
+    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    lp = act.layer_plan(cp, layer)
+    mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
+    on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
+    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
+    phases = [moment(f"backward (layer {layer})", **on,
+                     activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
+                     gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
+    phases += _attention_moments(w, layer, later, on, held)
+    end = lora_recompute_end(spec, plan, cp) if not w.partial else None
+    if end is not None:  # see `lora_recompute_end`
+        live, grads = end
+        phases.append(moment(f"backward (layer {layer}, end of its recompute)", **on,
+                             activations=below + w.outer_act + current - (w.first_saving if layer == 0 else 0) + live,
+                             gradients=w.root_grads_head + later + w.residual_grad + grads))
+        held[phases[-1].name] = later
+    if lora.is_lora(plan) and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
+        for what, (fwd, grads) in lora.recompute_moments(spec, cp).items():
+            phases.append(moment(f"backward (layer {layer}, {what})", **on,
+                                 activations=below + w.outer_act + current + sum(s.bytes for s in fwd),
+                                 gradients=w.root_grads_head + later + w.residual_grad + sum(s.bytes for s in grads)))
+            held[phases[-1].name] = later
+    if act.falcon_math_attention(spec, plan):
+        phases.append(moment(
+            f"backward (layer {layer}, attention core)", **on,
+            activations=below + w.outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),
+            gradients=w.root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
+            temporaries=act.attention_backward_transient_bytes(spec, cp)))
+    return phases
+
+
+def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int]) -> list[Phase]:
+    """gemma2's post-feedforward norm backward (`norm_backward`) and the eager attention core's softmax backward
+    (`attention_core`), as in the single-device walk on the compute plan (unsharded gradients in param_dtype;
+    LoRA: the adapters' in `adapter_grad` bytes)."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    below = _below(w, layer)
+    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    phases = []
+    if norm_bwd.applies(spec) and not lora.is_lora(plan):
+        phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
+                             activations=below + w.outer_act + current - w.first_saving,
+                             gradients=w.root_grads_head + later + w.residual_grad
+                             + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
+        held[phases[-1].name] = later
+    if core.applies(spec, plan):
+        lp = act.layer_plan(cp, layer)
+        saved = tuple(lora.layer_saved(spec, lp, half=w.half)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+        phases.append(moment(f"backward (layer {layer}, attention core)", **on,
+                             activations=below + w.outer_act + current - w.first_saving
+                             - core.eager_core_released(spec, lp, saved),
+                             gradients=w.root_grads_head + later
+                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad)
+                             + core.eager_core_transient_bytes(spec, lp, saved)))
+    return phases
+
+
+def _reduce_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
+    """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
+    (unsharded gradients freed, the output shard and gloo's copy allocated)."""
+    spec, plan = w.spec, w.plan
+    below = _below(w, layer)
+    earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
+    gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
+    return [
+        moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
+               gradients=w.root_grads_head + later + w.layer_grads,
+               communication=gather + w.rs_in + comm.chunk_cat_padding_bytes(spec, plan)),
+        moment(f"reduce-scatter (layer {layer})", **earlier,
+               gradients=w.root_grads_head + later + w.sharded_layer[layer],
+               communication=gather + w.rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)),
+    ]
+
+
+def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[Phase]:
+    """Layer `layer`'s backward moments; `held` gets the sharded gradients micro-step 1 holds at each (the later
+    layers', for --grad-accum: `accumulation.fsdp_accumulation_phases`)."""
+    later = sum(w.sharded_layer[layer + 1:]) * w.resident
+    held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
+             for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
+    retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
+    phases = []
+    if w.plan.scheme is not Scheme.ZERO2:
+        phases.append(_prebackward_moment(w, layer, later, retained))
+        held[phases[-1].name] = later
+    phases += _backward_moments(w, layer, later, retained, held)
+    return phases + _reduce_moments(w, layer, later)

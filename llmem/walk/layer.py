@@ -1,0 +1,123 @@
+"""One decoder layer's backward in the walk of one device, DDP, ZeRO-1 and TP (`single.py`): its moments in order —
+the MLP's (`gradients.layer_backward_peak_extra_bytes`), gemma2's post-feedforward norm (`norm_backward`), a
+checkpointed LoRA layer's recompute (`lora.recompute_moments`), the eager attention core (`attention_core`) or
+falcon's math-path core (`layer_tables.attention_backward_*`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmem.components import activations as act
+from llmem.components import attention_core as core
+from llmem.components import autocast, lora, quant
+from llmem.components import communication as comm
+from llmem.components import norm_backward as norm_bwd
+from llmem.components.gradients import (
+    attention_backward_layer_gradient_bytes,
+    later_layers_gradient_bytes,
+    layer_backward_peak_extra_bytes,
+    layer_output_gradient_bytes,
+)
+from llmem.walk.phase import Phase, moment
+
+if TYPE_CHECKING:
+    from llmem.walk.single import Terms
+
+
+def held_bytes(t: Terms, layer: int) -> int:
+    """What the decoder layers hold while layer `layer` runs backward: the layers below it their kept activations,
+    it its saved tensors (checkpointed: its recompute's); --quant int8: the 8-bit Linears' inputs of the layers whose
+    backward ran (and, checkpointed, of the one recomputing). Less the eager masks only the layers above took."""
+    spec, plan = t.spec, t.plan
+    if t.partial or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
+        held = t.kept_layers(spec, plan, layer) + t.current_layer(spec, plan, layer)
+    else:
+        held = layer * t.kept + (t.recompute or t.kept)
+    held += (t.layers - 1 - layer + bool(t.recompute)) * t.held_layer + quant.held_past_adapter_bytes(spec, plan)
+    return held - act.eager_mask_released_bytes(spec, plan, layer)  # a mask only layers above took is gone
+
+
+def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """The MLP's backward moment; the MLP-output dropout's saved tensor and gemma2's post-feedforward norm's are
+    released by then, and the last MLP Linear's half weight copy with its MmBackward0."""
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))
+    return moment(
+        name, **t.persistent,
+        activations=held + t.outer_act - act.mlp_output_dropout_bytes(spec, lp) - post_norm,
+        gradients=t.grads_outer + later + layer_backward_peak_extra_bytes(spec, lp),
+        temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * t.casts
+        - t.first_casts * (not plan.checkpointed(0) or layer == 0)
+        - autocast.released_by_mlp_backward_bytes(spec, lp),
+        logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan))
+
+
+def _post_norm_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """gemma2: the post-feedforward norm runs backward first, every saved tensor of the layer alive."""
+    return moment(
+        f"{name[:-1]}, post-feedforward norm)", **t.persistent, activations=held + t.outer_act,
+        gradients=t.grads_outer + later + layer_output_gradient_bytes(t.spec, t.plan)
+        + norm_bwd.post_mlp_norm_backward_bytes(t.spec, t.plan),
+        temporaries=(autocast.saved_layer_copies(t.plan, layer) + 1) * t.casts,
+        logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(t.spec, t.plan))
+
+
+def _recompute_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
+    """A checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)."""
+    spec, plan = t.spec, t.plan
+    moments = lora.recompute_moments(spec, plan) if plan.checkpointed(layer) else {}
+    return [moment(
+        f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act + sum(s.bytes for s in fwd),
+        gradients=t.grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
+        temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * t.casts,
+        logits=t.logits, communication=t.gathered(layer + 1)) for what, (fwd, grads) in moments.items()]
+
+
+def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """The eager attention core's softmax backward (`attention_core`), on the layer's (LoRA) table."""
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    saved = tuple(lora.layer_saved(spec, lp)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+    return moment(
+        f"{name[:-1]}, attention core)", **t.persistent,
+        activations=held + t.outer_act - core.eager_core_released(spec, lp, saved),
+        gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan)
+        + core.eager_core_transient_bytes(spec, lp, saved),
+        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan),
+        logits=t.logits, communication=t.gathered(layer + 1))
+
+
+def _falcon_math_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """Falcon's math-path (sdpa) attention core's softmax backward."""
+    spec, plan = t.spec, t.plan
+    mlp_dropout = act.mlp_output_dropout_bytes(spec, act.layer_plan(plan, layer))
+    return moment(
+        f"{name[:-1]}, attention core)", **t.persistent,
+        activations=held + t.outer_act - mlp_dropout - act.attention_backward_freed_bytes(spec, plan),
+        gradients=t.grads_outer + later + attention_backward_layer_gradient_bytes(spec, plan),
+        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts
+        + autocast.attention_backward_weight_copy_bytes(spec, plan)
+        + act.attention_backward_transient_bytes(spec, plan),
+        logits=t.logits, communication=t.gathered(layer + 1))
+
+
+def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int]) -> list[Phase]:
+    """Layer `layer`'s backward moments, named after `name`; `backward_later` gets the later layers' gradients at
+    each moment whose gradients --grad-accum's micro-step 2 tells apart (`accumulation.accumulation_phases`)."""
+    spec, plan = t.spec, t.plan
+    later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
+    held = held_bytes(t, layer)
+    phases = [_mlp_moment(t, layer, name, held, later)]
+    if norm_bwd.applies(spec) and not lora.is_lora(plan):
+        phases.append(_post_norm_moment(t, layer, name, held, later))
+        backward_later[phases[-1].name] = later
+    for ph in _recompute_moments(t, layer, name, held, later):
+        phases.append(ph)
+        backward_later[ph.name] = later
+    if core.applies(spec, plan):
+        phases.append(_core_moment(t, layer, name, held, later))
+    if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
+        phases.append(_falcon_math_moment(t, layer, name, held, later))
+    return phases

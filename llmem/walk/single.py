@@ -1,0 +1,225 @@
+"""The walk of one device, DDP, ZeRO-1 and TP: the forward's end, the loss and lm_head, each evaluated decoder layer's
+backward moments (`layer_moments`), the end of backward and the optimizer step, in that order (the first of equal
+peaks names the peak). The per-plan terms every moment reads are computed once (`terms`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmem.components import Category, autocast, fused_ce, lora, quant
+from llmem.components import activations as act
+from llmem.components import communication as comm
+from llmem.components import logits as lg
+from llmem.components.gradients import (
+    embedding_gradient_accumulate_bytes,
+    embedding_input_gradient_bytes,
+    gradient_bytes,
+    head_gradient_bytes,
+    offloaded_embedding_transient_bytes,
+    offloaded_head_transient_bytes,
+    tied_gradient_sum_bytes,
+)
+from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.components.parameters import parameter_bytes
+from llmem.components.sharding import FSDP_SCHEMES
+from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.walk.accumulation import accumulation_phases
+from llmem.walk.layer import layer_moments
+from llmem.walk.phase import Phase, moment, with_extra
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What the moments of one plan's walk share: the standing parts (`persistent`), the activations kept from
+    forward, the autocast weight copies, the head's logits and loss, and the callables of the layer walk."""
+
+    spec: ModelSpec
+    plan: TrainingPlan
+    persistent: dict
+    grads_all: int
+    grads_outer: int
+    head_transient: int  # --offload optimizer: the lm_head's gradient on the GPU only when it is made
+    embedding_transient: int  # ... and the embedding's
+    kept: int  # one decoder layer's kept activations
+    outer_act: int
+    recompute: int  # a checkpointed layer during its backward (0 without checkpointing)
+    held_layer: int  # --quant int8: each layer's 8-bit Linears' held inputs
+    held_first: int
+    partial: bool  # --ckpt-every K > 1
+    kept_layers: Callable
+    current_layer: Callable
+    forward_acts: int
+    casts: int  # one layer's autocast weight copies
+    head_cast: int
+    fwd_casts: int
+    first_casts: int
+    base_casts: int
+    logits: int
+    loss_fwd: int
+    loss_bwd: int
+    head_bwd: int
+    head_grad_copy: int
+    gathered: Callable
+
+    @property
+    def layers(self) -> int:
+        return self.spec.num_layers
+
+
+def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """Kept activations: per layer (`kept`), outside the layers, a checkpointed layer's recompute; LoRA's frozen base
+    keeps fewer inputs (layer 0 less still); --quant int8 Linears keep their inputs (quant.py)."""
+    kept = act.kept_per_layer_bytes(spec, plan)
+    outer_act = act.outer_saved_bytes(spec, plan)
+    final_norm = act.final_norm_bytes(spec, plan)
+    recompute = act.recompute_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
+    if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
+        final_norm = lora.final_norm_bytes(spec, plan)
+        if plan.grad_ckpt is GradCkpt.FULL:
+            # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
+            recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan)
+                                            + act.checkpointed_input_extra_bytes(spec, plan))
+        else:
+            kept = lora.layer_activation_bytes(spec, plan)
+            outer_act -= lora.first_layer_saving_bytes(spec, plan)  # layer 0 is alive in every phase below
+    # --quant int8: each 8-bit Linear's autograd node keeps its input until the outputs are dropped (quant.py)
+    held_layer, extra_layer = quant.held_input_bytes(spec, plan)
+    held_first, extra_first = quant.held_input_bytes(spec, plan, first=True)
+    kept += extra_layer
+    outer_act -= extra_layer - extra_first
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K
+    kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
+    if lora.is_lora(plan):
+        kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
+    if partial:
+        forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
+    else:
+        forward_acts = spec.num_layers * kept + outer_act + final_norm
+    return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
+                partial=partial, kept_layers=kept_layers, current_layer=current_layer, forward_acts=forward_acts)
+
+
+def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """Autocast's weight copies. Backward runs after the autocast region has exited (its weight-copy cache cleared):
+    a layer's copies survive only where autograd saved them — in layers that are not checkpointed, and in the layer
+    being recomputed."""
+    layers = spec.num_layers
+    casts = autocast.layer_weight_copy_bytes(spec, plan)
+    saved_casts = autocast.saved_layer_copies(plan, layers)
+    fwd_casts, first_casts = layers * casts, 0
+    if lora.is_lora(plan) and casts:
+        # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
+        # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
+        first_casts = lora.first_layer_unsaved_copy_bytes(spec, plan)
+        fwd_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0)) \
+            + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan)
+    base_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0))
+    return dict(casts=casts, head_cast=autocast.head_weight_copy_bytes(spec, plan), fwd_casts=fwd_casts,
+                first_casts=first_casts, base_casts=base_casts)
+
+
+def _head_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """The logits, the loss's forward and backward peaks, the lm_head's backward and its half weight gradient."""
+    logits = lg.logits_bytes(spec, plan)
+    loss_fwd, loss_bwd = lg.loss_forward_peak_bytes(spec, plan), lg.loss_backward_peak_bytes(spec, plan)
+    head_bwd, head_grad_copy = lg.lm_head_backward_bytes(spec, plan), autocast.head_gradient_copy_bytes(spec, plan)
+    if lora.is_lora(plan):  # the frozen lm_head makes no weight gradient to cast
+        head_grad_copy = 0
+    if fused_ce.is_fused(plan):  # --loss fused-linear-ce: no logits; grad_input and grad_weight made in forward
+        logits, head_grad_copy = 0, 0
+        loss_fwd, loss_bwd = fused_ce.loss_forward_peak_bytes(spec, plan), fused_ce.saved_bytes(spec, plan)
+        head_bwd = fused_ce.grad_input_bytes(spec, plan)  # grad_weight is now the lm_head's .grad (gradients)
+    return dict(logits=logits, loss_fwd=loss_fwd, loss_bwd=loss_bwd, head_bwd=head_bwd, head_grad_copy=head_grad_copy)
+
+
+def terms(spec: ModelSpec, plan: TrainingPlan) -> Terms:
+    persistent = dict(parameters=parameter_bytes(spec, plan), optimizer=optimizer_state_bytes(spec, plan),
+                      standing=comm.standing_buffer_bytes(spec, plan))
+    # --offload optimizer (offloaded gradients): a gradient's GPU life ends at its hook, so the lm_head's and the
+    # embedding's are counted only at the moment they are made
+    return Terms(spec=spec, plan=plan, persistent=persistent, grads_all=gradient_bytes(spec, plan),
+                 grads_outer=head_gradient_bytes(spec, plan),
+                 head_transient=offloaded_head_transient_bytes(spec, plan),
+                 embedding_transient=offloaded_embedding_transient_bytes(spec, plan),
+                 gathered=comm.gathered_parameter_bytes(spec, plan),
+                 **_activation_terms(spec, plan), **_cast_terms(spec, plan), **_head_terms(spec, plan))
+
+
+def head_moments(t: Terms) -> list[Phase]:
+    """The end of forward, the loss's forward and backward, the lm_head's backward (and, under autocast, its half
+    weight gradient cast to fp32 once MmBackward0 has returned, its saved weight copy and input gradient freed)."""
+    on = dict(**t.persistent, activations=t.forward_acts, communication=t.gathered(t.layers))
+    fp32_grad = autocast.head_fp32_gradient_bytes(t.spec, t.plan) * bool(t.head_grad_copy)
+    phases = [
+        moment("forward (last layer)", **on, temporaries=t.fwd_casts),
+        moment("loss forward", **on, temporaries=t.fwd_casts + t.head_cast, logits=t.loss_fwd),
+        moment("loss backward", **on, temporaries=t.base_casts + t.head_cast, logits=t.loss_bwd),
+        moment("lm_head backward", **on, gradients=t.grads_outer + t.head_transient - fp32_grad,
+               temporaries=t.base_casts + t.head_cast + t.head_grad_copy, logits=t.head_bwd),
+    ]
+    if t.head_grad_copy:
+        phases.append(moment("lm_head backward, weight gradient cast to fp32", **on,
+                             gradients=t.grads_outer + t.head_transient,
+                             temporaries=t.base_casts + t.head_grad_copy, logits=t.logits))
+    return phases
+
+
+def backward_edges(t: Terms) -> list[tuple[int, str]]:
+    """The decoder layers whose backward is evaluated and their moments' names (`activations.backward_layers`)."""
+    if t.partial:
+        return [(layer, f"backward (layer {layer}{', checkpointed' if t.plan.checkpointed(layer) else ''})")
+                for layer in act.backward_layers(t.spec, t.plan)]
+    return [(t.layers - 1, "backward (last layer)"), (0, "backward (first layer)")]
+
+
+def qlora_moments(t: Terms, phases: list[Phase]) -> list[Phase]:
+    """QLoRA: a 4-bit Linear's dequantized weight on top of the forward and the layer-backward moments."""
+    if not quant.is_qlora(t.plan):
+        return []
+    out = [moment(f"forward (last layer), {quant.forward_moment_label(t.plan)}", **t.persistent,
+                  activations=t.forward_acts, temporaries=quant.dequant_forward_bytes(t.spec, t.plan))]
+    extra = quant.dequant_backward_extra_bytes(t.spec, t.plan)
+    label = quant.bits(t.plan)
+    return out + [with_extra(ph, f"{ph.name}, {label} weight dequantized", Category.TEMPORARIES, extra)
+                  for ph in phases if ph.name.startswith("backward (") and "recompute" not in ph.name]
+
+
+def end_moments(t: Terms) -> list[Phase]:
+    """The end of backward (the embedding's gradient made; tied: the out-of-place sum of the two gradients, once the
+    embedding's input gradient is freed) and the optimizer step. --quant int8: the held inputs until the outputs
+    are dropped."""
+    spec, plan = t.spec, t.plan
+    held_all = (t.layers - 1) * t.held_layer + t.held_first
+    end = dict(**t.persistent, gradients=t.grads_all + t.embedding_transient, logits=t.logits, activations=held_all)
+    accumulate = embedding_gradient_accumulate_bytes(spec, plan)
+    phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, plan))]
+    tied_sum = tied_gradient_sum_bytes(spec, plan)
+    if tied_sum:
+        phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
+    phases.append(moment("optimizer step", **t.persistent, gradients=t.grads_all, logits=t.logits,
+                         activations=held_all, temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    return phases
+
+
+def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The candidate peak moments of one steady-state iteration on the largest rank."""
+    if plan.scheme in FSDP_SCHEMES:
+        from llmem.walk.fsdp import fsdp_phases
+
+        return fsdp_phases(spec, plan)
+    t = terms(spec, plan)
+    phases = head_moments(t)
+    backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
+    for layer, name in backward_edges(t):
+        phases += layer_moments(t, layer, name, backward_later)
+    phases += qlora_moments(t, phases)
+    phases += end_moments(t)
+    if plan.grad_accum > 1:
+        phases += accumulation_phases(spec, plan, phases, backward_later)
+    if plan.scheme in (Scheme.DDP, Scheme.ZERO1):
+        # Iteration 2's forward starts with `Reducer::rebuild_buckets`: new buckets before the old are freed.
+        phases.append(moment("DDP bucket rebuild", **t.persistent, communication=comm.ddp_rebuild_bytes(spec, plan)))
+    return phases
