@@ -191,6 +191,11 @@ OPTIONS: tuple[Option, ...] = (
            " returning Shard(1) for such tensors when dim 1 divides evenly (FSDP2 requires it): exact 1/GPUs shards, "
            "at the cost of a copy of those tensors in each all-gather's copy-out. No effect on DDP, ZeRO-1 or TP.",
            link=WHEN_SET, widget=Widget("FSDP2 shard dim (ZeRO-2/3)", "w_fsdp_shard", SELECT)),
+    Option("ddp_bucket_view", bool, False,
+           "DDP and ZeRO-1 (--zero 0/1 on several GPUs): DistributedDataParallel(gradient_as_bucket_view=True). Each "
+           ".grad becomes a view into the Reducer's gradient buckets instead of a tensor of its own, so the "
+           "gradients stop costing a second copy beside the buckets. No effect on one GPU, ZeRO-2/3 or TP.",
+           link=WHEN_SET, widget=Widget("DDP gradients as bucket views", "w_bucket_view", CHECK)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

@@ -21,6 +21,7 @@ SAMPLES = {
     "double_quant": ("true", {"method": "qlora", "quant": "nf4", "precision": "bf16"}), "grad_accum": ("4", {}),
     "offload": ("optimizer", {}), "loss": ("fused-linear-ce", {}),
     "fsdp_shard": ("dim1-if-short", {"gpus": "2", "zero": "3"}),
+    "ddp_bucket_view": ("true", {"gpus": "2"}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

@@ -12,11 +12,43 @@ elements is dropped by its hook right after AccumulateGrad made it, so only the 
 from llmem.components import activations as act
 from llmem.components import lora, offload
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
-from llmem.plan import GradCkpt, TrainingPlan
+from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 
 
+def in_buckets(plan: TrainingPlan) -> bool:
+    """`--ddp-bucket-view`: `DistributedDataParallel(gradient_as_bucket_view=True)` makes each `.grad` a view into
+    the Reducer's gradient bucket (`Reducer::mark_variable_ready_dense`, torch/csrc/distributed/c10d/reducer.cpp,
+    copies a freshly made gradient into its bucket view and points `.grad` at the view), so a gradient costs no
+    bytes of its own once its hook has run: the buckets (`communication.ddp_bucket_bytes`, standing) hold them all.
+    Only DDP and ZeRO-1 build a Reducer."""
+    return plan.ddp_bucket_view and plan.scheme in (Scheme.DDP, Scheme.ZERO1)
+
+
+def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--ddp-bucket-view` with tied embeddings: the shared weight's AccumulateGrad (and so its bucket hook) runs
+    once both of its gradients are in the engine's InputBuffer, so the lm_head's waits there, a tensor of its own,
+    from the lm_head's backward to the end of backward."""
+    if not spec.tie_word_embeddings or lora.is_lora(plan):
+        return 0
+    return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
+
+
+def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Gradients alive when the embedding's is made: every `.grad` (`gradient_bytes`); with `--ddp-bucket-view`
+    only the ones not yet copied into their bucket — the embedding's (and GPT-2's position embedding's) just made,
+    or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then)."""
+    if not in_buckets(plan):
+        return gradient_bytes(spec, plan)
+    if spec.tie_word_embeddings or lora.is_lora(plan):
+        return bucket_view_pending_bytes(spec, plan)
+    made = [p for p in spec.outer_params if p is spec.outer_params[0] or "wpe" in p.name or "embed_positions" in p.name]
+    return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
+
+
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    if in_buckets(plan):
+        return 0
     if lora.is_lora(plan) and plan.scheme in FSDP_SCHEMES:  # the adapters' reduce-scattered shards
         return sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
     if lora.is_lora(plan):
@@ -34,6 +66,8 @@ def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int
 
 def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Gradients of the layers after `layer`, which backward has already produced."""
+    if in_buckets(plan):
+        return 0
     if lora.is_lora(plan):
         return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
     if offload.offloads_gradients(plan):
@@ -46,6 +80,8 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's.
     LoRA: the adapters outside the decoder layers (none with all-linear on llama-like models) and a trainable
     lm_head copy's (`--lora-modules-to-save lm_head`)."""
+    if in_buckets(plan):
+        return bucket_view_pending_bytes(spec, plan)
     if lora.is_lora(plan):
         return lora.outer_adapter_bytes(spec, plan) + lora.copy_bytes(spec, plan, "head")
     outer = spec.outer_params
@@ -97,6 +133,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     # the last MLP Linear is the one registered last (down_proj, c_proj, fc2, dense_4h_to_h); phi3's fused
     # gate_up_proj is twice its size and has no gradient yet
     weight = local_numel(mlp[-1], plan) if mlp else 0
+    if in_buckets(plan):  # its AccumulateGrad copies it into its bucket before the next node runs
+        weight = 0
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
     if spec.model_type == "bloom":

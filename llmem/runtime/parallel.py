@@ -116,7 +116,7 @@ def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.M
     if scheme in (Scheme.DDP, Scheme.ZERO1):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model)
+        return DistributedDataParallel(model, gradient_as_bucket_view=plan.ddp_bucket_view)
     if scheme in (Scheme.ZERO2, Scheme.ZERO3):
         mesh = init_device_mesh(device_type, (plan.gpus,))
         _apply_fsdp(model, plan, mesh, reshard=scheme is Scheme.ZERO3)

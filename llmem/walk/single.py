@@ -13,6 +13,7 @@ from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
 from llmem.components.gradients import (
+    backward_end_gradient_bytes,
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
     gradient_bytes,
@@ -193,7 +194,8 @@ def end_moments(t: Terms) -> list[Phase]:
     are dropped."""
     spec, plan = t.spec, t.plan
     held_all = (t.layers - 1) * t.held_layer + t.held_first
-    end = dict(**t.persistent, gradients=t.grads_all + t.embedding_transient, logits=t.logits, activations=held_all)
+    end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient,
+               logits=t.logits, activations=held_all)
     accumulate = embedding_gradient_accumulate_bytes(spec, plan)
     phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, plan))]
     tied_sum = tied_gradient_sum_bytes(spec, plan)
