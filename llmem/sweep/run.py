@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmem.errors import InputError
 from llmem.sweep.draw import Draw, draw_one
+from llmem.sweep.models import models
 
 ORACLES = ("measure", "simulate")
 DEVICE = {"measure": "cpu", "simulate": "cuda"}  # the measure oracle runs on CPU: the cpu profile
@@ -97,7 +98,7 @@ def simulate_one(d: Draw, rec: dict) -> dict:
 
 def reestimate(rows: list[dict]) -> list[dict]:
     """The rows with every compared plan estimated again by the current estimator against the oracle figure the row
-    recorded (the plan is drawn again from its seed and index): a formula change is checked on every plan an
+    recorded (the plan as the row recorded it): a formula change is checked on every plan an
     earlier sweep measured, without running the oracle again. A plan the estimator now refuses becomes a refusal;
     rows that were not compared stay as they were."""
     out = []
@@ -105,7 +106,7 @@ def reestimate(rows: list[dict]) -> list[dict]:
         if r.get("outcome") != COMPARED:
             out.append(r)
             continue
-        d = draw_one(r["seed"], r["index"], r["size"], DEVICE[r["oracle"]])
+        d = Draw(r["index"], r["model"], models(r["size"])[r["model"]], dict(r["plan"]))  # the plan as measured
         keep = {k: v for k, v in r.items() if k not in ("outcome", "estimate_bytes", "error_pct", "field", "reason")}
         rec = estimate_draw(d, keep)
         out.append(rec if "outcome" in rec else compared(rec, r["oracle_bytes"], r.get("seconds")))
