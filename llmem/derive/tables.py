@@ -1,0 +1,126 @@
+"""`Derived`: the activation tables of an architecture outside `llmem.families`, traced and fitted per plan.
+
+What the walk asks of a family, answered from the trace (`llmem.derive.trace`) instead of a hand-written table:
+  layer_saved     one decoder layer's saved tensors (every layer must save the same: else refused, `layer_types`)
+  outer_saved     before the layers or shared by them: input_ids, embeddings' saves, RoPE cos/sin, masks
+  final_saved     after the last layer: the final norm's saves and the lm_head's input
+  held_saved      with checkpointing, the decoder layers' other tensor arguments the checkpoints keep
+                  (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids)
+Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
+Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
+configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), a layer that saves
+something other layers do not, anything saved on the logits other than a softcapping tanh.
+"""
+
+from __future__ import annotations
+
+import re
+
+from llmem.components.saved import Saved
+from llmem.derive import cache
+from llmem.derive.fit import CHECKS, POINTS, evaluate, fit_sequence
+from llmem.errors import InputError
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_LAYER_INDEX = re.compile(r"\.\d+\.")
+
+
+class Derived:
+    """The traced tables of one config; pure-Python answers once a (precision, attention) pair is fitted."""
+
+    def __init__(self, config: dict, model_type: str):
+        self.config, self.model_type = config, model_type
+        self._fits: dict = {}
+
+    @property
+    def family(self):
+        """A `Family` with no closed-form inventory (the spec's parameters come from the meta device)."""
+        from llmem.families import Family
+
+        return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
+
+    def key(self, plan: TrainingPlan) -> tuple[str, str, str]:
+        p = plan.precision
+        return p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn)
+
+    def fitted(self, plan: TrainingPlan) -> dict:
+        k = self.key(plan)
+        if k not in self._fits:
+            self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
+        return self._fits[k]
+
+    def _trace_and_fit(self, k: tuple[str, str, str]) -> dict:
+        from llmem.derive.trace import build, trace
+
+        dtype, mixed, attn = k
+        try:
+            built = build(self.config, dtype, attn)
+        except ValueError as e:  # e.g. an architecture without an sdpa path
+            raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:160]}") from None
+        traces = [trace(built, b, s, mixed or None) for b, s in POINTS]
+        checks = [trace(built, b, s, mixed or None) for b, s in CHECKS]
+        if any(t.dropout for t in traces):
+            raise _dropout_error(self.config)
+        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks])
+                  for i in range(len(traces[0].layers))]
+        first = [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]
+        for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
+            if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
+                raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
+                                 "from layer 0; layers of different kinds are not modelled for derived "
+                                 "architectures yet")
+        return {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks])
+                for place in ("outer", "final", "head", "held")} | {"layer": first}
+
+    def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
+        b, s = plan.batch_size, plan.seq_len
+        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in self.fitted(plan)[place]]
+
+    def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "layer")
+
+    def outer_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "outer")
+
+    def final_saved(self, plan: TrainingPlan) -> list[Saved]:
+        head = self._saved(plan, "head")
+        if head and not (len(head) == 1 and "tanh" in head[0].name and self.config.get("final_logit_softcapping")):
+            raise InputError("model_type", f"{self.model_type!r} saves tensors on the logits that are not modelled "
+                             f"({head[0].name}); use a modelled family")
+        return self._saved(plan, "final")
+
+    def held_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "held")
+
+
+def _saver(name: str) -> str:
+    """The saving module of a traced name, without the layer index and the op that allocated the storage."""
+    return _LAYER_INDEX.sub(".N.", name.split(": ")[0], count=1)
+
+
+def _dropout_error(config: dict) -> InputError:
+    keys = [k for k, v in config.items() if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and v]
+    key = keys[0] if keys else "dropout"
+    return InputError(key, "derived architectures are modelled with dropout 0 (the saved tensors of dropout differ "
+                      f"between CPU and CUDA kernels); set {key} to 0")
+
+
+def derived_spec(config: dict) -> ModelSpec:
+    """The meta-device parameter inventory (`llmem.meta.meta_spec`) with the traced activation tables attached."""
+    from llmem.meta import meta_spec
+
+    for key in MOE_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            raise InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
+                             f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+    spec = meta_spec(config)
+    options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
+    object.__setattr__(spec, "options", options)
+    object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "
+                                         "traced from transformers on fake tensors",))
+    object.__setattr__(spec, "derived", Derived(config, spec.model_type))
+    return spec
