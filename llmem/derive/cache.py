@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2
 
 
 def _directory() -> Path:

@@ -6,6 +6,7 @@ What the walk asks of a family, answered from the trace (`llmem.derive.trace`) i
   final_saved     after the last layer: the final norm's saves and the lm_head's input
   held_saved      with checkpointing, the decoder layers' other tensor arguments the checkpoints keep
                   (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids)
+  backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations)
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
 Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
 configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), a layer that saves
@@ -18,7 +19,7 @@ import re
 
 from llmem.components.saved import Saved
 from llmem.derive import cache
-from llmem.derive.fit import CHECKS, POINTS, evaluate, fit_sequence
+from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
@@ -52,7 +53,8 @@ class Derived:
         return self._fits[k]
 
     def _trace_and_fit(self, k: tuple[str, str, str]) -> dict:
-        from llmem.derive.trace import build, trace
+        """Both regimes (`llmem.derive.fit.REGIMES`) of one (dtype, autocast dtype, attention)."""
+        from llmem.derive.trace import build
 
         dtype, mixed, attn = k
         try:
@@ -60,11 +62,17 @@ class Derived:
         except ValueError as e:  # e.g. an architecture without an sdpa path
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
                              f"{(str(e).strip().splitlines() or [''])[0][:160]}") from None
-        traces = [trace(built, b, s, mixed or None) for b, s in POINTS]
-        checks = [trace(built, b, s, mixed or None) for b, s in CHECKS]
+        return {kind: self._fit(built, kind, mixed or None) for kind in REGIMES}
+
+    def _fit(self, built, kind: str, mixed: str | None) -> dict:
+        from llmem.derive.trace import trace
+
+        points, check_points, _ = REGIMES[kind]
+        traces = [trace(built, b, s, mixed) for b, s in points]
+        checks = [trace(built, b, s, mixed) for b, s in check_points]
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
-        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks])
+        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind)
                   for i in range(len(traces[0].layers))]
         first = [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]
         for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
@@ -72,12 +80,13 @@ class Derived:
                 raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
                                  "from layer 0; layers of different kinds are not modelled for derived "
                                  "architectures yet")
-        return {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks])
-                for place in ("outer", "final", "head", "held")} | {"layer": first}
+        return {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
+                                    kind)
+                for place in ("outer", "final", "head", "held", "backward")} | {"layer": first}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         b, s = plan.batch_size, plan.seq_len
-        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in self.fitted(plan)[place]]
+        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in self.fitted(plan)[regime(b)][place]]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -94,6 +103,12 @@ class Derived:
 
     def held_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "held")
+
+    def backward_extra_bytes(self, plan: TrainingPlan) -> int:
+        """The largest live total of a decoder layer's backward beyond its saved tensors (and everything alive
+        before it): the gradient of its output, its weight gradients and the transient activation gradients, less
+        the saved tensors (and autocast weight copies) its nodes have released by then, as traced."""
+        return max(s.bytes for s in self._saved(plan, "backward"))
 
 
 def _saver(name: str) -> str:

@@ -1,14 +1,22 @@
-"""Trace one forward of the real model on fake tensors and record what autograd saves for backward.
+"""Trace one forward and backward of the real model on fake tensors: what autograd saves, and what one decoder
+layer's backward allocates.
 
 The model is `AutoModelForCausalLM.from_config` (never remote code) built under `FakeTensorMode` in the plan's
 parameter dtype with the plan's attention implementation, in train mode, and run as the step runs it
-(`model(input_ids=ids)`, under `torch.autocast` for mixed precision). Every tensor autograd saves passes through
-`torch.autograd.graph.saved_tensors_hooks`' pack hook (torch 2.13 `torch/autograd/graph.py`); it is recorded once
-per storage (a saved view keeps its whole storage alive), named after the module that saved it and the aten op that
-allocated the storage, and placed where it lives: one decoder layer, before the layers (embeddings, RoPE tables and
-anything several layers share), after them (final norm, lm_head input), or after the lm_head (logit softcapping).
-Parameters, buffers and autocast's weight copies (`_to_copy` of a parameter; `llmem.components.autocast` counts
-those) are left out. The loss is not traced: `llmem.components.logits` models `ForCausalLMLoss`.
+(`model(input_ids=ids)`, under `torch.autocast` for mixed precision; backward outside it).
+
+Saved tensors: every tensor autograd saves passes through `torch.autograd.graph.saved_tensors_hooks`' pack hook
+(torch 2.13 `torch/autograd/graph.py`); it is recorded once per storage (a saved view keeps its whole storage
+alive), named after the module that saved it and the aten op that allocated the storage, and placed where it lives:
+one decoder layer, before the layers (embeddings, RoPE tables and anything several layers share), after them
+(final norm, lm_head input), or after the lm_head. Parameters, buffers and autocast's weight copies (`_to_copy` of
+a parameter; `llmem.components.autocast` counts those) are left out. The loss is not traced:
+`llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
+
+Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; the last
+decoder layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to
+the moment the gradient of its input exists (a hook on the input). `backward` lists the live bytes after each
+event of that window, relative to its start, plus the output gradient itself.
 
 transformers 5.23 `masking_utils.find_packed_sequence_indices` cannot read a fake tensor's values, so under fake
 tensors it reports packed sequences and the sdpa path builds an explicit mask the real step never builds; the trace
@@ -32,15 +40,15 @@ DROPOUT_OPS = ("bernoulli", "bernoulli_", "native_dropout")
 
 @dataclass
 class Trace:
-    """One forward at (batch, seq): saved storages per place, in order of first saving."""
+    """One forward and backward at (batch, seq): saved storages per place, in order of first saving."""
 
     layers: list[list[tuple[str, int]]]  # per decoder layer: (name, bytes)
     outer: list[tuple[str, int]]  # before the layers, or shared by several places
     final: list[tuple[str, int]]  # after the last layer, up to the lm_head's input
     head: list[tuple[str, int]]  # after the lm_head (on the logits)
     held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
+    backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
     dropout: bool = False  # a dropout op ran
-    ops: dict = field(default_factory=dict)
 
 
 class _Allocations(TorchDispatchMode):
@@ -74,9 +82,10 @@ def build(config: dict, dtype_name: str, attn: str):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
+    from llmem.plan import TrainingPlan
     from llmem.runtime.model import decoder_layers, hf_config
 
-    cfg = hf_config_for(config, hf_config)
+    cfg = hf_config(config, TrainingPlan())
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name), attn_implementation=attn,
@@ -86,83 +95,118 @@ def build(config: dict, dtype_name: str, attn: str):
     return mode, model, list(decoder_layers(model)), model.get_output_embeddings()
 
 
-def hf_config_for(config: dict, hf_config):
-    from llmem.plan import TrainingPlan
+class _Recorder:
+    """The module hooks and the pack hook of one trace."""
 
-    return hf_config(config, TrainingPlan())
+    def __init__(self, model, layers, head, params: set[int], tracker):
+        self.params, self.tracker, self.alloc = params, tracker, _Allocations(params)
+        self.place, self.stack, self.keep = PRE, [], []
+        self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
+        self.layer_args: dict[int, tuple[str, int]] = {}
+        self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
+        self.window: list[int] = []  # event indices: last layer's output gradient, its input gradient
+        self.grad_out = 0
+        names = {m: n for n, m in model.named_modules()}
+        self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
+                        for m in model.modules()]
+        self.handles += [m.register_forward_hook(lambda mod, a, o: (self.stack.pop(), None)[1])
+                         for m in model.modules()]
+        for i, layer in enumerate(layers):
+            self.handles.append(layer.register_forward_pre_hook(self._enter(i, i == len(layers) - 1),
+                                                                with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(self._leave(i == len(layers) - 1)))
+        if head is not None:
+            self.handles.append(head.register_forward_hook(lambda *a: setattr(self, "place", HEAD)))
+
+    def _mark(self, grad, first: bool):
+        if first:
+            self.grad_out = grad.untyped_storage().nbytes()
+        self.window.append(len(self.tracker.events))
+
+    def _enter(self, i: int, last: bool):
+        def hook(module, args, kwargs):
+            self.place = i
+            leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if leaves:
+                self.inputs[leaves[0].untyped_storage()._cdata] = i
+                if last and leaves[0].requires_grad:
+                    leaves[0].register_hook(lambda g: self._mark(g, False))
+            for t in leaves[1:]:
+                st = t.untyped_storage()
+                self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
+                self.layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
+        return hook
+
+    def _leave(self, last: bool):
+        def hook(module, args, output):
+            self.place = POST
+            out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
+            if last:
+                out.register_hook(lambda g: self._mark(g, True))
+        return hook
+
+    def pack(self, t):
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.params or key in self.alloc.copies:
+            return t
+        entry = self.places.setdefault(key, [[], "", st.nbytes()])
+        if self.place not in entry[0]:
+            entry[0].append(self.place)
+        if not entry[1]:
+            entry[1] = f"{self.stack[-1] if self.stack else 'model'}: {self.alloc.origin.get(key, 'input')} {t.dtype}"
+        return t
 
 
 def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
-    """One forward at (batch, seq) of a model from `build`; `mixed_dtype` runs it under `torch.autocast`."""
-    mode, model, layers, head = built
-    params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-    where = {"place": PRE}
-    places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
-    layer_args: dict[int, tuple[str, int]] = {}
-    hidden_inputs: dict[int, int] = {}  # layer index -> storage of its hidden-states input
-    keep: list = []
-    names = {m: n for n, m in model.named_modules()}
-    stack: list[str] = []
-    handles = []
-
-    def enter(i):
-        def hook(module, args, kwargs):
-            where["place"] = i
-            leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if leaves:
-                hidden_inputs[i] = leaves[0].untyped_storage()._cdata
-            for t in leaves[1:]:
-                st = t.untyped_storage()
-                keep.append(st)  # alive to the end of the trace: no later storage takes its address
-                layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
-        return hook
-
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
-        handles.append(layer.register_forward_hook(lambda *a: where.update(place=POST)))
-    if head is not None:
-        handles.append(head.register_forward_hook(lambda *a: where.update(place=HEAD)))
-    for m in model.modules():
-        handles.append(m.register_forward_pre_hook(lambda mod, a: stack.append(names.get(mod, ""))))
-        handles.append(m.register_forward_hook(lambda mod, a, o: (stack.pop(), None)[1]))
-    alloc = _Allocations(params)
-
-    def pack(t):
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in params or key in alloc.copies:
-            return t
-        entry = places.setdefault(key, [[], "", st.nbytes()])
-        if where["place"] not in entry[0]:
-            entry[0].append(where["place"])
-        if not entry[1]:
-            entry[1] = f"{stack[-1] if stack else 'model'}: {alloc.origin.get(key, 'input')} {t.dtype}"
-        return t
-
+    """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype` runs the forward under
+    `torch.autocast`."""
     import transformers.masking_utils as masking
 
+    from llmem.simulate.tracker import AllocationTracker
+
+    mode, model, layers, head = built
+    params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+    tracker = AllocationTracker()
+    rec = _Recorder(model, layers, head, params, tracker)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
             ids = torch.zeros((batch, seq), dtype=torch.long)
-            ids_key = ids.untyped_storage()._cdata
-            with alloc, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                model(input_ids=ids)
+            with tracker, rec.alloc:
+                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+                    logits = model(input_ids=ids).logits
+                logits.backward(torch.ones_like(logits))
+            model.zero_grad(set_to_none=True)
     finally:
-        for h in handles:
+        for h in rec.handles:
             h.remove()
-    return _sort(places, layer_args, hidden_inputs, ids_key, len(layers), alloc.dropout)
+    out = _sort(rec, ids.untyped_storage()._cdata, len(layers))
+    out.backward = _window(tracker.events, rec.window, rec.grad_out)
+    out.dropout = rec.alloc.dropout
+    return out
 
 
-def _sort(places, layer_args, hidden_inputs, ids_key, n_layers, dropout) -> Trace:
-    out = Trace([[] for _ in range(n_layers)], [], [], [], [], dropout)
-    inputs = {v: k for k, v in hidden_inputs.items()}
-    for key, (where, name, nbytes) in places.items():
+def _window(events, window: list[int], grad_out: int) -> list[tuple[str, int]]:
+    """Live bytes after each event of the last layer's backward, relative to its start, plus the output grad."""
+    if len(window) < 2:
+        return [("layer output gradient", grad_out)]
+    start, end = window[0], window[1]
+    live, out = grad_out, [("layer output gradient", grad_out)]
+    for k in range(start, end):
+        live += events[k][2]
+        out.append((f"event {k - start}", live))
+    return out
+
+
+def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
+    out = Trace([[] for _ in range(n_layers)], [], [], [], [])
+    for key, (where, name, nbytes) in rec.places.items():
         if key == ids_key:
             name = "input_ids (labels)"
         if len(where) == 1 and isinstance(where[0], int):
-            if inputs.get(key) == where[0]:
+            if rec.inputs.get(key) == where[0]:
                 name = f"input (residual stream, layer input) {name}"
             out.layers[where[0]].append((name, nbytes))
         elif where == [POST]:
@@ -171,5 +215,5 @@ def _sort(places, layer_args, hidden_inputs, ids_key, n_layers, dropout) -> Trac
             out.head.append((name, nbytes))
         else:
             out.outer.append((name, nbytes))
-    out.held = [v for k, v in layer_args.items() if k not in places]
+    out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
     return out
