@@ -88,7 +88,7 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan)
     if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)
-        return spec.derived.backward_extra_bytes(plan)
+        return spec.derived.backward_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
     weight = max((local_numel(p, plan) for p in mlp), default=0)
     tokens = plan.batch_size * plan.seq_len

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 2
+FORMAT = 3
 
 
 def _directory() -> Path:

@@ -42,51 +42,59 @@ class Derived:
 
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
 
-    def key(self, plan: TrainingPlan) -> tuple[str, str, str]:
+    def key(self, plan: TrainingPlan, checkpointed: bool = False) -> tuple[str, str, str, str]:
         p = plan.precision
-        return p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn)
+        return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
+                "checkpointed" if checkpointed else "")
 
-    def fitted(self, plan: TrainingPlan) -> dict:
-        k = self.key(plan)
+    def fitted(self, plan: TrainingPlan, checkpointed: bool = False) -> dict:
+        """The fits of the plan's (dtype, autocast dtype, attention), both regimes; `checkpointed`: the backward
+        window of a checkpointed layer only."""
+        k = self.key(plan, checkpointed)
         if k not in self._fits:
             self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
         return self._fits[k]
 
-    def _trace_and_fit(self, k: tuple[str, str, str]) -> dict:
-        """Both regimes (`llmem.derive.fit.REGIMES`) of one (dtype, autocast dtype, attention)."""
+    def _trace_and_fit(self, k: tuple[str, str, str, str]) -> dict:
+        """Both regimes (`llmem.derive.fit.REGIMES`) of one key."""
         from llmem.derive.trace import build
 
-        dtype, mixed, attn = k
+        dtype, mixed, attn, checkpointed = k
         try:
             built = build(self.config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
-                             f"{(str(e).strip().splitlines() or [''])[0][:160]}") from None
-        return {kind: self._fit(built, kind, mixed or None) for kind in REGIMES}
+                             f"{(str(e).strip().splitlines() or [''])[0][:160]}; use --attn eager") from None
+        return {kind: self._fit(built, kind, mixed or None, bool(checkpointed)) for kind in REGIMES}
 
-    def _fit(self, built, kind: str, mixed: str | None) -> dict:
+    def _fit(self, built, kind: str, mixed: str | None, checkpointed: bool) -> dict:
         from llmem.derive.trace import trace
 
         points, check_points, _ = REGIMES[kind]
-        traces = [trace(built, b, s, mixed) for b, s in points]
-        checks = [trace(built, b, s, mixed) for b, s in check_points]
+        traces = [trace(built, b, s, mixed, checkpointed) for b, s in points]
+        checks = [trace(built, b, s, mixed, checkpointed) for b, s in check_points]
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
+        places = ("backward", "backward_device")
+        if not checkpointed:
+            places += ("outer", "final", "head", "held")
+        fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
+                                    kind) for place in places}
+        if checkpointed:
+            return fits
         layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind)
                   for i in range(len(traces[0].layers))]
-        first = [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]
         for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
             if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
                 raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
                                  "from layer 0; layers of different kinds are not modelled for derived "
                                  "architectures yet")
-        return {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
-                                    kind)
-                for place in ("outer", "final", "head", "held", "backward")} | {"layer": first}
+        return fits | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]}
 
-    def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
+    def _saved(self, plan: TrainingPlan, place: str, checkpointed: bool = False) -> list[Saved]:
         b, s = plan.batch_size, plan.seq_len
-        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in self.fitted(plan)[regime(b)][place]]
+        fits = self.fitted(plan, checkpointed)[regime(b)][place]
+        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in fits]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -104,11 +112,24 @@ class Derived:
     def held_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "held")
 
-    def backward_extra_bytes(self, plan: TrainingPlan) -> int:
-        """The largest live total of a decoder layer's backward beyond its saved tensors (and everything alive
-        before it): the gradient of its output, its weight gradients and the transient activation gradients, less
-        the saved tensors (and autocast weight copies) its nodes have released by then, as traced."""
-        return max(s.bytes for s in self._saved(plan, "backward"))
+    def backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
+        """The largest live total of a decoder layer's backward beyond what the walk holds for it (its saved
+        tensors; checkpointed, `activations.recompute_bytes`), as traced: the gradient of its output, its weight
+        gradients and the transient activation gradients, less the saved tensors (and autocast weight copies) its
+        nodes have released by then. Checkpointed, the traced window starts with the layer keeping its input and
+        RNG state (`activations.kept_per_layer_bytes`) and includes the recompute, whose autocast weight copies the
+        walk counts apart (`autocast.layer_weight_copy_bytes`). Under the cuda profile the CPU RNG states the
+        recompute stashes are host memory and left out."""
+        from llmem.components import activations as act
+        from llmem.components import autocast
+        from llmem.plan import Device, GradCkpt
+
+        place = "backward_device" if plan.device is Device.CUDA else "backward"
+        if plan.grad_ckpt is not GradCkpt.FULL:
+            return max(s.bytes for s in self._saved(plan, place))
+        peak = max(s.bytes for s in self._saved(plan, place, checkpointed=True))
+        return (act.kept_per_layer_bytes(spec, plan) + peak - act.recompute_bytes(spec, plan)
+                - autocast.layer_weight_copy_bytes(spec, plan))
 
 
 def _saver(name: str) -> str:
