@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 3
+FORMAT = 6
 
 
 def _directory() -> Path:

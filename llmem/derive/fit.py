@@ -27,6 +27,13 @@ def regime(batch: int) -> str:
     return "single" if batch == 1 else "batched"
 
 
+def shifted(kind: str, offset: int) -> tuple:
+    """Regime `kind`'s (fit points, check points, basis) with every sequence length moved up by `offset` (a band
+    of sequence lengths at or above a sliding window, `llmem.derive.tables.band`)."""
+    points, checks, basis = REGIMES[kind]
+    return (tuple((b, s + offset) for b, s in points), tuple((b, s + offset) for b, s in checks), basis)
+
+
 def monomials(b: int, s: int) -> tuple[int, ...]:
     return (b * s, b * s * s, s, s * s, b, 1)
 
@@ -59,10 +66,10 @@ def evaluate(coeffs: tuple[int, ...], b: int, s: int) -> int:
 
 
 def fit_sequence(name: str, traces: list[list[tuple[str, int]]], checks: list[list[tuple[str, int]]],
-                 kind: str) -> list:
+                 kind: str, offset: int = 0) -> list:
     """Fit each tensor of one place (same savers, same order at every point): [(name, coefficients)].
     `traces` are the lists at regime `kind`'s fit points, `checks` at its check points."""
-    points, check_points, basis = REGIMES[kind]
+    points, check_points, basis = shifted(kind, offset)
     first = [n for n, _ in traces[0]]
     savers = [n.split(": ")[0] for n in first]  # "<saving module>: <allocating op> <dtype>"
     for t in traces[1:] + checks:

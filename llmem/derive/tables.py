@@ -19,7 +19,7 @@ import re
 
 from llmem.components.saved import Saved
 from llmem.derive import cache
-from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime
+from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
@@ -42,10 +42,10 @@ class Derived:
 
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
 
-    def key(self, plan: TrainingPlan, checkpointed: bool = False) -> tuple[str, str, str, str]:
+    def key(self, plan: TrainingPlan, checkpointed: bool = False) -> tuple[str, str, str, str, int]:
         p = plan.precision
         return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
-                "checkpointed" if checkpointed else "")
+                "checkpointed" if checkpointed else "", band(self.config, plan.seq_len))
 
     def fitted(self, plan: TrainingPlan, checkpointed: bool = False) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention), both regimes; `checkpointed`: the backward
@@ -55,22 +55,22 @@ class Derived:
             self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
         return self._fits[k]
 
-    def _trace_and_fit(self, k: tuple[str, str, str, str]) -> dict:
+    def _trace_and_fit(self, k: tuple[str, str, str, str, int]) -> dict:
         """Both regimes (`llmem.derive.fit.REGIMES`) of one key."""
         from llmem.derive.trace import build
 
-        dtype, mixed, attn, checkpointed = k
+        dtype, mixed, attn, checkpointed, offset = k
         try:
             built = build(self.config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
                              f"{(str(e).strip().splitlines() or [''])[0][:160]}; use --attn eager") from None
-        return {kind: self._fit(built, kind, mixed or None, bool(checkpointed)) for kind in REGIMES}
+        return {kind: self._fit(built, kind, mixed or None, bool(checkpointed), offset) for kind in REGIMES}
 
-    def _fit(self, built, kind: str, mixed: str | None, checkpointed: bool) -> dict:
+    def _fit(self, built, kind: str, mixed: str | None, checkpointed: bool, offset: int) -> dict:
         from llmem.derive.trace import trace
 
-        points, check_points, _ = REGIMES[kind]
+        points, check_points, _ = shifted(kind, offset)
         traces = [trace(built, b, s, mixed, checkpointed) for b, s in points]
         checks = [trace(built, b, s, mixed, checkpointed) for b, s in check_points]
         if any(t.dropout for t in traces):
@@ -79,11 +79,11 @@ class Derived:
         if not checkpointed:
             places += ("outer", "final", "head", "held")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
-                                    kind) for place in places}
+                                    kind, offset) for place in places}
         if checkpointed:
             return fits
-        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind)
-                  for i in range(len(traces[0].layers))]
+        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind,
+                               offset) for i in range(len(traces[0].layers))]
         for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
             if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
                 raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
@@ -130,6 +130,22 @@ class Derived:
         peak = max(s.bytes for s in self._saved(plan, place, checkpointed=True))
         return (act.kept_per_layer_bytes(spec, plan) + peak - act.recompute_bytes(spec, plan)
                 - autocast.layer_weight_copy_bytes(spec, plan))
+
+
+def band(config: dict, seq: int) -> int:
+    """0, or the sliding window W when seq >= W: transformers 5.23 `masking_utils._ignore_causal_mask_sdpa` builds
+    an explicit sliding-window mask (instead of sdpa's `is_causal`) once the key length reaches W, so the traced
+    tensors change there; a plan at or above W is traced at W + the regime's points, one below W below it."""
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        return 0
+    if seq >= window:
+        return window
+    low = max(s for kind in REGIMES for pts in REGIMES[kind][:2] for _, s in pts)
+    if window <= low:
+        raise InputError("sliding_window", f"{window} is traced only for windows above {low} tokens, or for "
+                         f"--seq-len at least the window; use --seq-len {window} or more")
+    return 0
 
 
 def _saver(name: str) -> str:

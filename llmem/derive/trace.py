@@ -10,7 +10,8 @@ Saved tensors: every tensor autograd saves passes through `torch.autograd.graph.
 alive), named after the module that saved it and the aten op that allocated the storage, and placed where it lives:
 one decoder layer, before the layers (embeddings, RoPE tables and anything several layers share), after them
 (final norm, lm_head input), or after the lm_head. Parameters, buffers and autocast's weight copies (`_to_copy` of
-a parameter; `llmem.components.autocast` counts those) are left out. The loss is not traced:
+a parameter to the autocast dtype; `llmem.components.autocast` counts those) are left out; every saved storage is
+kept referenced to the end of the trace, so no later tensor takes its address. The loss is not traced:
 `llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
 
 Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; the last
@@ -55,17 +56,19 @@ class Trace:
 class _Allocations(TorchDispatchMode):
     """Which aten op allocated each storage, and which storages are autocast's copies of parameters."""
 
-    def __init__(self, params: set[int]):
+    def __init__(self, params: set[int], autocast_dtype: torch.dtype | None):
         super().__init__()
         self.params, self.origin, self.copies, self.dropout = params, {}, set(), False
+        self.autocast_dtype, self.keep = autocast_dtype, []
         self._alive: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.dropout |= name in DROPOUT_OPS
-        copy = (name == "_to_copy" and isinstance(args[0], torch.Tensor)
-                and args[0].untyped_storage()._cdata in self.params)
+        copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
+                and args[0].untyped_storage()._cdata in self.params and isinstance(out, torch.Tensor)
+                and out.dtype == self.autocast_dtype)  # autocast's cast of a weight (a model's own casts count)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
@@ -75,6 +78,7 @@ class _Allocations(TorchDispatchMode):
                     self.origin[key], self._alive[key] = name, weakref.ref(st)
                 if copy:
                     self.copies.add(key)
+                    self.keep.append(st)  # alive to the end of the trace: no activation takes its address
         return out
 
 
@@ -99,8 +103,8 @@ def build(config: dict, dtype_name: str, attn: str):
 class _Recorder:
     """The module hooks and the pack hook of one trace."""
 
-    def __init__(self, model, layers, head, params: set[int], tracker):
-        self.params, self.tracker, self.alloc = params, tracker, _Allocations(params)
+    def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
+        self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
         self.place, self.stack, self.keep = PRE, [], []
         self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
         self.layer_args: dict[int, tuple[str, int]] = {}
@@ -151,6 +155,7 @@ class _Recorder:
         key = st._cdata
         if key in self.params or key in self.alloc.copies:
             return t
+        self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
         entry = self.places.setdefault(key, [[], "", st.nbytes()])
         if self.place not in entry[0]:
             entry[0].append(self.place)
@@ -171,7 +176,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bo
     mode, model, layers, head = built
     params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
     tracker = AllocationTracker()
-    rec = _Recorder(model, layers, head, params, tracker)
+    rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
     if checkpointed:
@@ -182,6 +187,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bo
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
                     logits = model(input_ids=ids).logits
+                out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
                 logits.backward(torch.ones_like(logits))
             model.zero_grad(set_to_none=True)
     finally:
@@ -189,7 +195,6 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bo
             h.remove()
         if checkpointed:
             model.gradient_checkpointing_disable()
-    out = _sort(rec, ids.untyped_storage()._cdata, len(layers))
     out.backward = _window(tracker.events, rec.window, rec.grad_out)
     host = {i for i, block in enumerate(tracker.blocks) if block.op == "get_rng_state"}
     out.backward_device = _window(tracker.events, rec.window, rec.grad_out, host)
