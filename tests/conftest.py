@@ -2,6 +2,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# derived architectures' traced tables (`llmem.derive.cache`): one directory per test session, not the user's cache
+if "LLMEM_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["LLMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="llmem-derive-")
 
 from hypothesis import settings  # noqa: E402
 

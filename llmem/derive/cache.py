@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 6
+FORMAT = 9
 
 
 def _directory() -> Path:

@@ -15,6 +15,7 @@ something other layers do not, anything saved on the logits other than a softcap
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from llmem.components.saved import Saved
@@ -42,46 +43,46 @@ class Derived:
 
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
 
-    def key(self, plan: TrainingPlan, checkpointed: bool = False) -> tuple[str, str, str, str, int]:
+    def key(self, plan: TrainingPlan) -> tuple[str, str, str, int, str]:
         p = plan.precision
         return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
-                "checkpointed" if checkpointed else "", band(self.config, plan.seq_len))
+                band(self.config, plan.seq_len), regime(plan.batch_size))
 
-    def fitted(self, plan: TrainingPlan, checkpointed: bool = False) -> dict:
-        """The fits of the plan's (dtype, autocast dtype, attention), both regimes; `checkpointed`: the backward
-        window of a checkpointed layer only."""
-        k = self.key(plan, checkpointed)
+    def fitted(self, plan: TrainingPlan) -> dict:
+        """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
+        k = self.key(plan)
         if k not in self._fits:
             self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
         return self._fits[k]
 
-    def _trace_and_fit(self, k: tuple[str, str, str, str, int]) -> dict:
-        """Both regimes (`llmem.derive.fit.REGIMES`) of one key."""
+    def _trace_and_fit(self, k: tuple[str, str, str, int, str]) -> dict:
         from llmem.derive.trace import build
 
-        dtype, mixed, attn, checkpointed, offset = k
+        dtype, mixed, attn, offset, kind = k
         try:
-            built = build(self.config, dtype, attn)
+            with _quiet_transformers():
+                built = build(self.config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
                              f"{(str(e).strip().splitlines() or [''])[0][:160]}; use --attn eager") from None
-        return {kind: self._fit(built, kind, mixed or None, bool(checkpointed), offset) for kind in REGIMES}
+        return self._fit(built, kind, mixed or None, offset)
 
-    def _fit(self, built, kind: str, mixed: str | None, checkpointed: bool, offset: int) -> dict:
+    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
         from llmem.derive.trace import trace
 
         points, check_points, _ = shifted(kind, offset)
-        traces = [trace(built, b, s, mixed, checkpointed) for b, s in points]
-        checks = [trace(built, b, s, mixed, checkpointed) for b, s in check_points]
+        try:
+            traces = [trace(built, b, s, mixed) for b, s in points]
+            checks = [trace(built, b, s, mixed) for b, s in check_points]
+        except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
+                             f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
-        places = ("backward", "backward_device")
-        if not checkpointed:
-            places += ("outer", "final", "head", "held")
+        places = ("backward", "outer", "final", "head", "held")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
-        if checkpointed:
-            return fits
         layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind,
                                offset) for i in range(len(traces[0].layers))]
         for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
@@ -91,9 +92,9 @@ class Derived:
                                  "architectures yet")
         return fits | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]}
 
-    def _saved(self, plan: TrainingPlan, place: str, checkpointed: bool = False) -> list[Saved]:
+    def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         b, s = plan.batch_size, plan.seq_len
-        fits = self.fitted(plan, checkpointed)[regime(b)][place]
+        fits = self.fitted(plan)[place]
         return [Saved(name, evaluate(tuple(c), b, s)) for name, c in fits]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
@@ -113,23 +114,12 @@ class Derived:
         return self._saved(plan, "held")
 
     def backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
-        """The largest live total of a decoder layer's backward beyond what the walk holds for it (its saved
-        tensors; checkpointed, `activations.recompute_bytes`), as traced: the gradient of its output, its weight
-        gradients and the transient activation gradients, less the saved tensors (and autocast weight copies) its
-        nodes have released by then. Checkpointed, the traced window starts with the layer keeping its input and
-        RNG state (`activations.kept_per_layer_bytes`) and includes the recompute, whose autocast weight copies the
-        walk counts apart (`autocast.layer_weight_copy_bytes`). Under the cuda profile the CPU RNG states the
-        recompute stashes are host memory and left out."""
-        from llmem.components import activations as act
-        from llmem.components import autocast
-        from llmem.plan import Device, GradCkpt
-
-        place = "backward_device" if plan.device is Device.CUDA else "backward"
-        if plan.grad_ckpt is not GradCkpt.FULL:
-            return max(s.bytes for s in self._saved(plan, place))
-        peak = max(s.bytes for s in self._saved(plan, place, checkpointed=True))
-        return (act.kept_per_layer_bytes(spec, plan) + peak - act.recompute_bytes(spec, plan)
-                - autocast.layer_weight_copy_bytes(spec, plan))
+        """The largest live total of a decoder layer's backward beyond its saved tensors (and everything alive
+        before it), as traced: the gradient of its output, its weight gradients and the transient activation
+        gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
+        checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
+        them, `activations.recompute_bytes`), so the same window applies."""
+        return max(s.bytes for s in self._saved(plan, "backward"))
 
 
 def band(config: dict, seq: int) -> int:
@@ -160,16 +150,41 @@ def _dropout_error(config: dict) -> InputError:
                       f"between CPU and CUDA kernels); set {key} to 0")
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' config warnings (e.g. a token id outside a small vocabulary) would print beside the estimate;
+    the estimate's own errors are one line."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _refuse_experts(config: dict) -> None:
+    """Mixture-of-experts layers (the config's expert count, with the config class's default) are refused."""
+    from transformers import AutoConfig
+
+    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    cfg = AutoConfig.for_model(config["model_type"], **rest)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for key in MOE_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            raise InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
+                             f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+
+
 def derived_spec(config: dict) -> ModelSpec:
     """The meta-device parameter inventory (`llmem.meta.meta_spec`) with the traced activation tables attached."""
     from llmem.meta import meta_spec
 
-    for key in MOE_KEYS:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            raise InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
-                             f"{config.get('model_type')!r} is derived from transformers, dense layers only")
-    spec = meta_spec(config)
+    with _quiet_transformers():
+        spec = meta_spec(config)
+        _refuse_experts(config)
     options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
     object.__setattr__(spec, "options", options)
     object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "

@@ -49,7 +49,6 @@ class Trace:
     head: list[tuple[str, int]]  # after the lm_head (on the logits)
     held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
     backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
-    backward_device: list[tuple[str, int]] = field(default_factory=list)  # the same without host RNG states
     dropout: bool = False  # a dropout op ran
 
 
@@ -164,11 +163,9 @@ class _Recorder:
         return t
 
 
-def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bool = False) -> Trace:
+def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype` runs the forward under
-    `torch.autocast`; `checkpointed` runs it as `--grad-ckpt full` does (the runtime's
-    `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})`), for the backward
-    window only (the checkpoint's own saved-tensor hooks hide the layers' saves from the pack hook)."""
+    `torch.autocast`."""
     import transformers.masking_utils as masking
 
     from llmem.simulate.tracker import AllocationTracker
@@ -179,8 +176,6 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bo
     rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
-    if checkpointed:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
             ids = torch.zeros((batch, seq), dtype=torch.long)
@@ -188,29 +183,26 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, checkpointed: bo
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
+                rec.keep.clear()  # backward frees what it frees in the real step
+                rec.alloc.keep.clear()
                 logits.backward(torch.ones_like(logits))
             model.zero_grad(set_to_none=True)
     finally:
         for h in rec.handles:
             h.remove()
-        if checkpointed:
-            model.gradient_checkpointing_disable()
     out.backward = _window(tracker.events, rec.window, rec.grad_out)
-    host = {i for i, block in enumerate(tracker.blocks) if block.op == "get_rng_state"}
-    out.backward_device = _window(tracker.events, rec.window, rec.grad_out, host)
     out.dropout = rec.alloc.dropout
     return out
 
 
-def _window(events, window: list[int], grad_out: int, skip: set[int] = frozenset()) -> list[tuple[str, int]]:
-    """Live bytes after each event of the last layer's backward, relative to its start, plus the output grad;
-    `skip`: blocks not counted (the CPU RNG states `torch.utils.checkpoint` stashes, host memory under CUDA)."""
+def _window(events, window: list[int], grad_out: int) -> list[tuple[str, int]]:
+    """Live bytes after each event of the last layer's backward, relative to its start, plus the output grad."""
     if len(window) < 2:
         return [("layer output gradient", grad_out)]
     start, end = window[0], window[1]
     live, out = grad_out, [("layer output gradient", grad_out)]
     for k in range(start, end):
-        live += events[k][2] if events[k][1] not in skip else 0
+        live += events[k][2]
         out.append((f"event {k - start}", live))
     return out
 
