@@ -150,9 +150,10 @@ def modelled_spec(config: dict) -> ModelSpec:
     it on the meta device first; one that is gets its activations derived (`llmem.derive`)."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if isinstance(model_type, str) and model_type:
+        from llmem.derive import is_cached
         from llmem.families import FAMILIES
 
-        if model_type not in FAMILIES and not is_causal_lm(model_type):
+        if model_type not in FAMILIES and not (is_cached(config) or is_causal_lm(model_type)):
             raise unsupported_model_type(model_type)
     return ModelSpec.from_config(config)
 

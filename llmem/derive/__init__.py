@@ -10,6 +10,6 @@ Imports torch only when a table is first asked for.
 
 from __future__ import annotations
 
-from llmem.derive.tables import Derived, derived_spec
+from llmem.derive.tables import Derived, derived_spec, is_cached
 
-__all__ = ["Derived", "derived_spec"]
+__all__ = ["Derived", "derived_spec", "is_cached"]

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 9
+FORMAT = 10
 
 
 def _directory() -> Path:

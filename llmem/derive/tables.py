@@ -179,15 +179,42 @@ def _refuse_experts(config: dict) -> None:
 
 
 def derived_spec(config: dict) -> ModelSpec:
-    """The meta-device parameter inventory (`llmem.meta.meta_spec`) with the traced activation tables attached."""
-    from llmem.meta import meta_spec
-
-    with _quiet_transformers():
-        spec = meta_spec(config)
-        _refuse_experts(config)
+    """The meta-device parameter inventory (`llmem.meta.meta_spec`; cached, `inventory`) with the traced activation
+    tables attached."""
+    spec = inventory(config)
     options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
     object.__setattr__(spec, "options", options)
     object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "
                                          "traced from transformers on fake tensors",))
     object.__setattr__(spec, "derived", Derived(config, spec.model_type))
     return spec
+
+
+_SIZES = ("model_type", "name", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim", "tie_word_embeddings")
+
+
+def inventory(config: dict) -> ModelSpec:
+    """The parameter inventory, from the disk cache when this config was counted before (no torch import then),
+    else counted on the meta device and cached once the experts check passed."""
+    from llmem.spec import ParamTensor
+
+    cached = cache.load(config, ("inventory",))
+    if cached is None:
+        from llmem.meta import meta_spec
+
+        with _quiet_transformers():
+            spec = meta_spec(config)
+            _refuse_experts(config)
+        cached = cache.store(config, ("inventory",), {
+            "sizes": {k: getattr(spec, k) for k in _SIZES},
+            "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})
+    spec = ModelSpec(**cached["sizes"])
+    params = tuple(ParamTensor(n, tuple(shape), layer) for n, shape, layer in cached["params"])
+    object.__setattr__(spec, "params", params)
+    return spec
+
+
+def is_cached(config: dict) -> bool:
+    """Whether this config's inventory is cached (it was derived before: a causal LM transformers builds)."""
+    return cache.load(config, ("inventory",)) is not None
