@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 10
+FORMAT = 11
 
 
 def _directory() -> Path:

@@ -95,7 +95,7 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         b, s = plan.batch_size, plan.seq_len
         fits = self.fitted(plan)[place]
-        return [Saved(name, evaluate(tuple(c), b, s)) for name, c in fits]
+        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in fits]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -120,6 +120,19 @@ class Derived:
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
         them, `activations.recompute_bytes`), so the same window applies."""
         return max(s.bytes for s in self._saved(plan, "backward"))
+
+
+_HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
+                    "native_layer_norm[1] torch.float16", "native_layer_norm[2] torch.float16")
+
+
+def _cuda_factor(name: str, plan: TrainingPlan) -> int:
+    """The trace runs CPU kernels. A half-precision LayerNorm's mean and rstd are half on CPU (torch 2.13
+    `layer_norm_cpu`: the input's dtype) and fp32 on CUDA (`layer_norm_kernel.cu`: `acc_type`), so under the cuda
+    profile they count twice."""
+    from llmem.plan import Device
+
+    return 2 if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS) else 1
 
 
 def band(config: dict, seq: int) -> int:

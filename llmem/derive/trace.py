@@ -68,13 +68,14 @@ class _Allocations(TorchDispatchMode):
         copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
                 and args[0].untyped_storage()._cdata in self.params and isinstance(out, torch.Tensor)
                 and out.dtype == self.autocast_dtype)  # autocast's cast of a weight (a model's own casts count)
-        for t in tree_leaves(out):
+        for i, t in enumerate(tree_leaves(out)):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
                 key = st._cdata
                 ref = self._alive.get(key)
                 if ref is None or ref() is None:  # a new storage (an address can be reused after a free)
-                    self.origin[key], self._alive[key] = name, weakref.ref(st)
+                    self.origin[key] = f"{name}[{i}]" if i else name  # e.g. native_layer_norm[1]: its mean
+                    self._alive[key] = weakref.ref(st)
                 if copy:
                     self.copies.add(key)
                     self.keep.append(st)  # alive to the end of the trace: no activation takes its address
