@@ -56,6 +56,7 @@ class ModelSpec:
     options: dict = field(default_factory=dict, compare=False, hash=False)
     caveats: tuple[str, ...] = ()  # what the estimate cannot vouch for (e.g. a family without activation table)
     params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
+    derived: object = field(default=None, repr=False, compare=False, hash=False)  # `llmem.derive.Derived`
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def memo(self, key: tuple, compute):
@@ -71,6 +72,8 @@ class ModelSpec:
         from llmem.families import FAMILIES
 
         family = FAMILIES.get(self.model_type)
+        if family is None and self.derived is not None:  # traced from transformers (`llmem.derive`)
+            return self.derived.family
         if family is None:  # e.g. a spec counted on the meta device (`llmem.meta`)
             raise unsupported_model_type(self.model_type)
         return family
@@ -130,10 +133,10 @@ class ModelSpec:
         from llmem.families import FAMILIES
 
         family = FAMILIES.get(model_type)
-        if family is None:  # parameters counted on the meta device; the estimator refuses it (`family`)
-            from llmem.meta import meta_spec
+        if family is None:  # parameters counted on the meta device, activations traced (`llmem.derive`)
+            from llmem.derive import derived_spec
 
-            return meta_spec(config)
+            return derived_spec(config)
         return family.build(config)
 
 
@@ -150,15 +153,35 @@ def attention_implementation(model_type: str, attn) -> str:
 
 
 def modelled_spec(config: dict) -> ModelSpec:
-    """`ModelSpec.from_config` for the estimator's front-ends: a `model_type` outside `llmem.families` is refused
-    at once (one line naming `model_type`), without building it on the meta device first."""
+    """`ModelSpec.from_config` for the estimator's front-ends: a `model_type` outside `llmem.families` that is not a
+    decoder-only causal LM transformers ships is refused at once (one line naming `model_type`), without building
+    it on the meta device first; one that is gets its activations derived (`llmem.derive`)."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if isinstance(model_type, str) and model_type:
+        from llmem.derive import is_cached
         from llmem.families import FAMILIES
 
-        if model_type not in FAMILIES:
+        if model_type not in FAMILIES and not (is_cached(config) or is_causal_lm(model_type)):
             raise unsupported_model_type(model_type)
     return ModelSpec.from_config(config)
+
+
+def _auto_names() -> tuple[dict, dict, dict]:
+    """transformers' (causal LM, encoder or seq2seq, every config) model_type tables; empty without transformers."""
+    try:
+        from transformers.models.auto import modeling_auto as auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return {}, {}, {}
+    encoders = {**getattr(auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {}),
+                **getattr(auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})}
+    return getattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {}), encoders, CONFIG_MAPPING_NAMES
+
+
+def is_causal_lm(model_type: str) -> bool:
+    """A decoder-only causal LM that transformers ships (an encoder with an LM head is not one)."""
+    causal, encoders, _ = _auto_names()
+    return model_type in causal and model_type not in encoders
 
 
 def unsupported_model_type(model_type: str) -> InputError:
@@ -168,14 +191,7 @@ def unsupported_model_type(model_type: str) -> InputError:
 
     modelled = ", ".join(sorted(FAMILIES))
     shown = model_type if len(model_type) <= 60 else model_type[:57] + "..."
-    try:
-        from transformers.models.auto import modeling_auto as auto
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    except ImportError:
-        auto, CONFIG_MAPPING_NAMES = None, {}
-    causal = getattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {})
-    encoders = {**getattr(auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {}),
-                **getattr(auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})}
+    causal, encoders, CONFIG_MAPPING_NAMES = _auto_names()
     if model_type in causal and model_type not in encoders:
         return InputError("model_type", f"{shown!r} is not modelled yet (support for more architectures is "
                           f"planned); the modelled families are: {modelled}")

@@ -2,6 +2,14 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# derived architectures' traced tables (`llmem.derive.cache`): one directory per test session, not the user's cache
+if "LLMEM_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["LLMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="llmem-derive-")
+    atexit.register(shutil.rmtree, os.environ["LLMEM_CACHE_DIR"], ignore_errors=True)
 
 from hypothesis import settings  # noqa: E402
 

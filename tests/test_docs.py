@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "llmem"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "notes").glob("*.md")])
-TORCH_PACKAGES = ("llmem.runtime", "llmem.measure", "llmem.simulate")
+TORCH_PACKAGES = ("llmem.runtime", "llmem.measure", "llmem.simulate", "llmem.derive.trace")
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\n]+)`")

@@ -128,15 +128,23 @@ def test_bad_sizes_on_the_meta_device_are_input_errors(config):
         ModelSpec.from_config(config)
 
 
-def test_a_meta_device_spec_is_refused_by_the_estimator_naming_model_type():
+def test_a_meta_device_spec_gets_derived_tables_and_refuses_what_they_do_not_cover():
+    """Outside the families the activations are traced (`llmem.derive`); tensor parallelism and LoRA are refused
+    naming their field."""
     from llmem import TrainingPlan
     from llmem.estimate import estimate
 
-    spec = ModelSpec.from_config({"model_type": "stablelm", "hidden_size": 64, "intermediate_size": 128,
-                                  "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100})
-    with pytest.raises(InputError) as e:
-        estimate(spec, TrainingPlan())
-    assert e.value.field == "model_type" and "not modelled yet" in str(e.value)
+    config = {"model_type": "stablelm", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "vocab_size": 100}
+    with pytest.raises(InputError) as e:  # stablelm's default 32 key/value heads: the forward fails
+        estimate(ModelSpec.from_config(config), TrainingPlan(seq_len=64))
+    assert e.value.field == "model_type" and "forward fails" in str(e.value)
+    spec = ModelSpec.from_config({**config, "num_key_value_heads": 4})
+    assert spec.derived is not None and estimate(spec, TrainingPlan(seq_len=64)).peak_bytes > 0
+    for plan, field in ((TrainingPlan(gpus=2, tp=2), "tp"), (TrainingPlan(method="lora"), "method")):
+        with pytest.raises(InputError) as e:
+            estimate(spec, plan)
+        assert e.value.field == field
 
 
 def test_from_config_text_bounds_nesting_and_integers():

@@ -44,6 +44,8 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
     """One decoder layer's saved tensors (its family's table). The walks ask for it many times per estimate, so it
     is kept per spec and plan (both immutable)."""
     cache = spec.__dict__.setdefault("_layer_saved", {})
+    if plan not in cache and spec.derived is not None:  # traced from transformers (`llmem.derive`)
+        cache[plan] = tuple(spec.derived.layer_saved(plan))
     if plan not in cache:
         table = _TABLES.get(spec.model_type, llama_family_saved)
         cache[plan] = tuple(table(spec, plan, plan.batch_size * plan.seq_len, plan.seq_len))
@@ -192,6 +194,8 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     always, RMSNorm when fp32 — under pure half its fp32 copy is in `rms_norm_saved`), the norm's statistics, and the
     lm_head's input (the norm output, or its autocast cast to half under mixed precision: tokens*h*cb either way).
     OPT with word_embed_proj_dim != hidden: project_out saves the norm output and the lm_head its output."""
+    if spec.derived is not None:
+        return spec.derived.final_saved(plan)
     tokens = plan.batch_size * plan.seq_len
     h = spec.hidden_size
     cb, rb = _bytes(plan)
@@ -229,7 +233,10 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     gpt2: wpe's position ids (1 × seq int64) and embd_pdrop's dropout; opt: position ids (batch × seq int64) and
     project_in's input when word_embed_proj_dim != hidden; gpt_neox: emb_dropout (hidden_dropout); phi3: embd_pdrop;
     bloom: word_embeddings_layernorm's input (the embedding output), mean and rstd; gemma: the √h normalizer tensor.
-    The embeddings' output that enters layer 0 is that layer's input (`layer_saved`)."""
+    The embeddings' output that enters layer 0 is that layer's input (`layer_saved`). A derived architecture's
+    are traced (`llmem.derive`)."""
+    if spec.derived is not None:
+        return [*spec.derived.outer_saved(plan), *checkpoint_held_saved(spec, plan)]
     _, rb = _bytes(plan)
     cb, _ = _bytes(plan)
     tokens, seq, h = plan.batch_size * plan.seq_len, plan.seq_len, spec.hidden_size
@@ -272,7 +279,10 @@ def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     (`use_reentrant=False`) keeps the layer call's arguments for the recompute (`recompute_fn` closes over
     `args`/`kwargs`), so the model forward's `position_ids` (1 × seq int64, `cache_position.unsqueeze(0)`; without
     checkpointing only RoPE's cos/sin derived from it survive the forward) lives until layer 0's backward — the
-    first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`)."""
+    first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`). A derived architecture: the
+    layers' tensor arguments no op saves, as traced."""
+    if plan.grad_ckpt is GradCkpt.FULL and spec.derived is not None:
+        return spec.derived.held_saved(plan)
     if plan.grad_ckpt is not GradCkpt.FULL:
         return []
     items = eager_mask_held_saved(spec, plan)

@@ -37,8 +37,9 @@ def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def released_by_mlp_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """At a dense decoder layer's backward moment (`gradients.layer_backward_peak_extra_bytes`: the MLP's last Linear
     has run backward) that Linear's MmBackward0 has released the half weight copy it saved; the layer's other copies
-    are still saved. The last Linear is the MLP weight registered last (down_proj, c_proj, fc2, dense_4h_to_h)."""
-    if not _applies(plan) or spec.is_moe or plan.method is not Method.FULL:
+    are still saved. The last Linear is the MLP weight registered last (down_proj, c_proj, fc2, dense_4h_to_h).
+    A derived architecture's traced backward moment already counts the copies released by then."""
+    if not _applies(plan) or spec.is_moe or plan.method is not Method.FULL or spec.derived is not None:
         return 0
     mlp = [p for p in _linear_weights(spec, 0) if ".mlp." in p.name or ".fc" in p.name]
     return local_numel(mlp[-1], plan) * plan.precision.compute_bytes if mlp else 0

@@ -129,6 +129,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     (tokens × h), which the residual add hands to the attention branch later."""
     if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan)
+    if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)
+        return spec.derived.backward_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
     # the last MLP Linear is the one registered last (down_proj, c_proj, fc2, dense_4h_to_h); phi3's fused
     # gate_up_proj is twice its size and has no gradient yet

@@ -1,0 +1,233 @@
+"""`Derived`: the activation tables of an architecture outside `llmem.families`, traced and fitted per plan.
+
+What the walk asks of a family, answered from the trace (`llmem.derive.trace`) instead of a hand-written table:
+  layer_saved     one decoder layer's saved tensors (every layer must save the same: else refused, `layer_types`)
+  outer_saved     before the layers or shared by them: input_ids, embeddings' saves, RoPE cos/sin, masks
+  final_saved     after the last layer: the final norm's saves and the lm_head's input
+  held_saved      with checkpointing, the decoder layers' other tensor arguments the checkpoints keep
+                  (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids)
+  backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations)
+Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
+Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
+configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), a layer that saves
+something other layers do not, anything saved on the logits other than a softcapping tanh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+from llmem.components.saved import Saved
+from llmem.derive import cache
+from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
+from llmem.errors import InputError
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_LAYER_INDEX = re.compile(r"\.\d+\.")
+
+
+class Derived:
+    """The traced tables of one config; pure-Python answers once a (precision, attention) pair is fitted."""
+
+    def __init__(self, config: dict, model_type: str):
+        self.config, self.model_type = config, model_type
+        self._fits: dict = {}
+
+    @property
+    def family(self):
+        """A `Family` with no closed-form inventory (the spec's parameters come from the meta device)."""
+        from llmem.families import Family
+
+        return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
+
+    def key(self, plan: TrainingPlan) -> tuple[str, str, str, int, str]:
+        p = plan.precision
+        return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
+                band(self.config, plan.seq_len), regime(plan.batch_size))
+
+    def fitted(self, plan: TrainingPlan) -> dict:
+        """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
+        k = self.key(plan)
+        if k not in self._fits:
+            self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
+        return self._fits[k]
+
+    def _trace_and_fit(self, k: tuple[str, str, str, int, str]) -> dict:
+        from llmem.derive.trace import build
+
+        dtype, mixed, attn, offset, kind = k
+        try:
+            with _quiet_transformers():
+                built = build(self.config, dtype, attn)
+        except ValueError as e:  # e.g. an architecture without an sdpa path
+            raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:160]}; use --attn eager") from None
+        return self._fit(built, kind, mixed or None, offset)
+
+    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
+        from llmem.derive.trace import trace
+
+        points, check_points, _ = shifted(kind, offset)
+        try:
+            traces = [trace(built, b, s, mixed) for b, s in points]
+            checks = [trace(built, b, s, mixed) for b, s in check_points]
+        except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
+                             f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
+        if any(t.dropout for t in traces):
+            raise _dropout_error(self.config)
+        places = ("backward", "outer", "final", "head", "held")
+        fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
+                                    kind, offset) for place in places}
+        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind,
+                               offset) for i in range(len(traces[0].layers))]
+        for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
+            if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
+                raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
+                                 "from layer 0; layers of different kinds are not modelled for derived "
+                                 "architectures yet")
+        return fits | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]}
+
+    def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
+        b, s = plan.batch_size, plan.seq_len
+        fits = self.fitted(plan)[place]
+        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in fits]
+
+    def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "layer")
+
+    def outer_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "outer")
+
+    def final_saved(self, plan: TrainingPlan) -> list[Saved]:
+        head = self._saved(plan, "head")
+        if head and not (len(head) == 1 and "tanh" in head[0].name and self.config.get("final_logit_softcapping")):
+            raise InputError("model_type", f"{self.model_type!r} saves tensors on the logits that are not modelled "
+                             f"({head[0].name}); use a modelled family")
+        return self._saved(plan, "final")
+
+    def held_saved(self, plan: TrainingPlan) -> list[Saved]:
+        return self._saved(plan, "held")
+
+    def backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
+        """The largest live total of a decoder layer's backward beyond its saved tensors (and everything alive
+        before it), as traced: the gradient of its output, its weight gradients and the transient activation
+        gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
+        checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
+        them, `activations.recompute_bytes`), so the same window applies."""
+        return max(s.bytes for s in self._saved(plan, "backward"))
+
+
+_HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
+                    "native_layer_norm[1] torch.float16", "native_layer_norm[2] torch.float16")
+
+
+def _cuda_factor(name: str, plan: TrainingPlan) -> int:
+    """The trace runs CPU kernels. A half-precision LayerNorm's mean and rstd are half on CPU (torch 2.13
+    `layer_norm_cpu`: the input's dtype) and fp32 on CUDA (`layer_norm_kernel.cu`: `acc_type`), so under the cuda
+    profile they count twice."""
+    from llmem.plan import Device
+
+    return 2 if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS) else 1
+
+
+def band(config: dict, seq: int) -> int:
+    """0, or the sliding window W when seq >= W: transformers 5.23 `masking_utils._ignore_causal_mask_sdpa` builds
+    an explicit sliding-window mask (instead of sdpa's `is_causal`) once the key length reaches W, so the traced
+    tensors change there; a plan at or above W is traced at W + the regime's points, one below W below it."""
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        return 0
+    if seq >= window:
+        return window
+    low = max(s for kind in REGIMES for pts in REGIMES[kind][:2] for _, s in pts)
+    if window <= low:
+        raise InputError("sliding_window", f"{window} is traced only for windows above {low} tokens, or for "
+                         f"--seq-len at least the window; use --seq-len {window} or more")
+    return 0
+
+
+def _saver(name: str) -> str:
+    """The saving module of a traced name, without the layer index and the op that allocated the storage."""
+    return _LAYER_INDEX.sub(".N.", name.split(": ")[0], count=1)
+
+
+def _dropout_error(config: dict) -> InputError:
+    keys = [k for k, v in config.items() if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and v]
+    key = keys[0] if keys else "dropout"
+    return InputError(key, "derived architectures are modelled with dropout 0 (the saved tensors of dropout differ "
+                      f"between CPU and CUDA kernels); set {key} to 0")
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' config warnings (e.g. a token id outside a small vocabulary) would print beside the estimate;
+    the estimate's own errors are one line."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _refuse_experts(config: dict) -> None:
+    """Mixture-of-experts layers (the config's expert count, with the config class's default) are refused."""
+    from transformers import AutoConfig
+
+    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    cfg = AutoConfig.for_model(config["model_type"], **rest)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for key in MOE_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            raise InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
+                             f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+
+
+def derived_spec(config: dict) -> ModelSpec:
+    """The meta-device parameter inventory (`llmem.meta.meta_spec`; cached, `inventory`) with the traced activation
+    tables attached."""
+    spec = inventory(config)
+    options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
+    object.__setattr__(spec, "options", options)
+    object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "
+                                         "traced from transformers on fake tensors",))
+    object.__setattr__(spec, "derived", Derived(config, spec.model_type))
+    return spec
+
+
+_SIZES = ("model_type", "name", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim", "tie_word_embeddings")
+
+
+def inventory(config: dict) -> ModelSpec:
+    """The parameter inventory, from the disk cache when this config was counted before (no torch import then),
+    else counted on the meta device and cached once the experts check passed."""
+    from llmem.spec import ParamTensor
+
+    cached = cache.load(config, ("inventory",))
+    if cached is None:
+        from llmem.meta import meta_spec
+
+        with _quiet_transformers():
+            spec = meta_spec(config)
+            _refuse_experts(config)
+        cached = cache.store(config, ("inventory",), {
+            "sizes": {k: getattr(spec, k) for k in _SIZES},
+            "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})
+    spec = ModelSpec(**cached["sizes"])
+    params = tuple(ParamTensor(n, tuple(shape), layer) for n, shape, layer in cached["params"])
+    object.__setattr__(spec, "params", params)
+    return spec
+
+
+def is_cached(config: dict) -> bool:
+    """Whether this config's inventory is cached (it was derived before: a causal LM transformers builds)."""
+    return cache.load(config, ("inventory",)) is not None

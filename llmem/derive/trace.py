@@ -1,0 +1,227 @@
+"""Trace one forward and backward of the real model on fake tensors: what autograd saves, and what one decoder
+layer's backward allocates.
+
+The model is `AutoModelForCausalLM.from_config` (never remote code) built under `FakeTensorMode` in the plan's
+parameter dtype with the plan's attention implementation, in train mode, and run as the step runs it
+(`model(input_ids=ids)`, under `torch.autocast` for mixed precision; backward outside it).
+
+Saved tensors: every tensor autograd saves passes through `torch.autograd.graph.saved_tensors_hooks`' pack hook
+(torch 2.13 `torch/autograd/graph.py`); it is recorded once per storage (a saved view keeps its whole storage
+alive), named after the module that saved it and the aten op that allocated the storage, and placed where it lives:
+one decoder layer, before the layers (embeddings, RoPE tables and anything several layers share), after them
+(final norm, lm_head input), or after the lm_head. Parameters, buffers and autocast's weight copies (`_to_copy` of
+a parameter to the autocast dtype; `llmem.components.autocast` counts those) are left out; every saved storage is
+kept referenced to the end of the trace, so no later tensor takes its address. The loss is not traced:
+`llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
+
+Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; the last
+decoder layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to
+the moment the gradient of its input exists (a hook on the input). `backward` lists the live bytes after each
+event of that window, relative to its start, plus the output gradient itself.
+
+transformers 5.23 `masking_utils.find_packed_sequence_indices` cannot read a fake tensor's values, so under fake
+tensors it reports packed sequences and the sdpa path builds an explicit mask the real step never builds; the trace
+answers as the real step's inputs do (one sequence per row: `None`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+PRE, POST, HEAD = "pre", "post", "head"
+DROPOUT_OPS = ("bernoulli", "bernoulli_", "native_dropout")
+
+
+@dataclass
+class Trace:
+    """One forward and backward at (batch, seq): saved storages per place, in order of first saving."""
+
+    layers: list[list[tuple[str, int]]]  # per decoder layer: (name, bytes)
+    outer: list[tuple[str, int]]  # before the layers, or shared by several places
+    final: list[tuple[str, int]]  # after the last layer, up to the lm_head's input
+    head: list[tuple[str, int]]  # after the lm_head (on the logits)
+    held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
+    backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
+    dropout: bool = False  # a dropout op ran
+
+
+class _Allocations(TorchDispatchMode):
+    """Which aten op allocated each storage, and which storages are autocast's copies of parameters."""
+
+    def __init__(self, params: set[int], autocast_dtype: torch.dtype | None):
+        super().__init__()
+        self.params, self.origin, self.copies, self.dropout = params, {}, set(), False
+        self.autocast_dtype, self.keep = autocast_dtype, []
+        self._alive: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.dropout |= name in DROPOUT_OPS
+        copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
+                and args[0].untyped_storage()._cdata in self.params and isinstance(out, torch.Tensor)
+                and out.dtype == self.autocast_dtype)  # autocast's cast of a weight (a model's own casts count)
+        for i, t in enumerate(tree_leaves(out)):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key = st._cdata
+                ref = self._alive.get(key)
+                if ref is None or ref() is None:  # a new storage (an address can be reused after a free)
+                    self.origin[key] = f"{name}[{i}]" if i else name  # e.g. native_layer_norm[1]: its mean
+                    self._alive[key] = weakref.ref(st)
+                if copy:
+                    self.copies.add(key)
+                    self.keep.append(st)  # alive to the end of the trace: no activation takes its address
+        return out
+
+
+def build(config: dict, dtype_name: str, attn: str):
+    """The model on fake CPU tensors; returns (fake mode, model, decoder layers, output embedding)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+
+    from llmem.plan import TrainingPlan
+    from llmem.runtime.model import decoder_layers, hf_config
+
+    cfg = hf_config(config, TrainingPlan())
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name), attn_implementation=attn,
+                                                 trust_remote_code=False)
+    model.config.use_cache = False
+    model.train()
+    return mode, model, list(decoder_layers(model)), model.get_output_embeddings()
+
+
+class _Recorder:
+    """The module hooks and the pack hook of one trace."""
+
+    def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
+        self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
+        self.place, self.stack, self.keep = PRE, [], []
+        self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
+        self.layer_args: dict[int, tuple[str, int]] = {}
+        self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
+        self.window: list[int] = []  # event indices: last layer's output gradient, its input gradient
+        self.grad_out = 0
+        names = {m: n for n, m in model.named_modules()}
+        self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
+                        for m in model.modules()]
+        self.handles += [m.register_forward_hook(lambda mod, a, o: (self.stack.pop(), None)[1])
+                         for m in model.modules()]
+        for i, layer in enumerate(layers):
+            self.handles.append(layer.register_forward_pre_hook(self._enter(i, i == len(layers) - 1),
+                                                                with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(self._leave(i == len(layers) - 1)))
+        if head is not None:
+            self.handles.append(head.register_forward_hook(lambda *a: setattr(self, "place", HEAD)))
+
+    def _mark(self, grad, first: bool):
+        if first:
+            self.grad_out = grad.untyped_storage().nbytes()
+        self.window.append(len(self.tracker.events))
+
+    def _enter(self, i: int, last: bool):
+        def hook(module, args, kwargs):
+            self.place = i
+            leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if leaves:
+                self.inputs[leaves[0].untyped_storage()._cdata] = i
+                if last and leaves[0].requires_grad:
+                    leaves[0].register_hook(lambda g: self._mark(g, False))
+            for t in leaves[1:]:
+                st = t.untyped_storage()
+                self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
+                self.layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
+        return hook
+
+    def _leave(self, last: bool):
+        def hook(module, args, output):
+            self.place = POST
+            out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
+            if last:
+                out.register_hook(lambda g: self._mark(g, True))
+        return hook
+
+    def pack(self, t):
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.params or key in self.alloc.copies:
+            return t
+        self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
+        entry = self.places.setdefault(key, [[], "", st.nbytes()])
+        if self.place not in entry[0]:
+            entry[0].append(self.place)
+        if not entry[1]:
+            entry[1] = f"{self.stack[-1] if self.stack else 'model'}: {self.alloc.origin.get(key, 'input')} {t.dtype}"
+        return t
+
+
+def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
+    """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype` runs the forward under
+    `torch.autocast`."""
+    import transformers.masking_utils as masking
+
+    from llmem.simulate.tracker import AllocationTracker
+
+    mode, model, layers, head = built
+    params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+    tracker = AllocationTracker()
+    rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
+    autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
+                else contextlib.nullcontext())
+    try:
+        with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+            ids = torch.zeros((batch, seq), dtype=torch.long)
+            with tracker, rec.alloc:
+                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+                    logits = model(input_ids=ids).logits
+                out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
+                rec.keep.clear()  # backward frees what it frees in the real step
+                rec.alloc.keep.clear()
+                logits.backward(torch.ones_like(logits))
+            model.zero_grad(set_to_none=True)
+    finally:
+        for h in rec.handles:
+            h.remove()
+    out.backward = _window(tracker.events, rec.window, rec.grad_out)
+    out.dropout = rec.alloc.dropout
+    return out
+
+
+def _window(events, window: list[int], grad_out: int) -> list[tuple[str, int]]:
+    """Live bytes after each event of the last layer's backward, relative to its start, plus the output grad."""
+    if len(window) < 2:
+        return [("layer output gradient", grad_out)]
+    start, end = window[0], window[1]
+    live, out = grad_out, [("layer output gradient", grad_out)]
+    for k in range(start, end):
+        live += events[k][2]
+        out.append((f"event {k - start}", live))
+    return out
+
+
+def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
+    out = Trace([[] for _ in range(n_layers)], [], [], [], [])
+    for key, (where, name, nbytes) in rec.places.items():
+        if key == ids_key:
+            name = "input_ids (labels)"
+        if len(where) == 1 and isinstance(where[0], int):
+            if rec.inputs.get(key) == where[0]:
+                name = f"input (residual stream, layer input) {name}"
+            out.layers[where[0]].append((name, nbytes))
+        elif where == [POST]:
+            out.final.append((name, nbytes))
+        elif where == [HEAD]:
+            out.head.append((name, nbytes))
+        else:
+            out.outer.append((name, nbytes))
+    out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
+    return out

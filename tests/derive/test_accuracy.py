@@ -1,0 +1,50 @@
+"""Derived architectures (outside the hand-written families): the estimate against a real CPU run of one rank
+(`measure_rank`, counting allocator), full fine-tuning. The default suite runs a few plans; the grid (every family
+here × fp32 / bf16-mixed / bf16 × sdpa / eager × checkpointing none / full) is marked slow."""
+
+import itertools
+
+import pytest
+
+from llmem.estimate import estimate
+from llmem.measure.run import measure_rank
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+from tests.derive.configs import EXTRA, config
+
+TOLERANCE = 0.005
+
+
+def _check(model_type: str, **plan):
+    cfg = config(model_type)
+    p = TrainingPlan(device="cpu", **plan)
+    est = estimate(ModelSpec.from_config(cfg), p)
+    assert est.spec.derived is not None
+    measured = measure_rank(cfg, p)["peak_bytes"]
+    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured, f"{est.peak_bytes:,} vs {measured:,}"
+
+
+@pytest.mark.parametrize("model_type, plan", [
+    ("olmo2", dict(batch_size=2, seq_len=64, precision="bf16-mixed", grad_ckpt="full")),
+    ("gemma3_text", dict(batch_size=1, seq_len=64, precision="fp32")),  # above the sliding window (32)
+    ("starcoder2", dict(batch_size=2, seq_len=96, precision="bf16", attn="eager")),
+])
+def test_derived_estimate_within_half_a_percent(model_type, plan):
+    _check(model_type, **plan)
+
+
+GRID = list(itertools.product(sorted(EXTRA), ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"], ["none", "full"]))
+
+
+# checkpointed under autocast, these peak inside layer 0's recompute, a moment the walk does not model for any
+# family: measured above the estimate by 1.0% (stablelm sdpa), 0.9% (stablelm eager), 5.3% (glm4 eager)
+RECOMPUTE_PEAK = {("stablelm", "bf16-mixed", "sdpa", "full"), ("stablelm", "bf16-mixed", "eager", "full"),
+                  ("glm4", "bf16-mixed", "eager", "full")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type, precision, attn, ckpt", [
+    pytest.param(*row, marks=pytest.mark.xfail(strict=True, reason="recompute-moment peak not modelled"))
+    if row in RECOMPUTE_PEAK else row for row in GRID])
+def test_derived_grid_within_half_a_percent(model_type, precision, attn, ckpt):
+    _check(model_type, batch_size=2, seq_len=64, precision=precision, attn=attn, grad_ckpt=ckpt)

@@ -1,0 +1,43 @@
+"""The command line on an architecture outside the hand-written families: an estimate with the derived-tables note;
+what the derivation does not cover is one line naming the field, exit code 2."""
+
+import json
+
+import pytest
+
+from llmem.cli import main
+from tests.derive.configs import config
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_estimate_of_an_unseen_family(tmp_path, capsys):
+    code, out, err = run(capsys, "estimate", "--model", write(tmp_path, config("olmo2")), "--seq-len", "64",
+                         "--gpu-type", "A100-80GB", "--json")
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert result["model_type"] == "olmo2" and result["peak_bytes"] == sum(result["breakdown"].values())
+    assert result["breakdown"]["activations"] > 0
+
+
+@pytest.mark.parametrize("cfg, argv, field", [
+    (config("olmo2"), ("--tp", "2", "--gpus", "2"), "tp"),
+    (config("olmo2"), ("--method", "lora"), "method"),
+    (config("olmo2", attention_dropout=0.1), (), "attention_dropout"),
+    (config("olmoe", num_experts=4, num_experts_per_tok=2), (), "num_experts"),
+    ({**config("olmo2"), "auto_map": {"AutoModelForCausalLM": "x.Y"}}, (), "model_type"),
+])
+def test_what_the_derivation_does_not_cover_is_refused_naming_the_field(tmp_path, capsys, cfg, argv, field):
+    code, _, err = run(capsys, "estimate", "--model", write(tmp_path, cfg), "--seq-len", "64", *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"llmem: error: {field}: "), err

@@ -1,0 +1,38 @@
+"""The trace on fake tensors against the same trace on real CPU tensors: the saved storages (per decoder layer,
+before and after the layers) and the live bytes of the last layer's backward, event by event, are the same."""
+
+import contextlib
+
+import pytest
+import torch
+
+from llmem.derive.trace import build, trace
+from tests.derive.configs import config
+
+CASES = [("olmo2", "float32", None, "sdpa"), ("starcoder2", "float32", "bfloat16", "eager"),
+         ("gemma3_text", "bfloat16", None, "sdpa")]
+
+
+def _real(cfg: dict, dtype: str, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    from llmem.plan import TrainingPlan
+    from llmem.runtime.model import decoder_layers, hf_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config(cfg, TrainingPlan()), dtype=getattr(torch, dtype),
+                                             attn_implementation=attn)
+    model.train()
+    return contextlib.nullcontext(), model, list(decoder_layers(model)), model.get_output_embeddings()
+
+
+@pytest.mark.parametrize("model_type, dtype, mixed, attn", CASES)
+def test_fake_trace_equals_the_real_cpu_trace(model_type, dtype, mixed, attn):
+    cfg = config(model_type)
+    fake, real = build(cfg, dtype, attn), _real(cfg, dtype, attn)
+    for batch, seq in ((1, 12), (2, 40)):  # 40: above gemma3_text's sliding window (an explicit mask)
+        f, r = trace(fake, batch, seq, mixed), trace(real, batch, seq, mixed)
+        for place in ("outer", "final", "head", "held", "backward"):
+            assert [b for _, b in getattr(f, place)] == [b for _, b in getattr(r, place)], place
+        assert [[b for _, b in layer] for layer in f.layers] == [[b for _, b in layer] for layer in r.layers]
+        assert sum(b for layer in f.layers for _, b in layer) > 0
