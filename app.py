@@ -27,6 +27,7 @@ from llmem.view import comparison_csv, comparison_table, plain
 WIDGET_KEYS = ("w_source", *widgets.WIDGET_KEYS)
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
 BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PRESET_LABEL = {"yes": "", "derived": " (traced from transformers on first use)", "not yet": " (not modelled yet)"}
 SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -135,7 +136,7 @@ def _model_widgets():
     if source == SOURCE_PRESET:
         sb.selectbox("Preset (type to search)", list(presets), key="w_preset",
                      format_func=lambda n: f"{n} — {presets[n].hf_id}"
-                                           + ("" if presets[n].supported else " (not modelled yet)"))
+                                           + PRESET_LABEL[presets[n].estimator])
         return st.session_state.w_preset, None, None, "", ""
     if source == SOURCE_HUB:
         sb.text_input("Hugging Face model id", key="w_hub", placeholder="org/name, e.g. Qwen/Qwen2.5-7B",

@@ -47,10 +47,27 @@ class PresetInfo:
 
     @property
     def supported(self) -> bool:
-        """Whether the estimator models this preset's `model_type` (a family in `llmem.families`)."""
+        """Whether this preset's `model_type` is a hand-written family (`llmem.families`)."""
         from llmem.families import FAMILIES
 
         return self.model_type in FAMILIES
+
+    @property
+    def derived(self) -> bool:
+        """Whether the estimator derives this preset from transformers instead (`llmem.derive`: traced on fake
+        tensors on first use, then cached): a causal LM outside the families that the config alone does not rule
+        out (no expert layers, dropout 0)."""
+        if self.supported:
+            return False
+        from llmem.derive.tables import static_refusal
+        from llmem.spec import is_causal_lm
+
+        return is_causal_lm(self.model_type) and static_refusal(load_preset(self.name)) is None
+
+    @property
+    def estimator(self) -> str:
+        """How the estimator handles the preset: "yes" (a hand-written family), "derived" or "not yet"."""
+        return "yes" if self.supported else "derived" if self.derived else "not yet"
 
 
 def _natural_key(text: str) -> list:

@@ -295,8 +295,9 @@ def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     """Eager attention takes a float causal mask: transformers 5.23 `masking_utils.eager_mask` turns sdpa's boolean
     (micro-batch × 1 × seq × seq) mask into `torch.where(mask, 0, finfo(dtype).min)` in the embeddings' dtype (rb).
     The mask add saves nothing, so without checkpointing the mask dies with the model forward; a checkpointed layer
-    keeps it as a kwarg of its recompute until layer 0's backward."""
-    if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan):
+    keeps it as a kwarg of its recompute until layer 0's backward. A derived architecture's traced arguments
+    (`checkpoint_held_saved`) include its masks."""
+    if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan) or spec.derived is not None:
         return []
     _, rb = _bytes(plan)
     size = plan.batch_size * plan.seq_len * plan.seq_len * rb

@@ -39,8 +39,9 @@ _APPENDED_BEFORE = ("q_norm.", "k_norm.", "input_layernorm.(1+weight)", "q_proj/
 def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """A layer whose attention runs an eager matmul-softmax-matmul (the families' `eager_attention_forward`, and
     `FalconAttention`'s own branch in falcon's old architecture; falcon's sdpa path has its own moment in
-    `layer_tables.attention_backward_*`). Not the quantized base of QLoRA (not modelled)."""
-    return plan.method is not Method.QLORA and not _sdpa(spec, plan)
+    `layer_tables.attention_backward_*`). Not the quantized base of QLoRA (not modelled), nor a derived architecture
+    (`llmem.derive`: its traced layer backward has every moment already)."""
+    return plan.method is not Method.QLORA and not _sdpa(spec, plan) and spec.derived is None
 
 
 def _falcon_old(spec: ModelSpec) -> bool:

@@ -156,8 +156,25 @@ def _saver(name: str) -> str:
     return _LAYER_INDEX.sub(".N.", name.split(": ")[0], count=1)
 
 
+def static_refusal(config: dict) -> InputError | None:
+    """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
+    preset): expert layers (an expert count above 0 in the config or its text_config) or a dropout above 0. A config
+    that passes may still be refused when traced (layer kinds that save different tensors, no sdpa path)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for key in MOE_KEYS:
+        value = config.get(key, text.get(key))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
+                              f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+    if any(("dropout" in k or "pdrop" in k) and not k.startswith(("classifier", "summary"))
+           and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in config.items()):
+        return _dropout_error(config)
+    return None
+
+
 def _dropout_error(config: dict) -> InputError:
-    keys = [k for k, v in config.items() if ("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and v]
+    keys = [k for k, v in config.items() if ("dropout" in k or "pdrop" in k) and not k.startswith(("classifier",
+            "summary")) and isinstance(v, (int, float)) and v]
     key = keys[0] if keys else "dropout"
     return InputError(key, "derived architectures are modelled with dropout 0 (the saved tensors of dropout differ "
                       f"between CPU and CUDA kernels); set {key} to 0")
@@ -193,7 +210,10 @@ def _refuse_experts(config: dict) -> None:
 
 def derived_spec(config: dict) -> ModelSpec:
     """The meta-device parameter inventory (`llmem.meta.meta_spec`; cached, `inventory`) with the traced activation
-    tables attached."""
+    tables attached. What the config alone rules out (`static_refusal`) is refused before anything is built."""
+    refusal = static_refusal(config)
+    if refusal is not None:
+        raise refusal
     spec = inventory(config)
     options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
     object.__setattr__(spec, "options", options)

@@ -58,7 +58,8 @@ def test_default_view_answers_first_and_fills_the_link():
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
     only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
-                     "lora-modules-to-save", "double-quant", "fsdp-shard", "lora-alpha", "lora-dropout"}
+                     "lora-modules-to-save", "double-quant", "fsdp-shard", "lora-alpha", "lora-dropout",
+                     "ddp-bucket-view"}
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
@@ -381,12 +382,13 @@ def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
 
 
 def test_a_preset_not_modelled_yet_is_listed_marked_and_refused_in_one_line():
-    from llmem.presets import list_presets
+    from llmem.derive.tables import static_refusal
+    from llmem.presets import list_presets, load_preset
 
-    waiting = [p for p in list_presets() if not p.supported]
+    waiting = [p for p in list_presets() if p.estimator == "not yet"]
     if not waiting:
         pytest.skip("every preset's architecture is modelled")
-    name, model_type = waiting[0].name, waiting[0].model_type
+    name = waiting[0].name
     at = run()
     box = at.selectbox(key="w_preset")
     labels = {o.split(" — ")[0]: o for o in box.options}  # the options as shown: "name — hf_id[ (mark)]"
@@ -396,7 +398,10 @@ def test_a_preset_not_modelled_yet_is_listed_marked_and_refused_in_one_line():
     at.run()
     assert not at.exception
     errors = [e.value for e in at.error]
-    assert len(errors) == 1 and plain("not modelled yet") in errors[0] and plain(repr(model_type)) in errors[0], errors
+    reason = "mixture-of-experts" if "experts" in static_refusal(load_preset(name)).field else "dropout"
+    assert len(errors) == 1 and plain(reason) in errors[0], errors
+    derived = next(p for p in list_presets() if p.estimator == "derived")
+    assert labels[derived.name].endswith("(traced from transformers on first use)")
     assert at.query_params["model"] == name
     at.selectbox(key="w_preset").set_value(PRESET)
     at.run()
