@@ -98,3 +98,118 @@ def no_packed_sequence_check():
         yield
     finally:
         masking_utils.find_packed_sequence_indices = orig
+
+
+@contextlib.contextmanager
+def fake_parameter_conversion():
+    """`Module._apply` (torch/nn/modules/module.py, torch 2.13) converts a fake parameter by
+    `torch.utils.swap_tensors`, which refuses a tensor with a weak reference — and a fake parameter may have one
+    (the fake-tensor converter's memo). A real CPU run converts the same parameter in place,
+    `param.data = param_applied` (its `compute_should_use_set_data` path): done here too. PEFT's
+    `_move_adapter_to_device_of_base_layer` (`adapter.to(device, dtype)`) needs it for LoRA adapters."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
+            t1.data = t2.data
+            return
+        orig(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = orig
+
+
+def preload_imports(plan: TrainingPlan) -> None:
+    """Import PEFT and bitsandbytes before the fake mode starts: their modules make tensors at import time
+    (bitsandbytes' NF4/FP4 code tables, PEFT's LoHa default scales). Imported under the fake mode they would be
+    fake for the rest of the process, and counted; in a real run they are host tensors made once per process."""
+    if str(plan.method) != "full":
+        import peft  # noqa: F401
+        import peft.tuners.loha.layer  # noqa: F401
+    if str(plan.method) == "qlora" or str(plan.optimizer) in ("adamw8bit", "paged-adamw8bit"):
+        import bitsandbytes  # noqa: F401
+
+
+@contextlib.contextmanager
+def bnb_optimizer(plan: TrainingPlan, fake_mode, tracker):
+    """bitsandbytes' 8-bit optimizers (bitsandbytes 0.50, `bitsandbytes/optim/optimizer.py`) under fake tensors:
+      * `Optimizer8bit.fill_qmap` builds the two 256-entry fp32 quantization maps in the constructor with
+        `F.create_dynamic_map`, which reads values back (`.tolist()`): computed for real (host tensors), then made
+        fake and counted where the constructor makes them, 2 × 1,024 B (on CUDA `init_state` copies them to the
+        device at the first step; here they are live from the reset on);
+      * cuda profile, `paged-adamw8bit`: `get_state_buffer` puts a state of a tensor with ≥ 1e5 elements in CUDA
+        unified memory (`F.get_paged`), outside the caching allocator; fake tensors are CPU tensors, for which
+        bitsandbytes falls back to `zeros_like`. The state is made untracked, as the allocator does not see it;
+        `paged_bytes[0]` sums it.
+    The update kernels (`bitsandbytes::optimizer_update_8bit_blockwise`, `optimizer_update_32bit`) have
+    bitsandbytes' own fake implementations: in place, no allocation, as the CUDA kernels."""
+    paged_bytes = [0]
+    if str(plan.optimizer) not in ("adamw8bit", "paged-adamw8bit"):
+        yield paged_bytes
+        return
+    from bitsandbytes.optim.optimizer import Optimizer8bit
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    orig_fill, orig_buffer = Optimizer8bit.fill_qmap, Optimizer8bit.get_state_buffer
+
+    def fill_qmap(self):
+        with _disable_current_modes():
+            orig_fill(self)
+        for name, value in self.name2qmap.items():
+            fake = fake_mode.from_tensor(value)
+            tracker._track(fake.untyped_storage(), "create_dynamic_map", fake)
+            self.name2qmap[name] = fake
+
+    def get_state_buffer(self, p, dtype=None):
+        if not (self.is_paged and plan.device is Device.CUDA and p.numel() >= 1e5):
+            return orig_buffer(self, p, dtype=dtype)
+        tracker.paused += 1
+        try:
+            buff = orig_buffer(self, p, dtype=dtype)
+        finally:
+            tracker.paused -= 1
+        tracker.outside_allocator(buff.untyped_storage())
+        paged_bytes[0] += buff.untyped_storage().nbytes()
+        return buff
+
+    Optimizer8bit.fill_qmap, Optimizer8bit.get_state_buffer = fill_qmap, get_state_buffer
+    try:
+        yield paged_bytes
+    finally:
+        Optimizer8bit.fill_qmap, Optimizer8bit.get_state_buffer = orig_fill, orig_buffer
+
+
+@contextlib.contextmanager
+def fake_deepcopy():
+    """`copy.deepcopy` of a fake tensor (PEFT's `ModulesToSaveWrapper` deep-copies the module it saves):
+    `Tensor.__deepcopy__` (torch/_tensor.py, torch 2.13) would copy the fake tensor's storage, which has no data
+    (memory corruption). A real run's copy of a parameter is `Parameter(self.data.clone(), requires_grad)`
+    (`Parameter.__deepcopy__`): the same clone, made under the fake mode (one allocation of the tensor's size)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig = torch.Tensor.__deepcopy__
+
+    def deepcopy(self, memo):
+        if not isinstance(self, FakeTensor):
+            return orig(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        if isinstance(self, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        memo[id(self)] = new
+        return new
+
+    torch.Tensor.__deepcopy__ = deepcopy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__ = orig

@@ -59,6 +59,7 @@ class Simulation:
     reserved_bytes: int  # predicted max_memory_reserved
     fragmentation_at_peak_bytes: int  # reserved minus allocated when allocated memory peaks
     reserved_expandable_bytes: int  # max_memory_reserved with expandable_segments:True
+    paged_state_bytes: int = 0  # bitsandbytes' paged optimizer states in CUDA unified memory (not in the peak)
     closed_form: list[str] = field(default_factory=list)  # buffers added from the closed-form model
     notes: list[str] = field(default_factory=list)
     ops: int = 0
@@ -90,7 +91,7 @@ class Simulation:
             "phases": [vars(p) for p in self.phases],
             "top_tensors": [t.to_dict() for t in self.top_tensors],
             "timeline": [list(p) for p in self.timeline_points(max_points)],
-            "closed_form": self.closed_form, "notes": self.notes,
+            "paged_state_bytes": self.paged_state_bytes, "closed_form": self.closed_form, "notes": self.notes,
             "ops": self.ops, "events": self.events, "seconds": round(self.seconds, 3),
         }
 

@@ -27,27 +27,19 @@ from llmem.simulate.result import LiveTensor, Phase, Simulation, build_result
 __all__ = ["LiveTensor", "Phase", "Simulation", "simulate"]
 
 DDP_SCHEMES = (Scheme.DDP, Scheme.ZERO1)
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
-    method = str(getattr(plan, "method", "full"))
-    if method != "full":
-        raise InputError("method", f"{method}: PEFT's adapter layers cannot be moved onto fake parameters "
-                         "(`Module._apply` refuses to swap them); the simulation runs --method full only")
-    optimizer = str(plan.optimizer)
-    if optimizer not in ("adamw", "sgd"):
-        raise InputError("optimizer", f"{optimizer}: its step reads tensor values on the host (`.item()`), which "
-                         "fake tensors do not have; the simulation runs adamw and sgd — use estimate or measure")
+    if str(plan.method) == "qlora":
+        raise InputError("method", "qlora: bitsandbytes' quantized parameters cannot be made from fake tensors; "
+                         "the simulation runs --method full and lora — use estimate or measure")
     if str(plan.offload) != "none":
         raise InputError("offload", "FSDP2's CPUOffloadPolicy pins host memory, which needs a CUDA device; the "
                          "simulation runs on CPU fake tensors — use estimate")
     if str(plan.loss) != "standard":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels (CUDA only); the simulation "
                          "runs on CPU fake tensors — use estimate")
-    if any(config.get(k) for k in MOE_KEYS):
-        raise InputError("model", "mixture-of-experts routing depends on the data (and its grouped matmul refuses "
-                         "fake fp32 tensors); the simulation does not run MoE models — use estimate or measure")
 
 
 def default_rank(plan: TrainingPlan) -> int:
@@ -120,23 +112,30 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
 
     from llmem.simulate import patches
 
+    patches.preload_imports(plan)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(), \
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
-                patches.cuda_kernel_choices(plan), FakeTensorMode(allow_non_fake_inputs=True), tracker:
-            yield
+                patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
+                patches.bnb_optimizer(plan, fake_mode, tracker) as paged_bytes, fake_mode, tracker:
+            yield paged_bytes
     finally:
         torch.set_num_threads(threads)
 
 
-def _phase_marks(tracker, steps: int, buckets: list[int], progress) -> Callable[[str], None]:
-    """The runtime's `mark`: the tracker's phase mark, the progress callback, DDP's bucket rebuild."""
+def _phase_marks(plan, tracker, steps: int, buckets: list[int], progress) -> Callable[[str], None]:
+    """The runtime's `mark`: the tracker's phase mark, the progress callback, DDP's bucket rebuild, and host scalars
+    allowed inside the step of an optimizer that reads them (`.item()`: Adafactor, bitsandbytes)."""
     from llmem.simulate import ddp
+
+    reads_host = str(plan.optimizer) in HOST_SCALAR_OPTIMIZERS
 
     def mark(name: str) -> None:
         tracker.mark(name)
+        tracker.host_scalars = reads_host and name == "optimizer"
         if progress is not None and name in ("forward", "backward", "optimizer"):
             progress(f"iteration {tracker.phases[-1][1]} of {steps}: {name}")
         if name == "forward" and buckets and tracker.phases[-1][1] == 2:
@@ -163,6 +162,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     from llmem.runtime import Topology, prepare, train_step
     from llmem.runtime.optim import make_optimizer
     from llmem.simulate import ddp
+    from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
     _check(config, plan, rank, steps)
@@ -172,9 +172,10 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     sim_rank = rank if rank is not None else default_rank(plan)
     topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus, device_type="cpu")
     tracker = AllocationTracker()
+    tracker.stand_ins = stand_ins()
     closed_form: list[str] = []
     step_blocks: list[int] = []
-    with _simulation_context(plan, run_plan, sim_rank, tracker):
+    with _simulation_context(plan, run_plan, sim_rank, tracker) as paged_bytes:
         if progress is not None:
             progress("building and wrapping the model on fake tensors")
         session = prepare(config, run_plan, topo, mark=tracker.mark)
@@ -182,7 +183,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
         buckets: list[int] = []
         if is_ddp:
             buckets, sim_rank, closed_form = ddp.install(session, plan, run_plan, rank, tracker, make_optimizer)
-        mark = _phase_marks(tracker, steps, buckets, progress)
+        mark = _phase_marks(plan, tracker, steps, buckets, progress)
         tracker.reset_peak()
         for _ in range(steps):
             train_step(session, mark=mark)
@@ -197,7 +198,12 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
         progress("replaying the allocations through the caching-allocator model")
     notes = [f"{len(step_blocks)} AdamW step counters left out: on CUDA they are host tensors unless the "
              "implementation is fused"] if step_blocks else []
-    return build_result(plan, sim_rank, tracker, set(step_blocks), closed_form, notes, t0)
+    if paged_bytes[0]:
+        notes.append(f"paged optimizer states: {paged_bytes[0]:,} B in CUDA unified memory (bitsandbytes' "
+                     "get_paged), outside the caching allocator and the peak")
+    sim = build_result(plan, sim_rank, tracker, set(step_blocks), closed_form, notes, t0)
+    sim.paged_state_bytes = paged_bytes[0]
+    return sim
 
 
 def _step_tensors_on_host(plan: TrainingPlan) -> bool:
