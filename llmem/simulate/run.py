@@ -31,9 +31,6 @@ HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
-    if str(plan.method) == "qlora":
-        raise InputError("method", "qlora: bitsandbytes' quantized parameters cannot be made from fake tensors; "
-                         "the simulation runs --method full and lora — use estimate or measure")
     if str(plan.offload) != "none":
         raise InputError("offload", "FSDP2's CPUOffloadPolicy pins host memory, which needs a CUDA device; the "
                          "simulation runs on CPU fake tensors — use estimate")
@@ -111,6 +108,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from llmem.simulate import patches
+    from llmem.simulate.quant import fake_bnb_params
 
     patches.preload_imports(plan)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -120,6 +118,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
         with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(), \
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
                 patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
+                fake_bnb_params(plan), \
                 patches.bnb_optimizer(plan, fake_mode, tracker) as paged_bytes, fake_mode, tracker:
             yield paged_bytes
     finally:

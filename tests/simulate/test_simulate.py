@@ -32,10 +32,15 @@ SMALL = dict(device="cpu", batch_size=2, seq_len=64, precision="fp32", optimizer
     (MIXTRAL, {}),
     (MIXTRAL, {"precision": "bf16-mixed", "grad_ckpt": "full"}),
     (MIXTRAL, {"precision": "bf16"}),
+    (LLAMA, {"method": "qlora", "quant": "nf4", "precision": "bf16"}),
+    (LLAMA, {"method": "qlora", "quant": "fp4", "double_quant": True, "precision": "bf16"}),
+    (LLAMA, {"method": "qlora", "quant": "nf4", "precision": "fp16", "grad_ckpt": "full",
+             "lora_targets": "all-linear"}),
+    (LLAMA, {"method": "qlora", "quant": "int8", "precision": "bf16"}),
 ], ids=["llama-fp32", "llama-bf16mix-foreach", "llama-ckpt-eager", "llama-bf16-fused", "gpt2-fp32",
         "lora", "lora-all-linear-bf16", "gpt2-lora-bf16mix", "lora-save-lm_head-ckpt", "adafactor",
         "adafactor-foreach-bf16mix", "adamw8bit", "paged-adamw8bit-bf16mix", "mixtral-fp32", "mixtral-ckpt-bf16mix",
-        "mixtral-bf16"])
+        "mixtral-bf16", "qlora-nf4", "qlora-fp4-double-quant", "qlora-nf4-fp16-ckpt-all-linear", "qlora-int8"])
 def test_single_rank_matches_real_cpu_run(config, plan):
     """Same runtime, real tensors vs fake: the peak agrees to within 0.1% (to the byte for most rows; a few
     bytes of 0-dim tensors made outside dispatch are the known difference, see docs/SIMULATION.md)."""
@@ -46,15 +51,19 @@ def test_single_rank_matches_real_cpu_run(config, plan):
     assert sim.peak_iteration in (1, 2)
 
 
-@pytest.mark.parametrize("plan", [{"gpus": 2, "zero": 3}, {"gpus": 2, "tp": 2}, {"gpus": 2}],
-                         ids=["zero3", "tp", "ddp"])
+@pytest.mark.parametrize("plan", [{"gpus": 2, "zero": 3}, {"gpus": 2, "tp": 2}, {"gpus": 2},
+                                  {"gpus": 2, "zero": 3, "method": "qlora", "quant": "nf4", "precision": "bf16"}],
+                         ids=["zero3", "tp", "ddp", "qlora-zero3"])
 def test_multi_rank_matches_real_gloo_run(plan):
+    """To 64 B; QLoRA to 0.1%: a fresh torchrun process also counts the host tensors PEFT and bitsandbytes make
+    when they are first imported (inside the build: 516 B here), which the simulation imports beforehand."""
     from llmem.measure.cli import measure
 
     p = TrainingPlan(**{**SMALL, **plan})
     real = measure(dict(LLAMA), p)["peak_bytes"]
     sim = simulate(dict(LLAMA), p)
-    assert abs(sim.peak_bytes - real) <= 64, (sim.peak_bytes, real)
+    slack = 64 if p.method.value == "full" else real // 1000
+    assert abs(sim.peak_bytes - real) <= slack, (sim.peak_bytes, real)
 
 
 @pytest.mark.parametrize("preset,plan", [
