@@ -127,13 +127,18 @@ def fake_parameter_conversion():
 
 def preload_imports(plan: TrainingPlan) -> None:
     """Import PEFT and bitsandbytes before the fake mode starts: their modules make tensors at import time
-    (bitsandbytes' NF4/FP4 code tables, PEFT's LoHa default scales). Imported under the fake mode they would be
-    fake for the rest of the process, and counted; in a real run they are host tensors made once per process."""
+    (bitsandbytes' NF4/FP4 code tables, PEFT's LoHa default scales), and `bnb.functional.quantize_blockwise`
+    caches its 256-entry map on first use (`name2qmap["dynamic"]`). Made under the fake mode they would be fake
+    for the rest of the process, and counted; in a real run they are host tensors made once per process."""
     if str(plan.method) != "full":
         import peft  # noqa: F401
         import peft.tuners.loha.layer  # noqa: F401
     if str(plan.method) == "qlora" or str(plan.optimizer) in ("adamw8bit", "paged-adamw8bit"):
-        import bitsandbytes  # noqa: F401
+        from bitsandbytes import functional
+
+        # quantize_blockwise (double quant) caches its map on first use, reading values back with `.tolist()`
+        if "dynamic" not in functional.name2qmap:
+            functional.name2qmap["dynamic"] = functional.create_dynamic_map()
 
 
 @contextlib.contextmanager

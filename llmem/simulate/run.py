@@ -31,12 +31,13 @@ HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
+    """The two options a CPU fake run cannot run: InputError naming the option."""
     if str(plan.offload) != "none":
-        raise InputError("offload", "FSDP2's CPUOffloadPolicy pins host memory, which needs a CUDA device; the "
-                         "simulation runs on CPU fake tensors — use estimate")
+        raise InputError("offload", f"{plan.offload} pins host memory and copies between host and device, which a "
+                         "CPU-only fake run cannot tell apart; measure it on a GPU (measure --device cuda)")
     if str(plan.loss) != "standard":
-        raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels (CUDA only); the simulation "
-                         "runs on CPU fake tensors — use estimate")
+        raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
+                         "measure it on a GPU (measure --device cuda)")
 
 
 def default_rank(plan: TrainingPlan) -> int:
