@@ -165,3 +165,24 @@ def test_steps_fake_tensors_cannot_run_are_refused_naming_the_option(plan, field
     with pytest.raises(InputError) as err:
         simulate(dict(LLAMA), TrainingPlan(**{**SMALL, **plan}))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("routing", ["random", "all-to-one-pair"])
+def test_moe_memory_does_not_depend_on_the_routing(routing):
+    """transformers 5's grouped experts sort the tokens × top_k rows by expert: every tensor has the same size
+    whatever the routing. The real CPU run with its random router, and with the router zeroed (equal logits: every
+    token to the same two experts, CPU's `topk` of equal scores; the most unbalanced routing), peaks at the simulated
+    bytes."""
+    import torch
+
+    def zero_router(session, _mark):
+        with torch.no_grad():
+            for name, p in session.model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.zero_()
+
+    p = TrainingPlan(**SMALL)
+    hook = zero_router if routing == "all-to-one-pair" else None
+    measure_rank(dict(MIXTRAL), p)  # a first run in the process also counts import-time tensors
+    real = measure_rank(dict(MIXTRAL), p, mark_hook=hook)["peak_bytes"]
+    assert simulate(dict(MIXTRAL), p).peak_bytes == real
