@@ -196,8 +196,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
         del session
     if progress is not None:
         progress("replaying the allocations through the caching-allocator model")
-    notes = [f"{len(step_blocks)} AdamW step counters left out: on CUDA they are host tensors unless the "
-             "implementation is fused"] if step_blocks else []
+    notes = [f"{len(step_blocks)} optimizer step counters left out: on CUDA AdamW's (unless fused) and "
+             "Adafactor's are host tensors"] if step_blocks else []
     if paged_bytes[0]:
         notes.append(f"paged optimizer states: {paged_bytes[0]:,} B in CUDA unified memory (bitsandbytes' "
                      "get_paged), outside the caching allocator and the peak")
