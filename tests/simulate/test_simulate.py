@@ -52,7 +52,8 @@ def test_single_rank_matches_real_cpu_run(config, plan):
 
 
 @pytest.mark.parametrize("plan", [{"gpus": 2, "zero": 3}, {"gpus": 2, "tp": 2}, {"gpus": 2},
-                                  {"gpus": 2, "zero": 3, "method": "qlora", "quant": "nf4", "precision": "bf16"}],
+                                  pytest.param({"gpus": 2, "zero": 3, "method": "qlora", "quant": "nf4",
+                                                "precision": "bf16"}, marks=pytest.mark.slow)],
                          ids=["zero3", "tp", "ddp", "qlora-zero3"])
 def test_multi_rank_matches_real_gloo_run(plan):
     """To 64 B; QLoRA to 0.1%: a fresh torchrun process also counts the host tensors PEFT and bitsandbytes make
