@@ -24,6 +24,15 @@ def grouped_mm(func, args, kwargs):
                                             bound.get("out_dtype"))
 
 
+def fused_sgd(func, args, kwargs):
+    """`aten._fused_sgd_` (`SGD(fused=True)`, torch/optim/sgd.py: `_fused_sgd`) has no fake kernel; FakeTensorMode
+    would fall back to running the real CPU kernel on zero-filled real copies of every parameter, gradient and
+    momentum buffer (the whole model in host memory). The kernel updates them in place and returns nothing; the
+    momentum buffers of the first step are made in Python before it (`torch.empty_like`), and counted there."""
+    return None
+
+
 def stand_ins() -> dict:
     """op -> stand-in(func, args, kwargs) for every run."""
-    return {_aten._grouped_mm.default: grouped_mm}
+    return {_aten._grouped_mm.default: grouped_mm, _aten._fused_sgd_.default: fused_sgd,
+            _aten._fused_sgd_.tensor_lr: fused_sgd}

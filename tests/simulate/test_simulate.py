@@ -28,6 +28,7 @@ SMALL = dict(device="cpu", batch_size=2, seq_len=64, precision="fp32", optimizer
     (LLAMA, {"optimizer": "adafactor"}),
     (LLAMA, {"optimizer": "adafactor", "precision": "bf16-mixed", "optimizer_impl": "foreach"}),
     (LLAMA, {"optimizer": "adamw8bit", "optimizer_impl": "default"}),
+    (LLAMA, {"optimizer": "sgd", "optimizer_impl": "fused", "precision": "bf16", "grad_accum": 2}),
     (LLAMA, {"optimizer": "paged-adamw8bit", "optimizer_impl": "default", "precision": "bf16-mixed"}),
     (MIXTRAL, {}),
     (MIXTRAL, {"precision": "bf16-mixed", "grad_ckpt": "full"}),
@@ -39,7 +40,8 @@ SMALL = dict(device="cpu", batch_size=2, seq_len=64, precision="fp32", optimizer
     (LLAMA, {"method": "qlora", "quant": "int8", "precision": "bf16"}),
 ], ids=["llama-fp32", "llama-bf16mix-foreach", "llama-ckpt-eager", "llama-bf16-fused", "gpt2-fp32",
         "lora", "lora-all-linear-bf16", "gpt2-lora-bf16mix", "lora-save-lm_head-ckpt", "adafactor",
-        "adafactor-foreach-bf16mix", "adamw8bit", "paged-adamw8bit-bf16mix", "mixtral-fp32", "mixtral-ckpt-bf16mix",
+        "adafactor-foreach-bf16mix", "adamw8bit", "sgd-fused-bf16-accum", "paged-adamw8bit-bf16mix",
+        "mixtral-fp32", "mixtral-ckpt-bf16mix",
         "mixtral-bf16", "qlora-nf4", "qlora-fp4-double-quant", "qlora-nf4-fp16-ckpt-all-linear", "qlora-int8"])
 def test_single_rank_matches_real_cpu_run(config, plan):
     """Same runtime, real tensors vs fake: the peak agrees to within 0.1% (to the byte for most rows; a few
@@ -187,3 +189,21 @@ def test_moe_memory_does_not_depend_on_the_routing(routing):
     measure_rank(dict(MIXTRAL), p)  # a first run in the process also counts import-time tensors
     real = measure_rank(dict(MIXTRAL), p, mark_hook=hook)["peak_bytes"]
     assert simulate(dict(MIXTRAL), p).peak_bytes == real
+
+
+@pytest.mark.parametrize("plan", [
+    {"optimizer": "sgd", "optimizer_impl": "fused"},
+    {"method": "qlora", "quant": "nf4", "precision": "bf16", "optimizer": "adamw8bit", "optimizer_impl": "default"},
+    {"optimizer": "adafactor", "device": "cuda"},
+], ids=["sgd-fused", "qlora-adamw8bit", "adafactor-cuda"])
+def test_no_op_falls_back_to_its_real_kernel(monkeypatch, plan):
+    """An op without a fake kernel makes FakeTensorMode run the real CPU kernel on zero-filled real copies of its
+    arguments (`run_fallback_kernel`): real host memory the size of the model at full size (`_fused_sgd_` took
+    20 GB for a 7B plan). No op of these plans may take that path."""
+    from torch._subclasses import fake_tensor
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"real kernel fallback for {args[1]}")
+
+    monkeypatch.setattr(fake_tensor, "run_fallback_kernel", refuse)
+    simulate(dict(MIXTRAL if "method" not in plan else LLAMA), TrainingPlan(**{**SMALL, **plan}))
