@@ -218,3 +218,30 @@ def fake_deepcopy():
         yield
     finally:
         torch.Tensor.__deepcopy__ = orig
+
+
+FALLBACK_LIMIT_BYTES = 512 << 20
+
+
+@contextlib.contextmanager
+def bounded_fallback(limit: int = FALLBACK_LIMIT_BYTES):
+    """An op without a fake kernel makes FakeTensorMode run its real CPU kernel on zero-filled real copies of its
+    tensor arguments (`torch/_subclasses/fake_tensor.py: run_fallback_kernel`, torch 2.13). At full size that is
+    real host memory the size of the model (20.8 GB for a 7B plan's `_fused_sgd_` before its stand-in existed).
+    Small arguments still take the fallback; above `limit` bytes the run stops with one line naming the op."""
+    from torch._subclasses import fake_tensor
+
+    orig = fake_tensor.run_fallback_kernel
+
+    def run_fallback_kernel(fake_mode, func, flat_args, args_spec, error):
+        size = sum(a.untyped_storage().nbytes() for a in flat_args if isinstance(a, fake_tensor.FakeTensor))
+        if size > limit:
+            raise RuntimeError(f"{func} has no fake kernel, and running the real one would copy {size:,} B of its "
+                               "arguments into host memory; use estimate, or measure on a GPU") from None
+        return orig(fake_mode, func, flat_args, args_spec, error)
+
+    fake_tensor.run_fallback_kernel = run_fallback_kernel
+    try:
+        yield
+    finally:
+        fake_tensor.run_fallback_kernel = orig

@@ -119,7 +119,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
         with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(), \
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
                 patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
-                fake_bnb_params(plan), \
+                fake_bnb_params(plan), patches.bounded_fallback(), \
                 patches.bnb_optimizer(plan, fake_mode, tracker) as paged_bytes, fake_mode, tracker:
             yield paged_bytes
     finally:

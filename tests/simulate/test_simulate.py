@@ -207,3 +207,18 @@ def test_no_op_falls_back_to_its_real_kernel(monkeypatch, plan):
 
     monkeypatch.setattr(fake_tensor, "run_fallback_kernel", refuse)
     simulate(dict(MIXTRAL if "method" not in plan else LLAMA), TrainingPlan(**{**SMALL, **plan}))
+
+
+def test_a_large_real_kernel_fallback_stops_with_one_line():
+    """Without a fake kernel (no stand-in here: no tracker), `_fused_sgd_` on 96 MiB of fake tensors would run the
+    real kernel on real zero-filled copies; the simulation's guard stops it, naming the op."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from llmem.simulate.patches import bounded_fallback
+
+    with FakeTensorMode(), bounded_fallback(limit=64 << 20):
+        p, g, m = (torch.empty(8 << 20) for _ in range(3))
+        with pytest.raises(RuntimeError, match="_fused_sgd_.*has no fake kernel"):
+            torch._fused_sgd_([p], [g], [m], weight_decay=0.0, momentum=0.9, lr=0.1, dampening=0.0,
+                              nesterov=False, maximize=False, is_first_step=False)
