@@ -3,6 +3,7 @@
 Imports torch (through llmem.runtime); the pure estimator never imports this package.
 """
 
-from llmem.simulate.run import LiveTensor, Phase, Simulation, simulate
+from llmem.simulate.result import LiveTensor, Phase, Simulation
+from llmem.simulate.run import simulate
 
 __all__ = ["LiveTensor", "Phase", "Simulation", "simulate"]

@@ -58,6 +58,8 @@ class AllocationTracker(TorchDispatchMode):
         self._iteration = 0
         self._orig_resize = None
         self.paused = 0  # > 0: ops run untracked (DTensor's sharding propagation builds throw-away fake args)
+        self.host_scalars = False  # True: `.item()` gives a stand-in value (see __torch_dispatch__)
+        self.stand_ins: dict = {}  # op -> stand-in(func, args, kwargs) run instead of the fake kernel (stand_ins.py)
 
     # phases and modules ------------------------------------------------------------------------------------
     def mark(self, name: str) -> None:
@@ -88,15 +90,21 @@ class AllocationTracker(TorchDispatchMode):
 
     def _freed(self, key: int) -> None:
         entry = self._live.pop(key, None)
-        if entry is not None and entry[1]:
+        if entry is not None and entry[1] and entry[0] >= 0:
             self.free_block(entry[0])
+
+    def outside_allocator(self, storage) -> None:
+        """Know `storage` without counting it (memory the caching allocator does not see: CUDA unified memory),
+        so that ops returning it later do not count it either."""
+        key = storage._cdata
+        self._live[key] = (-1, storage.nbytes(), weakref.ref(storage, lambda _r, key=key: self._live.pop(key, None)))
 
     def _track(self, storage, op: str, tensor: torch.Tensor | None) -> None:
         key = storage._cdata
         nbytes = storage.nbytes()
         entry = self._live.get(key)
         if entry is not None:
-            if entry[1] == nbytes:
+            if entry[1] == nbytes or entry[0] < 0 < entry[1]:
                 return
             # resized: the new block is allocated before the old one is released (copy then free)
             block = self.add_block(nbytes, op, _shape(tensor)) if nbytes else -1
@@ -111,7 +119,10 @@ class AllocationTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t not in _PLAIN and not issubclass(t, _FakeTensor) for t in types):
             return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
-        out = func(*args, **(kwargs or {}))
+        if func is _aten._local_scalar_dense.default and self.host_scalars:
+            return _stand_in_scalar(args[0])
+        stand_in = self.stand_ins.get(func)
+        out = func(*args, **(kwargs or {})) if stand_in is None else stand_in(func, args, kwargs or {})
         if self.paused:
             return out
         self.op_index += 1
@@ -162,6 +173,15 @@ class AllocationTracker(TorchDispatchMode):
 
     def live_bytes(self) -> int:
         return sum(nbytes for _, nbytes, _ in self._live.values())
+
+
+def _stand_in_scalar(t: torch.Tensor):
+    """`.item()` of a fake tensor, where the run allows it (an optimizer step that reads step counts and norms on
+    the host: torch's Adafactor, bitsandbytes' 8-bit optimizers): 1 of the tensor's kind. On the device it is a
+    copy to the host and no allocation; the values only scale the update, never a tensor's size."""
+    if t.dtype.is_floating_point:
+        return 1.0
+    return True if t.dtype is torch.bool else 1
 
 
 def _shape(t: torch.Tensor | None) -> str:

@@ -1,0 +1,84 @@
+"""DDP and ZeRO-1 under fake tensors (docs/SIMULATION.md): `DistributedDataParallel`'s `Reducer` and
+`ZeroRedundancyOptimizer` do not run on fake tensors, so the unwrapped model runs as one rank does, the gradient
+buckets come from the closed-form bucket assignment and the optimizer steps this rank's ZeRO-1 partition."""
+
+from __future__ import annotations
+
+from llmem.plan import Scheme
+
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
+
+
+def zero1_partitions(params: list, world: int) -> list[list]:
+    """`ZeroRedundancyOptimizer._partition_parameters`: largest first, each to the least-loaded rank."""
+    parts: list[list] = [[] for _ in range(world)]
+    totals = [0] * world
+    for p in sorted(params, key=lambda t: t.numel(), reverse=True):
+        r = totals.index(min(totals))
+        parts[r].append(p)
+        totals[r] += p.numel()
+    return parts
+
+
+class PartitionOptimizer:
+    """ZeRO-1 seen from one rank: the local optimizer steps this rank's partition; zero_grad clears every grad
+    (ZeroRedundancyOptimizer's param_groups hold all parameters). The broadcast after the step is in place."""
+
+    def __init__(self, local, all_params: list) -> None:
+        self.local, self.all_params = local, all_params
+        self.state = local.state
+
+    def step(self):
+        self.local.step()
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.all_params:
+            p.grad = None
+
+
+def ddp_buckets(params: list) -> list[int]:
+    """Bytes of each DDP gradient bucket (`Reducer::initialize_buckets` via `_compute_bucket_assignment_by_size`):
+    parameters in reverse order, a bucket closes once it reaches its cap (1 MiB for the first, 25 MiB after)."""
+    sizes, cur, cap = [], 0, DDP_FIRST_BUCKET_BYTES
+    for p in reversed(params):
+        cur += p.numel() * p.element_size()
+        if cur >= cap:
+            sizes.append(cur)
+            cur, cap = 0, DDP_BUCKET_BYTES
+    if cur:
+        sizes.append(cur)
+    return sizes
+
+
+def install(session, plan, run_plan, rank: int | None, tracker, make_optimizer) -> tuple[list[int], int, list[str]]:
+    """Add the closed-form buckets at wrap time and, for ZeRO-1, swap in the partition optimizer of the simulated
+    rank (`rank`, or the one with the largest partition). Returns (bucket blocks, simulated rank, descriptions)."""
+    params = [p for p in session.model.parameters() if p.requires_grad]
+    tracker.module = "DistributedDataParallel"
+    sizes = ddp_buckets(params)
+    buckets = [tracker.add_block(b, "closed form: DDP gradient bucket", f"{b} B", closed_form=True) for b in sizes]
+    notes = [f"DDP gradient buckets: {len(buckets)} of {sum(sizes):,} B in all, allocated at wrap "
+             "(Reducer::initialize_buckets) and rebuilt at the start of iteration 2's forward, new before old "
+             "(Reducer::rebuild_buckets)"]
+    sim_rank = rank or 0
+    if plan.scheme is Scheme.ZERO1:
+        parts = zero1_partitions(params, plan.dp)
+        if rank is None:
+            sim_rank = max(range(plan.dp), key=lambda r: (sum(p.numel() for p in parts[r]), -r))
+        session.optimizer = PartitionOptimizer(make_optimizer(parts[sim_rank], run_plan), params)
+        notes.append(f"ZeRO-1: ZeroRedundancyOptimizer's partition of rank {sim_rank} ({len(parts[sim_rank])} of "
+                     f"{len(params)} tensors) stepped by a plain optimizer")
+    tracker.module = ""
+    return buckets, sim_rank, notes
+
+
+def rebuild_buckets(tracker, buckets: list[int]) -> None:
+    """`Reducer::rebuild_buckets` at the start of iteration 2's forward: new buckets before the old are freed."""
+    tracker.module = "DistributedDataParallel"
+    new = [tracker.add_block(tracker.blocks[b].nbytes, "closed form: DDP bucket rebuild", tracker.blocks[b].shape,
+                             closed_form=True) for b in buckets]
+    for b in buckets:
+        tracker.free_block(b)
+    buckets[:] = new
+    tracker.module = ""
