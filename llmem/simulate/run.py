@@ -31,13 +31,16 @@ HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
-    """The two options a CPU fake run cannot run: InputError naming the option."""
+    """The options a CPU fake run cannot run: InputError naming the option."""
     if str(plan.offload) != "none":
         raise InputError("offload", f"{plan.offload} pins host memory and copies between host and device, which a "
                          "CPU-only fake run cannot tell apart; measure it on a GPU (measure --device cuda)")
     if str(plan.loss) != "standard":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
+    if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
+        raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
+                         "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")
 
 
 def default_rank(plan: TrainingPlan) -> int:

@@ -161,6 +161,7 @@ def test_grad_accum_matches_real_cpu_run():
 @pytest.mark.parametrize("plan, field", [
     ({"gpus": 2, "zero": 3, "offload": "optimizer+params", "device": "cuda"}, "offload"),
     ({"loss": "fused-linear-ce", "device": "cuda"}, "loss"),
+    ({"gpus": 2, "ddp_bucket_view": True}, "ddp-bucket-view"),
 ])
 def test_steps_fake_tensors_cannot_run_are_refused_naming_the_option(plan, field):
     from llmem.errors import InputError
