@@ -119,17 +119,18 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "precision": _enum(rng, "precision"), **draw_optimizer(rng), **draw_checkpointing(rng),
               "attn": _enum(rng, "attn"), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
-    return Draw(index, name, config, fields | draw_later_options(seed, index, fields))
+    return Draw(index, name, config, fields | draw_later_options(seed, index, fields, device))
 
 
-def draw_later_options(seed: int, index: int, fields: dict) -> dict:
+def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
-    the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1."""
+    the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
+    simulate oracle, the cuda profile's, does not run a Reducer)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
         out["fsdp_shard"] = _enum(rng, "fsdp_shard")
-    if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1):
+    if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1) and device == "cpu":
         out["ddp_bucket_view"] = rng.random() < 0.5
     return out
 
