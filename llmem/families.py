@@ -1,143 +1,32 @@
-"""The HF-config adapter: one `Family` per supported `model_type`.
+"""The HF-config adapter: one `Family` per supported `model_type` (`FAMILIES`).
 
 Each family reads its config keys through an alias table with the defaults of its transformers configuration class
 (transformers 5.23.0, `models/<type>/configuration_<type>.py`), and lists its parameter tensors exactly as the
 transformers module creates them (`models/<type>/modeling_<type>.py`). A test compares every family with the real
-model instantiated on the meta device, tensor by tensor.
+model instantiated on the meta device, tensor by tensor. The machinery is `llmem.family`; the LayerNorm decoders'
+tensor lists are `llmem.families_layernorm`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from llmem.errors import InputError
-from llmem.spec import ModelSpec, ParamTensor, TpSplit
-
-COL, ROW, REP = TpSplit.COLWISE, TpSplit.ROWWISE, TpSplit.NONE
-MAX_DIM = 1 << 22  # no real model has a single dimension above ~4M; larger values are typos
-MAX_COUNT = {"num_layers": 4096, "num_experts": 4096}  # bound the parameter inventory a config can ask for
-
-# Canonical name -> config keys that may hold it, first match wins (transformers' attribute_map plus old spellings).
-ALIASES = {
-    "vocab_size": ("vocab_size", "padded_vocab_size"),
-    "hidden_size": ("hidden_size", "n_embd", "n_embed", "d_model"),
-    "intermediate_size": ("intermediate_size",),
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
-    "head_dim": ("head_dim",),
-    "tie_word_embeddings": ("tie_word_embeddings",),
-    "num_experts": ("num_experts", "num_local_experts"),
-    "n_positions": ("n_positions", "max_position_embeddings"),
-}
-
-
-class Config:
-    """Read access to a config dict through the alias table, with a family's defaults; errors name the key."""
-
-    def __init__(self, raw: dict, defaults: dict, aliases: dict):
-        self.raw, self.defaults, self.aliases = raw, defaults, {**ALIASES, **aliases}
-
-    def _lookup(self, name: str):
-        for key in self.aliases.get(name, (name,)):
-            if self.raw.get(key) is not None:
-                return key, self.raw[key]
-        return name, self.defaults.get(name)
-
-    def int(self, name: str, minimum: int = 1) -> int:
-        maximum = MAX_COUNT.get(name, MAX_DIM)
-        key, value = self._lookup(name)
-        if value is None:
-            raise InputError(key, "missing from config.json and has no default for this model_type")
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or int(value) != value):
-            raise InputError(key, f"must be a whole number, got {value!r}")
-        if not minimum <= value <= maximum:
-            raise InputError(key, f"must be between {minimum} and {maximum:,}, got {value}")
-        return int(value)
-
-    def opt_int(self, name: str, minimum: int = 1) -> int | None:
-        return None if self._lookup(name)[1] is None else self.int(name, minimum)
-
-    def bool(self, name: str) -> bool:
-        key, value = self._lookup(name)
-        if not isinstance(value, bool):
-            raise InputError(key, f"must be true or false, got {value!r}")
-        return value
-
-    def get(self, name: str):
-        return self._lookup(name)[1]
-
-
-@dataclass(frozen=True)
-class Family:
-    """What llmem needs to know about one architecture."""
-
-    model_type: str
-    defaults: dict
-    layer_params: Callable[[Config, ModelSpec, int], list]
-    outer_params: Callable[[Config, ModelSpec], list]
-    tp_plan: bool = False  # separate q/k/v/o and gate/up/down Linear layers: the Megatron plan of DESIGN.md applies
-    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (nn.LayerNorm)
-    kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
-    extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model
-    aliases: dict | None = None  # family-specific spellings, over ALIASES
-
-    def build(self, raw: dict) -> ModelSpec:
-        c = Config(raw, self.defaults, self.aliases or {})
-        hidden = c.int("hidden_size")
-        heads = c.int("num_heads")
-        head_dim = c.opt_int("head_dim")
-        if head_dim is None:
-            if hidden % heads:
-                raise InputError("num_attention_heads", f"{heads} heads do not divide hidden_size {hidden}")
-            head_dim = hidden // heads
-        kv = c.opt_int("num_kv_heads") or heads
-        if self.kv_heads is not None:
-            kv = self.kv_heads(c, heads, kv)
-        if heads % kv:
-            raise InputError("num_key_value_heads", f"{kv} KV heads must divide the {heads} attention heads")
-        experts = c.opt_int("num_experts", 0) or 0
-        spec = ModelSpec(
-            model_type=self.model_type,
-            name=str(raw.get("_name_or_path") or raw.get("name_or_path") or self.model_type),
-            vocab_size=c.int("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=c.int("intermediate_size") if c.get("intermediate_size") is not None else 4 * hidden,
-            num_layers=c.int("num_layers"),
-            num_heads=heads,
-            num_kv_heads=kv,
-            head_dim=head_dim,
-            tie_word_embeddings=c.bool("tie_word_embeddings"),
-            num_experts=experts,
-            experts_per_token=c.int("num_experts_per_tok") if experts else 0,
-            moe_intermediate_size=(c.opt_int("moe_intermediate_size") or 0) if experts else 0,
-            shared_expert_intermediate_size=(c.opt_int("shared_expert_intermediate_size", 0) or 0) if experts else 0,
-            options={k: c.get(k) for k in self.extra},
-        )
-        if spec.experts_per_token > max(experts, 1):
-            raise InputError("num_experts_per_tok", f"{spec.experts_per_token} exceeds num_experts {experts}")
-        params = []
-        for i in range(spec.num_layers):
-            params += [ParamTensor(n, tuple(s), i, t) for n, s, t in self.layer_params(c, spec, i)]
-        params += [ParamTensor(n, tuple(s), None, t) for n, s, t in self.outer_params(c, spec)]
-        object.__setattr__(spec, "params", tuple(params))
-        return spec
-
-
-def _linear(name: str, out: int, inp: int, bias: bool, split: TpSplit = REP) -> list:
-    """An nn.Linear: weight (out, in) and optional bias (out); a row-wise split replicates the bias."""
-    items = [(f"{name}.weight", (out, inp), split)]
-    if bias:
-        items.append((f"{name}.bias", (out,), COL if split is COL else REP))
-    return items
-
-
-def _norm(name: str, size: int, bias: bool) -> list:
-    return [(f"{name}.weight", (size,), REP)] + ([(f"{name}.bias", (size,), REP)] if bias else [])
-
+from llmem.families_layernorm import (
+    _bloom_layer,
+    _bloom_outer,
+    _falcon_kv_heads,
+    _falcon_layer,
+    _falcon_outer,
+    _gpt2_layer,
+    _gpt2_outer,
+    _neox_layer,
+    _neox_outer,
+    _opt_layer,
+    _opt_outer,
+)
+from llmem.family import COL, REP, ROW, Config, Family, _linear, _norm
+from llmem.spec import ModelSpec
 
 # --- Llama-like decoders: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, qwen2_moe -----------------
 
@@ -240,158 +129,6 @@ def _qwen2_moe_layer(c: Config, s: ModelSpec, i: int) -> list:
         items += _gated_mlp(f"{p}.mlp", s.hidden_size, s.intermediate_size)
     items += _norm(f"{p}.input_layernorm", s.hidden_size, False)
     items += _norm(f"{p}.post_attention_layernorm", s.hidden_size, False)
-    return items
-
-
-# --- GPT-2 -------------------------------------------------------------------------------------------------------
-
-
-def _gpt2_layer(c: Config, s: ModelSpec, i: int) -> list:
-    p, h, inner = f"transformer.h.{i}", s.hidden_size, s.intermediate_size
-
-    def conv1d(name, inp, out):  # transformers Conv1D stores the weight as (in, out)
-        return [(f"{name}.weight", (inp, out), REP), (f"{name}.bias", (out,), REP)]
-
-    return (
-        _norm(f"{p}.ln_1", h, True)
-        + conv1d(f"{p}.attn.c_attn", h, 3 * h)
-        + conv1d(f"{p}.attn.c_proj", h, h)
-        + _norm(f"{p}.ln_2", h, True)
-        + conv1d(f"{p}.mlp.c_fc", h, inner)
-        + conv1d(f"{p}.mlp.c_proj", inner, h)
-    )
-
-
-def _gpt2_outer(c: Config, s: ModelSpec) -> list:
-    items = [
-        ("transformer.wte.weight", (s.vocab_size, s.hidden_size), REP),
-        ("transformer.wpe.weight", (c.int("n_positions"), s.hidden_size), REP),
-    ]
-    items += _norm("transformer.ln_f", s.hidden_size, True)
-    if not s.tie_word_embeddings:
-        items.append(("lm_head.weight", (s.vocab_size, s.hidden_size), REP))
-    return items
-
-
-# --- OPT ---------------------------------------------------------------------------------------------------------
-
-
-def _opt_layer(c: Config, s: ModelSpec, i: int) -> list:
-    p, h = f"model.decoder.layers.{i}", s.hidden_size
-    bias, affine = bool(c.get("enable_bias")), bool(c.get("layer_norm_elementwise_affine"))
-    norm = (lambda n: _norm(n, h, True)) if affine else (lambda n: [])
-    return (
-        _linear(f"{p}.self_attn.k_proj", h, h, bias)
-        + _linear(f"{p}.self_attn.v_proj", h, h, bias)
-        + _linear(f"{p}.self_attn.q_proj", h, h, bias)
-        + _linear(f"{p}.self_attn.out_proj", h, h, bias)
-        + norm(f"{p}.self_attn_layer_norm")
-        + _linear(f"{p}.fc1", s.intermediate_size, h, bias)
-        + _linear(f"{p}.fc2", h, s.intermediate_size, bias)
-        + norm(f"{p}.final_layer_norm")
-    )
-
-
-def _opt_outer(c: Config, s: ModelSpec) -> list:
-    h, proj = s.hidden_size, c.opt_int("word_embed_proj_dim") or s.hidden_size
-    items = [
-        ("model.decoder.embed_tokens.weight", (s.vocab_size, proj), REP),
-        # OPTLearnedPositionalEmbedding keeps an offset of 2 rows
-        ("model.decoder.embed_positions.weight", (c.int("max_position_embeddings") + 2, h), REP),
-    ]
-    if c.get("do_layer_norm_before") and not c.get("_remove_final_layer_norm"):
-        items += _norm("model.decoder.final_layer_norm", h, True) if c.get("layer_norm_elementwise_affine") else []
-    if proj != h:
-        items += [("model.decoder.project_out.weight", (proj, h), REP),
-                  ("model.decoder.project_in.weight", (h, proj), REP)]
-    if not s.tie_word_embeddings:
-        items.append(("lm_head.weight", (s.vocab_size, proj), REP))
-    return items
-
-
-# --- GPT-NeoX (Pythia), Falcon, BLOOM ----------------------------------------------------------------------------
-
-
-def _neox_layer(c: Config, s: ModelSpec, i: int) -> list:
-    p, h, bias = f"gpt_neox.layers.{i}", s.hidden_size, bool(c.get("attention_bias"))
-    return (
-        _norm(f"{p}.input_layernorm", h, True)
-        + _norm(f"{p}.post_attention_layernorm", h, True)
-        + _linear(f"{p}.attention.query_key_value", 3 * h, h, bias)
-        + _linear(f"{p}.attention.dense", h, h, bias)
-        + _linear(f"{p}.mlp.dense_h_to_4h", s.intermediate_size, h, True)
-        + _linear(f"{p}.mlp.dense_4h_to_h", h, s.intermediate_size, True)
-    )
-
-
-def _neox_outer(c: Config, s: ModelSpec) -> list:
-    items = [("gpt_neox.embed_in.weight", (s.vocab_size, s.hidden_size), REP)]
-    items += _norm("gpt_neox.final_layer_norm", s.hidden_size, True)
-    if not s.tie_word_embeddings:
-        items.append(("lm_head.weight", (s.vocab_size, s.hidden_size), REP))
-    return items
-
-
-def falcon_layernorms(c: Config) -> tuple[str, ...]:
-    """transformers `FalconDecoderLayer.__init__`: which LayerNorms a layer has."""
-    if not c.get("parallel_attn"):
-        return ("post_attention_layernorm", "input_layernorm")
-    n = c.get("num_ln_in_parallel_attn")
-    if n is None and c.get("new_decoder_architecture"):
-        n = 2
-    return ("ln_attn", "ln_mlp") if n == 2 else ("input_layernorm",)
-
-
-def _falcon_kv_heads(c: Config, heads: int, kv: int) -> int:
-    """`FalconAttention`: the new architecture uses num_kv_heads; the old one is multi-query (1) or full (heads)."""
-    if c.get("new_decoder_architecture"):
-        return kv
-    return 1 if c.get("multi_query") else heads
-
-
-def _falcon_layer(c: Config, s: ModelSpec, i: int) -> list:
-    p, h, bias = f"transformer.h.{i}", s.hidden_size, bool(c.get("bias"))
-    if c.get("new_decoder_architecture"):
-        qkv = (2 * s.num_kv_heads + s.num_heads) * s.head_dim
-    elif c.get("multi_query"):
-        qkv = h + 2 * s.head_dim
-    else:
-        qkv = 3 * h
-    items = _linear(f"{p}.self_attention.query_key_value", qkv, h, bias)
-    items += _linear(f"{p}.self_attention.dense", h, h, bias)
-    items += _linear(f"{p}.mlp.dense_h_to_4h", s.intermediate_size, h, bias)
-    items += _linear(f"{p}.mlp.dense_4h_to_h", h, s.intermediate_size, bias)
-    for n in falcon_layernorms(c):
-        items += _norm(f"{p}.{n}", h, True)
-    return items
-
-
-def _falcon_outer(c: Config, s: ModelSpec) -> list:
-    items = [("transformer.word_embeddings.weight", (s.vocab_size, s.hidden_size), REP)]
-    items += _norm("transformer.ln_f", s.hidden_size, True)
-    if not s.tie_word_embeddings:
-        items.append(("lm_head.weight", (s.vocab_size, s.hidden_size), REP))
-    return items
-
-
-def _bloom_layer(c: Config, s: ModelSpec, i: int) -> list:
-    p, h = f"transformer.h.{i}", s.hidden_size
-    return (
-        _norm(f"{p}.input_layernorm", h, True)
-        + _linear(f"{p}.self_attention.query_key_value", 3 * h, h, True)
-        + _linear(f"{p}.self_attention.dense", h, h, True)
-        + _norm(f"{p}.post_attention_layernorm", h, True)
-        + _linear(f"{p}.mlp.dense_h_to_4h", 4 * h, h, True)
-        + _linear(f"{p}.mlp.dense_4h_to_h", h, 4 * h, True)
-    )
-
-
-def _bloom_outer(c: Config, s: ModelSpec) -> list:
-    items = [("transformer.word_embeddings.weight", (s.vocab_size, s.hidden_size), REP)]
-    items += _norm("transformer.word_embeddings_layernorm", s.hidden_size, True)
-    items += _norm("transformer.ln_f", s.hidden_size, True)
-    if not s.tie_word_embeddings:
-        items.append(("lm_head.weight", (s.vocab_size, s.hidden_size), REP))
     return items
 
 

@@ -200,6 +200,14 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
     expert runs backward last, after every expert and router gradient exists and the routed part's saved tensors
     are freed: the dense MLP transient of width shared_expert_intermediate_size (its largest weight gradient and
     two intermediate-sized gradients)."""
+    moments = _moe_backward_moments(spec, plan)
+    return {name: extra + plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+            for name, extra in moments.items()}
+
+
+def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """`moe_layer_backward_moments` without the layer output's gradient: each moment's bytes, in the order they
+    happen (symbols as there)."""
     T = plan.batch_size * plan.seq_len
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     i = spec.moe_intermediate_size or spec.intermediate_size
@@ -210,7 +218,6 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
     wb = act.moe_routing_weight_bytes(spec, plan)
     ob = max(eb, wb)
     ckpt = plan.grad_ckpt is GradCkpt.FULL
-    residual_grad = T * h * pb
     # saved tensors (activations.moe_saved) freed along the way
     inverse_permutation, down_output, gathered_weights = r * 8, r * h * eb, r * wb
     silu_times_up, silu_gate, gate_up_output = r * i * eb, r * i * eb, r * 2 * i * eb
@@ -252,7 +259,7 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
         router_grad = e * h * pb
         moments["shared expert backward"] = (shared_gate + down_grad_weight + gate_up_grad_weight + router_grad
                                              - routed_saved + si * h * pb + 2 * T * si * cb)
-    return {name: extra + residual_grad for name, extra in moments.items()}
+    return moments
 
 
 def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -13,6 +13,7 @@ from llmem.components import communication as comm
 from llmem.components import lora
 from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import attention_backward_layer_gradient_bytes, layer_backward_peak_extra_bytes
+from llmem.components.lora_recompute import recompute_moments
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.phase import Phase, moment
@@ -89,7 +90,7 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
                              gradients=w.root_grads_head + later + w.residual_grad + grads))
         held[phases[-1].name] = later
     if lora.is_lora(plan) and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
-        for what, (fwd, grads) in lora.recompute_moments(spec, cp).items():
+        for what, (fwd, grads) in recompute_moments(spec, cp).items():
             phases.append(moment(f"backward (layer {layer}, {what})", **on,
                                  activations=below + w.outer_act + current + sum(s.bytes for s in fwd),
                                  gradients=w.root_grads_head + later + w.residual_grad + sum(s.bytes for s in grads)))

@@ -19,6 +19,7 @@ from llmem.components.gradients import (
     layer_backward_peak_extra_bytes,
     layer_output_gradient_bytes,
 )
+from llmem.components.lora_recompute import recompute_moments
 from llmem.walk.phase import Phase, moment
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _post_norm_moment(t: Terms, layer: int, name: str, held: int, later: int) ->
 def _recompute_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
     """A checkpointed LoRA layer during the recompute of its forward (`lora.recompute_moments`)."""
     spec, plan = t.spec, t.plan
-    moments = lora.recompute_moments(spec, plan) if plan.checkpointed(layer) else {}
+    moments = recompute_moments(spec, plan) if plan.checkpointed(layer) else {}
     return [moment(
         f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act + sum(s.bytes for s in fwd),
         gradients=t.grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),

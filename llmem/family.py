@@ -1,0 +1,140 @@
+"""The HF-config adapter's machinery: the alias table, `Config` (read access with a family's defaults) and `Family`
+(a `model_type`'s layer and outer tensor lists); the families themselves are in `llmem.families`.
+
+Each family reads its config keys through an alias table with the defaults of its transformers configuration class
+(transformers 5.23.0, `models/<type>/configuration_<type>.py`), and lists its parameter tensors exactly as the
+transformers module creates them (`models/<type>/modeling_<type>.py`). A test compares every family with the real
+model instantiated on the meta device, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmem.errors import InputError
+from llmem.spec import ModelSpec, ParamTensor, TpSplit
+
+COL, ROW, REP = TpSplit.COLWISE, TpSplit.ROWWISE, TpSplit.NONE
+MAX_DIM = 1 << 22  # no real model has a single dimension above ~4M; larger values are typos
+MAX_COUNT = {"num_layers": 4096, "num_experts": 4096}  # bound the parameter inventory a config can ask for
+
+# Canonical name -> config keys that may hold it, first match wins (transformers' attribute_map plus old spellings).
+ALIASES = {
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "hidden_size": ("hidden_size", "n_embd", "n_embed", "d_model"),
+    "intermediate_size": ("intermediate_size",),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "head_dim": ("head_dim",),
+    "tie_word_embeddings": ("tie_word_embeddings",),
+    "num_experts": ("num_experts", "num_local_experts"),
+    "n_positions": ("n_positions", "max_position_embeddings"),
+}
+
+
+class Config:
+    """Read access to a config dict through the alias table, with a family's defaults; errors name the key."""
+
+    def __init__(self, raw: dict, defaults: dict, aliases: dict):
+        self.raw, self.defaults, self.aliases = raw, defaults, {**ALIASES, **aliases}
+
+    def _lookup(self, name: str):
+        for key in self.aliases.get(name, (name,)):
+            if self.raw.get(key) is not None:
+                return key, self.raw[key]
+        return name, self.defaults.get(name)
+
+    def int(self, name: str, minimum: int = 1) -> int:
+        maximum = MAX_COUNT.get(name, MAX_DIM)
+        key, value = self._lookup(name)
+        if value is None:
+            raise InputError(key, "missing from config.json and has no default for this model_type")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or int(value) != value):
+            raise InputError(key, f"must be a whole number, got {value!r}")
+        if not minimum <= value <= maximum:
+            raise InputError(key, f"must be between {minimum} and {maximum:,}, got {value}")
+        return int(value)
+
+    def opt_int(self, name: str, minimum: int = 1) -> int | None:
+        return None if self._lookup(name)[1] is None else self.int(name, minimum)
+
+    def bool(self, name: str) -> bool:
+        key, value = self._lookup(name)
+        if not isinstance(value, bool):
+            raise InputError(key, f"must be true or false, got {value!r}")
+        return value
+
+    def get(self, name: str):
+        return self._lookup(name)[1]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What llmem needs to know about one architecture."""
+
+    model_type: str
+    defaults: dict
+    layer_params: Callable[[Config, ModelSpec, int], list]
+    outer_params: Callable[[Config, ModelSpec], list]
+    tp_plan: bool = False  # separate q/k/v/o and gate/up/down Linear layers: the Megatron plan of DESIGN.md applies
+    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (nn.LayerNorm)
+    kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
+    extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model
+    aliases: dict | None = None  # family-specific spellings, over ALIASES
+
+    def build(self, raw: dict) -> ModelSpec:
+        c = Config(raw, self.defaults, self.aliases or {})
+        hidden = c.int("hidden_size")
+        heads = c.int("num_heads")
+        head_dim = c.opt_int("head_dim")
+        if head_dim is None:
+            if hidden % heads:
+                raise InputError("num_attention_heads", f"{heads} heads do not divide hidden_size {hidden}")
+            head_dim = hidden // heads
+        kv = c.opt_int("num_kv_heads") or heads
+        if self.kv_heads is not None:
+            kv = self.kv_heads(c, heads, kv)
+        if heads % kv:
+            raise InputError("num_key_value_heads", f"{kv} KV heads must divide the {heads} attention heads")
+        experts = c.opt_int("num_experts", 0) or 0
+        spec = ModelSpec(
+            model_type=self.model_type,
+            name=str(raw.get("_name_or_path") or raw.get("name_or_path") or self.model_type),
+            vocab_size=c.int("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=c.int("intermediate_size") if c.get("intermediate_size") is not None else 4 * hidden,
+            num_layers=c.int("num_layers"),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            tie_word_embeddings=c.bool("tie_word_embeddings"),
+            num_experts=experts,
+            experts_per_token=c.int("num_experts_per_tok") if experts else 0,
+            moe_intermediate_size=(c.opt_int("moe_intermediate_size") or 0) if experts else 0,
+            shared_expert_intermediate_size=(c.opt_int("shared_expert_intermediate_size", 0) or 0) if experts else 0,
+            options={k: c.get(k) for k in self.extra},
+        )
+        if spec.experts_per_token > max(experts, 1):
+            raise InputError("num_experts_per_tok", f"{spec.experts_per_token} exceeds num_experts {experts}")
+        params = []
+        for i in range(spec.num_layers):
+            params += [ParamTensor(n, tuple(s), i, t) for n, s, t in self.layer_params(c, spec, i)]
+        params += [ParamTensor(n, tuple(s), None, t) for n, s, t in self.outer_params(c, spec)]
+        object.__setattr__(spec, "params", tuple(params))
+        return spec
+
+
+def _linear(name: str, out: int, inp: int, bias: bool, split: TpSplit = REP) -> list:
+    """An nn.Linear: weight (out, in) and optional bias (out); a row-wise split replicates the bias."""
+    items = [(f"{name}.weight", (out, inp), split)]
+    if bias:
+        items.append((f"{name}.bias", (out,), COL if split is COL else REP))
+    return items
+
+
+def _norm(name: str, size: int, bias: bool) -> list:
+    return [(f"{name}.weight", (size,), REP)] + ([(f"{name}.bias", (size,), REP)] if bias else [])
