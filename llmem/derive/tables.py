@@ -63,8 +63,10 @@ class Derived:
             with _quiet_transformers():
                 built = build(self.config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
-            raise InputError("attn", f"{self.model_type!r} with --attn {attn}: "
-                             f"{(str(e).strip().splitlines() or [''])[0][:160]}; use --attn eager") from None
+            first = (str(e).strip().splitlines() or [""])[0]
+            first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
+            raise InputError("attn", f"{self.model_type!r} with --attn {attn}: {first[:200]}; use --attn eager") \
+                from None
         return self._fit(built, kind, mixed or None, offset)
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
@@ -166,15 +168,27 @@ def static_refusal(config: dict) -> InputError | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
                               f"{config.get('model_type')!r} is derived from transformers, dense layers only")
-    if any(("dropout" in k or "pdrop" in k) and not k.startswith(("classifier", "summary"))
-           and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in config.items()):
+    if _dropout_keys(config):
         return _dropout_error(config)
     return None
 
 
+def _dropout_keys(values: dict) -> list[str]:
+    return [k for k, v in values.items() if ("dropout" in k or "pdrop" in k) and not k.startswith(("classifier",
+            "summary")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+
+
 def _dropout_error(config: dict) -> InputError:
-    keys = [k for k, v in config.items() if ("dropout" in k or "pdrop" in k) and not k.startswith(("classifier",
-            "summary")) and isinstance(v, (int, float)) and v]
+    """Names the dropout key to set to 0: one the config sets, else one its configuration class defaults above 0."""
+    keys = _dropout_keys(config)
+    if not keys:
+        try:
+            from transformers import AutoConfig
+
+            rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+            keys = _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
+        except Exception:  # noqa: BLE001 - only the message's key depends on it
+            keys = []
     key = keys[0] if keys else "dropout"
     return InputError(key, "derived architectures are modelled with dropout 0 (the saved tensors of dropout differ "
                       f"between CPU and CUDA kernels); set {key} to 0")

@@ -105,10 +105,10 @@ def test_a_typed_model_id_and_lora_targets_with_markdown_render_as_plain_text():
 BAD_UPLOADS = {  # id: (file content, the field the message names)
     "json-nested-5000-deep": ('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}", "model"),
     "hidden-size-of-5000-digits": ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "model"),
-    "gptj": (json.dumps({"model_type": "gptj"}), "model_type"),
-    "gpt-bigcode": (json.dumps({"model_type": "gpt_bigcode"}), "model_type"),
+    "gptj": (json.dumps({"model_type": "gptj"}), "attn"),  # derived: no sdpa path in transformers
+    "gpt-bigcode": (json.dumps({"model_type": "gpt_bigcode"}), "resid_pdrop"),  # derived: its default dropout 0.1
     "bert": (json.dumps({"model_type": "bert"}), "model_type"),
-    "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "model_type"),
+    "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "num_local_experts"),
     "unknown-model-type": (json.dumps({"model_type": "no-such-arch"}), "model_type"),
     "no-model-type": (json.dumps({"hidden_size": 8}), "model"),
     "zero-attention-heads": (json.dumps({"model_type": "llama", "num_attention_heads": 0}), "num_attention_heads"),
