@@ -43,13 +43,14 @@ from llmem.spec import ModelSpec
 def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
     """One decoder layer's saved tensors (its family's table). The walks ask for it many times per estimate, so it
     is kept per spec and plan (both immutable)."""
-    cache = spec.__dict__.setdefault("_layer_saved", {})
-    if plan not in cache and spec.derived is not None:  # traced from transformers (`llmem.derive`)
-        cache[plan] = tuple(spec.derived.layer_saved(plan))
-    if plan not in cache:
-        table = _TABLES.get(spec.model_type, llama_family_saved)
-        cache[plan] = tuple(table(spec, plan, plan.batch_size * plan.seq_len, plan.seq_len))
-    return cache[plan]
+    return spec.memo(("layer_saved", plan), lambda: _layer_saved(spec, plan))
+
+
+def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
+    if spec.derived is not None:  # traced from transformers (`llmem.derive`)
+        return tuple(spec.derived.layer_saved(plan))
+    table = _TABLES.get(spec.model_type, llama_family_saved)
+    return tuple(table(spec, plan, plan.batch_size * plan.seq_len, plan.seq_len))
 
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

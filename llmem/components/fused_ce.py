@@ -26,10 +26,10 @@ Not measurable here: Liger's kernels are Triton (CUDA); the plan rejects `--devi
 from __future__ import annotations
 
 from llmem.components.logits import label_bytes
+from llmem.components.saved import FP32
 from llmem.plan import Loss, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 
-FP32 = 4
 # Families with an `apply_liger_kernel_to_<family>` in Liger-Kernel 0.8.5 that the repository also models.
 LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
 

@@ -54,7 +54,6 @@ from llmem.plan import ALL_LINEAR, Method, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
 ADAPTER_BYTES = 4  # fp32 adapters under every precision (see module docstring)
-FP32 = 4
 _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
 _HEADS = ("lm_head", "embed_out")
 _CONV1D_FAMILIES = ("gpt2",)  # transformers' Conv1D: weight (in, out)
@@ -222,19 +221,19 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
 
 def _summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(sizes of every adapter tensor, adapter elements per decoder layer, adapter elements outside the layers)."""
-    key = (plan.lora_rank, plan.lora_targets)
-    cache = spec.__dict__.setdefault("_lora_summaries", {})
-    if key not in cache:
-        adapters = adapter_params(spec, plan)
-        per_layer = [0] * spec.num_layers
-        outer = 0
-        for a in adapters:
-            if a.layer is None:
-                outer += a.numel
-            else:
-                per_layer[a.layer] += a.numel
-        cache[key] = (tuple(a.numel for a in adapters), tuple(per_layer), outer)
-    return cache[key]
+    return spec.memo(("lora_summary", plan.lora_rank, plan.lora_targets), lambda: _adapter_summary(spec, plan))
+
+
+def _adapter_summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    adapters = adapter_params(spec, plan)
+    per_layer = [0] * spec.num_layers
+    outer = 0
+    for a in adapters:
+        if a.layer is None:
+            outer += a.numel
+        else:
+            per_layer[a.layer] += a.numel
+    return tuple(a.numel for a in adapters), tuple(per_layer), outer
 
 
 def trainable_params(spec: ModelSpec, plan: TrainingPlan) -> int:

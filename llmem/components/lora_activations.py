@@ -5,7 +5,6 @@ The program and the adapters' parameters are described in `llmem.components.lora
 from __future__ import annotations
 
 from llmem.components.lora import (
-    FP32,
     _module,
     _summary,
     in_out,
@@ -14,6 +13,7 @@ from llmem.components.lora import (
     targeted,
     trains_copy,
 )
+from llmem.components.saved import FP32
 from llmem.errors import InputError
 from llmem.plan import Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec

@@ -4,9 +4,9 @@ are `llmem.components.lora_activations.layer_saved`."""
 
 from __future__ import annotations
 
-from llmem.components.lora import FP32, _module, is_lora, targeted
+from llmem.components.lora import _module, is_lora, targeted
 from llmem.components.lora_activations import layer_saved
-from llmem.components.saved import Saved, _bytes
+from llmem.components.saved import FP32, Saved, _bytes
 from llmem.plan import Device, GradCkpt, Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 

@@ -94,10 +94,9 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]
     if plan.scheme is not Scheme.ZERO1:
         return sizes
-    cache = spec.__dict__.setdefault("_zero1_largest_partition", {})  # compare asks for it many times
-    if plan.dp not in cache:
-        cache[plan.dp] = max(zero1_partitions(spec.params, plan.dp), key=sum)
-    return list(cache[plan.dp])
+    largest = spec.memo(("zero1_largest_partition", plan.dp),  # compare asks for it many times
+                        lambda: max(zero1_partitions(spec.params, plan.dp), key=sum))
+    return list(largest)
 
 
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:

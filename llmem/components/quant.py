@@ -19,13 +19,13 @@ gradient the matmul writes (`dequant_moment_bytes`); in the forward: the weight 
 
 from __future__ import annotations
 
+from llmem.components.saved import FP32
 from llmem.plan import Device, GradCkpt, Method, Precision, Quant, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
 BLOCKSIZE = 64
 CODE_BYTES = 16 * 4
 FP16 = 2
-FP32 = 4
 INT32 = 4
 INT8_THRESHOLD = 6.0  # BitsAndBytesConfig.llm_int8_threshold default: outlier columns kept in 16-bit
 # Outlier columns assumed in `MatMul8bitLt` (see the 8-bit section below): none. Values with |x| >= 6.0 in a Linear's

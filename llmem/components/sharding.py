@@ -90,28 +90,28 @@ class ShardSummary:
 
 def shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
     """Cached on the spec: an estimate needs these sums in many places, and compare calls it many times."""
-    key = (plan.tp, plan.dp, plan.scheme in FSDP_SCHEMES, plan.fsdp_shard)
-    cache = spec.__dict__.setdefault("_shard_summaries", {})
-    summary = cache.get(key)
-    if summary is None:
-        sizes = tuple(local_numel(p, plan) for p in spec.params)
-        per_layer = [0] * spec.num_layers
-        outer = 0
-        for p, n in zip(spec.params, sizes, strict=True):
-            if p.layer is None:
-                outer += n
-            else:
-                per_layer[p.layer] += n
-        later = [0] * spec.num_layers
-        for layer in range(spec.num_layers - 2, -1, -1):
-            later[layer] = later[layer + 1] + per_layer[layer + 1]
-        summary = cache[key] = ShardSummary(
-            sizes, tuple(per_layer), outer,
-            gathered_layer=sum(unsharded_numel(p, plan) for p in spec.layer_params(0)),
-            gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
-            later=tuple(later),
-        )
-    return summary
+    key = ("shard_summary", plan.tp, plan.dp, plan.scheme in FSDP_SCHEMES, plan.fsdp_shard)
+    return spec.memo(key, lambda: _shard_summary(spec, plan))
+
+
+def _shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
+    sizes = tuple(local_numel(p, plan) for p in spec.params)
+    per_layer = [0] * spec.num_layers
+    outer = 0
+    for p, n in zip(spec.params, sizes, strict=True):
+        if p.layer is None:
+            outer += n
+        else:
+            per_layer[p.layer] += n
+    later = [0] * spec.num_layers
+    for layer in range(spec.num_layers - 2, -1, -1):
+        later[layer] = later[layer + 1] + per_layer[layer + 1]
+    return ShardSummary(
+        sizes, tuple(per_layer), outer,
+        gathered_layer=sum(unsharded_numel(p, plan) for p in spec.layer_params(0)),
+        gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
+        later=tuple(later),
+    )
 
 
 def local_params(spec: ModelSpec, plan: TrainingPlan) -> int:
