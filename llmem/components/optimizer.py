@@ -88,7 +88,7 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         sizes = lora.adapter_sizes(spec, plan)
         if plan.scheme in FSDP_SCHEMES:
             return lora.sharded_adapter_sizes(spec, plan)
-        return max(_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
+        return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
         return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]
@@ -102,16 +102,19 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
     """`ZeroRedundancyOptimizer._partition_parameters`: tensors sorted by size, largest first, each to the rank
     with the least assigned so far (ties to the lowest rank)."""
-    return _partition([p.numel for p in params], world)
+    return greedy_partition([p.numel for p in params], world)
 
 
-def _partition(sizes: list[int], world: int) -> list[list[int]]:
-    parts: list[list[int]] = [[] for _ in range(world)]
+def greedy_partition(items: list, world: int, size=lambda n: n) -> list[list]:
+    """`ZeroRedundancyOptimizer._partition_parameters` (torch/distributed/optim/zero_redundancy_optimizer.py):
+    items sorted by size, largest first (stable), each to the rank with the least assigned so far (ties to the
+    lowest rank). `size` reads an item's size (the items are sizes themselves by default)."""
+    parts: list[list] = [[] for _ in range(world)]
     totals = [0] * world
-    for n in sorted(sizes, reverse=True):
+    for item in sorted(items, key=size, reverse=True):
         r = totals.index(min(totals))
-        parts[r].append(n)
-        totals[r] += n
+        parts[r].append(item)
+        totals[r] += size(item)
     return parts
 
 

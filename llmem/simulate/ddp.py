@@ -11,14 +11,10 @@ DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
 
 
 def zero1_partitions(params: list, world: int) -> list[list]:
-    """`ZeroRedundancyOptimizer._partition_parameters`: largest first, each to the least-loaded rank."""
-    parts: list[list] = [[] for _ in range(world)]
-    totals = [0] * world
-    for p in sorted(params, key=lambda t: t.numel(), reverse=True):
-        r = totals.index(min(totals))
-        parts[r].append(p)
-        totals[r] += p.numel()
-    return parts
+    """`ZeroRedundancyOptimizer._partition_parameters` on the model's (fake) tensors: the estimate's partition."""
+    from llmem.components.optimizer import greedy_partition
+
+    return greedy_partition(params, world, lambda t: t.numel())
 
 
 class PartitionOptimizer:
