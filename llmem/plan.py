@@ -185,6 +185,11 @@ class TrainingPlan(_PlanFields):
         if self.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT) \
                 and self.optimizer_impl is not OptimizerImpl.DEFAULT:
             raise InputError("optimizer-impl", f"{name} runs bitsandbytes' own kernels; use --optimizer-impl default")
+        if self.optimizer is Optimizer.SGD and self.optimizer_impl is OptimizerImpl.FUSED and \
+                (self.tp > 1 or (self.zero >= 2 and self.gpus > 1)):
+            # torch 2.13: DTensor has no sharding strategy for aten._fused_sgd_ (NotImplementedError at the step)
+            raise InputError("optimizer-impl", "fused SGD does not run on DTensor parameters (ZeRO-2/3, tensor "
+                             "parallelism): torch has no sharding rule for aten._fused_sgd_; use foreach")
         if self.optimizer in (Optimizer.ADAMW, Optimizer.SGD):
             return
         if self.tp > 1:

@@ -69,6 +69,8 @@ def test_peak_never_decreases_with_batch_or_sequence(plan, more_batch, more_seq)
 @settings(max_examples=100, deadline=None)
 @given(plans, st.sampled_from([2, 4, 8, 16]))
 def test_zero3_peak_never_increases_with_more_gpus(plan, gpus):
+    if plan.optimizer.value == "sgd" and plan.optimizer_impl.value == "fused":  # no DTensor rule (plan.py)
+        plan = plan.with_(optimizer_impl="foreach")
     fewer = estimate(SPEC, plan.with_(gpus=gpus, zero=3)).peak_bytes
     more = estimate(SPEC, plan.with_(gpus=2 * gpus, zero=3)).peak_bytes
     assert more <= fewer

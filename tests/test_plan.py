@@ -68,3 +68,14 @@ def test_grad_accum_runs_on_more_gpus(kwargs):
     assert two.plan.grad_accum == 2
     assert two.peak_bytes > one.peak_bytes  # micro-step 2 runs with the (sharded) gradients alive
     assert "micro-step 2" in two.peak_phase
+
+
+@pytest.mark.parametrize("layout", [{"gpus": 2, "zero": 2}, {"gpus": 2, "zero": 3}, {"gpus": 2, "tp": 2}])
+def test_fused_sgd_on_dtensor_parameters_is_refused_naming_the_option(layout):
+    """torch 2.13 registers no DTensor sharding rule for aten._fused_sgd_: FSDP2 and TP steps raise
+    NotImplementedError (seen in the random sweep), so the plan is refused up front; DDP and one GPU run it."""
+    with pytest.raises(InputError) as err:
+        TrainingPlan(optimizer="sgd", optimizer_impl="fused", **layout)
+    assert err.value.field == "optimizer-impl" and "foreach" in str(err.value)
+    TrainingPlan(optimizer="sgd", optimizer_impl="fused", gpus=2, zero=1)
+    TrainingPlan(optimizer="sgd", optimizer_impl="foreach", **layout)
