@@ -36,6 +36,11 @@ def test_old_command_lines_parse_to_the_same_arguments_and_plan(case):
         plan = plan_from_args(args).to_dict()
     except InputError as err:
         plan = {"error": str(err)}
+    given = dict(zip(case["argv"], case["argv"][1:], strict=False))
+    if given.get("--optimizer-impl") == "fused" and int(given.get("--zero", 0)) >= 2:
+        # changed on purpose since the recording: fused SGD cannot run on FSDP2's DTensor parameters (plan.py)
+        assert plan.get("error", "").startswith("optimizer-impl:"), plan
+        return
     assert {k: plan.get(k) for k in case["plan"]} == case["plan"]
     if "error" not in plan:  # options added since the recording keep their defaults
         defaults = TrainingPlan().to_dict()

@@ -25,7 +25,7 @@ def test_encode_uses_cli_option_names_and_every_input():
 
 
 def test_round_trip_without_warnings():
-    inputs = AppInputs(model="qwen2.5-0.5b", gpu_type="l4", gpus=4, zero=2, batch_size=2, seq_len=1024,
+    inputs = AppInputs(model="qwen2.5-0.5b", gpu_type="l4", gpus=4, zero=1, batch_size=2, seq_len=1024,
                        optimizer=Optimizer.SGD, optimizer_impl=OptimizerImpl.FUSED, attn=Attention.EAGER)
     assert decode(encode(inputs)) == (inputs, [])
     assert decode({}) == (AppInputs(), [])
