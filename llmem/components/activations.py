@@ -55,7 +55,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes one decoder layer keeps for backward without checkpointing."""
-    return sum(s.bytes for s in layer_saved(spec, plan))
+    return spec.memo(("layer_activation_bytes", plan), lambda: sum(s.bytes for s in layer_saved(spec, plan)))
 
 
 def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
