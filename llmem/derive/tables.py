@@ -158,16 +158,24 @@ def _saver(name: str) -> str:
     return _LAYER_INDEX.sub(".N.", name.split(": ")[0], count=1)
 
 
+def _experts_refusal(values: dict, model_type) -> InputError | None:
+    """Expert layers (an expert count above 0 under one of `MOE_KEYS`) are refused on the derived path."""
+    for key in MOE_KEYS:
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
+                              f"{model_type!r} is derived from transformers, dense layers only")
+    return None
+
+
 def static_refusal(config: dict) -> InputError | None:
     """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
     preset): expert layers (an expert count above 0 in the config or its text_config) or a dropout above 0. A config
     that passes may still be refused when traced (layer kinds that save different tensors, no sdpa path)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    for key in MOE_KEYS:
-        value = config.get(key, text.get(key))
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
-                              f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+    experts = _experts_refusal({**text, **config}, config.get("model_type"))
+    if experts is not None:
+        return experts
     if _dropout_keys(config):
         return _dropout_error(config)
     return None
@@ -215,11 +223,9 @@ def _refuse_experts(config: dict) -> None:
     rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
     cfg = AutoConfig.for_model(config["model_type"], **rest)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    for key in MOE_KEYS:
-        value = getattr(text, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            raise InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
-                             f"{config.get('model_type')!r} is derived from transformers, dense layers only")
+    experts = _experts_refusal({key: getattr(text, key, None) for key in MOE_KEYS}, config.get("model_type"))
+    if experts is not None:
+        raise experts
 
 
 def derived_spec(config: dict) -> ModelSpec:
