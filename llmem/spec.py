@@ -140,16 +140,18 @@ class ModelSpec:
         return family.build(config)
 
 
-# transformers 5.23.0 sets `_supports_sdpa = False` on these models (gemma2: sdpa has no attention-logit
-# softcapping; bloom: ALiBi in its own eager attention) and raises when asked for attn_implementation="sdpa".
-# `--attn sdpa` (the default) means "the fused kernel where the model has one": both the estimator and the
-# runtime run these models' eager attention for it, as transformers does when no implementation is forced.
-EAGER_ONLY = ("gemma2", "bloom")
-
-
 def attention_implementation(model_type: str, attn) -> str:
-    """The attention transformers runs for `--attn`: eager for the models that have no sdpa path."""
-    return "eager" if model_type in EAGER_ONLY else str(attn)
+    """The attention transformers runs for `--attn`: eager for the models that have no sdpa path.
+
+    transformers 5.23.0 sets `_supports_sdpa = False` on some models (`Family.sdpa`; gemma2: sdpa has no
+    attention-logit softcapping; bloom: ALiBi in its own eager attention) and raises when asked for
+    attn_implementation="sdpa". `--attn sdpa` (the default) means "the fused kernel where the model has one": both
+    the estimator and the runtime run these models' eager attention for it, as transformers does when no
+    implementation is forced."""
+    from llmem.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return "eager" if family is not None and not family.sdpa else str(attn)
 
 
 def modelled_spec(config: dict) -> ModelSpec:

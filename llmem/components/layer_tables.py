@@ -204,7 +204,7 @@ def _falcon_eager_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> 
 def falcon_math_attention(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Falcon's old architecture with parallel attention under `--attn sdpa`: sdpa with an explicit mask runs the
     math path (`--attn eager` runs `FalconAttention`'s own matmul-softmax branch, `_falcon_eager_operands`)."""
-    return (spec.model_type == "falcon" and plan.attn is Attention.SDPA
+    return (spec.family.own_attention_core and plan.attn is Attention.SDPA
             and not spec.options.get("new_decoder_architecture")
             and bool(spec.options.get("parallel_attn", True)))
 
@@ -264,7 +264,7 @@ def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
 def moe_routing_weight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Element size of the routing weights the experts receive: `MixtralTopKRouter` returns the fp32 topk of its
     fp32 softmax; `Qwen2MoeTopKRouter` casts them back to the router logits' dtype (the compute dtype)."""
-    return FP32 if spec.model_type == "mixtral" else plan.precision.compute_bytes
+    return FP32 if spec.family.routing_weights_fp32 else plan.precision.compute_bytes
 
 
 def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
@@ -280,7 +280,7 @@ def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
     cb = plan.precision.param_bytes  # the expert weights' dtype
     r = tokens * k
     items = [Saved("router softmax", tokens * e * FP32), Saved("topk indices", r * 8)]
-    if spec.model_type == "mixtral" or spec.options.get("norm_topk_prob"):
+    if spec.family.topk_renormalized or spec.options.get("norm_topk_prob"):
         items += [Saved("topk weight sum", tokens * FP32), Saved("normalized routing weights", r * FP32)]
     return items + [
         Saved("sorted expert ids", r * 8), Saved("sort permutation", r * 8),
