@@ -104,9 +104,20 @@ class Family:
     sandwich_norms: bool = False  # norms after the attention and the MLP too (`Gemma2DecoderLayer`:
     #   post_attention_layernorm on o_proj's output, pre_/post_feedforward_layernorm around the MLP)
     scaled_embeddings: bool = False  # embeddings times a √hidden scalar tensor (`GemmaScaledWordEmbedding`)
+    learned_positions: str = ""  # the learned position embedding whose position ids are saved: "wpe" (GPT-2) or
+    #   "embed_positions" (OPT's `OPTLearnedPositionalEmbedding`)
+    batched_position_ids: bool = False  # those ids are per sequence (batch × seq, OPT: from the attention mask's
+    #   cumsum), not one row for the batch (1 × seq, GPT-2's `position_ids`)
+    embedding_dropout: tuple[str, str] = ()  # (module, config key) of a dropout on the embeddings' output
+    #   (GPT-2's `drop`, embd_pdrop; GPT-NeoX's `emb_dropout`, hidden_dropout)
+    embedding_norm: bool = False  # a LayerNorm on the embeddings' output (`BloomModel.word_embeddings_layernorm`)
     embed_projection: bool = False  # project_in/project_out around the decoder when word_embed_proj_dim differs
     #   from hidden_size (`OPTDecoder`)
+    qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE (`Qwen3Attention.q_norm`, `k_norm`)
+    residual_dropout: bool = False  # a llama-like layer's dropout on each sublayer's output before the residual add
+    #   (`Phi3DecoderLayer.resid_attn_dropout`, `resid_mlp_dropout`, resid_pdrop)
     # Linear layers and MLP:
+    fused_projections: bool = False  # one qkv_proj and one gate_up_proj Linear (`Phi3Attention`, `Phi3MLP`)
     conv1d: bool = False  # projections are transformers' `Conv1D` (weight stored (in, out)), not nn.Linear (GPT-2)
     mlp_activation: str = "gated"  # the MLP: "gated" (down(act(gate) * up): SiLU, Gemma's tanh GELU), "gelu"
     #   (up -> GELU -> down, the gelu saving its input), "gelu-new" (GPT-2's `NewGELUActivation`), "relu" (OPT),

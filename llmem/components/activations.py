@@ -237,26 +237,22 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     _, rb = _bytes(plan)
     cb, _ = _bytes(plan)
     tokens, seq, h = plan.batch_size * plan.seq_len, plan.seq_len, spec.hidden_size
-    mt = spec.model_type
+    family = spec.family
     items = [Saved("input_ids (labels)", tokens * 8)]
     if spec.family.rope:
         rot = spec.head_dim
         if spec.family.partial_rotary:
             rot = int(spec.head_dim * (_p(spec, "rotary_pct") if spec.options.get("rotary_pct") is not None else 1))
         items.append(Saved("RoPE cos, sin", 2 * seq * rot * rb))
-    if mt == "gpt2":
-        items += [Saved("wpe position ids", seq * 8), *dropout_saved("embd_pdrop", plan, tokens * h, rb,
-                                                                      _p(spec, "embd_pdrop"))]
-    if mt == "opt":
-        items.append(Saved("embed_positions position ids", tokens * 8))
-        proj = _proj_dim(spec)
-        if proj != h:
-            items.append(Saved("project_in input (embeddings)", tokens * proj * cb))
-    if mt == "gpt_neox":
-        items += dropout_saved("emb_dropout", plan, tokens * h, rb, _p(spec, "hidden_dropout"))
-    if mt == "phi3":
-        items += dropout_saved("embd_dropout", plan, tokens * h, rb, _p(spec, "embd_pdrop"))
-    if mt == "bloom":
+    if family.learned_positions:
+        items.append(Saved(f"{family.learned_positions} position ids",
+                           (tokens if family.batched_position_ids else seq) * 8))
+    if family.embed_projection and (proj := _proj_dim(spec)) != h:
+        items.append(Saved("project_in input (embeddings)", tokens * proj * cb))
+    if family.embedding_dropout:
+        module, key = family.embedding_dropout
+        items += dropout_saved(module, plan, tokens * h, rb, _p(spec, key))
+    if family.embedding_norm:
         items += [Saved("word_embeddings_layernorm input", tokens * h * rb),
                   Saved("word_embeddings_layernorm.mean", tokens * FP32),
                   Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
