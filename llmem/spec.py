@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
-from llmem.errors import InputError
+from llmem.errors import GAP, REFUSED, InputError
 
 
 class TpSplit(str, Enum):
@@ -196,9 +196,9 @@ def unsupported_model_type(model_type: str) -> InputError:
     causal, encoders, CONFIG_MAPPING_NAMES = _auto_names()
     if model_type in causal and model_type not in encoders:
         return InputError("model_type", f"{shown!r} is not modelled yet (support for more architectures is "
-                          f"planned); the modelled families are: {modelled}")
+                          f"planned); the modelled families are: {modelled}", GAP)
     if model_type in CONFIG_MAPPING_NAMES:
         return InputError("model_type", f"{shown!r} is not a causal language model (encoder, seq2seq or other "
-                          f"head); llmem estimates decoder-only fine-tuning of: {modelled}")
+                          f"head); llmem estimates decoder-only fine-tuning of: {modelled}", REFUSED)
     return InputError("model_type", f"{shown!r} is not an architecture transformers knows; check the spelling, "
                       f"or use one of the modelled families: {modelled}")

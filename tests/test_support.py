@@ -116,3 +116,17 @@ def test_a_gap_says_so_on_the_error():
     with pytest.raises(InputError) as e:
         TrainingPlan(zero=7)
     assert e.value.kind == "input"
+
+
+@pytest.mark.parametrize("model_type,plan,field,kind", [
+    ("gpt2", dict(method="lora"), "method", GAP),  # the LoRA activation table covers llama's layer only
+    ("gpt2", dict(loss="fused-linear-ce", device="cuda"), "loss", REFUSED),  # Liger-Kernel has no gpt2 patch
+    ("phi3", dict(gpus=2, tp=2), "tp", REFUSED),  # fused qkv_proj / gate_up_proj: the Megatron plan does not apply
+])
+def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
+    from llmem.estimate import validate_plan_for_model
+    from llmem.spec import ModelSpec
+
+    with pytest.raises(InputError) as e:
+        validate_plan_for_model(ModelSpec.from_config({"model_type": model_type}), TrainingPlan(**plan))
+    assert (e.value.field, e.value.kind) == (field, kind)
