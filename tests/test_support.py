@@ -130,3 +130,26 @@ def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     with pytest.raises(InputError) as e:
         validate_plan_for_model(ModelSpec.from_config({"model_type": model_type}), TrainingPlan(**plan))
     assert (e.value.field, e.value.kind) == (field, kind)
+
+
+SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True}
+
+
+@pytest.mark.parametrize("name", sorted(SET))
+def test_an_option_the_link_repairs_without_its_need_is_a_row_of_the_matrix(name):
+    """The options table's `Needs` with a repair (the app disables the widget, a link drops the value) and the
+    support matrix agree: set without what it needs, the plan is refused by a row blaming it that reads both."""
+    from llmem.options import BY_NAME
+
+    option = BY_NAME[name]
+    assert option.needs is not None and option.needs.repair
+    with pytest.raises(InputError) as e:
+        TrainingPlan(**{name: SET[name]})
+    rows = [r for r in support.RULES if r.blame == option.key and {name, option.needs.attr} <= set(r.fields)]
+    assert rows and e.value.field == option.key and e.value.kind == REFUSED
+
+
+def test_every_option_the_link_repairs_is_checked():
+    from llmem.options import LINK_OPTIONS
+
+    assert {o.name for o in LINK_OPTIONS if o.needs is not None and o.needs.repair} == set(SET)
