@@ -239,9 +239,9 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     tokens, seq, h = plan.batch_size * plan.seq_len, plan.seq_len, spec.hidden_size
     family = spec.family
     items = [Saved("input_ids (labels)", tokens * 8)]
-    if spec.family.rope:
+    if family.rope:
         rot = spec.head_dim
-        if spec.family.partial_rotary:
+        if family.partial_rotary:
             rot = int(spec.head_dim * (_p(spec, "rotary_pct") if spec.options.get("rotary_pct") is not None else 1))
         items.append(Saved("RoPE cos, sin", 2 * seq * rot * rb))
     if family.learned_positions:
@@ -256,7 +256,7 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
         items += [Saved("word_embeddings_layernorm input", tokens * h * rb),
                   Saved("word_embeddings_layernorm.mean", tokens * FP32),
                   Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
-    if spec.family.scaled_embeddings:
+    if family.scaled_embeddings:
         items.append(Saved("embedding normalizer (scalar)", rb))
     items += checkpoint_held_saved(spec, plan)
     return items

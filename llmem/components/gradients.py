@@ -113,11 +113,6 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
-# An MLP of up-projection -> gelu -> down-projection (`Family.mlp_activation` "gelu"): gelu saves its input (the up
-# output), not its output, which only down's matmul keeps. (OPT's relu saves its output, which stays through relu's
-# backward: two.)
-
-
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
@@ -147,7 +142,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     elif spec.family.mlp_activation == "gelu":
         # x -> up -> gelu -> down: down's MmBackward0 makes one intermediate-sized gradient (of the gelu output)
         # while the up output and the gelu output are saved; when it returns the gelu output is released, and
-        # gelu_backward's input gradient takes its place (measured on falcon's checkpointed layer)
+        # gelu_backward's input gradient takes its place (measured on falcon's checkpointed layer). (OPT's relu saves
+        # its output, which stays through relu's backward: two, as a gated MLP's.)
         inter_grads = 1
     else:
         inter_grads = 2
