@@ -50,11 +50,11 @@ _OFFLOAD_FSDP = ("optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for -
 
 RULES: tuple[Rule, ...] = (
     # --- the strategy: GPU count, tensor parallelism, ZeRO stage -------------------------------------------------
-    _r("gpus tp", "tp", lambda p: p.gpus % p.tp, "TP degree {p.tp} must divide the GPU count {p.gpus}", REFUSED,
+    _r("gpus tp", "tp", lambda p: p.gpus % p.tp != 0, "TP degree {p.tp} must divide the GPU count {p.gpus}", REFUSED,
        gpus=3, tp=2),
-    _r("gpus zero", "zero", lambda p: p.gpus == 1 and p.zero, "ZeRO shards across GPUs; with --gpus 1 use --zero 0",
-       REFUSED, gpus=1, zero=1),
-    _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus == p.tp and p.zero,
+    _r("gpus zero", "zero", lambda p: p.gpus == 1 and p.zero != 0,
+       "ZeRO shards across GPUs; with --gpus 1 use --zero 0", REFUSED, gpus=1, zero=1),
+    _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus == p.tp and p.zero != 0,
        "with --tp {p.tp} on {p.gpus} GPUs there is no data-parallel group to shard over; use --zero 0, or more GPUs "
        "with --zero 3", REFUSED, gpus=2, tp=2, zero=3),
     # 2-D DDP over TP groups would run; the runtime and the estimate model FSDP2 across the TP groups only
