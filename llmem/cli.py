@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from llmem.errors import InputError
+from llmem.errors import GAP, InputError
 from llmem.help import HELP
 from llmem.options import ARGUMENT, BY_NAME, OPTIONS, PLAN_OPTIONS
 from llmem.plan import TrainingPlan
@@ -40,7 +40,7 @@ def check_engine(value: str) -> None:
         raise InputError("engine", "the DeepSpeed engine is not modelled (its flat partitions and bucket sizes are "
                          "its own program); the PyTorch programs closest to it: ZeRO-1 --zero 1, ZeRO-2 --zero 2, "
                          "ZeRO-3 --zero 3, ZeRO-Offload --offload optimizer (1 GPU) or --offload optimizer+params "
-                         "(--zero 2/3). Use --engine torch")
+                         "(--zero 2/3). Use --engine torch", GAP)
     raise InputError("engine", f"expected torch or deepspeed, got {value!r}")
 
 

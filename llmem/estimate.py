@@ -134,18 +134,18 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 
 def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan."""
-    from llmem.errors import InputError
+    from llmem.errors import REFUSED, InputError
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
-    if fused_ce.is_fused(plan) and spec.model_type not in fused_ce.LIGER_FAMILIES:
-        raise InputError("loss", f"fused-linear-ce is modelled for the families {', '.join(fused_ce.LIGER_FAMILIES)} "
-                         f"(Liger-Kernel patches them); {spec.model_type!r} is not one: use --loss standard")
+    if fused_ce.is_fused(plan) and not spec.family.liger_kernel:
+        raise InputError("loss", f"fused-linear-ce is modelled for the families {', '.join(fused_ce.LIGER_LISTED)} "
+                         f"(Liger-Kernel patches them); {spec.model_type!r} is not one: use --loss standard", REFUSED)
     if plan.tp == 1:
         return
     if not spec.supports_tp:
         raise InputError("tp", f"tensor parallelism needs separate q/k/v/o and gate/up/down projections; "
-                         f"{spec.model_type!r} has fused ones. Use --tp 1 (DDP or ZeRO) for this model")
+                         f"{spec.model_type!r} has fused ones. Use --tp 1 (DDP or ZeRO) for this model", REFUSED)
     for name, value in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
                         ("intermediate_size", spec.intermediate_size)):
         if value % plan.tp:

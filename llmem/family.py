@@ -85,6 +85,56 @@ class Family:
     kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
     extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model
     aliases: dict | None = None  # family-specific spellings, over ALIASES
+    # --- Architectural traits the generic code reads (transformers 5.23.0 `models/<type>/modeling_<type>.py`) ----
+    # Positions and attention:
+    rope: bool = False  # the model forward computes RoPE cos/sin once (`<Type>RotaryEmbedding`), kept for backward
+    partial_rotary: bool = False  # RoPE rotates `rotary_pct` of head_dim only (`GPTNeoXRotaryEmbedding`)
+    position_ids_held: bool = False  # a checkpointed decoder layer keeps the model forward's `position_ids`
+    #   (`cache_position.unsqueeze(0)`, passed to every layer: `LlamaModel.forward` and the models built on it).
+    #   GPTNeoXModel and FalconModel pass it to their layers too but are not modelled holding it (to measure)
+    sdpa: bool = True  # `_supports_sdpa`: False when transformers refuses attn_implementation="sdpa" (the model
+    #   runs its own eager attention for `--attn sdpa`: gemma2's softcapping, bloom's ALiBi)
+    own_attention_core: bool = False  # the attention module computes its core itself (`FalconAttention`: sdpa with
+    #   an explicit mask, or its own matmul-softmax), not through `eager_attention_forward`/the attention interface
+    sliding_window_layers: bool = False  # even layers attend in a sliding window, odd ones fully
+    #   (`Gemma2Config.layer_types`): the model builds both masks (`causal_mask_mapping`)
+    # Norms and embeddings:
+    unit_offset_norm: bool = False  # RMSNorm scales by (1 + weight) in fp32 (`GemmaRMSNorm`: x.float() normalized
+    #   * (1.0 + self.weight.float()))
+    sandwich_norms: bool = False  # norms after the attention and the MLP too (`Gemma2DecoderLayer`:
+    #   post_attention_layernorm on o_proj's output, pre_/post_feedforward_layernorm around the MLP)
+    scaled_embeddings: bool = False  # embeddings times a √hidden scalar tensor (`GemmaScaledWordEmbedding`)
+    learned_positions: str = ""  # the learned position embedding whose position ids are saved: "wpe" (GPT-2) or
+    #   "embed_positions" (OPT's `OPTLearnedPositionalEmbedding`)
+    batched_position_ids: bool = False  # those ids are per sequence (batch × seq, OPT: from the attention mask's
+    #   cumsum), not one row for the batch (1 × seq, GPT-2's `position_ids`)
+    embedding_dropout: tuple[str, str] = ()  # (module, config key) of a dropout on the embeddings' output
+    #   (GPT-2's `drop`, embd_pdrop; GPT-NeoX's `emb_dropout`, hidden_dropout)
+    embedding_norm: bool = False  # a LayerNorm on the embeddings' output (`BloomModel.word_embeddings_layernorm`)
+    embed_projection: bool = False  # project_in/project_out around the decoder when word_embed_proj_dim differs
+    #   from hidden_size (`OPTDecoder`)
+    qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE (`Qwen3Attention.q_norm`, `k_norm`)
+    residual_dropout: bool = False  # a llama-like layer's dropout on each sublayer's output before the residual add
+    #   (`Phi3DecoderLayer.resid_attn_dropout`, `resid_mlp_dropout`, resid_pdrop)
+    # Linear layers and MLP:
+    fused_projections: bool = False  # one qkv_proj and one gate_up_proj Linear (`Phi3Attention`, `Phi3MLP`)
+    conv1d: bool = False  # projections are transformers' `Conv1D` (weight stored (in, out)), not nn.Linear (GPT-2)
+    mlp_activation: str = "gated"  # the MLP: "gated" (down(act(gate) * up): SiLU, Gemma's tanh GELU), "gelu"
+    #   (up -> GELU -> down, the gelu saving its input), "gelu-new" (GPT-2's `NewGELUActivation`), "relu" (OPT),
+    #   "bloom-gelu" (`BloomGelu`'s custom autograd function)
+    # Mixture of experts:
+    grouped_experts: bool = False  # experts as 3-D tensors run by grouped matrix products (`MixtralExperts`,
+    #   `Qwen2MoeExperts` with a `<Type>TopKRouter`)
+    routing_weights_fp32: bool = False  # the router hands the experts its fp32 top-k weights (`MixtralTopKRouter`);
+    #   otherwise cast back to the router logits' dtype (`Qwen2MoeTopKRouter`)
+    topk_renormalized: bool = False  # the router always divides the top-k weights by their sum (Mixtral); otherwise
+    #   the config's `norm_topk_prob` decides (Qwen2-MoE)
+    shared_expert: bool = False  # a dense shared expert with a sigmoid gate beside the routed ones
+    #   (`Qwen2MoeSparseMoeBlock.shared_expert`, `shared_expert_gate`)
+    # What llmem models for the architecture (coverage, not structure):
+    liger_kernel: bool = False  # Liger-Kernel 0.8.5 has `apply_liger_kernel_to_<model_type>` (fused linear CE)
+    lora_activations: bool = False  # the LoRA activation table (`components.lora_activations`) covers its layer:
+    #   llama's decoder layer (separate q/k/v/o and gate/up/down Linears, two pre-norms, a dense MLP)
 
     def build(self, raw: dict) -> ModelSpec:
         c = Config(raw, self.defaults, self.aliases or {})

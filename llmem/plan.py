@@ -1,8 +1,9 @@
 """How a model is trained: the `TrainingPlan` (DESIGN.md sections 2 and 3).
 
 Its fields, their defaults and each field's own check come from the options table (`llmem.options.PLAN_OPTIONS`);
-the checks across fields are here. A plan says nothing about the model; `validate_plan_for_model` checks the parts
-that depend on it (tensor-parallel degree against the head counts, supported families).
+the checks across fields are the support matrix's (`llmem.support.RULES`: each refused combination, its message and
+whether it is a right refusal or a gap). A plan says nothing about the model; `validate_plan_for_model` checks the
+parts that depend on it (tensor-parallel degree against the head counts, the family's traits).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, fields, make_dataclass, replace
 from enum import Enum
 from functools import cached_property
 
+from llmem import support
 from llmem.choices import (  # re-exported: the plan's enums have always been imported from here
     SCHEME_LABELS,
     Attention,
@@ -57,147 +59,12 @@ class TrainingPlan(_PlanFields):
             raise InputError("batch-size", f"batch-size × seq-len must stay under {MAX_TOKENS:,} tokens per GPU")
         if self.zero not in (0, 1, 2, 3):
             raise InputError("zero", f"must be 0, 1, 2 or 3, got {self.zero}")
-        if self.gpus % self.tp:
-            raise InputError("tp", f"TP degree {self.tp} must divide the GPU count {self.gpus}")
-        if self.gpus == 1 and self.zero:
-            raise InputError("zero", "ZeRO shards across GPUs; with --gpus 1 use --zero 0")
-        if self.tp > 1 and self.gpus == self.tp and self.zero:
-            raise InputError("zero", f"with --tp {self.tp} on {self.gpus} GPUs there is no data-parallel "
-                             "group to shard over; use --zero 0, or more GPUs with --zero 3")
-        if self.tp > 1 and self.gpus > self.tp and self.zero != 3:
-            raise InputError("zero", "TP combined with data parallelism runs FSDP2 across the TP groups; "
-                             "use --zero 3")
-        self._validate_method()
-        self._validate_ckpt_every()
-        self._validate_offload()
-        self._validate_loss()
-        self._validate_modules_to_save()
-        self._validate_double_quant()
-
-    def _validate_double_quant(self) -> None:
-        """`--double-quant`: bitsandbytes' nested quantization of a 4-bit base's block scales
-        (`bnb_4bit_use_double_quant`)."""
-        if self.double_quant and self.quant not in (Quant.NF4, Quant.FP4):
-            raise InputError("double-quant", "double quantization compresses the block scales of a 4-bit base; use "
-                             "--method qlora --quant nf4 or fp4, or leave --double-quant off")
-
-    def _validate_modules_to_save(self) -> None:
-        """PEFT's `modules_to_save`: trainable copies of whole modules beside the LoRA adapters (which names a model
-        accepts is checked against the model: `llmem.components.lora.validate`)."""
-        if not self.lora_modules_to_save:
-            return
-        if self.method not in (Method.LORA, Method.QLORA):
-            raise InputError("lora-modules-to-save", "trainable module copies are a LoRA option (PEFT's "
-                             "modules_to_save); use --method lora or qlora, or leave --lora-modules-to-save empty")
-        if self.zero >= 2:
-            raise InputError("lora-modules-to-save", "trainable module copies under FSDP2 (--zero 2/3) are not "
-                             "modelled: the root group would all-gather and reduce-scatter the copied embedding / "
-                             "lm_head beside the frozen originals; use --zero 0 or 1, or leave "
-                             "--lora-modules-to-save empty")
-        if self.zero == 1 and not self.precision.is_mixed and self.precision.param_bytes == 2:
-            raise InputError("lora-modules-to-save", "ZeroRedundancyOptimizer takes parameters of one dtype only, "
-                             f"and under pure {self.precision} the module copies are {self.precision} beside the "
-                             "fp32 adapters (it raises); use --zero 0, --precision fp32 or bf16-mixed, or leave "
-                             "--lora-modules-to-save empty")
-
-    def _validate_ckpt_every(self) -> None:
-        """`--ckpt-every K` selects which layers `--grad-ckpt full` checkpoints; it has no meaning without it."""
-        if self.ckpt_every > 1 and self.grad_ckpt is not GradCkpt.FULL:
-            raise InputError("ckpt-every", f"checkpointing every {self.ckpt_every}-th layer needs --grad-ckpt full; "
-                             "use --grad-ckpt full, or --ckpt-every 1 for no checkpointing")
+        support.check(self)  # the combinations refused, and why: one table (`llmem.support.RULES`)
 
     def checkpointed(self, layer: int) -> bool:
         """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`
         the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), none otherwise."""
         return self.grad_ckpt is GradCkpt.FULL and layer % self.ckpt_every == 0
-
-    def _validate_offload(self) -> None:
-        if self.offload is Offload.NONE:
-            return
-        if self.offload is Offload.OPTIMIZER:
-            self._validate_optimizer_offload()
-        if self.device is Device.CPU:
-            raise InputError("offload", "offload moves tensors from the GPU to host memory; on the cpu profile they "
-                             "are the same memory (the pinned host copies need an accelerator). Use --device "
-                             "cuda or --offload none")
-        if self.offload is Offload.OPTIMIZER:
-            return
-        if self.tp > 1 or self.zero not in (2, 3):
-            raise InputError("offload", "optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for --zero 2 or 3 "
-                             "with --tp 1 on 2 or more GPUs; use that, or --offload none")
-
-    def _validate_optimizer_offload(self) -> None:
-        """`--offload optimizer` is torchao's `CPUOffloadOptimizer`: a single-GPU optimizer wrapper (its gradient
-        hooks copy un-reduced gradients, so it does not compose with DDP or FSDP2), over torch's own optimizers."""
-        if self.gpus > 1:
-            raise InputError("offload", "optimizer offload runs torchao's CPUOffloadOptimizer, which is single-GPU; "
-                             "on several GPUs use --offload optimizer+params with --zero 2 or 3, or --gpus 1")
-        if self.method is not Method.FULL:
-            raise InputError("offload", "optimizer offload is modelled for --method full (LoRA's adapter states "
-                             "are a few MB); use --offload none with --method lora/qlora")
-        if self.optimizer not in (Optimizer.ADAMW, Optimizer.SGD):
-            raise InputError("offload", f"optimizer offload is modelled for torch's adamw and sgd, not "
-                             f"{self.optimizer.value} (its states are already small); use --optimizer adamw or sgd")
-
-    def _validate_loss(self) -> None:
-        if self.loss is Loss.STANDARD:
-            return
-        if self.device is Device.CPU:
-            raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which need CUDA; use "
-                             "--device cuda or --loss standard")
-        if self.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1):
-            raise InputError("loss", "fused-linear-ce is modelled for a single GPU, DDP and ZeRO-1 (FSDP2 and TP "
-                             "gather or shard the lm_head); use --zero 0/1 and --tp 1, or --loss standard")
-        if self.method is not Method.FULL:
-            raise InputError("loss", "fused-linear-ce is modelled with --method full only so far; use --loss standard")
-
-    def _validate_method(self) -> None:
-        if self.method is Method.QLORA:
-            if self.quant is Quant.NONE:
-                raise InputError("quant", "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8")
-            if self.quant is Quant.INT8 and self.ckpt_every > 1:
-                raise InputError("ckpt-every", "partial checkpointing is not modelled with an int8 base (its Linears "
-                                 "keep their inputs until the step ends, checkpointed or not); use --ckpt-every 1")
-            if self.precision.is_mixed:
-                raise InputError("precision", "qlora is modelled with the base built in its compute dtype (pure "
-                                 "bf16, fp16 or fp32, as QLoRA recipes load it); use --precision bf16")
-        elif self.quant is not Quant.NONE:
-            raise InputError("quant", "--quant quantizes the frozen base of --method qlora; use --quant none "
-                             "or --method qlora")
-        if self.method is not Method.FULL and self.tp > 1:
-            raise InputError("tp", f"{self.method} with tensor parallelism is not supported: PEFT replaces q_proj, "
-                             "v_proj, ... by LoRA layers, so the Megatron TP plan's module names no longer match (and "
-                             "a quantized base split by TP is not modelled); use --tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3) "
-                             "or --method full")
-        if self.method is Method.QLORA and self.quant is Quant.INT8 and self.gpus > 1:
-            raise InputError("quant", "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, "
-                             "or --quant nf4/fp4 for DDP/ZeRO-1")
-        self._validate_optimizer()
-
-    def _validate_optimizer(self) -> None:
-        """The memory-saving optimizers run on one GPU, DDP and ZeRO-1 (plain tensors). Under FSDP2 they fail on
-        DTensor parameters (Adafactor: an in-place pow_ on a partial norm; bitsandbytes: mixed Tensor and DTensor);
-        tensor parallelism is not measured with them."""
-        name = self.optimizer.value
-        if self.optimizer is Optimizer.ADAFACTOR and self.optimizer_impl is OptimizerImpl.FUSED:
-            raise InputError("optimizer-impl", "torch's Adafactor has no fused implementation; use default "
-                             "(the for-loop) or foreach")
-        if self.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT) \
-                and self.optimizer_impl is not OptimizerImpl.DEFAULT:
-            raise InputError("optimizer-impl", f"{name} runs bitsandbytes' own kernels; use --optimizer-impl default")
-        if self.optimizer is Optimizer.SGD and self.optimizer_impl is OptimizerImpl.FUSED and \
-                (self.tp > 1 or (self.zero >= 2 and self.gpus > 1)):
-            # torch 2.13: DTensor has no sharding strategy for aten._fused_sgd_ (NotImplementedError at the step)
-            raise InputError("optimizer-impl", "fused SGD does not run on DTensor parameters (ZeRO-2/3, tensor "
-                             "parallelism): torch has no sharding rule for aten._fused_sgd_; use foreach")
-        if self.optimizer in (Optimizer.ADAMW, Optimizer.SGD):
-            return
-        if self.tp > 1:
-            raise InputError("optimizer", f"{name} is not modelled with tensor parallelism; use --tp 1, or "
-                             "--optimizer adamw|sgd")
-        if self.zero >= 2:
-            raise InputError("optimizer", f"{name} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use "
-                             "--zero 0 or 1, or --optimizer adamw|sgd")
 
     @cached_property
     def scheme(self) -> Scheme:

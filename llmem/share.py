@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, make_dataclass, replace
 
+from llmem import support
 from llmem.errors import InputError
 from llmem.options import ALL, LINK_OPTIONS, MAX_TOKENS, WHEN_SET
 from llmem.optiontypes import Option, as_probability
@@ -178,9 +179,8 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     if inputs.tp > inputs.gpus or inputs.gpus % inputs.tp:
         warnings.append(f"tp: {inputs.tp} does not divide gpus {inputs.gpus}; using 1")
         inputs = replace(inputs, tp=1)
-    try:  # an optimizer and an implementation that never go together (adafactor + fused), whatever the strategy
-        TrainingPlan(optimizer=inputs.optimizer, optimizer_impl=inputs.optimizer_impl)
-    except InputError as err:
+    # an optimizer and an implementation that never go together (adafactor + fused), whatever the strategy
+    if (err := support.first_refusal(inputs, among=("optimizer", "optimizer_impl"))) is not None:
         warnings.append(f"{err.field}: {_reason(err)}; using {OptimizerImpl.DEFAULT}")
         inputs = replace(inputs, optimizer_impl=OptimizerImpl.DEFAULT)
     inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
@@ -294,13 +294,11 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
                 warnings.append(f"method: {inputs.method} does not go with these inputs ({err.field}: "
                                 f"{_reason(err)}); using full")
             return replace(inputs, method=Method.FULL, quant=Quant.NONE)
-    try:  # partial checkpointing needs --grad-ckpt full
-        TrainingPlan(grad_ckpt=inputs.grad_ckpt, ckpt_every=inputs.ckpt_every, method=inputs.method,
-                     quant=inputs.quant, precision=inputs.precision)
-    except InputError as err:
-        if err.field == "ckpt-every":
-            warnings.append(f"ckpt-every: {_reason(err)}; using 1")
-            inputs = replace(inputs, ckpt_every=1)
+    # partial checkpointing needs --grad-ckpt full (and is not modelled with an int8 base)
+    err = support.first_refusal(inputs, among=("grad_ckpt", "ckpt_every", "method", "quant", "precision"))
+    if err is not None and err.field == "ckpt-every":
+        warnings.append(f"ckpt-every: {_reason(err)}; using 1")
+        inputs = replace(inputs, ckpt_every=1)
     return inputs
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
-from llmem.errors import InputError
+from llmem.errors import GAP, REFUSED, InputError
 
 
 class TpSplit(str, Enum):
@@ -140,16 +140,18 @@ class ModelSpec:
         return family.build(config)
 
 
-# transformers 5.23.0 sets `_supports_sdpa = False` on these models (gemma2: sdpa has no attention-logit
-# softcapping; bloom: ALiBi in its own eager attention) and raises when asked for attn_implementation="sdpa".
-# `--attn sdpa` (the default) means "the fused kernel where the model has one": both the estimator and the
-# runtime run these models' eager attention for it, as transformers does when no implementation is forced.
-EAGER_ONLY = ("gemma2", "bloom")
-
-
 def attention_implementation(model_type: str, attn) -> str:
-    """The attention transformers runs for `--attn`: eager for the models that have no sdpa path."""
-    return "eager" if model_type in EAGER_ONLY else str(attn)
+    """The attention transformers runs for `--attn`: eager for the models that have no sdpa path.
+
+    transformers 5.23.0 sets `_supports_sdpa = False` on some models (`Family.sdpa`; gemma2: sdpa has no
+    attention-logit softcapping; bloom: ALiBi in its own eager attention) and raises when asked for
+    attn_implementation="sdpa". `--attn sdpa` (the default) means "the fused kernel where the model has one": both
+    the estimator and the runtime run these models' eager attention for it, as transformers does when no
+    implementation is forced."""
+    from llmem.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return "eager" if family is not None and not family.sdpa else str(attn)
 
 
 def modelled_spec(config: dict) -> ModelSpec:
@@ -194,9 +196,9 @@ def unsupported_model_type(model_type: str) -> InputError:
     causal, encoders, CONFIG_MAPPING_NAMES = _auto_names()
     if model_type in causal and model_type not in encoders:
         return InputError("model_type", f"{shown!r} is not modelled yet (support for more architectures is "
-                          f"planned); the modelled families are: {modelled}")
+                          f"planned); the modelled families are: {modelled}", GAP)
     if model_type in CONFIG_MAPPING_NAMES:
         return InputError("model_type", f"{shown!r} is not a causal language model (encoder, seq2seq or other "
-                          f"head); llmem estimates decoder-only fine-tuning of: {modelled}")
+                          f"head); llmem estimates decoder-only fine-tuning of: {modelled}", REFUSED)
     return InputError("model_type", f"{shown!r} is not an architecture transformers knows; check the spelling, "
                       f"or use one of the modelled families: {modelled}")

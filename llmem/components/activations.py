@@ -208,22 +208,18 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
         items += [Saved("final norm.mean", tokens * FP32), Saved("final norm.rstd", tokens * FP32)]
     else:
         items += rms_norm_saved("final norm", spec, plan, tokens, output_saved=False)
-        if spec.model_type in ("gemma", "gemma2"):
+        if spec.family.unit_offset_norm:
             items = [Saved(s.name, tokens * h * FP32) if s.name.endswith(".normalized") else s for s in items]
             items.append(Saved("final norm.(1+weight) fp32", h * FP32))
     items.append(Saved("lm_head input (final norm output or its autocast cast)", tokens * h * cb))
     proj = _proj_dim(spec)
-    if spec.model_type == "opt" and proj != h:
+    if spec.family.embed_projection and proj != h:
         items.append(Saved("project_out output (lm_head input)", tokens * proj * cb))
     return items
 
 
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
-
-
-ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "gpt_neox",
-                 "falcon")
 
 
 def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
@@ -241,38 +237,29 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     _, rb = _bytes(plan)
     cb, _ = _bytes(plan)
     tokens, seq, h = plan.batch_size * plan.seq_len, plan.seq_len, spec.hidden_size
-    mt = spec.model_type
+    family = spec.family
     items = [Saved("input_ids (labels)", tokens * 8)]
-    if mt in ROPE_FAMILIES:
+    if family.rope:
         rot = spec.head_dim
-        if mt == "gpt_neox":
+        if family.partial_rotary:
             rot = int(spec.head_dim * (_p(spec, "rotary_pct") if spec.options.get("rotary_pct") is not None else 1))
         items.append(Saved("RoPE cos, sin", 2 * seq * rot * rb))
-    if mt == "gpt2":
-        items += [Saved("wpe position ids", seq * 8), *dropout_saved("embd_pdrop", plan, tokens * h, rb,
-                                                                      _p(spec, "embd_pdrop"))]
-    if mt == "opt":
-        items.append(Saved("embed_positions position ids", tokens * 8))
-        proj = _proj_dim(spec)
-        if proj != h:
-            items.append(Saved("project_in input (embeddings)", tokens * proj * cb))
-    if mt == "gpt_neox":
-        items += dropout_saved("emb_dropout", plan, tokens * h, rb, _p(spec, "hidden_dropout"))
-    if mt == "phi3":
-        items += dropout_saved("embd_dropout", plan, tokens * h, rb, _p(spec, "embd_pdrop"))
-    if mt == "bloom":
+    if family.learned_positions:
+        items.append(Saved(f"{family.learned_positions} position ids",
+                           (tokens if family.batched_position_ids else seq) * 8))
+    if family.embed_projection and (proj := _proj_dim(spec)) != h:
+        items.append(Saved("project_in input (embeddings)", tokens * proj * cb))
+    if family.embedding_dropout:
+        module, key = family.embedding_dropout
+        items += dropout_saved(module, plan, tokens * h, rb, _p(spec, key))
+    if family.embedding_norm:
         items += [Saved("word_embeddings_layernorm input", tokens * h * rb),
                   Saved("word_embeddings_layernorm.mean", tokens * FP32),
                   Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
-    if mt in ("gemma", "gemma2"):
+    if family.scaled_embeddings:
         items.append(Saved("embedding normalizer (scalar)", rb))
     items += checkpoint_held_saved(spec, plan)
     return items
-
-
-# Llama-like decoders whose model forward makes `position_ids = cache_position.unsqueeze(0)` and passes it to every
-# decoder layer (transformers 5.23 `LlamaModel.forward` and the families built on it).
-POSITION_ID_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe")
 
 
 def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
@@ -287,7 +274,7 @@ def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     if plan.grad_ckpt is not GradCkpt.FULL:
         return []
     items = eager_mask_held_saved(spec, plan)
-    if spec.model_type in POSITION_ID_FAMILIES:
+    if spec.family.position_ids_held:
         items.append(Saved("position_ids (held by the checkpointed layers' inputs)", plan.seq_len * 8))
     return items
 
@@ -311,7 +298,7 @@ def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
     sliding-window (even layers) and full attention (odd layers) and makes both (`Gemma2Model.forward`'s
     `causal_mask_mapping`, `Gemma2Config.layer_types`); the others make one causal mask (layer 0 is always
     checkpointed)."""
-    if spec.model_type != "gemma2":
+    if not spec.family.sliding_window_layers:
         return {"causal": 0}
     holders = {}
     for kind, parity in (("sliding-window causal", 0), ("causal", 1)):

@@ -46,7 +46,7 @@ def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def _falcon_old(spec: ModelSpec) -> bool:
     """Falcon's old architecture (one layernorm for the parallel attention and MLP, multi-query k and v)."""
-    return spec.model_type == "falcon" and not spec.options.get("new_decoder_architecture")
+    return spec.family.own_attention_core and not spec.options.get("new_decoder_architecture")
 
 
 _SOFTMAX = ("softmax output", "attention probabilities (softmax)")  # `attention_saved`, falcon's old architecture

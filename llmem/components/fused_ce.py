@@ -30,8 +30,9 @@ from llmem.components.saved import FP32
 from llmem.plan import Loss, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 
-# Families with an `apply_liger_kernel_to_<family>` in Liger-Kernel 0.8.5 that the repository also models.
-LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
+# The families with an `apply_liger_kernel_to_<family>` in Liger-Kernel 0.8.5 (`Family.liger_kernel`) as the
+# refusal lists them (its order predates the trait; a test keeps the two the same set).
+LIGER_LISTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
 
 
 def is_fused(plan: TrainingPlan) -> bool:

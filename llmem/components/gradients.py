@@ -113,21 +113,16 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
-# Families whose MLP is up-projection -> gelu -> down-projection: gelu saves its input (the up output), not its
-# output, which only down's matmul keeps. (OPT's relu saves its output, which stays through relu's backward: two.)
-SINGLE_ACTIVATION_MLPS = ("falcon", "gpt_neox")
-
-
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
     layer's backward. Mixture-of-experts layers: `moe_layer_backward_peak_extra_bytes`.
 
     Dense MLP: the layer's backward peaks in its MLP, after the last MLP Linear (down_proj): its weight gradient plus
-    two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs of
-    `SINGLE_ACTIVATION_MLPS`), before the MLP's saved tensors are freed, plus the gradient of the layer output
+    two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs,
+    `Family.mlp_activation`), before the MLP's saved tensors are freed, plus the gradient of the layer output
     (tokens × h), which the residual add hands to the attention branch later."""
-    if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
+    if spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan)
     if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)
         return spec.derived.backward_extra_bytes(spec, plan)
@@ -139,15 +134,16 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
         weight = 0
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
-    if spec.model_type == "bloom":
+    if spec.family.mlp_activation == "bloom-gelu":
         # BloomGelu's custom backward (`bloom_gelu_back`): tanh_out and four more 4h-sized products of
         # `0.5*x*((1-tanh_out*tanh_out)*(c + c3*x*x)) + 0.5*(1+tanh_out)` live with the incoming gradient, after
         # dense_4h_to_h's backward freed the gelu output it saved: 5 intermediate-sized tensors beyond it.
         inter_grads = 5
-    elif spec.model_type in SINGLE_ACTIVATION_MLPS:
+    elif spec.family.mlp_activation == "gelu":
         # x -> up -> gelu -> down: down's MmBackward0 makes one intermediate-sized gradient (of the gelu output)
         # while the up output and the gelu output are saved; when it returns the gelu output is released, and
-        # gelu_backward's input gradient takes its place (measured on falcon's checkpointed layer)
+        # gelu_backward's input gradient takes its place (measured on falcon's checkpointed layer). (OPT's relu saves
+        # its output, which stays through relu's backward: two, as a gated MLP's.)
         inter_grads = 1
     else:
         inter_grads = 2
@@ -225,7 +221,7 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     routed_output_grad = r * h * ob  # IndexBackward0's input (reshaped sum gradient) or output
     routing_weights_grad = r * wb
     down_grad_weight, gate_up_grad_weight = e * h * i * pb, e * 2 * i * h * pb
-    shared = spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size
+    shared = spec.family.shared_expert and spec.shared_expert_intermediate_size
     shared_gate = 0
     if shared:  # left by the shared-expert gate branch's backward, which runs first
         shared_output_grad = block_input_grad = shared_output_saved = T * h * cb

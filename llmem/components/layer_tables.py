@@ -204,7 +204,7 @@ def _falcon_eager_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> 
 def falcon_math_attention(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Falcon's old architecture with parallel attention under `--attn sdpa`: sdpa with an explicit mask runs the
     math path (`--attn eager` runs `FalconAttention`'s own matmul-softmax branch, `_falcon_eager_operands`)."""
-    return (spec.model_type == "falcon" and plan.attn is Attention.SDPA
+    return (spec.family.own_attention_core and plan.attn is Attention.SDPA
             and not spec.options.get("new_decoder_architecture")
             and bool(spec.options.get("parallel_attn", True)))
 
@@ -264,7 +264,7 @@ def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
 def moe_routing_weight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Element size of the routing weights the experts receive: `MixtralTopKRouter` returns the fp32 topk of its
     fp32 softmax; `Qwen2MoeTopKRouter` casts them back to the router logits' dtype (the compute dtype)."""
-    return FP32 if spec.model_type == "mixtral" else plan.precision.compute_bytes
+    return FP32 if spec.family.routing_weights_fp32 else plan.precision.compute_bytes
 
 
 def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
@@ -280,7 +280,7 @@ def moe_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int) -> list[Saved]:
     cb = plan.precision.param_bytes  # the expert weights' dtype
     r = tokens * k
     items = [Saved("router softmax", tokens * e * FP32), Saved("topk indices", r * 8)]
-    if spec.model_type == "mixtral" or spec.options.get("norm_topk_prob"):
+    if spec.family.topk_renormalized or spec.options.get("norm_topk_prob"):
         items += [Saved("topk weight sum", tokens * FP32), Saved("normalized routing weights", r * FP32)]
     return items + [
         Saved("sorted expert ids", r * 8), Saved("sort permutation", r * 8),
@@ -300,16 +300,16 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
     mixtral/qwen2_moe: the MLP is replaced by `moe_saved` (+ qwen2_moe's shared expert and its sigmoid gate)."""
     items = llama_layer_saved(spec, plan, tokens, seq)
     cb, rb = _bytes(plan)
-    mt = spec.model_type
+    family = spec.family
     q = spec.num_heads * spec.head_dim // plan.tp
     kv = spec.num_kv_heads * spec.head_dim // plan.tp
     i = spec.intermediate_size // plan.tp
     h = spec.hidden_size
-    if mt in ("gemma", "gemma2"):
+    if family.unit_offset_norm:
         # GemmaRMSNorm keeps its normalized product in fp32 (`output * (1 + weight.float())`, cast after)
         items = [Saved(s.name, tokens * h * FP32) if s.name.endswith(".normalized") else s for s in items]
         norms = ["input_layernorm", "post_attention_layernorm"]
-        if mt == "gemma2":
+        if family.sandwich_norms:
             # Gemma2DecoderLayer: post_attention_layernorm on the o_proj output and post_feedforward_layernorm on the
             # MLP output (their outputs go to the residual add, unsaved); x.float() (the fp32 input, a copy when
             # half) saved by pow/mul, rsqrt, fp32 normalized. The llama pre-MLP norm above is pre_feedforward.
@@ -319,14 +319,14 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
                           Saved(f"{n}.normalized", tokens * h * FP32)]
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
         items += [Saved(f"{n}.(1+weight) fp32", h * FP32) for n in norms]
-    if mt == "qwen3":
+    if family.qk_norm:
         # Qwen3RMSNorm on the q/k projection (cb): `x.to(float32)` (a copy unless fp32) saved by pow and by the
         # mul with rsqrt; `.normalized` = `(x * rsqrt).to(input_dtype)` (cb, a copy unless fp32) saved by
         # `weight * x`. The norm's output goes to RoPE, whose muls by cos/sin (no grad) do not save it.
         for name, width, n in (("q_norm", q, spec.num_heads // plan.tp), ("k_norm", kv, spec.num_kv_heads // plan.tp)):
             items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.input in fp32", tokens * width * FP32),
                       Saved(f"{name}.normalized", tokens * width * cb)]
-    if mt == "phi3":
+    if family.fused_projections:
         items = [s for s in items if s.name not in ("v_proj", "gate_proj", "up_proj", "autocast input casts q/k/v",
                                                      "autocast input casts gate/up")]
         if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
@@ -334,13 +334,14 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
                       Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
         items += [Saved("gate_up_proj output", tokens * 2 * i * cb)]
         items += _cast(plan, tokens, spec.hidden_size, 2, "qkv_proj, gate_up_proj")
+    if family.residual_dropout:
         for n in ("resid_attn_dropout", "resid_mlp_dropout"):
             items += dropout_saved(n, plan, tokens * h, cb, _p(spec, "resid_pdrop"))
-    if mt in ("mixtral", "qwen2_moe"):
+    if family.grouped_experts:
         mlp = ("gate_proj", "silu(gate)", "up_proj", "silu(gate) * up", "autocast input casts gate/up")
         items = [s for s in items if s.name not in mlp]
         items += moe_saved(spec, plan, tokens)
-        if mt == "qwen2_moe" and spec.shared_expert_intermediate_size:
+        if family.shared_expert and spec.shared_expert_intermediate_size:
             si = spec.shared_expert_intermediate_size
             items += _cast(plan, tokens, spec.hidden_size, 3, "shared gate/up, shared_expert_gate")
             items += [Saved(f"shared_expert {n}", tokens * si * cb)

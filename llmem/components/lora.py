@@ -56,7 +56,6 @@ from llmem.spec import ModelSpec, ParamTensor
 ADAPTER_BYTES = 4  # fp32 adapters under every precision (see module docstring)
 _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
 _HEADS = ("lm_head", "embed_out")
-_CONV1D_FAMILIES = ("gpt2",)  # transformers' Conv1D: weight (in, out)
 
 
 def half_adapters(plan: TrainingPlan) -> bool:
@@ -201,7 +200,7 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
 
 
 def in_out(spec: ModelSpec, p: ParamTensor) -> tuple[int, int]:
-    if spec.model_type in _CONV1D_FAMILIES:
+    if spec.family.conv1d:  # transformers' Conv1D: weight (in, out)
         return p.shape[0], p.shape[1]
     return p.shape[1], p.shape[0]
 

@@ -14,7 +14,7 @@ from llmem.components.lora import (
     trains_copy,
 )
 from llmem.components.saved import FP32
-from llmem.errors import InputError
+from llmem.errors import GAP, InputError
 from llmem.plan import Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -70,7 +70,6 @@ def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
 # Llama-like decoder layers (the `llama_family_saved` table without phi3's fused projections and the MoE MLPs): which
 # Linears read the same input, that input's width, and the full-fine-tuning entries that exist only because those
 # Linears save their input for a weight gradient.
-LORA_ACTIVATION_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 _INPUT_GROUPS = (  # (Linear names, width key, full-FT entries saved for their weight gradient)
     (("q_proj", "k_proj", "v_proj"), "h", ("input_layernorm.output", "autocast input casts q/k/v")),
     (("o_proj",), "q", ()),  # its input is the sdpa output, which sdpa saves anyway
@@ -117,9 +116,11 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
 
 
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
-    if is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
-        raise InputError("method", f"LoRA activations are modelled for {', '.join(LORA_ACTIVATION_FAMILIES)} so "
-                         f"far; {spec.model_type!r} is not one of them (use --method full)")
+    if is_lora(plan) and not spec.family.lora_activations:
+        from llmem.families import with_trait
+
+        raise InputError("method", f"LoRA activations are modelled for {', '.join(with_trait('lora_activations'))} "
+                         f"so far; {spec.model_type!r} is not one of them (use --method full)", GAP)
     if is_lora(plan) and spec.num_layers > 1 and not spec.memo(("lora.uniform", plan.lora_targets),
                                                                 lambda: _uniform_targets(spec, plan)):
         raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "

@@ -22,7 +22,7 @@ POW_BACKWARD_TEMPORARIES = 4  # mean's backward, x.pow(1), 2 * x.pow(1), grad * 
 
 
 def applies(spec: ModelSpec) -> bool:
-    return spec.model_type == "gemma2"
+    return spec.family.sandwich_norms
 
 
 def post_mlp_norm_saved_bytes(spec: ModelSpec, items: tuple[Saved, ...]) -> int:

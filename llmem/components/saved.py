@@ -66,7 +66,7 @@ def _flash(spec: ModelSpec, plan: TrainingPlan, key: str = "attention_dropout") 
 
 
 def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """`--attn sdpa` on a model with an sdpa path (gemma2 and bloom run eager: `spec.EAGER_ONLY`)."""
+    """`--attn sdpa` on a model with an sdpa path (gemma2 and bloom run eager: `Family.sdpa`)."""
     from llmem.spec import attention_implementation
 
     return attention_implementation(spec.model_type, plan.attn) == Attention.SDPA.value

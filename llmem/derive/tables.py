@@ -38,10 +38,15 @@ class Derived:
 
     @property
     def family(self):
-        """A `Family` with no closed-form inventory (the spec's parameters come from the meta device)."""
+        """A `Family` with no closed-form inventory (the spec's parameters come from the meta device). Its traits:
+        RoPE when the config carries rotary parameters (`rope_theta`, `rope_parameters`; the trace saves what the
+        rotary embedding makes either way), sdpa asked of transformers (which refuses it, `--attn eager` named, when
+        the model has none); no TP plan, Liger patch or LoRA table is modelled for it. The walk reads its traced
+        tables, not the structural traits."""
         from llmem.families import Family
 
-        return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
+        rope = any(self.config.get(k) is not None for k in ("rope_theta", "rope_parameters", "rotary_emb_base"))
+        return Family(self.model_type, {}, lambda *a: [], lambda *a: [], rope=rope)
 
     def key(self, plan: TrainingPlan) -> tuple[str, str, str, int, str]:
         p = plan.precision

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmem.errors import InputError
+from llmem.errors import REFUSED, InputError
 from llmem.plan import Loss, TrainingPlan
 
 
@@ -72,7 +72,8 @@ def apply_fused_linear_ce(model_type: str) -> None:
                          "use --loss standard") from None
     apply = getattr(monkey_patch, f"apply_liger_kernel_to_{model_type}", None)
     if apply is None:
-        raise InputError("loss", f"Liger-Kernel has no fused-linear-ce patch for {model_type!r}; use --loss standard")
+        raise InputError("loss", f"Liger-Kernel has no fused-linear-ce patch for {model_type!r}; use --loss standard",
+                         REFUSED)
     import inspect
 
     # every other kernel switch of the family (rope, rms_norm, swiglu/geglu, cross_entropy, …) off

@@ -23,12 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmem.errors import InputError
+from llmem.errors import REFUSED, InputError
 from llmem.plan import Scheme, TrainingPlan
 from llmem.runtime.model import decoder_layers
-
-# Families whose decoder layers have separate q/k/v/o and gate/up/down projections: the Megatron plan applies.
-TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
 
 FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
 
@@ -40,9 +37,12 @@ def uses_fsdp(plan: TrainingPlan) -> bool:
 def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
     """Raise InputError for a plan this runtime cannot run on this model (before anything is built)."""
     if plan.tp > 1:
-        if model_type not in TP_FAMILIES:
-            raise InputError("tp", f"tensor parallelism supports the families {', '.join(TP_FAMILIES)}; "
-                             f"{model_type!r} has no separate q/k/v/gate/up/down projections")
+        from llmem.families import FAMILIES, with_trait
+
+        family = FAMILIES.get(model_type)  # `Family.tp_plan`: separate q/k/v/o and gate/up/down projections
+        if family is None or not family.tp_plan:
+            raise InputError("tp", f"tensor parallelism supports the families {', '.join(with_trait('tp_plan'))}; "
+                             f"{model_type!r} has no separate q/k/v/gate/up/down projections", REFUSED)
         if config is not None:
             heads = config.get("num_attention_heads")
             kv = config.get("num_key_value_heads") or heads

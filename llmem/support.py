@@ -1,0 +1,184 @@
+"""The support matrix: which combinations of plan options are refused, and why, as one table (`RULES`).
+
+Each row names the plan fields its condition reads, the option the refusal blames, the one-line message with its
+fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e.g. an optimizer with no fused
+kernel, Liger's Triton kernels on CPU, bitsandbytes optimizers on FSDP2's DTensors) or a gap (`GAP`: it could run,
+llmem does not model it yet). The rows are model-independent; what depends on the model is checked by
+`llmem.estimate.validate_plan_for_model` against the family's traits.
+
+`TrainingPlan` raises the first row whose condition holds, in the table's order (`check`); link repair
+(`llmem.share`) asks the rows over the options it changes (`first_refusal` with `among`); the example of every row
+(`Rule.example`, the plan fields that trip it and no row before it) is what the tests run through both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from llmem.choices import Device, GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Quant, Scheme
+from llmem.errors import GAP, REFUSED, InputError
+
+TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
+BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
+LORA_METHODS = (Method.LORA, Method.QLORA)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One refused combination: `when(plan)` holds for the refused plans (it reads only `fields`, and `scheme`
+    when it names gpus, tp and zero); the error names `blame`, says `message` (formatted with the plan as `p`)."""
+
+    fields: tuple[str, ...]
+    blame: str
+    when: Callable[[object], bool]
+    message: str
+    kind: str
+    example: dict = field(default_factory=dict, compare=False)
+
+    def error(self, plan) -> InputError:
+        return InputError(self.blame, self.message.format(p=plan), self.kind)
+
+
+def _r(fields: str, blame: str, when: Callable[[object], bool], message: str, kind: str, **example) -> Rule:
+    return Rule(tuple(fields.split()), blame, when, message, kind, example)
+
+
+_BNB_TP = "{p.optimizer.value} is not modelled with tensor parallelism; use --tp 1, or --optimizer adamw|sgd"
+_OFFLOAD_FSDP = ("optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for --zero 2 or 3 with --tp 1 on 2 or "
+                 "more GPUs; use that, or --offload none")
+
+RULES: tuple[Rule, ...] = (
+    # --- the strategy: GPU count, tensor parallelism, ZeRO stage -------------------------------------------------
+    _r("gpus tp", "tp", lambda p: p.gpus % p.tp != 0, "TP degree {p.tp} must divide the GPU count {p.gpus}", REFUSED,
+       gpus=3, tp=2),
+    _r("gpus zero", "zero", lambda p: p.gpus == 1 and p.zero != 0,
+       "ZeRO shards across GPUs; with --gpus 1 use --zero 0", REFUSED, gpus=1, zero=1),
+    _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus == p.tp and p.zero != 0,
+       "with --tp {p.tp} on {p.gpus} GPUs there is no data-parallel group to shard over; use --zero 0, or more GPUs "
+       "with --zero 3", REFUSED, gpus=2, tp=2, zero=3),
+    # 2-D DDP over TP groups would run; the runtime and the estimate model FSDP2 across the TP groups only
+    _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus > p.tp and p.zero != 3,
+       "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
+    # --- the fine-tuning method and its quantized base -----------------------------------------------------------
+    _r("method quant", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.NONE,
+       "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8", REFUSED, method="qlora",
+       quant="none", precision="bf16"),
+    _r("method quant ckpt_every", "ckpt-every",
+       lambda p: p.method is Method.QLORA and p.quant is Quant.INT8 and p.ckpt_every > 1,
+       "partial checkpointing is not modelled with an int8 base (its Linears keep their inputs until the step ends, "
+       "checkpointed or not); use --ckpt-every 1", GAP, method="qlora", quant="int8", grad_ckpt="full",
+       ckpt_every=2, precision="bf16"),
+    _r("method precision", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed,
+       "qlora is modelled with the base built in its compute dtype (pure bf16, fp16 or fp32, as QLoRA recipes load "
+       "it); use --precision bf16", GAP, method="qlora", quant="nf4", precision="bf16-mixed"),
+    _r("method quant", "quant", lambda p: p.method is not Method.QLORA and p.quant is not Quant.NONE,
+       "--quant quantizes the frozen base of --method qlora; use --quant none or --method qlora", REFUSED,
+       quant="nf4"),
+    # PEFT renames q_proj, v_proj, ...: the Megatron plan's module names no longer match
+    _r("method tp", "tp", lambda p: p.method is not Method.FULL and p.tp > 1,
+       "{p.method} with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... by LoRA layers, so "
+       "the Megatron TP plan's module names no longer match (and a quantized base split by TP is not modelled); use "
+       "--tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3) or --method full", REFUSED, method="lora", gpus=2, tp=2, zero=0),
+    _r("method quant gpus", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.INT8 and p.gpus > 1,
+       "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, or --quant nf4/fp4 for "
+       "DDP/ZeRO-1", GAP, method="qlora", quant="int8", precision="bf16", gpus=2),
+    # --- the optimizer and its implementation ---------------------------------------------------------------------
+    _r("optimizer optimizer_impl", "optimizer-impl",
+       lambda p: p.optimizer is Optimizer.ADAFACTOR and p.optimizer_impl is OptimizerImpl.FUSED,
+       "torch's Adafactor has no fused implementation; use default (the for-loop) or foreach", REFUSED,
+       optimizer="adafactor", optimizer_impl="fused"),
+    _r("optimizer optimizer_impl", "optimizer-impl",
+       lambda p: p.optimizer in BNB_OPTIMIZERS and p.optimizer_impl is not OptimizerImpl.DEFAULT,
+       "{p.optimizer.value} runs bitsandbytes' own kernels; use --optimizer-impl default", REFUSED,
+       optimizer="adamw8bit", optimizer_impl="foreach"),
+    # torch 2.13: DTensor has no sharding strategy for aten._fused_sgd_ (NotImplementedError at the step)
+    _r("optimizer optimizer_impl gpus tp zero", "optimizer-impl",
+       lambda p: p.optimizer is Optimizer.SGD and p.optimizer_impl is OptimizerImpl.FUSED
+       and (p.tp > 1 or (p.zero >= 2 and p.gpus > 1)),
+       "fused SGD does not run on DTensor parameters (ZeRO-2/3, tensor parallelism): torch has no sharding rule for "
+       "aten._fused_sgd_; use foreach", REFUSED, optimizer="sgd", optimizer_impl="fused", gpus=2, zero=2),
+    _r("optimizer tp", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.tp > 1, _BNB_TP, GAP,
+       optimizer="adafactor", gpus=2, tp=2, zero=0),
+    # Adafactor: an in-place pow_ on a partial norm; bitsandbytes: mixed Tensor and DTensor
+    _r("optimizer zero", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2,
+       "{p.optimizer.value} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use --zero 0 or 1, or "
+       "--optimizer adamw|sgd", REFUSED, optimizer="adamw8bit", gpus=2, zero=3),
+    # --- activation checkpointing ---------------------------------------------------------------------------------
+    _r("ckpt_every grad_ckpt", "ckpt-every", lambda p: p.ckpt_every > 1 and p.grad_ckpt is not GradCkpt.FULL,
+       "checkpointing every {p.ckpt_every}-th layer needs --grad-ckpt full; use --grad-ckpt full, or --ckpt-every 1 "
+       "for no checkpointing", REFUSED, ckpt_every=2),
+    # --- offload: torchao's CPUOffloadOptimizer (one GPU), FSDP2's CPUOffloadPolicy ---------------------------------
+    _r("offload gpus", "offload", lambda p: p.offload is Offload.OPTIMIZER and p.gpus > 1,
+       "optimizer offload runs torchao's CPUOffloadOptimizer, which is single-GPU; on several GPUs use --offload "
+       "optimizer+params with --zero 2 or 3, or --gpus 1", REFUSED, offload="optimizer", gpus=2),
+    _r("offload method", "offload", lambda p: p.offload is Offload.OPTIMIZER and p.method is not Method.FULL,
+       "optimizer offload is modelled for --method full (LoRA's adapter states are a few MB); use --offload none "
+       "with --method lora/qlora", GAP, offload="optimizer", method="lora"),
+    _r("offload optimizer", "offload",
+       lambda p: p.offload is Offload.OPTIMIZER and p.optimizer not in TORCH_OPTIMIZERS,
+       "optimizer offload is modelled for torch's adamw and sgd, not {p.optimizer.value} (its states are already "
+       "small); use --optimizer adamw or sgd", GAP, offload="optimizer", optimizer="adafactor"),
+    _r("offload device", "offload", lambda p: p.offload is not Offload.NONE and p.device is Device.CPU,
+       "offload moves tensors from the GPU to host memory; on the cpu profile they are the same memory (the pinned "
+       "host copies need an accelerator). Use --device cuda or --offload none", REFUSED, offload="optimizer",
+       device="cpu"),
+    # CPUOffloadPolicy is FSDP2's: nothing to apply it to below ZeRO-2; FSDP2 over TP groups with it is not modelled
+    _r("offload zero", "offload", lambda p: p.offload is Offload.OPTIMIZER_PARAMS and p.zero not in (2, 3),
+       _OFFLOAD_FSDP, REFUSED, offload="optimizer+params"),
+    _r("offload tp", "offload", lambda p: p.offload is Offload.OPTIMIZER_PARAMS and p.tp > 1, _OFFLOAD_FSDP, GAP,
+       offload="optimizer+params", gpus=4, tp=2, zero=3),
+    # --- the loss: Liger-Kernel's fused linear cross-entropy ------------------------------------------------------
+    _r("loss device", "loss", lambda p: p.loss is not Loss.STANDARD and p.device is Device.CPU,
+       "fused-linear-ce runs Liger-Kernel's Triton kernels, which need CUDA; use --device cuda or --loss standard",
+       REFUSED, loss="fused-linear-ce", device="cpu"),
+    _r("loss gpus tp zero", "loss",
+       lambda p: p.loss is not Loss.STANDARD and p.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1),
+       "fused-linear-ce is modelled for a single GPU, DDP and ZeRO-1 (FSDP2 and TP gather or shard the lm_head); "
+       "use --zero 0/1 and --tp 1, or --loss standard", GAP, loss="fused-linear-ce", gpus=2, zero=2),
+    _r("loss method", "loss", lambda p: p.loss is not Loss.STANDARD and p.method is not Method.FULL,
+       "fused-linear-ce is modelled with --method full only so far; use --loss standard", GAP,
+       loss="fused-linear-ce", method="lora"),
+    # --- PEFT's modules_to_save -----------------------------------------------------------------------------------
+    _r("lora_modules_to_save method", "lora-modules-to-save",
+       lambda p: p.lora_modules_to_save and p.method not in LORA_METHODS,
+       "trainable module copies are a LoRA option (PEFT's modules_to_save); use --method lora or qlora, or leave "
+       "--lora-modules-to-save empty", REFUSED, lora_modules_to_save="lm_head"),
+    _r("lora_modules_to_save zero", "lora-modules-to-save", lambda p: p.lora_modules_to_save and p.zero >= 2,
+       "trainable module copies under FSDP2 (--zero 2/3) are not modelled: the root group would all-gather and "
+       "reduce-scatter the copied embedding / lm_head beside the frozen originals; use --zero 0 or 1, or leave "
+       "--lora-modules-to-save empty", GAP, lora_modules_to_save="lm_head", method="lora", gpus=2, zero=2),
+    # ZeroRedundancyOptimizer raises on parameters of two dtypes
+    _r("lora_modules_to_save zero precision", "lora-modules-to-save",
+       lambda p: p.lora_modules_to_save and p.zero == 1 and not p.precision.is_mixed and p.precision.param_bytes == 2,
+       "ZeroRedundancyOptimizer takes parameters of one dtype only, and under pure {p.precision} the module copies "
+       "are {p.precision} beside the fp32 adapters (it raises); use --zero 0, --precision fp32 or bf16-mixed, or "
+       "leave --lora-modules-to-save empty", REFUSED, lora_modules_to_save="lm_head", method="lora", gpus=2, zero=1,
+       precision="bf16"),
+    # --- bitsandbytes' nested quantization ------------------------------------------------------------------------
+    _r("double_quant quant", "double-quant", lambda p: p.double_quant and p.quant not in (Quant.NF4, Quant.FP4),
+       "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
+       "leave --double-quant off", REFUSED, double_quant=True),
+)
+
+
+def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:
+    """The error of the first rule `plan` trips, or None. With `among`, only the rules that read nothing else (a
+    partial plan: link repair's inputs, which other rules would read fields of)."""
+    allowed = None if among is None else set(among)
+    for rule in RULES:
+        if (allowed is None or set(rule.fields) <= allowed) and rule.when(plan):
+            return rule.error(plan)
+    return None
+
+
+def check(plan) -> None:
+    """Raise the error of the first rule the plan trips (`TrainingPlan.__post_init__`)."""
+    error = first_refusal(plan)
+    if error is not None:
+        raise error
+
+
+def counts() -> dict[str, int]:
+    """How many rows are right refusals and how many gaps."""
+    return {kind: sum(1 for r in RULES if r.kind == kind) for kind in (REFUSED, GAP)}
