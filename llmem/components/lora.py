@@ -49,7 +49,7 @@ of one side trains, the other side keeps the frozen shared weight): refused, not
 
 from __future__ import annotations
 
-from llmem.errors import InputError
+from llmem.errors import GAP, InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
@@ -163,7 +163,7 @@ def _validate_modules_to_save(spec: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("lora-modules-to-save", f"{spec.model_type} ties its input embedding and lm_head: PEFT "
                          "copies each wrapped module separately and breaks the tie (one side trains a copy, the "
                          "other keeps the frozen shared weight), a case not modelled; use a model with "
-                         "tie_word_embeddings = false, or leave --lora-modules-to-save empty")
+                         "tie_word_embeddings = false, or leave --lora-modules-to-save empty", GAP)
 
 
 def _matches(module: str, target: str) -> bool:

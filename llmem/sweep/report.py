@@ -1,5 +1,5 @@
 """The markdown page of a sweep (pure): outcomes, error distribution, per-option breakdown of the worst, the worst
-cases with their full plan, and the refusals grouped by reason."""
+cases with their full plan, and the refusals grouped by kind (right refusal, gap) and reason."""
 
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ def plan_text(row: dict) -> str:
 
 def outcomes_section(rows: list[dict]) -> list[str]:
     c = stats.counts(rows)
+    total = c["drawn"] or 1
     lines = ["| outcome | plans | share |", "|---|---|---|"]
     for outcome in stats.OUTCOMES:
-        share = c[outcome] / c["drawn"] if c["drawn"] else 0.0
-        lines.append(f"| {outcome} | {c[outcome]} | {_share(share)} |")
+        lines.append(f"| {outcome} | {c[outcome]} | {_share(c[outcome] / total)} |")
+        if outcome == stats.OUTCOMES[1]:
+            lines += [f"| — {stats.KINDS[k]} | {n} | {_share(n / total)} |"
+                      for k, n in stats.kinds(rows).items() if n]
     lines.append(f"| drawn | {c['drawn']} | |")
     return lines
 
@@ -82,8 +85,8 @@ def refusals_section(rows: list[dict]) -> list[str]:
         if not groups:
             lines += ["None.", ""]
             continue
-        lines += ["| reason | plans | example |", "|---|---|---|"]
-        lines += [f"| {_cell(g['reason'])} | {g['count']} | {g['example']} |" for g in groups]
+        lines += ["| kind | reason | plans | example |", "|---|---|---|---|"]
+        lines += [f"| {g['kind']} | {_cell(g['reason'])} | {g['count']} | {g['example']} |" for g in groups]
         lines.append("")
     return lines
 

@@ -21,6 +21,7 @@ from llmem.sweep.models import models
 ORACLES = ("measure", "simulate")
 DEVICE = {"measure": "cpu", "simulate": "cuda"}  # the measure oracle runs on CPU: the cpu profile
 COMPARED, REFUSED_ESTIMATOR, REFUSED_ORACLE, FAILED = "compared", "refused by estimator", "refused by oracle", "failed"
+ACCEPTED_SINCE = "accepted since, not run"  # --reestimate: refused when the sweep ran, accepted now
 # An oracle error that is a crash rather than a refusal: an exception's name, an out-of-memory, a dead job. The
 # oracle's InputError ("field: ...") and NotImplementedError (the runtime, or torch, saying it has no such path)
 # are refusals.
@@ -40,18 +41,19 @@ def _row(d: Draw, rec: dict):
 
 
 def estimate_draw(d: Draw, rec: dict) -> dict:
-    """The record with the plan's scheme and estimate, or the estimator's refusal."""
-    from llmem.measure.validate import estimate_row
+    """The record with the plan's scheme and estimate, or the estimator's refusal and its kind (`InputError.kind`:
+    a right refusal, a gap not modelled yet, or a malformed input)."""
+    from llmem.estimate import estimate
+    from llmem.spec import ModelSpec
 
     refusal = d.refusal()
-    if refusal is not None:
-        return rec | {"outcome": REFUSED_ESTIMATOR, "field": refusal.field, "reason": str(refusal)}
-    rec["scheme"] = d.plan().scheme.value
-    est, message = estimate_row(_row(d, rec), d.fields["device"])
-    if est is None:
-        text = message.removeprefix("estimate: ")
-        return rec | {"outcome": REFUSED_ESTIMATOR, "field": text.split(":", 1)[0], "reason": text}
-    return rec | {"estimate_bytes": est}
+    if refusal is None:
+        rec["scheme"] = d.plan().scheme.value
+        try:
+            return rec | {"estimate_bytes": int(estimate(ModelSpec.from_config(d.config), d.plan()).peak_bytes)}
+        except InputError as exc:
+            refusal = exc
+    return rec | {"outcome": REFUSED_ESTIMATOR, "field": refusal.field, "reason": str(refusal), "kind": refusal.kind}
 
 
 def oracle_failure(rec: dict, message: str) -> dict:
@@ -100,17 +102,26 @@ def reestimate(rows: list[dict]) -> list[dict]:
     """The rows with every compared plan estimated again by the current estimator against the oracle figure the row
     recorded (the plan as the row recorded it): a formula change is checked on every plan an
     earlier sweep measured, without running the oracle again. A plan the estimator now refuses becomes a refusal;
-    rows that were not compared stay as they were."""
+    a plan it refused then is asked again (its refusal and kind now, or accepted since: no oracle figure); the
+    oracle's refusals and failures stay as they were."""
     out = []
     for r in rows:
-        if r.get("outcome") != COMPARED:
+        if r.get("outcome") not in (COMPARED, REFUSED_ESTIMATOR):
             out.append(r)
             continue
         d = Draw(r["index"], r["model"], models(r["size"])[r["model"]], dict(r["plan"]))  # the plan as measured
-        keep = {k: v for k, v in r.items() if k not in ("outcome", "estimate_bytes", "error_pct", "field", "reason")}
+        keep = {k: v for k, v in r.items() if k not in _ESTIMATE_KEYS}
         rec = estimate_draw(d, keep)
-        out.append(rec if "outcome" in rec else compared(rec, r["oracle_bytes"], r.get("seconds")))
+        if "outcome" in rec:
+            out.append(rec)
+        elif r.get("outcome") == COMPARED:
+            out.append(compared(rec, r["oracle_bytes"], r.get("seconds")))
+        else:  # refused when the oracle ran, accepted now: no oracle figure for it
+            out.append(rec | {"outcome": ACCEPTED_SINCE, "reason": "accepted by this estimator; run the oracle"})
     return out
+
+
+_ESTIMATE_KEYS = ("outcome", "estimate_bytes", "error_pct", "field", "reason", "kind", "scheme")
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -10,7 +10,10 @@ import re
 from collections import Counter, defaultdict
 
 COMPARED = "compared"
-OUTCOMES = (COMPARED, "refused by estimator", "refused by oracle", "failed")
+OUTCOMES = (COMPARED, "refused by estimator", "refused by oracle", "failed", "accepted since, not run")
+# Why the estimator refused (`InputError.kind`); rows of sweeps before kinds were recorded are "unclassified".
+KINDS = {"refused": "right refusals (the real program cannot run)", "gap": "gaps (not modelled yet)",
+         "input": "malformed or out-of-range input", "unclassified": "unclassified (re-render with --reestimate)"}
 BOUNDS_PCT = (0.5, 1.0, 2.0)
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # Plan options broken down (the model is broken down by name).
@@ -98,13 +101,26 @@ def reason_key(reason: str) -> str:
 
 
 def refusals(rows: list[dict]) -> dict[str, list[dict]]:
-    """Outcome -> [{reason, count, example id}] for every outcome but compared, most frequent reason first."""
+    """Outcome -> [{reason, count, example id, kind}] for every outcome but compared, most frequent reason first
+    (the estimator's refusals by kind: right refusals, then gaps)."""
+    order = list(KINDS)
     out = {}
     for outcome in OUTCOMES[1:]:
-        groups: dict[str, list[dict]] = defaultdict(list)
+        groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in rows:
             if r.get("outcome") == outcome:
-                groups[reason_key(str(r.get("reason", "")))].append(r)
-        out[outcome] = sorted(({"reason": k, "count": len(v), "example": v[0].get("id", "")}
-                               for k, v in groups.items()), key=lambda g: (-g["count"], g["reason"]))
+                groups[(kind_of(r), reason_key(str(r.get("reason", ""))))].append(r)
+        out[outcome] = sorted(({"reason": k[1], "kind": k[0], "count": len(v), "example": v[0].get("id", "")}
+                               for k, v in groups.items()),
+                              key=lambda g: (order.index(g["kind"]), -g["count"], g["reason"]))
     return out
+
+
+def kind_of(row: dict) -> str:
+    return row.get("kind") or "unclassified"
+
+
+def kinds(rows: list[dict]) -> dict[str, int]:
+    """The estimator's refusals per kind (every kind listed, zero included)."""
+    c = Counter(kind_of(r) for r in rows if r.get("outcome") == OUTCOMES[1])
+    return {k: c.get(k, 0) for k in KINDS}

@@ -30,7 +30,8 @@ def test_page_figures():
     page = report.markdown(ROWS, "cmd")
     assert "| ±0.5% | 40.0% |" in page and "| ±1% | 60.0% |" in page and "| ±2% | 80.0% |" in page
     assert "| compared | 5 | 50.0% |" in page and "| refused by estimator | 3 | 30.0% |" in page
-    assert "| tp: TP degree N must divide the GPU count N | 2 | s0-5 |" in page
+    assert "| refused | tp: TP degree N must divide the GPU count N | 2 | s0-5 |" in page
+    assert "| — right refusals (the real program cannot run) | 2 | 20.0% |" in page
     assert "Signed: from -3.000% to +1.500%" in page
 
 

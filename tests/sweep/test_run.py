@@ -106,3 +106,15 @@ def test_reestimate_recomputes_the_estimate_against_the_recorded_oracle(tmp_path
     again = run.reestimate(tampered)
     assert again[cmp_i] == rows[cmp_i]
     assert [r for i, r in enumerate(again) if i != cmp_i] == [r for i, r in enumerate(rows) if i != cmp_i]
+
+
+def test_reestimate_asks_a_refused_plan_again(tmp_path, fake_measure):
+    rows = run.sweep(20, 5, "measure", "small", tmp_path / "s.jsonl", log=lambda _: None)
+    refused = [r for r in rows if r["outcome"] == run.REFUSED_ESTIMATOR]
+    assert refused and all(r["kind"] in ("refused", "gap", "input") for r in refused)
+    # A refusal recorded by an earlier estimator whose plan this one accepts: accepted since, with no oracle figure.
+    cmp_row = next(r for r in rows if r["outcome"] == COMPARED)
+    stale = {k: v for k, v in cmp_row.items() if k not in ("estimate_bytes", "error_pct", "oracle_bytes")}
+    stale |= {"outcome": run.REFUSED_ESTIMATOR, "field": "method", "reason": "method: not modelled yet"}
+    (again,) = run.reestimate([stale])
+    assert again["outcome"] == run.ACCEPTED_SINCE and again["estimate_bytes"] == cmp_row["estimate_bytes"]

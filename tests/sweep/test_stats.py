@@ -5,9 +5,11 @@ import pytest
 from llmem.sweep import stats
 
 
-def row(i, err=None, outcome="compared", reason="", **plan):
+def row(i, err=None, outcome="compared", reason="", kind=None, **plan):
     r = {"id": f"s0-{i}", "seed": 0, "index": i, "model": plan.pop("model", "llama-gqa"), "outcome": outcome,
          "plan": {"gpus": 1, "precision": "fp32", **plan}}
+    if kind:
+        r["kind"] = kind
     if err is not None:
         r |= {"error_pct": err, "estimate_bytes": 100, "oracle_bytes": 100}
     if reason:
@@ -17,8 +19,10 @@ def row(i, err=None, outcome="compared", reason="", **plan):
 
 ROWS = [row(0, 0.2), row(1, -0.6, gpus=2), row(2, 1.5, gpus=2, precision="bf16"), row(3, -3.0, precision="bf16"),
         row(4, 0.0),
-        row(5, outcome="refused by estimator", reason="tp: TP degree 4 must divide the GPU count 3; use 1"),
-        row(6, outcome="refused by estimator", reason="tp: TP degree 2 must divide the GPU count 3; use 1"),
+        row(5, outcome="refused by estimator", reason="tp: TP degree 4 must divide the GPU count 3; use 1",
+            kind="refused"),
+        row(6, outcome="refused by estimator", reason="tp: TP degree 2 must divide the GPU count 3; use 1",
+            kind="refused"),
         row(7, outcome="refused by estimator", reason="quant: 'phi3' has no Linear named 'q_proj'"),
         row(8, outcome="refused by oracle", reason="attn: no sdpa for bloom"),
         row(9, outcome="failed", reason="RuntimeError: boom")]
@@ -34,7 +38,15 @@ def test_quantile_interpolates_between_ranks():
 
 def test_counts_every_outcome():
     assert stats.counts(ROWS) == {"drawn": 10, "compared": 5, "refused by estimator": 3, "refused by oracle": 1,
-                                  "failed": 1}
+                                  "failed": 1, "accepted since, not run": 0}
+
+
+def test_the_estimators_refusals_by_kind_rows_without_one_unclassified():
+    assert stats.kinds(ROWS) == {"refused": 2, "gap": 0, "input": 0, "unclassified": 1}
+    gap = row(10, outcome="refused by estimator", reason="method: not modelled for 'x'", kind="gap")
+    assert stats.kinds([*ROWS, gap])["gap"] == 1
+    assert [g["kind"] for g in stats.refusals([gap, *ROWS])["refused by estimator"]] == \
+        ["refused", "gap", "unclassified"]
 
 
 def test_distribution_of_the_compared_rows():
@@ -78,10 +90,11 @@ def test_breakdown_by_option_value_worst_first():
 def test_refusals_grouped_by_reason_without_the_numbers():
     r = stats.refusals(ROWS)
     assert r["refused by estimator"] == [
-        {"reason": "tp: TP degree N must divide the GPU count N", "count": 2, "example": "s0-5"},
-        {"reason": "quant: 'X' has no Linear named 'X'", "count": 1, "example": "s0-7"}]
-    assert r["refused by oracle"] == [{"reason": "attn: no sdpa for bloom", "count": 1, "example": "s0-8"}]
-    assert r["failed"] == [{"reason": "RuntimeError: boom", "count": 1, "example": "s0-9"}]
+        {"reason": "tp: TP degree N must divide the GPU count N", "kind": "refused", "count": 2, "example": "s0-5"},
+        {"reason": "quant: 'X' has no Linear named 'X'", "kind": "unclassified", "count": 1, "example": "s0-7"}]
+    assert r["refused by oracle"] == [
+        {"reason": "attn: no sdpa for bloom", "kind": "unclassified", "count": 1, "example": "s0-8"}]
+    assert r["failed"] == [{"reason": "RuntimeError: boom", "kind": "unclassified", "count": 1, "example": "s0-9"}]
 
 
 def test_reason_key_keeps_the_digits_of_names():
