@@ -54,17 +54,40 @@ def meta_spec(config: dict) -> ModelSpec:
 
 
 def _size(text, name: str, default=None) -> int:
-    value = getattr(text, name, None) or default
+    try:
+        value = getattr(text, name, None) or default
+    except Exception:  # noqa: BLE001 - transformers' heterogeneous configs refuse a global per-layer attribute
+        raise InputError(name, "differs between decoder layers in this config (per-layer configs); layers of "
+                         "different sizes are not modelled yet") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(name, f"must be a positive whole number in the (text) config, got {value!r}")
     return value
 
 
-def _spec(config: dict, model_type: str, cfg, model) -> ModelSpec:
-    params = []
-    for name, p in model.named_parameters():  # tied weights are listed once
+def _layer_prefixes(model) -> dict[str, int]:
+    """The decoder layers' module names (`model.layers.3.` -> 3): the list `runtime.model.decoder_layers` finds.
+    A parameter of another numbered stack (a byte-level model's local encoder, a vision tower) is not a layer's."""
+    from llmem.runtime.model import decoder_layers
+
+    try:
+        layers = decoder_layers(model)
+    except InputError:  # no declared layer class: any `.N.` is a layer index (the count from the config)
+        return {}
+    names = {id(m): n for n, m in model.named_modules()}
+    return {f"{names[id(layer)]}.": i for i, layer in enumerate(layers)}
+
+
+def _layer_of(name: str, prefixes: dict[str, int]) -> int | None:
+    if not prefixes:
         m = _LAYER.search(name)
-        params.append(ParamTensor(name, tuple(p.shape), int(m.group(1)) if m else None))
+        return int(m.group(1)) if m else None
+    return next((prefixes[name[:m.end()]] for m in _LAYER.finditer(name) if name[:m.end()] in prefixes), None)
+
+
+def _spec(config: dict, model_type: str, cfg, model) -> ModelSpec:
+    prefixes = _layer_prefixes(model)
+    params = [ParamTensor(name, tuple(p.shape), _layer_of(name, prefixes))  # tied weights are listed once
+              for name, p in model.named_parameters()]
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     hidden = _size(text, "hidden_size")
     heads = _size(text, "num_attention_heads")
@@ -74,7 +97,7 @@ def _spec(config: dict, model_type: str, cfg, model) -> ModelSpec:
         vocab_size=_size(text, "vocab_size"),
         hidden_size=hidden,
         intermediate_size=_size(text, "intermediate_size", 4 * hidden),
-        num_layers=_size(text, "num_hidden_layers"),
+        num_layers=len(prefixes) or _size(text, "num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=_size(text, "num_key_value_heads", heads),
         head_dim=_size(text, "head_dim", max(1, hidden // heads)),

@@ -72,6 +72,11 @@ class Derived:
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: {first[:200]}; use --attn eager") \
                 from None
+        except Exception as e:  # noqa: BLE001 - e.g. a vision tower whose construction reads tensor values
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise InputError("model_type", f"{self.model_type!r}: transformers cannot build this model on fake "
+                             f"tensors ({type(e).__name__}: {first}); for a multimodal config, estimate its text "
+                             "model (the config's text_config)") from None
         return self._fit(built, kind, mixed or None, offset)
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
