@@ -37,10 +37,13 @@ def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients alive when the embedding's is made: every `.grad` (`gradient_bytes`); with `--ddp-bucket-view`
     only the ones not yet copied into their bucket — the embedding's (and GPT-2's position embedding's) just made,
-    or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then)."""
+    or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then); LoRA: a
+    trainable embedding copy's, just made (`lora.copy_bytes`, 0 without one)."""
     if not in_buckets(plan):
         return gradient_bytes(spec, plan)
-    if spec.tie_word_embeddings or lora.is_lora(plan):
+    if lora.is_lora(plan):
+        return lora.copy_bytes(spec, plan, "embed")
+    if spec.tie_word_embeddings:
         return bucket_view_pending_bytes(spec, plan)
     made = [p for p in spec.outer_params if p is spec.outer_params[0] or "wpe" in p.name or "embed_positions" in p.name]
     return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
@@ -304,7 +307,12 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     AccumulateGrad adds it in place (`variable_grad += new_grad`, grad mode off) and frees it. Untied: the
     embedding's dense gradient (`embedding_dense_backward`). Tied: the lm_head's weight gradient, waiting in the
     shared weight's InputBuffer for the embedding's (which `embedding_gradient_accumulate_bytes` counts).
-    LoRA: a trainable embedding copy's dense gradient (untied: tied models are refused with copies)."""
+    LoRA: a trainable embedding copy's dense gradient (untied: tied models are refused with copies).
+    `--ddp-bucket-view`: 0. Micro-step 1 held that gradient as a tensor of its own too (`backward_end_gradient_bytes`:
+    the `.grad` AccumulateGrad stole is copied into its bucket view by the Reducer's hook, `mark_variable_ready_dense`,
+    and then freed), and in micro-step 2 it is added into the `.grad` bucket view in place and freed: the same bytes."""
+    if in_buckets(plan):
+        return 0
     if lora.is_lora(plan):
         return lora.copy_bytes(spec, plan, "embed")
     emb = spec.outer_params[0]
