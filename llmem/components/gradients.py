@@ -98,6 +98,19 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
 
 
+def head_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The part of `head_gradient_bytes` that is a `.grad` from the lm_head's backward on — all of it but a tied
+    shared weight's lm_head gradient, which waits in the engine's InputBuffer for the embedding's until the end of
+    backward (torch/csrc/autograd/input_buffer.cpp; `bucket_view_pending_bytes` is the same tensor). With
+    `--grad-accum`, micro-step 2's AccumulateGrad adds each new head gradient into its `.grad` in place and frees it
+    (`variable_grad += new_grad`, torch/csrc/autograd/functions/accumulate_grad.h), so during the layers' backward
+    only these `.grad`s are held, not a second copy."""
+    pending = 0
+    if spec.tie_word_embeddings and not lora.is_lora(plan):
+        pending = local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
+    return max(head_gradient_bytes(spec, plan) - pending, 0)
+
+
 def offloaded_head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--offload optimizer` with offloaded gradients: at the lm_head backward moment its (untied) weight gradient
     exists from AccumulateGrad until its hook drops it — counted there, not held afterwards."""
@@ -198,8 +211,9 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
       up gradients (r × 2i × eb), grad_weight (E × 2i × h) and grad_input (r × h × eb).
     qwen2_moe: the shared-expert gate branch runs backward before the routed experts and leaves the gradient of
     `shared_expert_output` (grad × sigmoid, T × h × cb, pending for the shared expert), the shared_expert_gate
-    weight gradient (h) and the block input's gradient from its Linear (T × h × cb, into which the other branches
-    accumulate); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
+    weight gradient (h) and the block input's gradient from its Linear (T × h × rb, the residual stream's dtype: under
+    autocast `ToCopyBackward0` casts the Linear's half input gradient to fp32, the half one freed; the other branches
+    accumulate into it); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
     expert runs backward last, after every expert and router gradient exists and the routed part's saved tensors
     are freed: the dense MLP transient of width shared_expert_intermediate_size (its largest weight gradient and
     two intermediate-sized gradients)."""
@@ -231,7 +245,8 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     shared = spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size
     shared_gate = 0
     if shared:  # left by the shared-expert gate branch's backward, which runs first
-        shared_output_grad = block_input_grad = shared_output_saved = T * h * cb
+        shared_output_grad = shared_output_saved = T * h * cb
+        block_input_grad = T * h * rb  # under autocast ToCopyBackward0 casts the Linear's half one to fp32
         shared_gate = (shared_output_grad + h * pb + block_input_grad - shared_output_saved
                        - T * cb)  # gate weight grad; the freed sigmoid
     moments = {}
