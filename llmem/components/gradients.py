@@ -280,9 +280,41 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     return moments
 
 
-def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The largest of `moe_layer_backward_moments`."""
-    return max(moe_layer_backward_moments(spec, plan).values())
+def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan, accumulating: bool = False) -> int:
+    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`): each less
+    the weight gradients AccumulateGrad has already added into their `.grad`s there (`moe_held_gradient_bytes`)."""
+    moments = moe_layer_backward_moments(spec, plan)
+    held = moe_held_gradient_bytes(spec, plan) if accumulating else {}
+    return max(v - held.get(name, 0) for name, v in moments.items())
+
+
+def moe_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """At each of `moe_layer_backward_moments`, the layer's weight gradients made by an earlier node: `.grad`s in
+    micro-step 1, added in place and freed by their AccumulateGrad in micro-step 2 — which the engine runs right
+    after the node that made them (an AccumulateGrad's sequence number is the highest, ready queue order:
+    torch/csrc/autograd/engine.cpp `CompareNodeTaskTime`). A gradient the moment's own node just returned is
+    transient in both (down's at the down mm backward, gate_up's at the gate_up one, the shared expert's largest).
+    Symbols as in `moe_layer_backward_moments`: the shared-expert gate weight's (h), experts.down_proj's (E × h × i),
+    experts.gate_up_proj's (E × 2i × h), the router's (E × h), in the parameters' dtype."""
+    h, e = spec.hidden_size, spec.num_experts
+    i = spec.moe_intermediate_size or spec.intermediate_size
+    pb = plan.precision.param_bytes
+    gate = h * pb if spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size else 0
+    down, gate_up, router = e * h * i * pb, e * 2 * i * h * pb, e * h * pb
+    return {"routing-weight mul backward": gate, "down grouped mm backward": gate,
+            "silu(gate) * up backward": gate + down, "gate_up grouped mm backward": gate + down,
+            "shared expert backward": gate + down + gate_up + router}
+
+
+def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--grad-accum`, micro-steps 2..K: how much less than micro-step 1 a layer's MLP backward moment holds beyond
+    every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE layers:
+    per moment (`moe_held_gradient_bytes`). Dense MLPs: 0 — their moment (`layer_backward_peak_extra_bytes`) counts
+    the last Linear's weight gradient, which AccumulateGrad takes before the activation gradients after it are made,
+    but the instant before (that gradient beside one activation gradient) is not modelled apart."""
+    if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
+        return moe_layer_backward_peak_extra_bytes(spec, plan) - moe_layer_backward_peak_extra_bytes(spec, plan, True)
+    return 0
 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

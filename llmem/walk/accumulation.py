@@ -20,7 +20,8 @@ from llmem.walk.phase import Phase
 
 
 def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],
-                        backward_later: dict[str, int] | None = None) -> list[Phase]:
+                        backward_later: dict[str, int] | None = None,
+                        mlp_held: dict[str, int] | None = None) -> list[Phase]:
     """`--grad-accum K > 1`: micro-steps 2..K run forward and backward while every gradient of the previous
     micro-steps is alive (`.grad` is only freed by zero_grad after the step). The forward and loss phases of micro-
     step 1 gain all gradients; in the backward phases the gradients micro-step 1 had just produced there (the
@@ -40,6 +41,8 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     attention_grads = (core.eager_core_layer_gradient_bytes(spec, plan) if core.applies(spec, plan)
                        else attention_backward_layer_gradient_bytes(spec, plan))
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
+    # a layer's MLP moment also holds the layer's weight gradients made by earlier nodes (MoE experts: `mlp_held`)
+    later |= {name: later.get(name, 0) + v for name, v in (mlp_held or {}).items()}
     out, ends = [], []
     for ph in phases:
         if ph.name.startswith("backward end"):

@@ -215,12 +215,13 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     t = terms(spec, plan)
     phases = head_moments(t)
     backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
+    mlp_held: dict[str, int] = {}  # MLP moment -> the layer's own gradients already .grads there (for --grad-accum)
     for layer, name in backward_edges(t):
-        phases += layer_moments(t, layer, name, backward_later)
+        phases += layer_moments(t, layer, name, backward_later, mlp_held)
     phases += qlora_moments(t, phases)
     phases += end_moments(t)
     if plan.grad_accum > 1:
-        phases += accumulation_phases(spec, plan, phases, backward_later)
+        phases += accumulation_phases(spec, plan, phases, backward_later, mlp_held)
     phases += rebuild_moments(t)
     return phases
 
