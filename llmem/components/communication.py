@@ -62,7 +62,19 @@ def ddp_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def ddp_rebuild_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """`Reducer::rebuild_buckets` (forward of iteration 2) allocates the new buckets before the old ones go."""
+    """Bytes beyond the standing buckets while `Reducer::rebuild_buckets` runs: one more set of buckets when the old
+    ones outlive it, else 0.
+
+    DDP's `_pre_forward` (torch/nn/parallel/distributed.py: `self.reducer._rebuild_buckets()`) rebuilds once, in the
+    first forward after a backward: iteration 2's forward, or with `--grad-accum K > 1` micro-step 2's forward of
+    iteration 1. `Reducer::initialize_buckets` (torch/csrc/distributed/c10d/reducer.cpp) drops the old buckets
+    (`buckets_.clear()`) before allocating the new contents, so the old storage survives only where a `.grad` still
+    views it: `gradient_as_bucket_view=True` with the gradients alive, i.e. K > 1 (with K = 1 `zero_grad(set_to_none)`
+    has dropped the views). `initialize_bucket_views` then copies each `.grad` into its new bucket view and points it
+    there; the old bucket goes with its last view (one bucket: without `find_unused_parameters` the initial assignment
+    is unbounded, torch/nn/parallel/distributed.py `compute_bucket_size_limits` returns `[sys.maxsize]`)."""
+    if not (plan.ddp_bucket_view and plan.grad_accum > 1):
+        return 0
     return ddp_bucket_bytes(spec, plan)
 
 

@@ -37,10 +37,13 @@ def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients alive when the embedding's is made: every `.grad` (`gradient_bytes`); with `--ddp-bucket-view`
     only the ones not yet copied into their bucket — the embedding's (and GPT-2's position embedding's) just made,
-    or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then)."""
+    or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then); LoRA: a
+    trainable embedding copy's, just made (`lora.copy_bytes`, 0 without one)."""
     if not in_buckets(plan):
         return gradient_bytes(spec, plan)
-    if spec.tie_word_embeddings or lora.is_lora(plan):
+    if lora.is_lora(plan):
+        return lora.copy_bytes(spec, plan, "embed")
+    if spec.tie_word_embeddings:
         return bucket_view_pending_bytes(spec, plan)
     made = [p for p in spec.outer_params if p is spec.outer_params[0] or "wpe" in p.name or "embed_positions" in p.name]
     return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
@@ -93,6 +96,19 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return sum(local_numel(p, plan) for p in tied) * plan.precision.param_bytes + \
             offload.device_gradient_bytes([p for p in made if p not in tied], plan)
     return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
+
+
+def head_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The part of `head_gradient_bytes` that is a `.grad` from the lm_head's backward on — all of it but a tied
+    shared weight's lm_head gradient, which waits in the engine's InputBuffer for the embedding's until the end of
+    backward (torch/csrc/autograd/input_buffer.cpp; `bucket_view_pending_bytes` is the same tensor). With
+    `--grad-accum`, micro-step 2's AccumulateGrad adds each new head gradient into its `.grad` in place and frees it
+    (`variable_grad += new_grad`, torch/csrc/autograd/functions/accumulate_grad.h), so during the layers' backward
+    only these `.grad`s are held, not a second copy."""
+    pending = 0
+    if spec.tie_word_embeddings and not lora.is_lora(plan):
+        pending = local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
+    return max(head_gradient_bytes(spec, plan) - pending, 0)
 
 
 def offloaded_head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -191,8 +207,9 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
       up gradients (r × 2i × eb), grad_weight (E × 2i × h) and grad_input (r × h × eb).
     qwen2_moe: the shared-expert gate branch runs backward before the routed experts and leaves the gradient of
     `shared_expert_output` (grad × sigmoid, T × h × cb, pending for the shared expert), the shared_expert_gate
-    weight gradient (h) and the block input's gradient from its Linear (T × h × cb, into which the other branches
-    accumulate); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
+    weight gradient (h) and the block input's gradient from its Linear (T × h × rb, the residual stream's dtype: under
+    autocast `ToCopyBackward0` casts the Linear's half input gradient to fp32, the half one freed; the other branches
+    accumulate into it); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
     expert runs backward last, after every expert and router gradient exists and the routed part's saved tensors
     are freed: the dense MLP transient of width shared_expert_intermediate_size (its largest weight gradient and
     two intermediate-sized gradients)."""
@@ -224,7 +241,8 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     shared = spec.family.shared_expert and spec.shared_expert_intermediate_size
     shared_gate = 0
     if shared:  # left by the shared-expert gate branch's backward, which runs first
-        shared_output_grad = block_input_grad = shared_output_saved = T * h * cb
+        shared_output_grad = shared_output_saved = T * h * cb
+        block_input_grad = T * h * rb  # under autocast ToCopyBackward0 casts the Linear's half one to fp32
         shared_gate = (shared_output_grad + h * pb + block_input_grad - shared_output_saved
                        - T * cb)  # gate weight grad; the freed sigmoid
     moments = {}
@@ -258,9 +276,41 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     return moments
 
 
-def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The largest of `moe_layer_backward_moments`."""
-    return max(moe_layer_backward_moments(spec, plan).values())
+def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan, accumulating: bool = False) -> int:
+    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`): each less
+    the weight gradients AccumulateGrad has already added into their `.grad`s there (`moe_held_gradient_bytes`)."""
+    moments = moe_layer_backward_moments(spec, plan)
+    held = moe_held_gradient_bytes(spec, plan) if accumulating else {}
+    return max(v - held.get(name, 0) for name, v in moments.items())
+
+
+def moe_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """At each of `moe_layer_backward_moments`, the layer's weight gradients made by an earlier node: `.grad`s in
+    micro-step 1, added in place and freed by their AccumulateGrad in micro-step 2 — which the engine runs right
+    after the node that made them (an AccumulateGrad's sequence number is the highest, ready queue order:
+    torch/csrc/autograd/engine.cpp `CompareNodeTaskTime`). A gradient the moment's own node just returned is
+    transient in both (down's at the down mm backward, gate_up's at the gate_up one, the shared expert's largest).
+    Symbols as in `moe_layer_backward_moments`: the shared-expert gate weight's (h), experts.down_proj's (E × h × i),
+    experts.gate_up_proj's (E × 2i × h), the router's (E × h), in the parameters' dtype."""
+    h, e = spec.hidden_size, spec.num_experts
+    i = spec.moe_intermediate_size or spec.intermediate_size
+    pb = plan.precision.param_bytes
+    gate = h * pb if spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size else 0
+    down, gate_up, router = e * h * i * pb, e * 2 * i * h * pb, e * h * pb
+    return {"routing-weight mul backward": gate, "down grouped mm backward": gate,
+            "silu(gate) * up backward": gate + down, "gate_up grouped mm backward": gate + down,
+            "shared expert backward": gate + down + gate_up + router}
+
+
+def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`--grad-accum`, micro-steps 2..K: how much less than micro-step 1 a layer's MLP backward moment holds beyond
+    every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE layers:
+    per moment (`moe_held_gradient_bytes`). Dense MLPs: 0 — their moment (`layer_backward_peak_extra_bytes`) counts
+    the last Linear's weight gradient, which AccumulateGrad takes before the activation gradients after it are made,
+    but the instant before (that gradient beside one activation gradient) is not modelled apart."""
+    if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
+        return moe_layer_backward_peak_extra_bytes(spec, plan) - moe_layer_backward_peak_extra_bytes(spec, plan, True)
+    return 0
 
 
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -300,7 +350,12 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     AccumulateGrad adds it in place (`variable_grad += new_grad`, grad mode off) and frees it. Untied: the
     embedding's dense gradient (`embedding_dense_backward`). Tied: the lm_head's weight gradient, waiting in the
     shared weight's InputBuffer for the embedding's (which `embedding_gradient_accumulate_bytes` counts).
-    LoRA: a trainable embedding copy's dense gradient (untied: tied models are refused with copies)."""
+    LoRA: a trainable embedding copy's dense gradient (untied: tied models are refused with copies).
+    `--ddp-bucket-view`: 0. Micro-step 1 held that gradient as a tensor of its own too (`backward_end_gradient_bytes`:
+    the `.grad` AccumulateGrad stole is copied into its bucket view by the Reducer's hook, `mark_variable_ready_dense`,
+    and then freed), and in micro-step 2 it is added into the `.grad` bucket view in place and freed: the same bytes."""
+    if in_buckets(plan):
+        return 0
     if lora.is_lora(plan):
         return lora.copy_bytes(spec, plan, "embed")
     emb = spec.outer_params[0]

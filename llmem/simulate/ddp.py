@@ -55,7 +55,7 @@ def install(session, plan, run_plan, rank: int | None, tracker, make_optimizer) 
     sizes = ddp_buckets(params)
     buckets = [tracker.add_block(b, "closed form: DDP gradient bucket", f"{b} B", closed_form=True) for b in sizes]
     notes = [f"DDP gradient buckets: {len(buckets)} of {sum(sizes):,} B in all, allocated at wrap "
-             "(Reducer::initialize_buckets) and rebuilt at the start of iteration 2's forward, new before old "
+             "(Reducer::initialize_buckets) and rebuilt at the start of iteration 2's forward, old freed before new "
              "(Reducer::rebuild_buckets)"]
     sim_rank = rank or 0
     if plan.scheme is Scheme.ZERO1:
@@ -70,11 +70,13 @@ def install(session, plan, run_plan, rank: int | None, tracker, make_optimizer) 
 
 
 def rebuild_buckets(tracker, buckets: list[int]) -> None:
-    """`Reducer::rebuild_buckets` at the start of iteration 2's forward: new buckets before the old are freed."""
+    """`Reducer::rebuild_buckets` at the start of iteration 2's forward: `initialize_buckets` clears the old buckets
+    before it allocates the new (reducer.cpp `buckets_.clear()`); no `.grad` views them (the simulation refuses
+    `--ddp-bucket-view`), so they are freed first."""
     tracker.module = "DistributedDataParallel"
-    new = [tracker.add_block(tracker.blocks[b].nbytes, "closed form: DDP bucket rebuild", tracker.blocks[b].shape,
-                             closed_form=True) for b in buckets]
+    sizes = [(tracker.blocks[b].nbytes, tracker.blocks[b].shape) for b in buckets]
     for b in buckets:
         tracker.free_block(b)
-    buckets[:] = new
+    buckets[:] = [tracker.add_block(n, "closed form: DDP bucket rebuild", shape, closed_form=True)
+                  for n, shape in sizes]
     tracker.module = ""

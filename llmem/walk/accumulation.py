@@ -11,6 +11,7 @@ from llmem.components.gradients import (
     accumulated_embedding_gradient_bytes,
     attention_backward_layer_gradient_bytes,
     gradient_bytes,
+    head_held_gradient_bytes,
     later_layers_gradient_bytes,
 )
 from llmem.plan import TrainingPlan
@@ -19,11 +20,13 @@ from llmem.walk.phase import Phase
 
 
 def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],
-                        backward_later: dict[str, int] | None = None) -> list[Phase]:
+                        backward_later: dict[str, int] | None = None,
+                        mlp_held: dict[str, int] | None = None) -> list[Phase]:
     """`--grad-accum K > 1`: micro-steps 2..K run forward and backward while every gradient of the previous
     micro-steps is alive (`.grad` is only freed by zero_grad after the step). The forward and loss phases of micro-
-    step 1 gain all gradients; in the backward phases the gradients micro-step 1 had (the newly produced ones:
-    the lm_head's, a layer's MLP weight gradient) are now transient — AccumulateGrad adds each new gradient into the
+    step 1 gain all gradients; in the backward phases the gradients micro-step 1 had just produced there (the
+    lm_head's at its backward, a layer's MLP weight gradient; not the later layers' and the head's `.grad`s) are now
+    transient — AccumulateGrad adds each new gradient into the
     existing `.grad` in place and frees it — on top of all gradients. At the end of backward one more embedding-sized
     gradient is new beside the `.grad`s (`accumulated_embedding_gradient_bytes`: the embedding's, or when tied the
     lm_head's)."""
@@ -31,10 +34,15 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     later = dict(backward_later) if backward_later is not None else {
         "backward (last layer)": later_layers_gradient_bytes(spec, plan, spec.num_layers - 1),
         "backward (first layer)": later_layers_gradient_bytes(spec, plan, 0)}
+    # in a layer's backward the head's gradients micro-step 1 held are `.grad`s too (`head_held_gradient_bytes`)
+    head = head_held_gradient_bytes(spec, plan)
+    later = {name: v + head for name, v in later.items()}
     # an attention core runs backward after the layer's MLP and output projection gradients were accumulated
     attention_grads = (core.eager_core_layer_gradient_bytes(spec, plan) if core.applies(spec, plan)
                        else attention_backward_layer_gradient_bytes(spec, plan))
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
+    # a layer's MLP moment also holds the layer's weight gradients made by earlier nodes (MoE experts: `mlp_held`)
+    later |= {name: later.get(name, 0) + v for name, v in (mlp_held or {}).items()}
     out, ends = [], []
     for ph in phases:
         if ph.name.startswith("backward end"):

@@ -1,9 +1,9 @@
 """The walk of FSDP2 (ZeRO-2/3, and TP x FSDP2): `single.py`'s moments with FSDP2's buffers (see
 `llmem.components.communication`), in order — the forward's all-gathers, the end of forward, the loss and lm_head
 (ZeRO-3: the root's pre-backward all-gather), each evaluated layer's backward and reduce-scatter
-(`fsdp_layer.fsdp_layer_moments`), the root's reduce-scatter and the optimizer step. Gradients of the root stay
-unsharded in param_dtype until the final callback; a layer's unsharded gradients exist from its backward to its
-reduce-scatter. The compute is the single-device walk's of `compute_plan`.
+(`fsdp_layer.fsdp_layer_moments`), the embedding's backward, the root's reduce-scatter and the optimizer step.
+Gradients of the root stay unsharded in param_dtype until the final callback; a layer's unsharded gradients exist
+from its backward to its reduce-scatter. The compute is the single-device walk's of `compute_plan`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from llmem.components import Category, lora, offload, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
-from llmem.components.gradients import gradient_bytes, head_gradient_bytes, layer_gradient_bytes
+from llmem.components.gradients import (
+    embedding_gradient_accumulate_bytes,
+    embedding_input_gradient_bytes,
+    gradient_bytes,
+    head_gradient_bytes,
+    layer_gradient_bytes,
+    tied_gradient_sum_bytes,
+)
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
@@ -228,14 +235,39 @@ def qlora_moments(w: FsdpTerms, phases: list[Phase], held: dict[str, int]) -> li
     return out
 
 
+def embedding_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase]:
+    """The end of backward before the root's post-backward (`single.end_moments` on the compute plan): the
+    embedding's dense gradient made (tied: beside the lm_head's, waiting in the shared weight's InputBuffer) with its
+    input gradient alive, then with tied embeddings their out-of-place sum (`gradients.tied_gradient_sum_bytes`: FSDP2
+    runs no autocast, so the lm_head's half gradient is `mm(...).t()`'s view), once the input gradient is freed. Every
+    layer's gradient is sharded by now; the root is still gathered (`comm.backward_gather_bytes`), and layer 0's
+    reduce_scatter_input waits in `comm_ctx.reduce_scatter_states` for the root's post-backward
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: `post_backward`). LoRA: not modelled here (the
+    frozen embedding runs no backward)."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    if lora.is_lora(plan):
+        return []
+    root_grads = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes  # unsharded
+    end = dict(**w.persistent, logits=w.logits, gradients=sum(w.sharded_layer) * w.resident + root_grads,
+               communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)
+    accumulate = embedding_gradient_accumulate_bytes(spec, cp)
+    phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, cp))]
+    tied_sum = tied_gradient_sum_bytes(spec, cp)
+    if tied_sum:
+        phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
+    held |= {ph.name: sum(w.sharded_layer) * w.resident for ph in phases}
+    return phases
+
+
 def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     """The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
-    gradients the lm_head weight's is still referenced during the collective (seen in every run; the holder of the
-    reference is not pinned down), the others are freed after the copy-in."""
+    gradients an untied lm_head weight's is still referenced during the collective (seen in every untied run; the
+    holder of the reference is not pinned down), the others are freed after the copy-in — with tied embeddings the
+    shared weight's too (its `.grad` is the tied sum's fresh tensor; measured on a tied gemma under ZeRO-3)."""
     spec, plan, cp = w.spec, w.plan, w.cp
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
-    head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), spec.outer_params[0])
-    head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
+    head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), None)
+    head_unsharded = local_numel(head, cp) * cp.precision.param_bytes if head is not None else 0
     if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
         root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
     held["backward end (root reduce-scatter)"] = sum(w.sharded_layer) * w.resident
@@ -259,6 +291,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     for layer in act.backward_layers(spec, plan, edge=2):
         phases += fsdp_layer_moments(w, layer, held)
     phases += qlora_moments(w, phases, held)
+    phases += embedding_backward_moments(w, held)
     phases.append(root_reduce_moment(w, held))
     if plan.grad_accum > 1:
         phases += fsdp_accumulation_phases(spec, plan, phases, held)

@@ -16,6 +16,7 @@ from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     attention_backward_layer_gradient_bytes,
     later_layers_gradient_bytes,
+    layer_backward_held_gradient_bytes,
     layer_backward_peak_extra_bytes,
     layer_output_gradient_bytes,
 )
@@ -104,11 +105,16 @@ def _falcon_math_moment(t: Terms, layer: int, name: str, held: int, later: int) 
         logits=t.logits, communication=t.gathered(layer + 1))
 
 
-def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int]) -> list[Phase]:
+def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int],
+                  mlp_held: dict[str, int] | None = None) -> list[Phase]:
     """Layer `layer`'s backward moments, named after `name`; `backward_later` gets the later layers' gradients at
-    each moment whose gradients --grad-accum's micro-step 2 tells apart (`accumulation.accumulation_phases`)."""
+    each moment whose gradients --grad-accum's micro-step 2 tells apart (`accumulation.accumulation_phases`), and
+    `mlp_held` the layer's own weight gradients its MLP moment holds as `.grad`s
+    (`gradients.layer_backward_held_gradient_bytes`)."""
     spec, plan = t.spec, t.plan
     later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
+    if mlp_held is not None:
+        mlp_held[name] = layer_backward_held_gradient_bytes(spec, act.layer_plan(plan, layer))
     held = held_bytes(t, layer)
     phases = [_mlp_moment(t, layer, name, held, later)]
     if norm_bwd.applies(spec) and not lora.is_lora(plan):

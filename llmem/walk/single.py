@@ -215,13 +215,25 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     t = terms(spec, plan)
     phases = head_moments(t)
     backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
+    mlp_held: dict[str, int] = {}  # MLP moment -> the layer's own gradients already .grads there (for --grad-accum)
     for layer, name in backward_edges(t):
-        phases += layer_moments(t, layer, name, backward_later)
+        phases += layer_moments(t, layer, name, backward_later, mlp_held)
     phases += qlora_moments(t, phases)
     phases += end_moments(t)
     if plan.grad_accum > 1:
-        phases += accumulation_phases(spec, plan, phases, backward_later)
-    if plan.scheme in (Scheme.DDP, Scheme.ZERO1):
-        # Iteration 2's forward starts with `Reducer::rebuild_buckets`: new buckets before the old are freed.
-        phases.append(moment("DDP bucket rebuild", **t.persistent, communication=comm.ddp_rebuild_bytes(spec, plan)))
+        phases += accumulation_phases(spec, plan, phases, backward_later, mlp_held)
+    phases += rebuild_moments(t)
     return phases
+
+
+def rebuild_moments(t: Terms) -> list[Phase]:
+    """DDP / ZeRO-1 with `--ddp-bucket-view` and `--grad-accum K > 1`: `Reducer::rebuild_buckets` at the start of
+    micro-step 2's forward of iteration 1 holds the old buckets (viewed by micro-step 1's `.grad`s) beside the new
+    (`comm.ddp_rebuild_bytes`). It comes before the first `optimizer.step()`, and every optimizer here makes its states
+    lazily in `step` (torch/optim/sgd.py and adam.py `_init_group`, bitsandbytes `Optimizer8bit.init_state`): none
+    yet. Otherwise the rebuild frees the old buckets first and is no moment of its own."""
+    rebuild = comm.ddp_rebuild_bytes(t.spec, t.plan)
+    if not rebuild or t.plan.scheme not in (Scheme.DDP, Scheme.ZERO1):
+        return []
+    return [moment("DDP bucket rebuild (micro-step 2 of iteration 1)", parameters=t.persistent["parameters"],
+                   standing=t.persistent["standing"], communication=rebuild)]

@@ -1,5 +1,6 @@
-"""Shared harness of the 2-process test modules: named plan rows measured in one torchrun launch (gloo, CPU),
-cached per module, and one row's estimate checked against the measured max-over-ranks peak."""
+"""Shared harness of the multi-process test modules: named plan rows measured in one torchrun launch (gloo, CPU) of
+the base plan's `gpus` processes (2 unless it says), cached per module, and one row's estimate checked against the
+measured max-over-ranks peak."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ class TwoRankRows:
 
             rows = [{"id": n, "config": self.config_of(n), "plan": {**self.base, **self.rows[n]}, "steps": 2}
                     for n in self.rows]
-            results, err = run_job(rows, 2, "cpu", timeout=900)
+            gpus = int(self.base.get("gpus", 2))
+            results, err = run_job(rows, gpus, "cpu", timeout=900)
             if not results:
-                pytest.fail(f"the 2-process launch measured nothing: {err}")
+                pytest.fail(f"the {gpus}-process launch measured nothing: {err}")
             self._results.update({r["id"]: r for r in results})
         return self._results
 

@@ -21,11 +21,17 @@ def plan(**kw) -> TrainingPlan:
                            "device": "cpu", **kw})
 
 
-def test_ddp_buckets_are_one_gradient_copy_and_rebuild_doubles_them():
+def test_ddp_buckets_are_one_gradient_copy_and_rebuild_doubles_them_only_while_grads_view_them():
     p = plan(gpus=2)
     assert comm.standing_buffer_bytes(SPEC, p) == SPEC.total_params * 4
-    assert comm.ddp_rebuild_bytes(SPEC, p) == SPEC.total_params * 4
-    assert "DDP bucket rebuild" in {ph.name for ph in estimate(SPEC, p).phases}
+    # the rebuild clears the old buckets first unless micro-step 1's .grads view them (bucket view, K > 1)
+    for kw in ({}, {"grad_accum": 2}, {"ddp_bucket_view": True}):
+        assert comm.ddp_rebuild_bytes(SPEC, plan(gpus=2, **kw)) == 0
+        assert not any(ph.name.startswith("DDP bucket rebuild") for ph in estimate(SPEC, plan(gpus=2, **kw)).phases)
+    viewed = plan(gpus=2, grad_accum=2, ddp_bucket_view=True)
+    assert comm.ddp_rebuild_bytes(SPEC, viewed) == SPEC.total_params * 4
+    rebuild = next(ph for ph in estimate(SPEC, viewed).phases if ph.name.startswith("DDP bucket rebuild"))
+    assert rebuild.total == SPEC.total_params * 4 * 3  # parameters, old and new buckets; no optimizer state yet
 
 
 def test_zero1_greedy_partition_largest_first_to_least_loaded():
