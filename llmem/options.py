@@ -196,6 +196,11 @@ OPTIONS: tuple[Option, ...] = (
            ".grad becomes a view into the Reducer's gradient buckets instead of a tensor of its own, so the "
            "gradients stop costing a second copy beside the buckets. No effect on one GPU, ZeRO-2/3 or TP.",
            link=WHEN_SET, widget=Widget("DDP gradients as bucket views", "w_bucket_view", CHECK)),
+    Option("keep_grads", bool, False,
+           "optimizer.zero_grad(set_to_none=False) (torch's default before 2.0): the gradients are zeroed in place "
+           "instead of freed, so they stay allocated through the next forward and backward, as in the later "
+           "micro-steps of --grad-accum; the peak grows by about one gradient copy (per GPU: its share of them).",
+           link=WHEN_SET, widget=Widget("Keep gradients between steps (set_to_none=False)", "w_keep_grads", CHECK)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

@@ -110,6 +110,6 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
     mark("optimizer")
     session.optimizer.step()
     mark("zero_grad")
-    session.optimizer.zero_grad(set_to_none=True)
+    session.optimizer.zero_grad(set_to_none=not session.plan.keep_grads)  # --keep-grads
     del out
     mark("end")

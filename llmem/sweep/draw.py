@@ -125,14 +125,18 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
-    simulate oracle, the cuda profile's, does not run a Reducer)."""
+    simulate oracle, the cuda profile's, does not run a Reducer), and --keep-grads (a stream of its own too)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
         out["fsdp_shard"] = _enum(rng, "fsdp_shard")
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1) and device == "cpu":
         out["ddp_bucket_view"] = rng.random() < 0.5
+    out["keep_grads"] = random.Random(f"{seed}:{index}:keep-grads").random() < KEEP_GRADS_SHARE
     return out
+
+
+KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
 
 
 def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:

@@ -1,6 +1,7 @@
 """`--grad-accum K > 1`: the moments of micro-steps 2..K, derived from micro-step 1's with every gradient of the
 earlier micro-steps alive — one device, DDP, ZeRO-1, TP (`accumulation_phases`) and FSDP2
-(`fsdp_accumulation_phases`).
+(`fsdp_accumulation_phases`). `--keep-grads` (`zero_grad(set_to_none=False)`) gives micro-step 1 the same moments:
+the previous step's zeroed gradients are alive (`gradients_kept`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ from llmem.components.gradients import (
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.phase import Phase
+
+
+def gradients_kept(plan: TrainingPlan) -> bool:
+    """Whether a micro-step runs with every gradient already allocated: a later micro-step of --grad-accum, or any
+    with --keep-grads (`torch/optim/optimizer.py` `Optimizer.zero_grad`: with `set_to_none=False` each `.grad` is
+    zeroed in place, and AccumulateGrad / FSDP2's post-backward then add into it instead of assigning a new one)."""
+    return plan.grad_accum > 1 or plan.keep_grads
+
+
+def _when(plan: TrainingPlan) -> str:
+    return "micro-step 2" if plan.grad_accum > 1 else "gradients kept by zero_grad(set_to_none=False)"
 
 
 def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],
@@ -53,13 +65,13 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
         b = dict(ph.breakdown)
         new = b[Category.GRADIENTS] - later.get(ph.name, 0)  # what this moment of micro-step 1 had just produced
         b[Category.GRADIENTS] = grads_all + new
-        out.append(Phase(f"{ph.name}, gradients alive (micro-step 2)", b))
+        out.append(Phase(f"{ph.name}, gradients alive ({_when(plan)})", b))
     new_grad = accumulated_embedding_gradient_bytes(spec, plan)
     for ph in ends:
         b = dict(ph.breakdown)
         b[Category.TEMPORARIES] += new_grad
         what = "tied gradients summed" if ph.name.endswith("summed") else "embedding gradient accumulated"
-        out.append(Phase(f"backward end, {what} (micro-step 2)", b))
+        out.append(Phase(f"backward end, {what} ({_when(plan)})", b))
     return out
 
 
@@ -80,6 +92,6 @@ def fsdp_accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[P
             continue
         b = dict(ph.breakdown)
         b[Category.GRADIENTS] = grads_all + b[Category.GRADIENTS] - held.get(ph.name, 0)
-        out.append(Phase(f"{ph.name}, sharded gradients alive (micro-step 2)", b))
+        out.append(Phase(f"{ph.name}, sharded gradients alive ({_when(plan)})", b))
     return out
 

@@ -28,7 +28,7 @@ from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import GradCkpt, Offload, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
-from llmem.walk.accumulation import fsdp_accumulation_phases
+from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.phase import Phase, moment, with_extra
 
 
@@ -293,7 +293,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases += qlora_moments(w, phases, held)
     phases += embedding_backward_moments(w, held)
     phases.append(root_reduce_moment(w, held))
-    if plan.grad_accum > 1:
+    if gradients_kept(plan):
         phases += fsdp_accumulation_phases(spec, plan, phases, held)
     phases.append(moment("optimizer step", **w.persistent, gradients=gradient_bytes(spec, plan) * w.resident,
                          logits=w.logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * w.resident))

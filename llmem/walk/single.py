@@ -27,7 +27,7 @@ from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
-from llmem.walk.accumulation import accumulation_phases
+from llmem.walk.accumulation import accumulation_phases, gradients_kept
 from llmem.walk.layer import layer_moments
 from llmem.walk.phase import Phase, moment, with_extra
 
@@ -220,7 +220,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases += layer_moments(t, layer, name, backward_later, mlp_held)
     phases += qlora_moments(t, phases)
     phases += end_moments(t)
-    if plan.grad_accum > 1:
+    if gradients_kept(plan):
         phases += accumulation_phases(spec, plan, phases, backward_later, mlp_held)
     phases += rebuild_moments(t)
     return phases
