@@ -26,9 +26,9 @@ from llmem.view import comparison_csv, comparison_table, plain
 
 WIDGET_KEYS = ("w_source", *widgets.WIDGET_KEYS)
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
-BATCH_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_POINTS, SEQ_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256), tuple(256 << k for k in range(10))
 PRESET_LABEL = {"yes": "", "derived": " (traced from transformers on first use)", "not yet": " (not modelled yet)"}
-SEQ_POINTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+TRACING = "Estimating… an architecture outside the hand-written families is traced from transformers on first use"
 
 
 # ---------------------------------------------------------------- library calls, cached per process
@@ -73,7 +73,7 @@ def _estimate(spec_key: str, plan_key: str, _spec, _plan: TrainingPlan):
     return estimate(_spec, _plan)
 
 
-@st.cache_resource(show_spinner=False, max_entries=256)
+@st.cache_resource(show_spinner=TRACING, max_entries=256)  # shown after 0.5 s: a first trace, not a cache miss
 def _compare(spec_key: str, plan_key: str, capacity: int, methods: str, _spec, _plan: TrainingPlan):
     from llmem.compare import compare, method_variants
 

@@ -10,6 +10,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from llmem.gpus import get_gpu
+from llmem.options import OPTIONS
+from llmem.optiontypes import WHEN_SET
 from llmem.share import KEYS
 from llmem.view import plain
 
@@ -57,9 +59,8 @@ def test_default_view_answers_first_and_fills_the_link():
     assert not link_warnings(at)
     assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
     assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
-    only_when_set = {"upload", "ckpt-every", "methods", "method", "lora-rank", "lora-targets", "grad-accum",
-                     "lora-modules-to-save", "double-quant", "fsdp-shard", "lora-alpha", "lora-dropout",
-                     "ddp-bucket-view"}
+    only_when_set = {o.key for o in OPTIONS if o.link == WHEN_SET}  # the options table's policy
+    assert {"upload", "method", "grad-accum", "lora-rank"} <= only_when_set
     assert set(at.query_params) == set(KEYS.values()) - only_when_set
     assert at.query_params["zero"] == "all"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
