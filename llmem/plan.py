@@ -38,7 +38,24 @@ __all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention",
 MAX_GPUS = 65536
 
 _COERCERS = tuple((o.name, o.coercer) for o in PLAN_OPTIONS)
+_NAMES = tuple(o.name for o in PLAN_OPTIONS)
+_TOKEN_FIELDS = ("batch_size", "seq_len")  # what the terms over parameters never read
 _PlanFields = make_dataclass("_PlanFields", [(o.name, o.kind, o.default) for o in PLAN_OPTIONS], frozen=True)
+
+
+class FieldKey:
+    """A tuple of field values whose hash is computed once."""
+
+    __slots__ = ("values", "_hash")
+
+    def __init__(self, values: tuple) -> None:
+        self.values, self._hash = values, hash(values)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is FieldKey and self._hash == other._hash and self.values == other.values)
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,25 @@ class TrainingPlan(_PlanFields):
         if self.zero >= 2:
             raise InputError("optimizer", f"{name} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use "
                              "--zero 0 or 1, or --optimizer adamw|sgd")
+
+    @cached_property
+    def key(self) -> FieldKey:
+        """The plan's field values as one key with its hash computed once: per-spec caches look terms up by it
+        (hashing the plan itself hashes every enum field again)."""
+        return FieldKey(tuple(getattr(self, n) for n in _NAMES))
+
+    @cached_property
+    def layout_key(self) -> FieldKey:
+        """The fields but the micro-batch and the sequence length: the key of the terms over parameters (sharding,
+        communication buffers, optimizer states), which compare's max-batch solve asks for at several batches."""
+        return FieldKey(tuple(getattr(self, n) for n in _NAMES if n not in _TOKEN_FIELDS))
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __getstate__(self) -> dict:
+        """Pickled without the cached keys: a string's hash differs from one process to the next."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("key", "layout_key")}
 
     @cached_property
     def scheme(self) -> Scheme:

@@ -7,12 +7,33 @@ column/row splits) can be computed tensor by tensor. No parallelism lives here: 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
 from llmem.errors import InputError
+
+MEMO_LIMIT = 4096  # terms kept per spec (`ModelSpec.memo`)
+
+
+def per_spec(key: str = "key"):
+    """A component term `f(spec, plan, *args)` kept on the spec (`ModelSpec.memo`) per plan and arguments: `key`
+    names the plan's key the term depends on — "key" (every field) or "layout_key" (every field but the micro-batch
+    and the sequence length: terms over parameters)."""
+    def wrap(compute):
+        name = f"{compute.__module__}.{compute.__qualname__}"
+
+        @functools.wraps(compute)
+        def term(spec, plan, *args, **kwargs):
+            memo_key = (name, getattr(plan, key), args, tuple(kwargs.items()) if kwargs else ())
+            memo = spec._memo
+            if memo_key in memo:
+                return memo[memo_key]
+            return spec.memo(memo_key, lambda: compute(spec, plan, *args, **kwargs))
+        return term
+    return wrap
 
 
 class TpSplit(str, Enum):
@@ -61,10 +82,16 @@ class ModelSpec:
 
     def memo(self, key: tuple, compute):
         """`compute()`, once per `key` for this spec: tables derived from the spec (and the plan fields in `key`)
-        that the walks ask for many times per estimate. The spec is immutable, so a value never goes stale."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
+        that the walks ask for many times per estimate. The spec is immutable, so a value never goes stale; past
+        `MEMO_LIMIT` keys the oldest is dropped (recomputed if asked again), so a long-running app stays bounded."""
+        memo = self._memo
+        if key in memo:
+            return memo[key]
+        value = compute()
+        if len(memo) >= MEMO_LIMIT:
+            del memo[next(iter(memo))]
+        memo[key] = value
+        return value
 
     @property
     def family(self):

@@ -168,7 +168,12 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
     return items
 
 
-def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> list:
+def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> tuple:
+    """One decoder layer's saved tensors under LoRA (kept per spec, plan and flags: `_layer_saved`)."""
+    return spec.memo(("lora.layer_saved", plan.key, first, half), lambda: tuple(_layer_saved(spec, plan, first, half)))
+
+
+def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -> list:
     """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad; `half`:
     half adapters, see `half_adapters`, with `plan` the pure-half compute plan).
 
@@ -229,7 +234,8 @@ def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> int:
-    return sum(s.bytes for s in layer_saved(spec, plan, first, half))
+    return spec.memo(("lora.layer_activation_bytes", plan.key, first, half),
+                     lambda: sum(s.bytes for s in layer_saved(spec, plan, first, half)))
 
 
 def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
