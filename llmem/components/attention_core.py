@@ -26,7 +26,7 @@ from __future__ import annotations
 from llmem.components.saved import Saved, _bytes, _sdpa
 from llmem.components.sharding import local_numel
 from llmem.plan import Method, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 # Parameters whose backward runs after the attention core: the norm before attention and the q/k/v projections.
 _BEFORE_CORE = ("q_proj", "k_proj", "v_proj", "query_key_value", "c_attn", "qkv_proj", "input_layernorm", "ln_1",
@@ -97,6 +97,7 @@ def _after_core(name: str) -> bool:
     return not any(f".{k}." in name or name.endswith(f".{k}") or f".{k}_" in name for k in _BEFORE_CORE)
 
 
+@per_spec("layout_key")
 def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter_bytes: int | None = None) -> int:
     """The layer's weight gradients made before its attention core runs backward: those of every parameter but the
     pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32, or
@@ -110,6 +111,7 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the q/k/v Linears (their MmBackward0 has not run yet)."""
     from llmem.components.autocast import _applies, _linear_weights

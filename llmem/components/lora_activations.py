@@ -16,7 +16,7 @@ from llmem.components.lora import (
 from llmem.components.saved import FP32
 from llmem.errors import InputError
 from llmem.plan import Method, Precision, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -37,6 +37,7 @@ _GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj
                 "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input"}
 
 
+@per_spec("layout_key")
 def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast (bf16-/fp16-mixed, not FSDP2): a frozen base weight is not cached by autocast (it caches only leaves
     that require grad), so its half-precision copy lives only where mm saves it, for the input gradient: where the
@@ -52,6 +53,7 @@ def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(p.numel for p in unsaved) * plan.precision.compute_bytes
 
 
+@per_spec("layout_key")
 def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
     until the forward's autocast region exits, in checkpointed layers too)."""
