@@ -58,6 +58,20 @@ class FieldKey:
         return self is other or (type(other) is FieldKey and self._hash == other._hash and self.values == other.values)
 
 
+_INTERNED: dict = {}  # FieldKey -> itself: equal plans share one key object, so a cache lookup compares identities
+
+
+def field_key(values: tuple) -> FieldKey:
+    """The one `FieldKey` of `values` (at most 4,096 kept; past that a new one is made, equal to the old)."""
+    key = FieldKey(values)
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= 4096:
+            _INTERNED.clear()
+        found = _INTERNED[key] = key
+    return found
+
+
 @dataclass(frozen=True)
 class TrainingPlan(_PlanFields):
     """How one training step runs: one field per row of `llmem.options.PLAN_OPTIONS` (gpus, tp, zero, batch_size,
@@ -220,13 +234,13 @@ class TrainingPlan(_PlanFields):
     def key(self) -> FieldKey:
         """The plan's field values as one key with its hash computed once: per-spec caches look terms up by it
         (hashing the plan itself hashes every enum field again)."""
-        return FieldKey(tuple(getattr(self, n) for n in _NAMES))
+        return field_key(tuple(getattr(self, n) for n in _NAMES))
 
     @cached_property
     def layout_key(self) -> FieldKey:
         """The fields but the micro-batch and the sequence length: the key of the terms over parameters (sharding,
         communication buffers, optimizer states), which compare's max-batch solve asks for at several batches."""
-        return FieldKey(tuple(getattr(self, n) for n in _NAMES if n not in _TOKEN_FIELDS))
+        return field_key(tuple(getattr(self, n) for n in _NAMES if n not in _TOKEN_FIELDS))
 
     def __hash__(self) -> int:
         return hash(self.key)

@@ -37,7 +37,7 @@ from llmem.components.saved import (  # noqa: F401 (re-exported)
     rms_norm_saved,
 )
 from llmem.plan import Device, GradCkpt, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
@@ -64,6 +64,7 @@ def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plan.batch_size * plan.seq_len * spec.hidden_size * rb
 
 
+@per_spec()
 def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Full checkpointing: the checkpoint keeps the layer's input (tokens × h × rb), alive through the layer's
     recompute and backward. `layer_saved` lists it where an op of the layer saves it too (the fp32 residual stream,
@@ -94,6 +95,7 @@ _MLP_OUTPUT_DROPOUTS = ("mlp dropout", "fc2 output dropout", "resid_mlp_dropout"
                         "mlp dropout_add")
 
 
+@per_spec()
 def mlp_output_dropout_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """What the dropout on the MLP output saved (CPU: its noise; CUDA: its bool mask). Its backward is the first
     node of the layer's backward, and autograd releases a node's saved tensors once it ran, so this is gone before
@@ -128,6 +130,7 @@ def checkpointed_layer_count(spec: ModelSpec, plan: TrainingPlan) -> int:
     return -(-spec.num_layers // plan.ckpt_every)
 
 
+@per_spec()
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     """What decoder layers 0 .. count-1 keep from forward to backward: a checkpointed layer its input
     (`checkpointed_layer_bytes`), any other its full `layer_activation_bytes`. With --ckpt-every K > 1, layer l's
@@ -140,6 +143,7 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     return ckpt * (checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)) + (count - ckpt) * full
 
 
+@per_spec()
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """What layer `layer` holds while its own backward runs: checkpointed, its input plus everything the recompute
     saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state
@@ -150,6 +154,7 @@ def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int
     return layer_activation_bytes(spec, lp)
 
 
+@per_spec()
 def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, saved: int | None = None) -> int:
     """A checkpointed layer during its backward: what its recompute saved (`saved`, default the layer's
     `layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state, still held."""
@@ -218,6 +223,7 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     return items
 
 
+@per_spec()
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 
@@ -321,6 +327,7 @@ def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
     return holders
 
 
+@per_spec()
 def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
     lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it."""
@@ -329,6 +336,7 @@ def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -
                if low > layer) if masks else 0
 
 
+@per_spec()
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in outer_saved(spec, plan))
 

@@ -126,6 +126,7 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
 SINGLE_ACTIVATION_MLPS = ("falcon", "gpt_neox")
 
 
+@per_spec()
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder

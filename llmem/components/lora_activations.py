@@ -19,6 +19,7 @@ from llmem.plan import Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 
+@per_spec()
 def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The MLP's intermediate-sized gradients at the peak of a layer's backward under LoRA, beyond its saved tensors.
     Two moments: down_proj's backward (the adapter branch runs first, its lora_A still holding what it saved of the
@@ -240,6 +241,7 @@ def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = Fa
                      lambda: sum(s.bytes for s in layer_saved(spec, plan, first, half)))
 
 
+@per_spec()
 def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """How much less layer 0 keeps than the others (its input needs no gradient; with a trainable embedding copy
     it does, and layer 0 keeps what the others keep)."""
@@ -265,6 +267,7 @@ def embeddings_require_grad(plan: TrainingPlan) -> bool:
     return plan.grad_ckpt is GradCkpt.FULL and plan.method is Method.LORA
 
 
+@per_spec()
 def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table), the
     checkpoint's own copy of the layer input where no op of the layer saves it (pure half precision:
@@ -275,6 +278,7 @@ def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> 
                                + act.checkpointed_input_extra_bytes(spec, plan))
 
 
+@per_spec()
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: bool = False) -> int:
     """`--grad-ckpt full --ckpt-every K` under LoRA: what decoder layers 0 .. count-1 keep from forward to backward.
     The checkpointed ones (0, K, 2K, ...) their input and RNG state, as under full fine-tuning; the others the LoRA
@@ -291,6 +295,7 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: boo
         + (count - ckpt) * full
 
 
+@per_spec()
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, half: bool = False) -> int:
     """What layer `layer` holds while its own backward runs under LoRA with `--ckpt-every K`: checkpointed, what its
     recompute saves (`recompute_bytes`); otherwise its LoRA table."""
@@ -316,6 +321,7 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
             if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]
 
 
+@per_spec()
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 

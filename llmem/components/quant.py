@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from llmem.components.saved import FP32
 from llmem.plan import Device, GradCkpt, Method, Precision, Quant, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor
+from llmem.spec import ModelSpec, ParamTensor, per_spec
 
 BLOCKSIZE = 64
 CODE_BYTES = 16 * 4
@@ -92,6 +92,7 @@ def base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plain * plan.precision.param_bytes + sum(weight_storage_bytes(spec, plan, p) for p in q)
 
 
+@per_spec()
 def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Forward: the largest decoder-layer Linear's dequantized weight plus its output (tokens, out).
     `--quant int8` on the cuda profile runs no dequantization in the forward: `int8_forward_cuda_bytes` instead."""
@@ -105,6 +106,7 @@ def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
                 for p in quantized_weights(spec, plan) if p.layer == 0), default=0)
 
 
+@per_spec()
 def dequant_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Backward: how far a Linear's dequantized weight can lift the modelled layer-backward moment.
 
@@ -208,6 +210,7 @@ _INPUT_GROUPS = ((("q_proj", "k_proj", "v_proj"), "h"), (("o_proj",), "q"), (("g
                  (("down_proj",), "i"))
 
 
+@per_spec()
 def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> tuple[int, int]:
     """`--quant int8`: the inputs of one decoder layer's 8-bit Linears that their autograd nodes keep (`ctx.A` /
     `ctx.tensors`, above) until the outputs are dropped, as (all of them, the part LoRA's saved tensors do not
@@ -251,6 +254,7 @@ def forward_moment_label(plan: TrainingPlan) -> str:
     return f"{bits(plan)} weight dequantized"
 
 
+@per_spec()
 def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--quant int8`, beyond LoRA's walk at a decoder layer's backward moment (the MLP's down_proj input gradient,
     base + adapter, being summed; `gradients.layer_backward_peak_extra_bytes`), measured on CPU (llama, qwen3):
