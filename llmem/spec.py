@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -22,18 +23,23 @@ def per_spec(key: str = "key"):
     """A component term `f(spec, plan, *args)` kept on the spec (`ModelSpec.memo`) per plan and arguments: `key`
     names the plan's key the term depends on — "key" (every field) or "layout_key" (every field but the micro-batch
     and the sequence length: terms over parameters)."""
+    plan_key = operator.attrgetter(key)
+
     def wrap(compute):
         name = f"{compute.__module__}.{compute.__qualname__}"
 
         @functools.wraps(compute)
         def term(spec, plan, *args, **kwargs):
-            memo_key = (name, getattr(plan, key), args, tuple(kwargs.items()) if kwargs else ())
-            memo = spec._memo
-            if memo_key in memo:
-                return memo[memo_key]
-            return spec.memo(memo_key, lambda: compute(spec, plan, *args, **kwargs))
+            memo_key = (name, plan_key(plan), args, tuple(kwargs.items()) if kwargs else ())
+            value = spec._memo.get(memo_key, _MISSING)
+            if value is _MISSING:
+                value = spec.memo(memo_key, lambda: compute(spec, plan, *args, **kwargs))
+            return value
         return term
     return wrap
+
+
+_MISSING = object()
 
 
 class TpSplit(str, Enum):

@@ -28,10 +28,19 @@ from llmem.walk.phase import Phase, moment, with_extra
 def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     """The plan whose single-device walk matches one FSDP2 rank's compute: TP-local tensors, unsharded; under a
     MixedPrecisionPolicy the whole forward runs in the half dtype (no autocast), as pure half precision does."""
-    precision = plan.precision
-    if precision.is_mixed:
-        precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
-    return plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
+    cp = _COMPUTE_PLANS.get(plan.key)
+    if cp is None:
+        precision = plan.precision
+        if precision.is_mixed:
+            precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
+        cp = plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
+        if len(_COMPUTE_PLANS) >= 1024:
+            _COMPUTE_PLANS.clear()
+        _COMPUTE_PLANS[plan.key] = cp
+    return cp
+
+
+_COMPUTE_PLANS: dict = {}  # plan key -> compute plan (a plan is immutable; at most 1,024 kept)
 
 
 @dataclass(frozen=True)

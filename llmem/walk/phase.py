@@ -17,16 +17,14 @@ class Phase:
         return sum(self.breakdown.values())
 
 
-_PART_CATEGORY = {c.name.lower(): c for c in Category} | {"standing": Category.COMMUNICATION}
-_EMPTY = dict.fromkeys(Category, 0)
+_P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
 
 
-def moment(name: str, **parts: int) -> Phase:
-    """The phase `name` with its parts summed per category (`standing` is a communication buffer)."""
-    breakdown = dict(_EMPTY)
-    for key, value in parts.items():
-        breakdown[_PART_CATEGORY[key]] += value
-    return Phase(name, breakdown)
+def moment(name: str, parameters: int = 0, gradients: int = 0, optimizer: int = 0, activations: int = 0,
+           logits: int = 0, communication: int = 0, standing: int = 0, temporaries: int = 0) -> Phase:
+    """The phase `name` with its parts per category (`standing` is a communication buffer), in `Category` order."""
+    return Phase(name, {_P: 0 + parameters, _G: 0 + gradients, _O: 0 + optimizer, _A: 0 + activations,
+                        _L: 0 + logits, _C: 0 + communication + standing, _T: 0 + temporaries})
 
 
 def with_extra(phase: Phase, name: str, category: Category, extra: int) -> Phase:
