@@ -93,6 +93,17 @@ def eager_core_transient_bytes(spec: ModelSpec, plan: TrainingPlan, items: tuple
     return 2 * _softmax_bytes(items) + tokens * q * cb + residual
 
 
+@per_spec()
+def layer_core_terms(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> tuple[int, int]:
+    """(`eager_core_released`, `eager_core_transient_bytes`) on the layer's own table: LoRA's (`half`: half adapters,
+    `lora.half_adapters`) or full fine-tuning's."""
+    from llmem.components import activations as act
+    from llmem.components import lora
+
+    saved = lora.layer_saved(spec, plan, half=half) if lora.is_lora(plan) else act.layer_saved(spec, plan)
+    return eager_core_released(spec, plan, saved), eager_core_transient_bytes(spec, plan, saved)
+
+
 def _after_core(name: str) -> bool:
     return not any(f".{k}." in name or name.endswith(f".{k}") or f".{k}_" in name for k in _BEFORE_CORE)
 

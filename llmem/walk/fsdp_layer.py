@@ -53,13 +53,12 @@ def _below(w: FsdpTerms, layer: int) -> int:
     return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
 
 
-def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> Phase:
+def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
     unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
     (`_backward_prefetch`): a new all-gather output while the unsharded parameters stay, and on CPU gloo's flat
     output inside the all-gather."""
-    below = _below(w, layer)
     own = w.kept_layers(w.spec, w.cp, layer + 1) - w.kept_layers(w.spec, w.cp, layer)
     return moment(
         f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
@@ -68,20 +67,20 @@ def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> 
         logits=w.logits, communication=comm.pre_backward_gather_bytes(w.spec, w.plan, layer) + retained)
 
 
-def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int]) -> list[Phase]:
+def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int],
+                      below: int) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    below = _below(w, layer)
     current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
     lp = act.layer_plan(cp, layer)
     mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
     on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
-    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
+    post_norm = norm_bwd.post_mlp_norm_released_bytes(spec, lp)  # released by now
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
-    phases += _attention_moments(w, layer, later, on, held)
+    phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
     end = lora_recompute_end(spec, plan, cp) if not w.partial else None
     if end is not None:  # see `lora_recompute_end`
         live, grads = end
@@ -104,37 +103,32 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     return phases
 
 
-def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int]) -> list[Phase]:
+def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],
+                       alive: int) -> list[Phase]:
     """gemma2's post-feedforward norm backward (`norm_backward`) and the eager attention core's softmax backward
     (`attention_core`), as in the single-device walk on the compute plan (unsharded gradients in param_dtype;
-    LoRA: the adapters' in `adapter_grad` bytes)."""
+    LoRA: the adapters' in `adapter_grad` bytes); `alive`: the layers' kept bytes, the layer's own and the outer."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    below = _below(w, layer)
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
     phases = []
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
-                             activations=below + w.outer_act + current - w.first_saving,
+                             activations=alive - w.first_saving,
                              gradients=w.root_grads_head + later + w.residual_grad
                              + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
         held[phases[-1].name] = later
     if core.applies(spec, plan):
-        lp = act.layer_plan(cp, layer)
-        saved = tuple(lora.layer_saved(spec, lp, half=w.half)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+        released, transient = core.layer_core_terms(spec, act.layer_plan(cp, layer), w.half)
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
-                             activations=below + w.outer_act + current - w.first_saving
-                             - core.eager_core_released(spec, lp, saved),
+                             activations=alive - w.first_saving - released,
                              gradients=w.root_grads_head + later
-                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad)
-                             + core.eager_core_transient_bytes(spec, lp, saved)))
+                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad) + transient))
     return phases
 
 
-def _reduce_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
+def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int) -> list[Phase]:
     """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
     spec, plan = w.spec, w.plan
-    below = _below(w, layer)
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
     gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
     return [
@@ -154,9 +148,9 @@ def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[P
     held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
              for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
-    phases = []
+    phases, below = [], _below(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
-        phases.append(_prebackward_moment(w, layer, later, retained))
+        phases.append(_prebackward_moment(w, layer, later, retained, below))
         held[phases[-1].name] = later
-    phases += _backward_moments(w, layer, later, retained, held)
-    return phases + _reduce_moments(w, layer, later)
+    phases += _backward_moments(w, layer, later, retained, held, below)
+    return phases + _reduce_moments(w, layer, later, below)
