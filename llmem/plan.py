@@ -7,6 +7,7 @@ that depend on it (tensor-parallel degree against the head counts, supported fam
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields, make_dataclass, replace
 from enum import Enum
 from functools import cached_property
@@ -40,36 +41,24 @@ MAX_GPUS = 65536
 _COERCERS = tuple((o.name, o.coercer) for o in PLAN_OPTIONS)
 _NAMES = tuple(o.name for o in PLAN_OPTIONS)
 _TOKEN_FIELDS = ("batch_size", "seq_len")  # what the terms over parameters never read
+_CACHED = ("key", "layout_key", "_values", "_hash")
 _PlanFields = make_dataclass("_PlanFields", [(o.name, o.kind, o.default) for o in PLAN_OPTIONS], frozen=True)
 
 
-class FieldKey:
-    """A tuple of field values whose hash is computed once."""
-
-    __slots__ = ("values", "_hash")
-
-    def __init__(self, values: tuple) -> None:
-        self.values, self._hash = values, hash(values)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is FieldKey and self._hash == other._hash and self.values == other.values)
+_INTERNED: dict = {}  # field values -> their serial number
+_SERIALS = itertools.count()
 
 
-_INTERNED: dict = {}  # FieldKey -> itself: equal plans share one key object, so a cache lookup compares identities
-
-
-def field_key(values: tuple) -> FieldKey:
-    """The one `FieldKey` of `values` (at most 4,096 kept; past that a new one is made, equal to the old)."""
-    key = FieldKey(values)
-    found = _INTERNED.get(key)
-    if found is None:
+def field_key(values: tuple) -> int:
+    """A serial number for `values`, the same for equal values: per-spec caches look terms up by it (an int hashes
+    and compares at once; hashing the plan hashes every field again). At most 4,096 are kept; past that, values
+    seen again get a new number (a cache miss, never a wrong hit: numbers are not reused)."""
+    key = _INTERNED.get(values)
+    if key is None:
         if len(_INTERNED) >= 4096:
             _INTERNED.clear()
-        found = _INTERNED[key] = key
-    return found
+        key = _INTERNED[values] = next(_SERIALS)
+    return key
 
 
 @dataclass(frozen=True)
@@ -231,23 +220,30 @@ class TrainingPlan(_PlanFields):
                              "--zero 0 or 1, or --optimizer adamw|sgd")
 
     @cached_property
-    def key(self) -> FieldKey:
-        """The plan's field values as one key with its hash computed once: per-spec caches look terms up by it
-        (hashing the plan itself hashes every enum field again)."""
-        return field_key(tuple(getattr(self, n) for n in _NAMES))
+    def key(self) -> int:
+        """The plan's field values as one number (`field_key`): the key of per-spec caches of its terms."""
+        return field_key(self._values)
 
     @cached_property
-    def layout_key(self) -> FieldKey:
+    def layout_key(self) -> int:
         """The fields but the micro-batch and the sequence length: the key of the terms over parameters (sharding,
         communication buffers, optimizer states), which compare's max-batch solve asks for at several batches."""
         return field_key(tuple(getattr(self, n) for n in _NAMES if n not in _TOKEN_FIELDS))
 
+    @cached_property
+    def _values(self) -> tuple:
+        return tuple(getattr(self, n) for n in _NAMES)
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(self._values)
+
     def __hash__(self) -> int:
-        return hash(self.key)
+        return self._hash
 
     def __getstate__(self) -> dict:
-        """Pickled without the cached keys: a string's hash differs from one process to the next."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("key", "layout_key")}
+        """Pickled without what is cached: a string's hash, and a key's number, differ from one process to the next."""
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHED}
 
     @cached_property
     def scheme(self) -> Scheme:

@@ -20,7 +20,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import GradCkpt, Offload, Precision, Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases
 from llmem.walk.phase import Phase, moment, with_extra
 
@@ -64,7 +64,9 @@ class FsdpTerms:
     current_layer: Callable
     logits: int
     root_grads_head: int
-    sharded_layer: list
+    sharded_layer: tuple
+    sharded_later: tuple  # sharded_later[l]: the shards of the layers after l
+    sharded_total: int
     layer_grads: int
     residual_grad: int
     rs_in: int
@@ -112,6 +114,15 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan
 
 def _fsdp_gradient_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> dict:
     """Gradients (the root's and a layer's unsharded in param_dtype, the layers' shards) and FSDP2's buffers."""
+    return dict(**_fsdp_layout_terms(spec, plan), logits=lg.logits_bytes(spec, cp),
+                residual_grad=plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes)  # d(output)
+
+
+@per_spec("layout_key")
+def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """The gradient and buffer terms that do not depend on the micro-batch or the sequence length; `sharded_later[l]`
+    is the layers' shards after layer l (suffix sums of `sharded_layer`)."""
+    cp = compute_plan(plan)
     half = lora.half_adapters(plan)
     adapter_grad = cp.precision.compute_bytes if half else lora.ADAPTER_BYTES  # unsharded adapter gradients
     pb = plan.precision.param_bytes
@@ -120,11 +131,13 @@ def _fsdp_gradient_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) 
     if lora.is_lora(plan):  # only the adapters have gradients
         sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
         layer_grads = lora.layer_adapter_bytes(spec, cp, 0, adapter_grad)
+    later = [0] * len(sharded_layer)
+    for layer in range(len(sharded_layer) - 2, -1, -1):
+        later[layer] = later[layer + 1] + sharded_layer[layer + 1]
     return dict(
-        adapter_grad=adapter_grad, logits=lg.logits_bytes(spec, cp),
-        root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
-        sharded_layer=sharded_layer, layer_grads=layer_grads,
-        residual_grad=plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes,  # d(output)
+        adapter_grad=adapter_grad, root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
+        sharded_layer=tuple(sharded_layer), sharded_later=tuple(later), sharded_total=sum(sharded_layer),
+        layer_grads=layer_grads,
         rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
         root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))
 
@@ -247,9 +260,9 @@ def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
     if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
         root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
-    held["backward end (root reduce-scatter)"] = sum(w.sharded_layer) * w.resident
+    held["backward end (root reduce-scatter)"] = w.sharded_total * w.resident
     return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
-                  gradients=sum(w.sharded_layer) * w.resident + root_sharded + head_unsharded,
+                  gradients=w.sharded_total * w.resident + root_sharded + head_unsharded,
                   communication=comm.root_reduce_scatter_input_bytes(spec, plan)
                   + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
                   + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))

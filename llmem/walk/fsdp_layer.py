@@ -144,7 +144,7 @@ def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int) -> list[Ph
 def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[Phase]:
     """Layer `layer`'s backward moments; `held` gets the sharded gradients micro-step 1 holds at each (the later
     layers', for --grad-accum: `accumulation.fsdp_accumulation_phases`)."""
-    later = sum(w.sharded_layer[layer + 1:]) * w.resident
+    later = w.sharded_later[layer] * w.resident
     held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
              for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
