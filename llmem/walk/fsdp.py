@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from llmem.components import Category, lora, offload, quant
 from llmem.components import activations as act
+from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import gradient_bytes, head_gradient_bytes, layer_gradient_bytes
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
@@ -67,6 +69,14 @@ class FsdpTerms:
     sharded_layer: tuple
     sharded_later: tuple  # sharded_later[l]: the shards of the layers after l
     sharded_total: int
+    reduce_extra: int  # a layer's reduce-scatter: the last Shard(1) gradient's original (`shard_dim1_reduce_bytes`)
+    copy_in_extra: int  # ... its copy-in's padded copies (`chunk_cat_padding_bytes`)
+    rs_scratch: int  # ... and gloo's scratch (`reduce_scatter_scratch_bytes`)
+    lora: bool
+    core: bool  # the layers' moments: the eager attention core's (`attention_core.applies`)
+    post_norm: bool  # gemma2's post-feedforward norm's (full fine-tuning)
+    falcon_math: bool  # falcon's math-path attention core's
+    recompute_end: tuple | None  # `fsdp_layer.lora_recompute_end`
     layer_grads: int
     residual_grad: int
     rs_in: int
@@ -106,9 +116,11 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan
         kept_layers = partial_fn(lora.kept_layers_bytes, half=half)
         current_layer = partial_fn(lora.current_layer_backward_bytes, half=half)
     ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
+    from llmem.walk.fsdp_layer import lora_recompute_end
     return dict(kept=kept, outer_act=outer_act, forward_acts=forward_acts, recompute=recompute,
                 first_saving=first_saving, half=half, kept_layers=kept_layers, current_layer=current_layer,
-                partial=plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1, ids=ids,
+                partial=partial, ids=ids, recompute_end=None if partial else lora_recompute_end(spec, plan, cp),
                 hidden=act.checkpointed_layer_bytes(spec, cp))  # the hidden states entering a layer
 
 
@@ -137,7 +149,11 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     return dict(
         adapter_grad=adapter_grad, root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
         sharded_layer=tuple(sharded_layer), sharded_later=tuple(later), sharded_total=sum(sharded_layer),
-        layer_grads=layer_grads,
+        layer_grads=layer_grads, reduce_extra=comm.shard_dim1_reduce_bytes(spec, plan),
+        copy_in_extra=comm.chunk_cat_padding_bytes(spec, plan),
+        rs_scratch=comm.reduce_scatter_scratch_bytes(spec, plan), lora=lora.is_lora(plan),
+        core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
+        falcon_math=act.falcon_math_attention(spec, plan),
         rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
         root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))
 

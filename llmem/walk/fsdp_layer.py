@@ -72,7 +72,7 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    current = w.current_layer(spec, cp, layer) if w.partial or w.lora else (w.recompute or w.kept)
     lp = act.layer_plan(cp, layer)
     mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
     on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
@@ -81,20 +81,19 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
     phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
-    end = lora_recompute_end(spec, plan, cp) if not w.partial else None
-    if end is not None:  # see `lora_recompute_end`
-        live, grads = end
+    if w.recompute_end is not None:  # see `lora_recompute_end`
+        live, grads = w.recompute_end
         phases.append(moment(f"backward (layer {layer}, end of its recompute)", **on,
                              activations=below + w.outer_act + current - (w.first_saving if layer == 0 else 0) + live,
                              gradients=w.root_grads_head + later + w.residual_grad + grads))
         held[phases[-1].name] = later
-    if lora.is_lora(plan) and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
+    if w.lora and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
         for what, (fwd, grads) in recompute_moments(spec, cp).items():
             phases.append(moment(f"backward (layer {layer}, {what})", **on,
                                  activations=below + w.outer_act + current + sum(s.bytes for s in fwd),
                                  gradients=w.root_grads_head + later + w.residual_grad + sum(s.bytes for s in grads)))
             held[phases[-1].name] = later
-    if act.falcon_math_attention(spec, plan):
+    if w.falcon_math:
         phases.append(moment(
             f"backward (layer {layer}, attention core)", **on,
             activations=below + w.outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),
@@ -108,15 +107,15 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
     """gemma2's post-feedforward norm backward (`norm_backward`) and the eager attention core's softmax backward
     (`attention_core`), as in the single-device walk on the compute plan (unsharded gradients in param_dtype;
     LoRA: the adapters' in `adapter_grad` bytes); `alive`: the layers' kept bytes, the layer's own and the outer."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    spec, cp = w.spec, w.cp
     phases = []
-    if norm_bwd.applies(spec) and not lora.is_lora(plan):
+    if w.post_norm:
         phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
                              activations=alive - w.first_saving,
                              gradients=w.root_grads_head + later + w.residual_grad
                              + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
         held[phases[-1].name] = later
-    if core.applies(spec, plan):
+    if w.core:
         released, transient = core.layer_core_terms(spec, act.layer_plan(cp, layer), w.half)
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
                              activations=alive - w.first_saving - released,
@@ -130,14 +129,14 @@ def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int) -> list[Ph
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
     spec, plan = w.spec, w.plan
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
-    gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
+    gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + w.reduce_extra
     return [
         moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.layer_grads,
-               communication=gather + w.rs_in + comm.chunk_cat_padding_bytes(spec, plan)),
+               communication=gather + w.rs_in + w.copy_in_extra),
         moment(f"reduce-scatter (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.sharded_layer[layer],
-               communication=gather + w.rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)),
+               communication=gather + w.rs_in + w.rs_scratch),
     ]
 
 
