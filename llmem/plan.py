@@ -8,6 +8,7 @@ that depend on it (tensor-parallel degree against the head counts, supported fam
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, fields, make_dataclass, replace
 from enum import Enum
 from functools import cached_property
@@ -42,6 +43,8 @@ _COERCERS = tuple((o.name, o.coercer) for o in PLAN_OPTIONS)
 _NAMES = tuple(o.name for o in PLAN_OPTIONS)
 _TOKEN_FIELDS = ("batch_size", "seq_len")  # what the terms over parameters never read
 _CACHED = ("key", "layout_key", "_values", "_hash")
+_VALUES = operator.attrgetter(*_NAMES)
+_LAYOUT_VALUES = operator.attrgetter(*(n for n in _NAMES if n not in _TOKEN_FIELDS))
 _PlanFields = make_dataclass("_PlanFields", [(o.name, o.kind, o.default) for o in PLAN_OPTIONS], frozen=True)
 
 
@@ -228,11 +231,11 @@ class TrainingPlan(_PlanFields):
     def layout_key(self) -> int:
         """The fields but the micro-batch and the sequence length: the key of the terms over parameters (sharding,
         communication buffers, optimizer states), which compare's max-batch solve asks for at several batches."""
-        return field_key(tuple(getattr(self, n) for n in _NAMES if n not in _TOKEN_FIELDS))
+        return field_key(_LAYOUT_VALUES(self))
 
     @cached_property
     def _values(self) -> tuple:
-        return tuple(getattr(self, n) for n in _NAMES)
+        return _VALUES(self)
 
     @cached_property
     def _hash(self) -> int:

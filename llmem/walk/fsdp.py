@@ -270,18 +270,24 @@ def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     """The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
     gradients the lm_head weight's is still referenced during the collective (seen in every run; the holder of the
     reference is not pinned down), the others are freed after the copy-in."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    root_sharded, head_unsharded, buffers = _root_reduce_terms(w.spec, w.plan)
+    held["backward end (root reduce-scatter)"] = w.sharded_total * w.resident
+    return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
+                  gradients=w.sharded_total * w.resident + root_sharded + head_unsharded, communication=buffers)
+
+
+@per_spec("layout_key")
+def _root_reduce_terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
+    """The root's sharded gradients, the lm_head's unsharded one still referenced, and the reduce-scatter's buffers."""
+    cp = compute_plan(plan)
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
     head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), spec.outer_params[0])
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes
     if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
         root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
-    held["backward end (root reduce-scatter)"] = w.sharded_total * w.resident
-    return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
-                  gradients=w.sharded_total * w.resident + root_sharded + head_unsharded,
-                  communication=comm.root_reduce_scatter_input_bytes(spec, plan)
-                  + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
-                  + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
+    return root_sharded, head_unsharded, (comm.root_reduce_scatter_input_bytes(spec, plan)
+                                          + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
+                                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
 
 
 def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
