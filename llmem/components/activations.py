@@ -69,11 +69,15 @@ def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Full checkpointing: the checkpoint keeps the layer's input (tokens × h × rb), alive through the layer's
     recompute and backward. `layer_saved` lists it where an op of the layer saves it too (the fp32 residual stream,
     a LayerNorm's input); in pure half precision an RMSNorm saves its fp32 copy instead, so the input is extra."""
-    if plan.grad_ckpt is not GradCkpt.FULL:
-        return 0
-    if any(s.name.startswith("input (residual stream") for s in layer_saved(spec, plan)):
+    if plan.grad_ckpt is not GradCkpt.FULL or saves_layer_input(spec, plan):
         return 0
     return checkpointed_layer_bytes(spec, plan)
+
+
+@per_spec()
+def saves_layer_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether an op of the layer saves the layer's input (`layer_saved` lists the residual stream)."""
+    return any(s.name.startswith("input (residual stream") for s in layer_saved(spec, plan))
 
 
 # `torch.get_rng_state()`: the CPU generator's state as a uint8 tensor (mt19937 state + normal-sampling cache).

@@ -201,8 +201,7 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
     # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
     # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
     embeds = 0
-    if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not any(
-            s.name.startswith("input (residual stream") for s in act.layer_saved(spec, cp))):
+    if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not act.saves_layer_input(spec, cp)):
         embeds = w.hidden
     on = dict(**w.persistent, activations=earlier_layers + w.outer_act + embeds + w.hidden)
     return [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmem.components import Category
 
@@ -11,10 +11,10 @@ from llmem.components import Category
 class Phase:
     name: str
     breakdown: dict  # Category -> bytes
+    total: int = field(init=False, repr=False, compare=False)  # the breakdown's sum
 
-    @property
-    def total(self) -> int:
-        return sum(self.breakdown.values())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.breakdown.values()))
 
 
 _P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
