@@ -11,10 +11,11 @@ from llmem.components import Category
 class Phase:
     name: str
     breakdown: dict  # Category -> bytes
-    total: int = field(init=False, repr=False, compare=False)  # the breakdown's sum
+    total: int = field(default=None, repr=False, compare=False)  # the breakdown's sum (computed when not given)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "total", sum(self.breakdown.values()))
+        if self.total is None:
+            object.__setattr__(self, "total", sum(self.breakdown.values()))
 
 
 _P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
@@ -22,9 +23,12 @@ _P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
 
 def moment(name: str, parameters: int = 0, gradients: int = 0, optimizer: int = 0, activations: int = 0,
            logits: int = 0, communication: int = 0, standing: int = 0, temporaries: int = 0) -> Phase:
-    """The phase `name` with its parts per category (`standing` is a communication buffer), in `Category` order."""
+    """The phase `name` with its parts per category (`standing` is a communication buffer), in `Category` order
+    (`0 + part`: a plain int where a part is a bool)."""
+    c = 0 + communication + standing
     return Phase(name, {_P: 0 + parameters, _G: 0 + gradients, _O: 0 + optimizer, _A: 0 + activations,
-                        _L: 0 + logits, _C: 0 + communication + standing, _T: 0 + temporaries})
+                        _L: 0 + logits, _C: c, _T: 0 + temporaries},
+                 0 + parameters + gradients + optimizer + activations + logits + c + temporaries)
 
 
 def with_extra(phase: Phase, name: str, category: Category, extra: int) -> Phase:
