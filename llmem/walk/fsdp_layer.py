@@ -144,8 +144,9 @@ def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[P
     """Layer `layer`'s backward moments; `held` gets the sharded gradients micro-step 1 holds at each (the later
     layers', for --grad-accum: `accumulation.fsdp_accumulation_phases`)."""
     later = w.sharded_later[layer] * w.resident
-    held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
-             for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
+    if w.plan.grad_accum > 1:  # `held` is read by the accumulation phases only
+        held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
+                 for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
     phases, below = [], _below(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
