@@ -47,39 +47,59 @@ def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) ->
 
 
 
-def _below(w: FsdpTerms, layer: int) -> int:
+def _kept(w: FsdpTerms, layer: int) -> tuple[int, int]:
     """What the layers below `layer` keep, less the eager masks only the layers above it took
-    (`activations.eager_mask_released_bytes`)."""
-    return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
+    (`activations.eager_mask_released_bytes`), and what the layer itself keeps; once per plan and layer."""
+    spec, cp, kept_layers = w.spec, w.cp, w.kept_layers
+    return spec.memo(("fsdp.kept", w.plan.key, layer), lambda: (
+        kept_layers(spec, cp, layer) - act.eager_mask_released_bytes(spec, cp, layer),
+        kept_layers(spec, cp, layer + 1) - kept_layers(spec, cp, layer)))
 
 
-def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int) -> Phase:
+def _backward_terms(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
+    """Of the layer's table (`activations.layer_plan`), the MLP-output dropout's and gemma2's post-MLP norm's saves
+    (released by the MLP's backward moment), and that moment's gradients beyond the saved tensors; once per plan and
+    layer."""
+    def compute() -> tuple[int, int, int]:
+        lp = act.layer_plan(w.cp, layer)
+        return (act.mlp_output_dropout_bytes(w.spec, lp), norm_bwd.post_mlp_norm_released_bytes(w.spec, lp),
+                layer_backward_peak_extra_bytes(w.spec, lp, w.adapter_grad))
+    return w.spec.memo(("fsdp.backward", w.plan.key, layer), compute)
+
+
+def _gathers(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
+    """The unsharded parameters at the layer's pre-backward, backward and reduce-scatter (`communication`); once per
+    plan layout and layer."""
+    spec, plan = w.spec, w.plan
+    return spec.memo(("fsdp.gathers", plan.layout_key, layer), lambda: (
+        comm.pre_backward_gather_bytes(spec, plan, layer), comm.backward_gather_bytes(spec, plan, layer),
+        comm.backward_gather_bytes(spec, plan, layer, own=False)))
+
+
+def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int, own: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
     unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
     (`_backward_prefetch`): a new all-gather output while the unsharded parameters stay, and on CPU gloo's flat
     output inside the all-gather."""
-    own = w.kept_layers(w.spec, w.cp, layer + 1) - w.kept_layers(w.spec, w.cp, layer)
     return moment(
         f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
         activations=below + w.outer_act + own - w.first_saving,
         gradients=w.root_grads_head + later + w.residual_grad,
-        logits=w.logits, communication=comm.pre_backward_gather_bytes(w.spec, w.plan, layer) + retained)
+        logits=w.logits, communication=_gathers(w, layer)[0] + retained)
 
 
 def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int],
                       below: int) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    spec, cp = w.spec, w.cp
     current = w.current_layer(spec, cp, layer) if w.partial or w.lora else (w.recompute or w.kept)
-    lp = act.layer_plan(cp, layer)
-    mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
-    on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
-    post_norm = norm_bwd.post_mlp_norm_released_bytes(spec, lp)  # released by now
+    mlp_dropout, post_norm, peak_extra = _backward_terms(w, layer)  # the saves freed by the MLP's backward
+    on = dict(**w.persistent, logits=w.logits, communication=_gathers(w, layer)[1] + retained)
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
-                     gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
+                     gradients=w.root_grads_head + later + peak_extra)]
     phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
     if w.recompute_end is not None:  # see `lora_recompute_end`
         live, grads = w.recompute_end
@@ -127,9 +147,8 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
 def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int) -> list[Phase]:
     """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
-    spec, plan = w.spec, w.plan
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
-    gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + w.reduce_extra
+    gather = _gathers(w, layer)[2] + w.reduce_extra
     return [
         moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.layer_grads,
@@ -148,9 +167,9 @@ def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[P
         held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
-    phases, below = [], _below(w, layer)
+    phases, (below, own) = [], _kept(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
-        phases.append(_prebackward_moment(w, layer, later, retained, below))
+        phases.append(_prebackward_moment(w, layer, later, retained, below, own))
         held[phases[-1].name] = later
     phases += _backward_moments(w, layer, later, retained, held, below)
     return phases + _reduce_moments(w, layer, later, below)
