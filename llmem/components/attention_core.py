@@ -116,7 +116,7 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
     from llmem.components import lora
 
     if lora.is_lora(plan):
-        after = [p for p in lora.targeted(spec, plan) if p.layer == 0 and _after_core(p.name)]
+        after = [p for p in lora.layer0_targeted(spec, plan) if _after_core(p.name)]
         return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * (adapter_bytes or lora.ADAPTER_BYTES)
     params = spec.memo(("core.after",), lambda: tuple(p for p in spec.layer_params(0) if _after_core(p.name)))
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes

@@ -177,6 +177,12 @@ def targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, ...]:
     return spec.memo(("lora.targeted", plan.lora_targets), lambda: _targeted(spec, plan.lora_targets))
 
 
+def layer0_targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, ...]:
+    """The targeted base weights of decoder layer 0 (every layer adapts the same Linears: `check_supported`)."""
+    return spec.memo(("lora.layer0_targeted", plan.lora_targets),
+                     lambda: tuple(p for p in targeted(spec, plan) if p.layer == 0))
+
+
 def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
     linears = linear_weights(spec)
     if targets == ALL_LINEAR:
@@ -319,7 +325,7 @@ def outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 @per_spec("layout_key")
 def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: int = ADAPTER_BYTES) -> int:
     """The gradients of the adapters of a layer's last MLP Linear (its A and B), produced during its backward."""
-    mlp = [p for p in targeted(spec, plan) if p.layer == 0 and (".mlp." in p.name or ".fc" in p.name)]
+    mlp = [p for p in layer0_targeted(spec, plan) if ".mlp." in p.name or ".fc" in p.name]
     if not mlp:
         return 0
     i, o = in_out(spec, mlp[-1])

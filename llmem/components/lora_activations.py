@@ -9,6 +9,7 @@ from llmem.components.lora import (
     _summary,
     in_out,
     is_lora,
+    layer0_targeted,
     linear_weights,
     targeted,
     trains_copy,
@@ -28,7 +29,7 @@ def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
     tokens, inter = plan.batch_size * plan.seq_len, spec.intermediate_size // plan.tp
     grad = tokens * inter * plan.precision.compute_bytes
-    down = [p for p in targeted(spec, plan) if p.layer == 0 and _module(p).rsplit(".", 1)[-1] == "down_proj"]
+    down = [p for p in layer0_targeted(spec, plan) if _module(p).rsplit(".", 1)[-1] == "down_proj"]
     saved = sum(s.bytes for s in _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True)) \
         if down else 0
     return max(2 * grad, 3 * grad - saved)
@@ -66,7 +67,7 @@ def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
-    return {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    return {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
 
 
 # --- activations -------------------------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     tokens = plan.batch_size * plan.seq_len
     drop = {".normalized"}
     dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT}
-    mods = [p for p in targeted(spec, plan) if p.layer == 0]
+    mods = layer0_targeted(spec, plan)
     adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
     grad = _requires_grad(adapted, first)
     items, in_attention = [], False

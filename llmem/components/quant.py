@@ -221,14 +221,14 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     other inputs are lora_A's saved input only with dropout 0 in fp32 on an adapted group (with dropout lora_A saves
     the dropout output, in pure half precision its fp32 copy). With `--grad-ckpt full` LoRA's tensors are not saved
     in the forward, so all are extra there."""
-    from llmem.components.lora import _module, targeted
+    from llmem.components.lora import _module, layer0_targeted
 
     if not is_int8(plan):
         return 0, 0
     tokens = plan.batch_size * plan.seq_len
     cb = plan.precision.compute_bytes
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     ckpt = plan.grad_ckpt is GradCkpt.FULL
     held = extra = 0
@@ -263,11 +263,11 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     - with --grad-ckpt full, when lora_A does not keep the q/k/v input itself (dropout > 0 or half precision), the
       recomputed input_layernorm output (T*h*cb) is still alive there (LoRA's walk frees it after the recompute):
       the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)"""
-    from llmem.components.lora import _module, targeted
+    from llmem.components.lora import _module, layer0_targeted
 
     if not is_int8(plan):
         return 0
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     tokens, cb = plan.batch_size * plan.seq_len, plan.precision.compute_bytes
     if plan.grad_ckpt is GradCkpt.FULL:
