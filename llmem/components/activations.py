@@ -43,7 +43,7 @@ from llmem.spec import ModelSpec, per_spec
 def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
     """One decoder layer's saved tensors (its family's table). The walks ask for it many times per estimate, so it
     is kept per spec and plan (both immutable)."""
-    return spec.memo(("layer_saved", plan.key), lambda: _layer_saved(spec, plan))
+    return spec.memo(("layer_saved", plan.key), lambda: _layer_saved(spec, plan), per_plan=True)
 
 
 def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
@@ -55,7 +55,8 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes one decoder layer keeps for backward without checkpointing."""
-    return spec.memo(("layer_activation_bytes", plan.key), lambda: sum(s.bytes for s in layer_saved(spec, plan)))
+    return spec.memo(("layer_activation_bytes", plan.key), lambda: sum(s.bytes for s in layer_saved(spec, plan)),
+                     per_plan=True)
 
 
 def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

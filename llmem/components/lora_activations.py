@@ -99,6 +99,8 @@ _NEEDS = {  # table entry -> the tensor whose requires_grad decides whether it i
 # the o_proj input: under full fine-tuning saved for o_proj's weight gradient; under LoRA only by its adapter
 _O_PROJ_INPUT = "attention output contiguous (o_proj input)"
 _ATTENTION_LAST = "residual after attention"
+# what LoRA's table leaves out of full fine-tuning's (and every `.normalized`): saved only for weight gradients
+_DROPPED = frozenset({n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT})
 
 
 ATTENTION_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -174,7 +176,8 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
 
 def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> tuple:
     """One decoder layer's saved tensors under LoRA (kept per spec, plan and flags: `_layer_saved`)."""
-    return spec.memo(("lora.layer_saved", plan.key, first, half), lambda: tuple(_layer_saved(spec, plan, first, half)))
+    return spec.memo(("lora.layer_saved", plan.key, first, half), lambda: tuple(_layer_saved(spec, plan, first, half)),
+                     per_plan=True)
 
 
 def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -> list:
@@ -190,8 +193,6 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     from llmem.components.activations import Saved
 
     tokens = plan.batch_size * plan.seq_len
-    drop = {".normalized"}
-    dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT}
     mods = layer0_targeted(spec, plan)
     adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
     grad = _requires_grad(adapted, first)
@@ -201,7 +202,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
             in_attention = True  # attention_saved's entries, up to the residual after attention
         if s.name == _ATTENTION_LAST or s.name.startswith("post_attention_layernorm"):
             in_attention = False
-        if s.name in dropped_names or any(s.name.endswith(d) for d in drop):
+        if s.name in _DROPPED or s.name.endswith(".normalized"):
             continue
         if not grad[_NEEDS.get(s.name, "attention" if in_attention else "input")]:
             continue
@@ -239,7 +240,7 @@ def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> int:
     return spec.memo(("lora.layer_activation_bytes", plan.key, first, half),
-                     lambda: sum(s.bytes for s in layer_saved(spec, plan, first, half)))
+                     lambda: sum(s.bytes for s in layer_saved(spec, plan, first, half)), per_plan=True)
 
 
 @per_spec()

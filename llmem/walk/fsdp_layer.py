@@ -53,7 +53,7 @@ def _kept(w: FsdpTerms, layer: int) -> tuple[int, int]:
     spec, cp, kept_layers = w.spec, w.cp, w.kept_layers
     return spec.memo(("fsdp.kept", w.plan.key, layer), lambda: (
         kept_layers(spec, cp, layer) - act.eager_mask_released_bytes(spec, cp, layer),
-        kept_layers(spec, cp, layer + 1) - kept_layers(spec, cp, layer)))
+        kept_layers(spec, cp, layer + 1) - kept_layers(spec, cp, layer)), per_plan=True)
 
 
 def _backward_terms(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
@@ -64,7 +64,7 @@ def _backward_terms(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
         lp = act.layer_plan(w.cp, layer)
         return (act.mlp_output_dropout_bytes(w.spec, lp), norm_bwd.post_mlp_norm_released_bytes(w.spec, lp),
                 layer_backward_peak_extra_bytes(w.spec, lp, w.adapter_grad))
-    return w.spec.memo(("fsdp.backward", w.plan.key, layer), compute)
+    return w.spec.memo(("fsdp.backward", w.plan.key, layer), compute, per_plan=True)
 
 
 def _gathers(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
