@@ -91,8 +91,10 @@ class FsdpTerms:
         return self.spec.num_layers
 
 
-def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> dict:
+@per_spec()
+def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     """The activations of the compute plan; LoRA (half adapters under a MixedPrecisionPolicy) as in `single.py`."""
+    cp = compute_plan(plan)
     from functools import partial as partial_fn
 
     layers = spec.num_layers
@@ -166,7 +168,7 @@ def fsdp_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
     persistent = dict(parameters=parameter_bytes(spec, plan) * resident,
                       optimizer=optimizer_state_bytes(spec, plan) * resident)
     return FsdpTerms(spec=spec, plan=plan, cp=cp, persistent=persistent, resident=resident,
-                     **_fsdp_activation_terms(spec, plan, cp), **_fsdp_gradient_terms(spec, plan, cp))
+                     **_fsdp_activation_terms(spec, plan), **_fsdp_gradient_terms(spec, plan, cp))
 
 
 def forward_gather_moments(w: FsdpTerms) -> list[Phase]:
