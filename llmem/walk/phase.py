@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from llmem.components import Category
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Phase:
     name: str
     breakdown: dict  # Category -> bytes
-    total: int = field(default=None, repr=False, compare=False)  # the breakdown's sum (computed when not given)
+    total: int = field(repr=False, compare=False)  # the breakdown's sum
 
-    def __post_init__(self) -> None:
-        if self.total is None:
-            object.__setattr__(self, "total", sum(self.breakdown.values()))
+    def __init__(self, name: str, breakdown: dict, total: int | None = None) -> None:
+        # a walk makes dozens of phases per estimate: the fields are set in one go (the dataclass is frozen)
+        self.__dict__.update(name=name, breakdown=breakdown,
+                             total=sum(breakdown.values()) if total is None else total)
 
 
 _P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
