@@ -74,7 +74,9 @@ class FsdpTerms:
     rs_scratch: int  # ... and gloo's scratch (`reduce_scatter_scratch_bytes`)
     lora: bool
     core: bool  # the layers' moments: the eager attention core's (`attention_core.applies`)
+    core_grads: int  # ... with the weight gradients made before it
     post_norm: bool  # gemma2's post-feedforward norm's (full fine-tuning)
+    post_norm_bwd: int  # ... with its backward's temporaries
     falcon_math: bool  # falcon's math-path attention core's
     recompute_end: tuple | None  # `fsdp_layer.lora_recompute_end`
     layer_grads: int
@@ -123,7 +125,8 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     return dict(kept=kept, outer_act=outer_act, forward_acts=forward_acts, recompute=recompute,
                 first_saving=first_saving, half=half, kept_layers=kept_layers, current_layer=current_layer,
                 partial=partial, ids=ids, recompute_end=None if partial else lora_recompute_end(spec, plan, cp),
-                hidden=act.checkpointed_layer_bytes(spec, cp))  # the hidden states entering a layer
+                hidden=act.checkpointed_layer_bytes(spec, cp),  # the hidden states entering a layer
+                post_norm_bwd=norm_bwd.post_mlp_norm_backward_bytes(spec, cp))
 
 
 def _fsdp_gradient_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> dict:
@@ -155,6 +158,7 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         copy_in_extra=comm.chunk_cat_padding_bytes(spec, plan),
         rs_scratch=comm.reduce_scatter_scratch_bytes(spec, plan), lora=lora.is_lora(plan),
         core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
+        core_grads=core.eager_core_layer_gradient_bytes(spec, cp, adapter_grad),
         falcon_math=act.falcon_math_attention(spec, plan),
         rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
         root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))

@@ -132,15 +132,13 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
     if w.post_norm:
         phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
                              activations=alive - w.first_saving,
-                             gradients=w.root_grads_head + later + w.residual_grad
-                             + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
+                             gradients=w.root_grads_head + later + w.residual_grad + w.post_norm_bwd))
         held[phases[-1].name] = later
     if w.core:
         released, transient = core.layer_core_terms(spec, act.layer_plan(cp, layer), w.half)
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
                              activations=alive - w.first_saving - released,
-                             gradients=w.root_grads_head + later
-                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad) + transient))
+                             gradients=w.root_grads_head + later + w.core_grads + transient))
     return phases
 
 
