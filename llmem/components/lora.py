@@ -125,6 +125,7 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     return out
 
 
+@per_spec("layout_key")
 def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
     """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
     names = saved_module_names(plan)

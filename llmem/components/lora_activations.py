@@ -193,8 +193,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     from llmem.components.activations import Saved
 
     tokens = plan.batch_size * plan.seq_len
-    mods = layer0_targeted(spec, plan)
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
+    adapted, groups = _adapted_groups(spec, plan)
     grad = _requires_grad(adapted, first)
     items, in_attention = [], False
     for s in act.layer_saved(spec, plan):
@@ -214,20 +213,32 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
     a_bytes = 2 if plan.precision.is_mixed or half else FP32
     for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
-        group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
-        if not group:
+        count, in_plus_out = groups[k]
+        if not count:
             continue
         label = "/".join(names)
         shared = bool(full_ft) or (names == ("o_proj",) and not o_input_saved)
-        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=shared,
+        items += _adapter_input_saved(label, plan, tokens, widths[width], count, shared=shared,
                                       input_grad=group_input_grad[k], half=half)
-        items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
+        items.append(Saved(f"{label}: lora_A output (lora_B input)", count * tokens * plan.lora_rank * a_bytes))
         # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
-        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", len(group) * 8))
+        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", count * 8))
         if plan.precision.is_mixed:
-            cast = sum(plan.lora_rank * sum(in_out(spec, p)) for p in group) * 2
-            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", cast))
+            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", plan.lora_rank * in_plus_out * 2))
     return items
+
+
+def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+    """Layer 0's adapted Linears by short name, and per group of `_INPUT_GROUPS` how many of its Linears are adapted
+    and the sum of their in + out features (the adapters' weights are rank × that); once per target list."""
+    def compute() -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+        mods = layer0_targeted(spec, plan)
+        short = [_module(p).rsplit(".", 1)[-1] for p in mods]
+        pairs = list(zip(mods, short, strict=True))
+        groups = tuple((sum(n in names for n in short), sum(sum(in_out(spec, p)) for p, n in pairs if n in names))
+                       for names, _, _ in _INPUT_GROUPS)
+        return frozenset(short), groups
+    return spec.memo(("lora.adapted_groups", plan.lora_targets), compute)
 
 
 def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
