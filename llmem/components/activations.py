@@ -317,6 +317,7 @@ def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
             for kind in _mask_holders(spec, plan)]
 
 
+@per_spec("layout_key")
 def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
     """The eager masks checkpointed layers hold, each with the lowest checkpointed layer taking it: gemma2 alternates
     sliding-window (even layers) and full attention (odd layers) and makes both (`Gemma2Model.forward`'s
