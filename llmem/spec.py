@@ -94,12 +94,12 @@ class ModelSpec:
         which many plans share; each store starts afresh at `MEMO_LIMIT` keys (values are recomputed when asked
         again), so a long-running app stays bounded."""
         memo = self._plan_memo if per_plan else self._memo
-        if key in memo:
-            return memo[key]
-        value = compute()
-        if len(memo) >= MEMO_LIMIT:
-            memo.clear()
-        memo[key] = value
+        value = memo.get(key, _MISSING)  # one lookup: another thread may clear the store in between
+        if value is _MISSING:
+            value = compute()
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[key] = value
         return value
 
     @property
