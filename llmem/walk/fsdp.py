@@ -82,6 +82,12 @@ class FsdpTerms:
     layer_grads: int
     residual_grad: int
     rs_in: int
+    root_all_gather: int  # inside the root's / a layer's all-gather (`communication.all_gather_bytes`)
+    layer_all_gather: int
+    root_copy_out: int  # the Shard(1) temporaries of the root's / a layer's copy-out (`shard_dim1_copy_out_bytes`)
+    layer_copy_out: int
+    end_in_layer: int  # at the end of forward, in the last layer and at the loss (`forward_gather_bytes`)
+    end_at_loss: int
     bwd_head: int
     root_gather: int
     layer_gather: int
@@ -160,6 +166,12 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
         core_grads=core.eager_core_layer_gradient_bytes(spec, cp, adapter_grad),
         falcon_math=act.falcon_math_attention(spec, plan),
+        root_all_gather=comm.all_gather_bytes(spec, plan, root=True),
+        layer_all_gather=comm.all_gather_bytes(spec, plan),
+        root_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan, root=True),
+        layer_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan),
+        end_in_layer=comm.forward_gather_bytes(spec, plan, in_layer=True),
+        end_at_loss=comm.forward_gather_bytes(spec, plan, in_layer=False),
         rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
         root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))
 
@@ -182,15 +194,14 @@ def forward_gather_moments(w: FsdpTerms) -> list[Phase]:
     unsharded parameters. Each copy-out frees the retained output only when it returns (`wait_for_unshard` holds
     it in a local), so later forward all-gathers and copy-outs hold one retained layer output: the last layer's
     are the largest (`last_layer_gather_moments`)."""
-    spec, plan, rg = w.spec, w.plan, w.root_gather
+    rg = w.root_gather
     start, layer0 = dict(**w.persistent, activations=w.ids), dict(**w.persistent, activations=w.outer_act + w.hidden)
     return [
-        moment("forward (root all-gather)", **start, communication=comm.all_gather_bytes(spec, plan, root=True)),
-        moment("forward (root all-gather copy-out)", **start,
-               communication=2 * rg + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
-        moment("forward (layer 0 all-gather)", **layer0, communication=2 * rg + comm.all_gather_bytes(spec, plan)),
+        moment("forward (root all-gather)", **start, communication=w.root_all_gather),
+        moment("forward (root all-gather copy-out)", **start, communication=2 * rg + w.root_copy_out),
+        moment("forward (layer 0 all-gather)", **layer0, communication=2 * rg + w.layer_all_gather),
         moment("forward (layer 0 all-gather copy-out)", **layer0,
-               communication=2 * rg + 2 * w.layer_gather + comm.shard_dim1_copy_out_bytes(spec, plan)),
+               communication=2 * rg + 2 * w.layer_gather + w.layer_copy_out),
     ] + last_layer_gather_moments(w)
 
 
@@ -212,22 +223,20 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
     on = dict(**w.persistent, activations=earlier_layers + w.outer_act + embeds + w.hidden)
     return [
         moment(f"forward (layer {layers - 1} all-gather)", **on,
-               communication=w.root_gather + unsharded + w.layer_gather + comm.all_gather_bytes(spec, plan)),
+               communication=w.root_gather + unsharded + w.layer_gather + w.layer_all_gather),
         moment(f"forward (layer {layers - 1} all-gather copy-out)", **on,
-               communication=w.root_gather + unsharded + 3 * w.layer_gather
-               + comm.shard_dim1_copy_out_bytes(spec, plan)),
+               communication=w.root_gather + unsharded + 3 * w.layer_gather + w.layer_copy_out),
     ]
 
 
 def head_moments(w: FsdpTerms) -> list[Phase]:
     """The end of forward, the loss's forward and backward, the lm_head's backward; ZeRO-3 inserts the root's
     pre-backward moments after the loss forward (`root_prebackward_moments`)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    spec, cp = w.spec, w.cp
     on = dict(**w.persistent, activations=w.forward_acts)
     phases = [
-        moment("forward (last layer)", **on, communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
-        moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp),
-               communication=comm.forward_gather_bytes(spec, plan, in_layer=False)),
+        moment("forward (last layer)", **on, communication=w.end_in_layer),
+        moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),
     ]
     phases += root_prebackward_moments(w)
     return phases + [
@@ -246,12 +255,11 @@ def root_prebackward_moments(w: FsdpTerms) -> list[Phase]:
         return []
     at_start = dict(**w.persistent, activations=w.forward_acts, logits=lg.loss_backward_start_bytes(spec, w.cp))
     return [
-        moment("loss backward (root pre-backward all-gather)", **at_start,
-               communication=comm.all_gather_bytes(spec, plan, root=True)),
+        moment("loss backward (root pre-backward all-gather)", **at_start, communication=w.root_all_gather),
         moment("loss backward (root pre-backward copy-out)", **at_start,
-               communication=2 * w.root_gather + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
+               communication=2 * w.root_gather + w.root_copy_out),
         moment(f"loss backward (prefetch of layer {w.layers - 1})", **at_start,
-               communication=w.root_gather + comm.all_gather_bytes(spec, plan)),
+               communication=w.root_gather + w.layer_all_gather),
     ]
 
 
@@ -263,7 +271,7 @@ def qlora_moments(w: FsdpTerms, phases: list[Phase], held: dict[str, int]) -> li
         return []
     out = [moment(f"forward (last layer), {quant.forward_moment_label(cp)}", **w.persistent,
                   activations=w.forward_acts, temporaries=quant.dequant_forward_bytes(spec, cp),
-                  communication=comm.forward_gather_bytes(spec, plan, in_layer=True))]
+                  communication=w.end_in_layer)]
     extra = quant.dequant_backward_extra_bytes(spec, cp)
     for ph in [p for p in phases if p.name.startswith("backward (layer") and "pre-backward" not in p.name]:
         out.append(with_extra(ph, f"{ph.name}, {quant.bits(cp)} weight dequantized", Category.TEMPORARIES, extra))

@@ -76,7 +76,8 @@ def _gathers(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
         comm.backward_gather_bytes(spec, plan, layer, own=False)))
 
 
-def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int, own: int) -> Phase:
+def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int, own: int,
+                        gathered: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
     unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
@@ -86,17 +87,17 @@ def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, bel
         f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
         activations=below + w.outer_act + own - w.first_saving,
         gradients=w.root_grads_head + later + w.residual_grad,
-        logits=w.logits, communication=_gathers(w, layer)[0] + retained)
+        logits=w.logits, communication=gathered + retained)
 
 
 def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int],
-                      below: int) -> list[Phase]:
+                      below: int, gathered: int) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
     spec, cp = w.spec, w.cp
     current = w.current_layer(spec, cp, layer) if w.partial or w.lora else (w.recompute or w.kept)
     mlp_dropout, post_norm, peak_extra = _backward_terms(w, layer)  # the saves freed by the MLP's backward
-    on = dict(**w.persistent, logits=w.logits, communication=_gathers(w, layer)[1] + retained)
+    on = dict(**w.persistent, logits=w.logits, communication=gathered + retained)
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + peak_extra)]
@@ -142,11 +143,11 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
     return phases
 
 
-def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int) -> list[Phase]:
+def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int, gathered: int) -> list[Phase]:
     """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
-    gather = _gathers(w, layer)[2] + w.reduce_extra
+    gather = gathered + w.reduce_extra
     return [
         moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.layer_grads,
@@ -165,9 +166,9 @@ def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[P
         held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
-    phases, (below, own) = [], _kept(w, layer)
+    phases, (below, own), (pre, during, after) = [], _kept(w, layer), _gathers(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
-        phases.append(_prebackward_moment(w, layer, later, retained, below, own))
+        phases.append(_prebackward_moment(w, layer, later, retained, below, own, pre))
         held[phases[-1].name] = later
-    phases += _backward_moments(w, layer, later, retained, held, below)
-    return phases + _reduce_moments(w, layer, later, below)
+    phases += _backward_moments(w, layer, later, retained, held, below, during)
+    return phases + _reduce_moments(w, layer, later, below, after)
