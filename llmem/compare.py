@@ -208,11 +208,20 @@ def _peak(spec: ModelSpec, plan: TrainingPlan) -> int:
 def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
     """Largest micro-batch whose device total fits `capacity_bytes` (0 if even 1 does not), at most the largest
     the plan allows (`MAX_TOKENS // seq_len`)."""
+    return _max_batch_size(spec, plan, capacity_bytes)
+
+
+def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, phases=None) -> int:
+    """`max_batch_size`, given the plan's own phases when they are known (`compare` has its estimate's)."""
     limit = MAX_TOKENS // plan.seq_len
     if limit < 2:  # a sequence over half the token bound: batch 1 is the only batch the plan allows
         return int(_device_total(estimate(spec, plan.with_(batch_size=1)).peak_bytes, plan) <= capacity_bytes)
-    one = [p.total for p in iteration_phases(spec, plan if plan.batch_size == 1 else plan.with_(batch_size=1))]
-    two = [p.total for p in iteration_phases(spec, plan if plan.batch_size == 2 else plan.with_(batch_size=2))]
+    totals = {} if phases is None else {plan.batch_size: [p.total for p in phases]}  # micro-batch -> phase totals
+    for batch in (1, 2):
+        if batch not in totals:
+            at = plan if plan.batch_size == batch else plan.with_(batch_size=batch)
+            totals[batch] = [p.total for p in iteration_phases(spec, at)]
+    one, two = totals[1], totals[2]
     best = limit
     # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
     fitting_peak = _largest_fitting_peak(capacity_bytes, plan)
@@ -224,7 +233,8 @@ def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> 
     if best < 1:
         return 0
     validate_plan_for_model(spec, plan)  # as `estimate` would (the batch size changes nothing it checks)
-    while best >= 1 and _device_total(_peak(spec, plan.with_(batch_size=best)), plan) > capacity_bytes:
+    while best >= 1 and _device_total(max(totals[best]) if best in totals else _peak(spec, plan.with_(batch_size=best)),
+                                      plan) > capacity_bytes:
         best -= 1
     return best
 
@@ -247,10 +257,12 @@ def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=(
     if capacity_bytes <= 0:
         raise InputError("gpu-type", "GPU memory must be positive")
     own = strategies(spec, plan)
-    rows = tuple(
-        Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes), variant=i >= len(own))
-        for i, p in enumerate(own + [v for v in variant_plans(spec, plan, variants) if v not in own])
-    )
+    rows = []
+    for i, p in enumerate(own + [v for v in variant_plans(spec, plan, variants) if v not in own]):
+        est = estimate(spec, p)
+        rows.append(Row(p, est, capacity_bytes, _max_batch_size(spec, p, capacity_bytes, est.phases),
+                        variant=i >= len(own)))
+    rows = tuple(rows)
     fitting = [r for r in rows[:len(own)] if r.fits]
     if not fitting:
         best = min(rows[:len(own)], key=lambda r: r.device_total_bytes)
