@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmem.components import outside
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
-from llmem.plan import MAX_TOKENS, Method, Offload, Scheme, TrainingPlan
+from llmem.plan import MAX_TOKENS, Device, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
@@ -196,19 +197,31 @@ def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
 
 
 def _device_total(peak: int, plan: TrainingPlan) -> int:
-    from llmem.components import outside
-
     return peak + outside.fragmentation_bytes(peak, plan) + outside.cuda_context_bytes(plan)
+
+
+def _peak(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`estimate(spec, plan).peak_bytes` of a plan already validated: the largest moment's total."""
+    return max(p.total for p in iteration_phases(spec, plan))
 
 
 def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
     """Largest micro-batch whose device total fits `capacity_bytes` (0 if even 1 does not), at most the largest
     the plan allows (`MAX_TOKENS // seq_len`)."""
+    return _max_batch_size(spec, plan, capacity_bytes)
+
+
+def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, phases=None) -> int:
+    """`max_batch_size`, given the plan's own phases when they are known (`compare` has its estimate's)."""
     limit = MAX_TOKENS // plan.seq_len
     if limit < 2:  # a sequence over half the token bound: batch 1 is the only batch the plan allows
         return int(_device_total(estimate(spec, plan.with_(batch_size=1)).peak_bytes, plan) <= capacity_bytes)
-    one = [p.total for p in iteration_phases(spec, plan.with_(batch_size=1))]
-    two = [p.total for p in iteration_phases(spec, plan.with_(batch_size=2))]
+    totals = {} if phases is None else {plan.batch_size: [p.total for p in phases]}  # micro-batch -> phase totals
+    for batch in (1, 2):
+        if batch not in totals:
+            at = plan if plan.batch_size == batch else plan.with_(batch_size=batch)
+            totals[batch] = [p.total for p in iteration_phases(spec, at)]
+    one, two = totals[1], totals[2]
     best = limit
     # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
     fitting_peak = _largest_fitting_peak(capacity_bytes, plan)
@@ -219,21 +232,23 @@ def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> 
         best = min(best, max(0, (fitting_peak - base) // slope))
     if best < 1:
         return 0
-    while best >= 1 and _device_total(estimate(spec, plan.with_(batch_size=best)).peak_bytes, plan) > capacity_bytes:
+    validate_plan_for_model(spec, plan)  # as `estimate` would (the batch size changes nothing it checks)
+    while best >= 1 and _device_total(max(totals[best]) if best in totals else _peak(spec, plan.with_(batch_size=best)),
+                                      plan) > capacity_bytes:
         best -= 1
     return best
 
 
 def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:
-    """Inverse of `_device_total` (monotone), by bisection over bytes."""
-    lo, hi = 0, capacity_bytes
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _device_total(mid, plan) <= capacity_bytes:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Inverse of `_device_total` (monotone): the largest peak in [0, capacity] whose device total fits, else 0.
+    From the closed form's guess, stepped to the exact answer."""
+    fraction = outside.FRAGMENTATION_FRACTION if plan.device is Device.CUDA else 0.0
+    peak = min(max(int((capacity_bytes - outside.cuda_context_bytes(plan)) / (1 + fraction)), 0), capacity_bytes)
+    while peak < capacity_bytes and _device_total(peak + 1, plan) <= capacity_bytes:
+        peak += 1
+    while peak > 0 and _device_total(peak, plan) > capacity_bytes:
+        peak -= 1
+    return peak
 
 
 def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=()) -> Comparison:
@@ -242,10 +257,12 @@ def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=(
     if capacity_bytes <= 0:
         raise InputError("gpu-type", "GPU memory must be positive")
     own = strategies(spec, plan)
-    rows = tuple(
-        Row(p, estimate(spec, p), capacity_bytes, max_batch_size(spec, p, capacity_bytes), variant=i >= len(own))
-        for i, p in enumerate(own + [v for v in variant_plans(spec, plan, variants) if v not in own])
-    )
+    rows = []
+    for i, p in enumerate(own + [v for v in variant_plans(spec, plan, variants) if v not in own]):
+        est = estimate(spec, p)
+        rows.append(Row(p, est, capacity_bytes, _max_batch_size(spec, p, capacity_bytes, est.phases),
+                        variant=i >= len(own)))
+    rows = tuple(rows)
     fitting = [r for r in rows[:len(own)] if r.fits]
     if not fitting:
         best = min(rows[:len(own)], key=lambda r: r.device_total_bytes)

@@ -9,6 +9,7 @@ moment's total; `estimate` names the largest.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from llmem.components import fused_ce, lora, offload, outside
@@ -117,7 +118,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     validate_plan_for_model(spec, plan)
     phases = iteration_phases(spec, plan)
-    peak = max(phases, key=lambda p: p.total)
+    peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,
         plan=plan,
@@ -132,8 +133,16 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     )
 
 
+_TOTAL = operator.attrgetter("total")
+
+
 def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
-    """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan."""
+    """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan. None
+    reads the micro-batch or the sequence length, so a plan's layout that passed is remembered on the spec."""
+    spec.memo(("validated", plan.layout_key), lambda: _validate_plan_for_model(spec, plan))
+
+
+def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     from llmem.errors import REFUSED, InputError
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)

@@ -8,6 +8,8 @@ parts that depend on it (tensor-parallel degree against the head counts, the fam
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, fields, make_dataclass, replace
 from enum import Enum
 from functools import cached_property
@@ -40,7 +42,28 @@ __all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention",
 MAX_GPUS = 65536
 
 _COERCERS = tuple((o.name, o.coercer) for o in PLAN_OPTIONS)
+_NAMES = tuple(o.name for o in PLAN_OPTIONS)
+_TOKEN_FIELDS = ("batch_size", "seq_len")  # what the terms over parameters never read
+_CACHED = ("key", "layout_key", "_values", "_hash")
+_VALUES = operator.attrgetter(*_NAMES)
+_LAYOUT_VALUES = operator.attrgetter(*(n for n in _NAMES if n not in _TOKEN_FIELDS))
 _PlanFields = make_dataclass("_PlanFields", [(o.name, o.kind, o.default) for o in PLAN_OPTIONS], frozen=True)
+
+
+_INTERNED: dict = {}  # field values -> their serial number
+_SERIALS = itertools.count()
+
+
+def field_key(values: tuple) -> int:
+    """A serial number for `values`, the same for equal values: per-spec caches look terms up by it (an int hashes
+    and compares at once; hashing the plan hashes every field again). At most 4,096 are kept; past that, values
+    seen again get a new number (a cache miss, never a wrong hit: numbers are not reused)."""
+    key = _INTERNED.get(values)
+    if key is None:
+        if len(_INTERNED) >= 4096:
+            _INTERNED.clear()
+        key = _INTERNED[values] = next(_SERIALS)
+    return key
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,32 @@ class TrainingPlan(_PlanFields):
         """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`
         the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), none otherwise."""
         return self.grad_ckpt is GradCkpt.FULL and layer % self.ckpt_every == 0
+
+    @cached_property
+    def key(self) -> int:
+        """The plan's field values as one number (`field_key`): the key of per-spec caches of its terms."""
+        return field_key(self._values)
+
+    @cached_property
+    def layout_key(self) -> int:
+        """The fields but the micro-batch and the sequence length: the key of the terms over parameters (sharding,
+        communication buffers, optimizer states), which compare's max-batch solve asks for at several batches."""
+        return field_key(_LAYOUT_VALUES(self))
+
+    @cached_property
+    def _values(self) -> tuple:
+        return _VALUES(self)
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(self._values)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        """Pickled without what is cached: a string's hash, and a key's number, differ from one process to the next."""
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHED}
 
     @cached_property
     def scheme(self) -> Scheme:

@@ -7,12 +7,39 @@ column/row splits) can be computed tensor by tensor. No parallelism lives here: 
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
 from llmem.errors import GAP, REFUSED, InputError
+
+MEMO_LIMIT = 4096  # terms kept per spec (`ModelSpec.memo`)
+
+
+def per_spec(key: str = "key"):
+    """A component term `f(spec, plan, *args)` kept on the spec (`ModelSpec.memo`) per plan and arguments: `key`
+    names the plan's key the term depends on — "key" (every field) or "layout_key" (every field but the micro-batch
+    and the sequence length: terms over parameters)."""
+    plan_key, per_plan = operator.attrgetter(key), key == "key"
+
+    def wrap(compute):
+        name = f"{compute.__module__}.{compute.__qualname__}"
+
+        @functools.wraps(compute)
+        def term(spec, plan, *args, **kwargs):
+            memo_key = (name, plan_key(plan), args, tuple(kwargs.items()) if kwargs else ())
+            value = (spec._plan_memo if per_plan else spec._memo).get(memo_key, _MISSING)
+            if value is _MISSING:
+                value = spec.memo(memo_key, lambda: compute(spec, plan, *args, **kwargs), per_plan)
+            return value
+        return term
+    return wrap
+
+
+_MISSING = object()
 
 
 class TpSplit(str, Enum):
@@ -58,13 +85,22 @@ class ModelSpec:
     params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
     derived: object = field(default=None, repr=False, compare=False, hash=False)  # `llmem.derive.Derived`
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    _plan_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
-    def memo(self, key: tuple, compute):
+    def memo(self, key: tuple, compute, per_plan: bool = False):
         """`compute()`, once per `key` for this spec: tables derived from the spec (and the plan fields in `key`)
-        that the walks ask for many times per estimate. The spec is immutable, so a value never goes stale."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
+        that the walks ask for many times per estimate. The spec is immutable, so a value never goes stale. Terms
+        keyed by a whole plan (`per_plan`: `TrainingPlan.key`) are kept apart from those over the spec's structure,
+        which many plans share; each store starts afresh at `MEMO_LIMIT` keys (values are recomputed when asked
+        again), so a long-running app stays bounded."""
+        memo = self._plan_memo if per_plan else self._memo
+        value = memo.get(key, _MISSING)  # one lookup: another thread may clear the store in between
+        if value is _MISSING:
+            value = compute()
+            if len(memo) >= MEMO_LIMIT:
+                memo.clear()
+            memo[key] = value
+        return value
 
     @property
     def family(self):

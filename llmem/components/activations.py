@@ -37,13 +37,13 @@ from llmem.components.saved import (  # noqa: F401 (re-exported)
     rms_norm_saved,
 )
 from llmem.plan import Device, GradCkpt, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
     """One decoder layer's saved tensors (its family's table). The walks ask for it many times per estimate, so it
     is kept per spec and plan (both immutable)."""
-    return spec.memo(("layer_saved", plan), lambda: _layer_saved(spec, plan))
+    return spec.memo(("layer_saved", plan.key), lambda: _layer_saved(spec, plan), per_plan=True)
 
 
 def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
@@ -55,7 +55,8 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan) -> tuple[Saved, ...]:
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes one decoder layer keeps for backward without checkpointing."""
-    return spec.memo(("layer_activation_bytes", plan), lambda: sum(s.bytes for s in layer_saved(spec, plan)))
+    return spec.memo(("layer_activation_bytes", plan.key), lambda: sum(s.bytes for s in layer_saved(spec, plan)),
+                     per_plan=True)
 
 
 def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -64,15 +65,20 @@ def checkpointed_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plan.batch_size * plan.seq_len * spec.hidden_size * rb
 
 
+@per_spec()
 def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Full checkpointing: the checkpoint keeps the layer's input (tokens × h × rb), alive through the layer's
     recompute and backward. `layer_saved` lists it where an op of the layer saves it too (the fp32 residual stream,
     a LayerNorm's input); in pure half precision an RMSNorm saves its fp32 copy instead, so the input is extra."""
-    if plan.grad_ckpt is not GradCkpt.FULL:
-        return 0
-    if any(s.name.startswith("input (residual stream") for s in layer_saved(spec, plan)):
+    if plan.grad_ckpt is not GradCkpt.FULL or saves_layer_input(spec, plan):
         return 0
     return checkpointed_layer_bytes(spec, plan)
+
+
+@per_spec()
+def saves_layer_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether an op of the layer saves the layer's input (`layer_saved` lists the residual stream)."""
+    return any(s.name.startswith("input (residual stream") for s in layer_saved(spec, plan))
 
 
 # `torch.get_rng_state()`: the CPU generator's state as a uint8 tensor (mt19937 state + normal-sampling cache).
@@ -94,6 +100,7 @@ _MLP_OUTPUT_DROPOUTS = ("mlp dropout", "fc2 output dropout", "resid_mlp_dropout"
                         "mlp dropout_add")
 
 
+@per_spec()
 def mlp_output_dropout_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """What the dropout on the MLP output saved (CPU: its noise; CUDA: its bool mask). Its backward is the first
     node of the layer's backward, and autograd releases a node's saved tensors once it ran, so this is gone before
@@ -128,6 +135,7 @@ def checkpointed_layer_count(spec: ModelSpec, plan: TrainingPlan) -> int:
     return -(-spec.num_layers // plan.ckpt_every)
 
 
+@per_spec()
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     """What decoder layers 0 .. count-1 keep from forward to backward: a checkpointed layer its input
     (`checkpointed_layer_bytes`), any other its full `layer_activation_bytes`. With --ckpt-every K > 1, layer l's
@@ -140,6 +148,7 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     return ckpt * (checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)) + (count - ckpt) * full
 
 
+@per_spec()
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """What layer `layer` holds while its own backward runs: checkpointed, its input plus everything the recompute
     saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state
@@ -150,6 +159,7 @@ def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int
     return layer_activation_bytes(spec, lp)
 
 
+@per_spec()
 def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, saved: int | None = None) -> int:
     """A checkpointed layer during its backward: what its recompute saved (`saved`, default the layer's
     `layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state, still held."""
@@ -218,6 +228,7 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     return items
 
 
+@per_spec()
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 
@@ -293,6 +304,7 @@ def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
             for kind in _mask_holders(spec, plan)]
 
 
+@per_spec("layout_key")
 def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
     """The eager masks checkpointed layers hold, each with the lowest checkpointed layer taking it: gemma2 alternates
     sliding-window (even layers) and full attention (odd layers) and makes both (`Gemma2Model.forward`'s
@@ -308,6 +320,7 @@ def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
     return holders
 
 
+@per_spec()
 def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
     lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it."""
@@ -316,6 +329,7 @@ def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -
                if low > layer) if masks else 0
 
 
+@per_spec()
 def outer_saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in outer_saved(spec, plan))
 

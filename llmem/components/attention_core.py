@@ -26,7 +26,7 @@ from __future__ import annotations
 from llmem.components.saved import Saved, _bytes, _sdpa
 from llmem.components.sharding import local_numel
 from llmem.plan import Method, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 # Parameters whose backward runs after the attention core: the norm before attention and the q/k/v projections.
 _BEFORE_CORE = ("q_proj", "k_proj", "v_proj", "query_key_value", "c_attn", "qkv_proj", "input_layernorm", "ln_1",
@@ -93,10 +93,22 @@ def eager_core_transient_bytes(spec: ModelSpec, plan: TrainingPlan, items: tuple
     return 2 * _softmax_bytes(items) + tokens * q * cb + residual
 
 
+@per_spec()
+def layer_core_terms(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> tuple[int, int]:
+    """(`eager_core_released`, `eager_core_transient_bytes`) on the layer's own table: LoRA's (`half`: half adapters,
+    `lora.half_adapters`) or full fine-tuning's."""
+    from llmem.components import activations as act
+    from llmem.components import lora
+
+    saved = lora.layer_saved(spec, plan, half=half) if lora.is_lora(plan) else act.layer_saved(spec, plan)
+    return eager_core_released(spec, plan, saved), eager_core_transient_bytes(spec, plan, saved)
+
+
 def _after_core(name: str) -> bool:
     return not any(f".{k}." in name or name.endswith(f".{k}") or f".{k}_" in name for k in _BEFORE_CORE)
 
 
+@per_spec("layout_key")
 def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter_bytes: int | None = None) -> int:
     """The layer's weight gradients made before its attention core runs backward: those of every parameter but the
     pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32, or
@@ -104,12 +116,13 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
     from llmem.components import lora
 
     if lora.is_lora(plan):
-        after = [p for p in lora.targeted(spec, plan) if p.layer == 0 and _after_core(p.name)]
+        after = [p for p in lora.layer0_targeted(spec, plan) if _after_core(p.name)]
         return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * (adapter_bytes or lora.ADAPTER_BYTES)
     params = spec.memo(("core.after",), lambda: tuple(p for p in spec.layer_params(0) if _after_core(p.name)))
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the q/k/v Linears (their MmBackward0 has not run yet)."""
     from llmem.components.autocast import _applies, _linear_weights

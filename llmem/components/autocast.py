@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from llmem.components.sharding import local_numel
 from llmem.plan import GradCkpt, Method, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def _applies(plan: TrainingPlan) -> bool:
@@ -28,12 +28,14 @@ def _linear_weights(spec: ModelSpec, layer: int) -> list:
     return [p for p in spec.layer_params(layer) if p.name.endswith(".weight") and len(p.shape) >= 2]
 
 
+@per_spec("layout_key")
 def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
 
 
+@per_spec("layout_key")
 def released_by_mlp_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """At a dense decoder layer's backward moment (`gradients.layer_backward_peak_extra_bytes`: the MLP's last Linear
     has run backward) that Linear's MmBackward0 has released the half weight copy it saved; the layer's other copies
@@ -83,6 +85,7 @@ def head_fp32_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return _head_weight_numel(spec) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Falcon (parallel attention) in its attention core's backward: of the layer's own copies only those of the
     Linears whose backward has not run yet are left (query_key_value); the MLP's and `dense`'s were released with

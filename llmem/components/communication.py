@@ -49,7 +49,7 @@ from collections.abc import Callable
 from llmem.components import lora, quant
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary
 from llmem.plan import Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def ddp_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -93,6 +93,7 @@ def reduce_bytes(plan: TrainingPlan) -> int:
     return 4 if plan.precision.is_mixed else plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage.
     LoRA: the frozen base and the fp32 adapters in one group; when their dtypes differ (pure bf16/fp16 base)
@@ -110,11 +111,13 @@ def _adapter_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None
     return lora.gathered_adapter_numel(spec, plan, layer) * dtype_bytes
 
 
+@per_spec("layout_key")
 def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """R: the root group's unsharded parameters."""
     return shard_summary(spec, plan).gathered_outer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, None)
 
 
+@per_spec("layout_key")
 def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """One decoder layer's `reduce_scatter_input` (padded, reduce dtype). LoRA: `foreach_reduce` gets only the
     gradients that exist, the adapters' (fp32: the reduce dtype under mixed precision, their own dtype otherwise);
@@ -124,6 +127,7 @@ def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int
     return shard_summary(spec, plan).gathered_layer * reduce_bytes(plan)
 
 
+@per_spec("layout_key")
 def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """LoRA: the root's adapters only (none on the llama-like families: the lm_head is never adapted), and with no
     gradient in the group `post_backward` runs no reduce-scatter at all."""
@@ -151,6 +155,7 @@ def gathered_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> Callable[[i
     return lambda n: root + (layer if n else 0)
 
 
+@per_spec("layout_key")
 def forward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, in_layer: bool) -> int:
     """At the end of forward — inside the last decoder layer (`in_layer`) or at the loss, after ZeRO-3 resharded
     it: unsharded parameters plus the retained all-gather output of the last layer (`comm_ctx.all_gather_state`)."""
@@ -162,6 +167,7 @@ def forward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, in_layer: bool) ->
     return root + (a if in_layer else 0) + a
 
 
+@per_spec("layout_key")
 def backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None, own: bool = True) -> int:
     """During the backward of decoder layer `layer` (None: the loss / lm_head, before any layer): the root,
     the layer's own unsharded parameters (`own`; False once `post_backward` resharded them), the layers still
@@ -189,6 +195,7 @@ def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan, root:
     return root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
 
 
+@per_spec("layout_key")
 def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """ZeRO-3, in decoder layer `layer`'s pre-backward: the root's unsharded parameters, the layer's copy-out (its
     new unsharded storage beside its prefetched all-gather output, 2A) and, for layer > 0, the same 2A once that
@@ -216,6 +223,7 @@ def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool 
     return (root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)) // plan.dp
 
 
+@per_spec("layout_key")
 def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
     """Inside one group's `foreach_all_gather` (`root`: the root's): its new all-gather output (A or R), its flat
     half input copy under a MixedPrecisionPolicy and, on CPU, gloo's flat output, all alive through the collective
@@ -241,21 +249,24 @@ def _group_shapes(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_onl
     return shapes
 
 
-def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[int]:
+@per_spec("layout_key")
+def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> tuple:
     """Unsharded elements of the group's tensors that FSDP2 shards on dim 1, in registration order."""
     if plan.scheme not in FSDP_SCHEMES:
-        return []
+        return ()
     from llmem.components.sharding import fsdp_shard_dim
 
-    return [math.prod(s) for s in _group_shapes(spec, plan, root, trainable_only) if fsdp_shard_dim(s, plan)]
+    return tuple(math.prod(s) for s in _group_shapes(spec, plan, root, trainable_only) if fsdp_shard_dim(s, plan))
 
 
+@per_spec("layout_key")
 def shard_dim1_copy_out_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
     """D: `foreach_all_gather_copy_out`'s `empty_like` temporaries of a group's dim-1-sharded tensors (param dtype),
     beside its all-gather output and new unsharded parameters (`_fsdp_collectives.py`, torch 2.13)."""
     return sum(_dim1_gathered_numels(spec, plan, root)) * gather_bytes(plan)
 
 
+@per_spec("layout_key")
 def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
     """`foreach_reduce`: the original unsharded gradient of the group's last dim-1-sharded tensor that has one (the
     spec's tensors, and PEFT's adapters, follow the modules' registration order), kept by the loop's variables
@@ -264,6 +275,7 @@ def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = Fa
     return (numels[-1] if numels else 0) * gather_bytes(plan)
 
 
+@per_spec("layout_key")
 def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """(CPU profile) `foreach_reduce_scatter_copy_in` calls `torch._chunk_cat(grads, 0, world, out=...)`. On CPU that
     is the composite `at::native::_chunk_cat_out`, whose `_pad_chunk` copies every gradient whose dim 0 does not

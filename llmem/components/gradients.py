@@ -13,7 +13,7 @@ from llmem.components import activations as act
 from llmem.components import lora, offload
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def in_buckets(plan: TrainingPlan) -> bool:
@@ -25,6 +25,7 @@ def in_buckets(plan: TrainingPlan) -> bool:
     return plan.ddp_bucket_view and plan.scheme in (Scheme.DDP, Scheme.ZERO1)
 
 
+@per_spec("layout_key")
 def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--ddp-bucket-view` with tied embeddings: the shared weight's AccumulateGrad (and so its bucket hook) runs
     once both of its gradients are in the engine's InputBuffer, so the lm_head's waits there, a tensor of its own,
@@ -34,6 +35,7 @@ def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients alive when the embedding's is made: every `.grad` (`gradient_bytes`); with `--ddp-bucket-view`
     only the ones not yet copied into their bucket — the embedding's (and GPT-2's position embedding's) just made,
@@ -49,6 +51,7 @@ def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if in_buckets(plan):
         return 0
@@ -61,12 +64,14 @@ def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return shard_summary(spec, plan).total * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     if lora.is_lora(plan):
         return lora.layer_adapter_bytes(spec, plan, layer)
     return shard_summary(spec, plan).per_layer[layer] * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Gradients of the layers after `layer`, which backward has already produced."""
     if in_buckets(plan):
@@ -78,6 +83,7 @@ def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int)
     return shard_summary(spec, plan).later[layer] * plan.precision.param_bytes  # suffix sums: O(1) per layer
 
 
+@per_spec("layout_key")
 def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients that exist once the lm_head and final norm have run backward: every tensor outside the decoder
     layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's.
@@ -111,6 +117,7 @@ def head_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return max(head_gradient_bytes(spec, plan) - pending, 0)
 
 
+@per_spec("layout_key")
 def offloaded_head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--offload optimizer` with offloaded gradients: at the lm_head backward moment its (untied) weight gradient
     exists from AccumulateGrad until its hook drops it — counted there, not held afterwards."""
@@ -121,6 +128,7 @@ def offloaded_head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--offload optimizer` with offloaded gradients, at the end of backward: the embedding's gradient (tied: the
     shared weight's, summed with the lm_head's) exists until its hook drops it."""
@@ -129,6 +137,7 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
+@per_spec()
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
@@ -321,6 +330,7 @@ def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Tied embeddings: `embedding_dense_backward` returns a full V×h gradient that AccumulateGrad adds into the
     lm_head's existing `.grad` — one extra embedding-sized tensor at the end of backward."""
@@ -330,6 +340,7 @@ def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(emb, plan) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Tied embeddings outside autocast: the shared weight's AccumulateGrad receives two gradients — the lm_head's
     first, then the embedding's dense one — and the engine's InputBuffer sums them before `.grad` sees them
@@ -344,6 +355,7 @@ def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return local_numel(emb, plan) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Micro-steps 2..K of `--grad-accum` at the end of backward: the gradient micro-step 1 had just produced there
     (and `gradient_bytes` counted as the `.grad` it became) is now a new tensor beside the existing `.grad`, until
@@ -362,6 +374,7 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     return local_numel(emb, plan) * plan.precision.param_bytes
 
 
+@per_spec("layout_key")
 def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Falcon (parallel attention): the weight gradients a layer has produced when its attention core runs
     backward — the MLP's (its backward ran first) and the attention output projection's (`dense`)."""

@@ -18,7 +18,7 @@ from llmem.components.saved import (
     rms_norm_saved,
 )
 from llmem.plan import Attention, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
 def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
@@ -209,6 +209,7 @@ def falcon_math_attention(spec: ModelSpec, plan: TrainingPlan) -> bool:
             and bool(spec.options.get("parallel_attn", True)))
 
 
+@per_spec()
 def attention_backward_freed_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Saved tensors of a falcon (math-path) layer already released when its softmax backward runs: the MLP's
     (dense_h_to_4h output, gelu output, and under autocast dense_h_to_4h's input cast) — the MLP ran last, so its
@@ -224,6 +225,7 @@ def attention_backward_freed_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return 2 * tokens * i * cb + mlp_cast + tokens * q * cb + value
 
 
+@per_spec()
 def attention_backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients alive in a falcon (math-path) layer when `_softmax_backward_data` allocates its output:
     that output and the probabilities' gradient from the `bmm` backward (fp32, batch × heads × seq² each, next to

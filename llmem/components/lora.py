@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from llmem.errors import GAP, InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor
+from llmem.spec import ModelSpec, ParamTensor, per_spec
 
 ADAPTER_BYTES = 4  # fp32 adapters under every precision (see module docstring)
 _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
@@ -124,12 +124,14 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     return out
 
 
+@per_spec("layout_key")
 def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
     """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
     names = saved_module_names(plan)
     return any(_copy_kind(spec, p) == kind and any(_module(p).endswith(n) for n in names) for p in spec.outer_params)
 
 
+@per_spec("layout_key")
 def copy_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str | None = None) -> int:
     """Bytes of the trainable copies (of one kind, or all): the plan's parameter dtype. Their gradients have the
     same size."""
@@ -173,6 +175,12 @@ def _matches(module: str, target: str) -> bool:
 def targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, ...]:
     """The base weights that get adapters, in spec order."""
     return spec.memo(("lora.targeted", plan.lora_targets), lambda: _targeted(spec, plan.lora_targets))
+
+
+def layer0_targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, ...]:
+    """The targeted base weights of decoder layer 0 (every layer adapts the same Linears: `check_supported`)."""
+    return spec.memo(("lora.layer0_targeted", plan.lora_targets),
+                     lambda: tuple(p for p in targeted(spec, plan) if p.layer == 0))
 
 
 def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
@@ -235,6 +243,7 @@ def _adapter_summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ..
     return tuple(a.numel for a in adapters), tuple(per_layer), outer
 
 
+@per_spec("layout_key")
 def trainable_params(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Parameters the plan trains: all of them for full fine-tuning, the adapters' for LoRA (equal to PEFT's
     `get_nb_trainable_parameters()[0]`)."""
@@ -270,6 +279,7 @@ def sharded_layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int
     return per_layer
 
 
+@per_spec("layout_key")
 def sharded_outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.sharding import fsdp_shard_numel
 
@@ -277,6 +287,7 @@ def sharded_outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         * ADAPTER_BYTES
 
 
+@per_spec("layout_key")
 def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
     """FSDP2: elements of the adapters of decoder layer `layer` (None: of the root) while all-gathered — dp padded
     shards each, as the all-gather output holds them."""
@@ -285,6 +296,7 @@ def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | Non
     return sum(fsdp_shard_numel(a.shape, plan) * plan.dp for a in adapter_params(spec, plan) if a.layer == layer)
 
 
+@per_spec("layout_key")
 def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes of every trainable tensor (and of their gradients): the fp32 adapters and the module copies."""
     return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES + copy_bytes(spec, plan)
@@ -310,9 +322,10 @@ def outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return _summary(spec, plan)[2] * ADAPTER_BYTES
 
 
+@per_spec("layout_key")
 def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: int = ADAPTER_BYTES) -> int:
     """The gradients of the adapters of a layer's last MLP Linear (its A and B), produced during its backward."""
-    mlp = [p for p in targeted(spec, plan) if p.layer == 0 and (".mlp." in p.name or ".fc" in p.name)]
+    mlp = [p for p in layer0_targeted(spec, plan) if ".mlp." in p.name or ".fc" in p.name]
     if not mlp:
         return 0
     i, o = in_out(spec, mlp[-1])

@@ -9,6 +9,7 @@ from llmem.components.lora import (
     _summary,
     in_out,
     is_lora,
+    layer0_targeted,
     linear_weights,
     targeted,
     trains_copy,
@@ -16,9 +17,10 @@ from llmem.components.lora import (
 from llmem.components.saved import FP32
 from llmem.errors import GAP, InputError
 from llmem.plan import Method, Precision, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
+@per_spec()
 def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The MLP's intermediate-sized gradients at the peak of a layer's backward under LoRA, beyond its saved tensors.
     Two moments: down_proj's backward (the adapter branch runs first, its lora_A still holding what it saved of the
@@ -27,7 +29,7 @@ def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
     tokens, inter = plan.batch_size * plan.seq_len, spec.intermediate_size // plan.tp
     grad = tokens * inter * plan.precision.compute_bytes
-    down = [p for p in targeted(spec, plan) if p.layer == 0 and _module(p).rsplit(".", 1)[-1] == "down_proj"]
+    down = [p for p in layer0_targeted(spec, plan) if _module(p).rsplit(".", 1)[-1] == "down_proj"]
     saved = sum(s.bytes for s in _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True)) \
         if down else 0
     return max(2 * grad, 3 * grad - saved)
@@ -37,6 +39,7 @@ _GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj
                 "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input"}
 
 
+@per_spec("layout_key")
 def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast (bf16-/fp16-mixed, not FSDP2): a frozen base weight is not cached by autocast (it caches only leaves
     that require grad), so its half-precision copy lives only where mm saves it, for the input gradient: where the
@@ -52,6 +55,7 @@ def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(p.numel for p in unsaved) * plan.precision.compute_bytes
 
 
+@per_spec("layout_key")
 def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
     until the forward's autocast region exits, in checkpointed layers too)."""
@@ -63,7 +67,7 @@ def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
-    return {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    return {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
 
 
 # --- activations -------------------------------------------------------------------------------------------------
@@ -94,6 +98,8 @@ _NEEDS = {  # table entry -> the tensor whose requires_grad decides whether it i
 # the o_proj input: under full fine-tuning saved for o_proj's weight gradient; under LoRA only by its adapter
 _O_PROJ_INPUT = "attention output contiguous (o_proj input)"
 _ATTENTION_LAST = "residual after attention"
+# what LoRA's table leaves out of full fine-tuning's (and every `.normalized`): saved only for weight gradients
+_DROPPED = frozenset({n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT})
 
 
 ATTENTION_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -169,7 +175,13 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
     return items
 
 
-def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> list:
+def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> tuple:
+    """One decoder layer's saved tensors under LoRA (kept per spec, plan and flags: `_layer_saved`)."""
+    return spec.memo(("lora.layer_saved", plan.key, first, half), lambda: tuple(_layer_saved(spec, plan, first, half)),
+                     per_plan=True)
+
+
+def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -> list:
     """One decoder layer's saved tensors under LoRA (`first`: layer 0, whose input does not require grad; `half`:
     half adapters, see `half_adapters`, with `plan` the pure-half compute plan).
 
@@ -182,10 +194,7 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: 
     from llmem.components.activations import Saved
 
     tokens = plan.batch_size * plan.seq_len
-    drop = {".normalized"}
-    dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT}
-    mods = [p for p in targeted(spec, plan) if p.layer == 0]
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in mods}
+    adapted, groups = _adapted_groups(spec, plan)
     grad = _requires_grad(adapted, first)
     items, in_attention = [], False
     for s in act.layer_saved(spec, plan):
@@ -193,7 +202,7 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: 
             in_attention = True  # attention_saved's entries, up to the residual after attention
         if s.name == _ATTENTION_LAST or s.name.startswith("post_attention_layernorm"):
             in_attention = False
-        if s.name in dropped_names or any(s.name.endswith(d) for d in drop):
+        if s.name in _DROPPED or s.name.endswith(".normalized"):
             continue
         if not grad[_NEEDS.get(s.name, "attention" if in_attention else "input")]:
             continue
@@ -205,20 +214,32 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: 
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
     a_bytes = 2 if plan.precision.is_mixed or half else FP32
     for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
-        group = [p for p in mods if _module(p).rsplit(".", 1)[-1] in names]
-        if not group:
+        count, in_plus_out = groups[k]
+        if not count:
             continue
         label = "/".join(names)
         shared = bool(full_ft) or (names == ("o_proj",) and not o_input_saved)
-        items += _adapter_input_saved(label, plan, tokens, widths[width], len(group), shared=shared,
+        items += _adapter_input_saved(label, plan, tokens, widths[width], count, shared=shared,
                                       input_grad=group_input_grad[k], half=half)
-        items.append(Saved(f"{label}: lora_A output (lora_B input)", len(group) * tokens * plan.lora_rank * a_bytes))
+        items.append(Saved(f"{label}: lora_A output (lora_B input)", count * tokens * plan.lora_rank * a_bytes))
         # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
-        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", len(group) * 8))
+        items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", count * 8))
         if plan.precision.is_mixed:
-            cast = sum(plan.lora_rank * sum(in_out(spec, p)) for p in group) * 2
-            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", cast))
+            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", plan.lora_rank * in_plus_out * 2))
     return items
+
+
+def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+    """Layer 0's adapted Linears by short name, and per group of `_INPUT_GROUPS` how many of its Linears are adapted
+    and the sum of their in + out features (the adapters' weights are rank × that); once per target list."""
+    def compute() -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+        mods = layer0_targeted(spec, plan)
+        short = [_module(p).rsplit(".", 1)[-1] for p in mods]
+        pairs = list(zip(mods, short, strict=True))
+        groups = tuple((sum(n in names for n in short), sum(sum(in_out(spec, p)) for p, n in pairs if n in names))
+                       for names, _, _ in _INPUT_GROUPS)
+        return frozenset(short), groups
+    return spec.memo(("lora.adapted_groups", plan.lora_targets), compute)
 
 
 def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -230,9 +251,11 @@ def _flash_output_is_o_input(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def layer_activation_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> int:
-    return sum(s.bytes for s in layer_saved(spec, plan, first, half))
+    return spec.memo(("lora.layer_activation_bytes", plan.key, first, half),
+                     lambda: sum(s.bytes for s in layer_saved(spec, plan, first, half)), per_plan=True)
 
 
+@per_spec()
 def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """How much less layer 0 keeps than the others (its input needs no gradient; with a trainable embedding copy
     it does, and layer 0 keeps what the others keep)."""
@@ -258,6 +281,7 @@ def embeddings_require_grad(plan: TrainingPlan) -> bool:
     return plan.grad_ckpt is GradCkpt.FULL and plan.method is Method.LORA
 
 
+@per_spec()
 def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """A checkpointed layer during its backward under LoRA: what its recompute saved again (the LoRA table), the
     checkpoint's own copy of the layer input where no op of the layer saves it (pure half precision:
@@ -268,6 +292,7 @@ def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> 
                                + act.checkpointed_input_extra_bytes(spec, plan))
 
 
+@per_spec()
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: bool = False) -> int:
     """`--grad-ckpt full --ckpt-every K` under LoRA: what decoder layers 0 .. count-1 keep from forward to backward.
     The checkpointed ones (0, K, 2K, ...) their input and RNG state, as under full fine-tuning; the others the LoRA
@@ -284,6 +309,7 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int, half: boo
         + (count - ckpt) * full
 
 
+@per_spec()
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, half: bool = False) -> int:
     """What layer `layer` holds while its own backward runs under LoRA with `--ckpt-every K`: checkpointed, what its
     recompute saves (`recompute_bytes`); otherwise its LoRA table."""
@@ -309,6 +335,7 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
             if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]
 
 
+@per_spec()
 def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 

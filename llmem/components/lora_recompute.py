@@ -4,7 +4,7 @@ are `llmem.components.lora_activations.layer_saved`."""
 
 from __future__ import annotations
 
-from llmem.components.lora import _module, is_lora, targeted
+from llmem.components.lora import _module, is_lora, layer0_targeted
 from llmem.components.lora_activations import layer_saved
 from llmem.components.saved import FP32, Saved, _bytes
 from llmem.plan import Device, GradCkpt, Method, Precision, TrainingPlan
@@ -53,7 +53,7 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     estimate (0.4-0.7 % on the CPU suite's tiny models)."""
     if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL:
         return {}
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     if "down_proj" not in adapted:
         # The recompute then starts in the frozen down_proj's MmBackward0 and stops at its save of the weight, with
         # none of the gradients above: not modelled here (target sets without down_proj keep the layer-backward

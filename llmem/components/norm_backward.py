@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from llmem.components.saved import FP32, Saved
 from llmem.plan import TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 POST_MLP_NORM = "post_feedforward_layernorm"
 POW_BACKWARD_TEMPORARIES = 4  # mean's backward, x.pow(1), 2 * x.pow(1), grad * (2 * x.pow(1))
@@ -31,6 +31,16 @@ def post_mlp_norm_saved_bytes(spec: ModelSpec, items: tuple[Saved, ...]) -> int:
     if not applies(spec):
         return 0
     return sum(s.bytes for s in items if s.name.startswith(POST_MLP_NORM) and "weight" not in s.name)
+
+
+@per_spec()
+def post_mlp_norm_released_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`post_mlp_norm_saved_bytes` of the layer's table under `plan`."""
+    if not applies(spec):
+        return 0
+    from llmem.components.activations import layer_saved
+
+    return post_mlp_norm_saved_bytes(spec, layer_saved(spec, plan))
 
 
 def post_mlp_norm_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -48,7 +48,7 @@ import math
 from llmem.components import lora
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary, tp_local_shape
 from llmem.plan import Device, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor, TpSplit
+from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
 
 STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 OFFLOAD_MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer(minimal_size=4096): smaller tensors step on the GPU
@@ -231,6 +231,7 @@ def _bnb_state_bytes(shapes: list[tuple[int, ...]], device_only: bool = False) -
     return total + (BNB_QMAP_BYTES if any_8bit else 0)
 
 
+@per_spec("layout_key")
 def paged_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """PagedAdamW8bit on CUDA: the states in CUDA unified memory, outside `max_memory_allocated`."""
     if plan.optimizer is not Optimizer.PAGED_ADAMW8BIT or plan.device is not Device.CUDA:
@@ -269,6 +270,7 @@ def _step_tensors_on_device(plan: TrainingPlan) -> bool:
     return plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
 
 
+@per_spec("layout_key")
 def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """State tensors in the caching allocator (PagedAdamW8bit on CUDA: without its unified-memory states)."""
     if plan.optimizer in BNB_OPTIMIZERS:
@@ -294,6 +296,7 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return 2 * sum(sizes) * pb + steps
 
 
+@per_spec("layout_key")
 def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if _has_copies(spec, plan):
         return _mixed_dtype_step_temporary_bytes(spec, plan)

@@ -10,9 +10,10 @@ and the adapters sharded, the quant_states whole (`quant.fsdp_base_parameter_byt
 from llmem.components import lora, quant
 from llmem.components.sharding import FSDP_SCHEMES, local_params
 from llmem.plan import TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 
 
+@per_spec("layout_key")
 def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if quant.is_qlora(plan) and plan.scheme in FSDP_SCHEMES:  # sharded packed codes, whole quant_states
         return quant.fsdp_base_parameter_bytes(spec, plan) + sum(lora.sharded_layer_adapter_bytes(spec, plan)) \

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from llmem.components.saved import FP32
 from llmem.plan import Device, GradCkpt, Method, Precision, Quant, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor
+from llmem.spec import ModelSpec, ParamTensor, per_spec
 
 BLOCKSIZE = 64
 CODE_BYTES = 16 * 4
@@ -92,6 +92,7 @@ def base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plain * plan.precision.param_bytes + sum(weight_storage_bytes(spec, plan, p) for p in q)
 
 
+@per_spec()
 def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Forward: the largest decoder-layer Linear's dequantized weight plus its output (tokens, out).
     `--quant int8` on the cuda profile runs no dequantization in the forward: `int8_forward_cuda_bytes` instead."""
@@ -105,6 +106,7 @@ def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
                 for p in quantized_weights(spec, plan) if p.layer == 0), default=0)
 
 
+@per_spec()
 def dequant_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Backward: how far a Linear's dequantized weight can lift the modelled layer-backward moment.
 
@@ -208,6 +210,7 @@ _INPUT_GROUPS = ((("q_proj", "k_proj", "v_proj"), "h"), (("o_proj",), "q"), (("g
                  (("down_proj",), "i"))
 
 
+@per_spec()
 def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> tuple[int, int]:
     """`--quant int8`: the inputs of one decoder layer's 8-bit Linears that their autograd nodes keep (`ctx.A` /
     `ctx.tensors`, above) until the outputs are dropped, as (all of them, the part LoRA's saved tensors do not
@@ -218,14 +221,14 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     other inputs are lora_A's saved input only with dropout 0 in fp32 on an adapted group (with dropout lora_A saves
     the dropout output, in pure half precision its fp32 copy). With `--grad-ckpt full` LoRA's tensors are not saved
     in the forward, so all are extra there."""
-    from llmem.components.lora import _module, targeted
+    from llmem.components.lora import _module, layer0_targeted
 
     if not is_int8(plan):
         return 0, 0
     tokens = plan.batch_size * plan.seq_len
     cb = plan.precision.compute_bytes
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     ckpt = plan.grad_ckpt is GradCkpt.FULL
     held = extra = 0
@@ -251,6 +254,7 @@ def forward_moment_label(plan: TrainingPlan) -> str:
     return f"{bits(plan)} weight dequantized"
 
 
+@per_spec()
 def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--quant int8`, beyond LoRA's walk at a decoder layer's backward moment (the MLP's down_proj input gradient,
     base + adapter, being summed; `gradients.layer_backward_peak_extra_bytes`), measured on CPU (llama, qwen3):
@@ -259,11 +263,11 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     - with --grad-ckpt full, when lora_A does not keep the q/k/v input itself (dropout > 0 or half precision), the
       recomputed input_layernorm output (T*h*cb) is still alive there (LoRA's walk frees it after the recompute):
       the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)"""
-    from llmem.components.lora import _module, targeted
+    from llmem.components.lora import _module, layer0_targeted
 
     if not is_int8(plan):
         return 0
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in targeted(spec, plan) if p.layer == 0}
+    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     tokens, cb = plan.batch_size * plan.seq_len, plan.precision.compute_bytes
     if plan.grad_ckpt is GradCkpt.FULL:

@@ -24,9 +24,16 @@ class Saved:
 
 def _bytes(plan: TrainingPlan) -> tuple[int, int]:
     """(compute bytes, residual-stream bytes)."""
-    cb = plan.precision.compute_bytes
-    rb = 4 if plan.precision in (Precision.FP32,) or plan.precision.is_mixed else 2
+    return _BYTES[plan.precision]
+
+
+def _precision_bytes(precision: Precision) -> tuple[int, int]:
+    cb = precision.compute_bytes
+    rb = 4 if precision in (Precision.FP32,) or precision.is_mixed else 2
     return cb, rb
+
+
+_BYTES = {p: _precision_bytes(p) for p in Precision}
 
 
 def _p(spec: ModelSpec, key: str) -> float:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from llmem.components import Category, lora, offload, quant
 from llmem.components import activations as act
+from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
@@ -27,7 +29,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import GradCkpt, Offload, Precision, Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.phase import Phase, moment, with_extra
 
@@ -35,10 +37,19 @@ from llmem.walk.phase import Phase, moment, with_extra
 def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     """The plan whose single-device walk matches one FSDP2 rank's compute: TP-local tensors, unsharded; under a
     MixedPrecisionPolicy the whole forward runs in the half dtype (no autocast), as pure half precision does."""
-    precision = plan.precision
-    if precision.is_mixed:
-        precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
-    return plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
+    cp = _COMPUTE_PLANS.get(plan.key)
+    if cp is None:
+        precision = plan.precision
+        if precision.is_mixed:
+            precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
+        cp = plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
+        if len(_COMPUTE_PLANS) >= 1024:
+            _COMPUTE_PLANS.clear()
+        _COMPUTE_PLANS[plan.key] = cp
+    return cp
+
+
+_COMPUTE_PLANS: dict = {}  # plan key -> compute plan (a plan is immutable; at most 1,024 kept)
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,28 @@ class FsdpTerms:
     current_layer: Callable
     logits: int
     root_grads_head: int
-    sharded_layer: list
+    sharded_layer: tuple
+    sharded_later: tuple  # sharded_later[l]: the shards of the layers after l
+    sharded_total: int
+    reduce_extra: int  # a layer's reduce-scatter: the last Shard(1) gradient's original (`shard_dim1_reduce_bytes`)
+    copy_in_extra: int  # ... its copy-in's padded copies (`chunk_cat_padding_bytes`)
+    rs_scratch: int  # ... and gloo's scratch (`reduce_scatter_scratch_bytes`)
+    lora: bool
+    core: bool  # the layers' moments: the eager attention core's (`attention_core.applies`)
+    core_grads: int  # ... with the weight gradients made before it
+    post_norm: bool  # gemma2's post-feedforward norm's (full fine-tuning)
+    post_norm_bwd: int  # ... with its backward's temporaries
+    falcon_math: bool  # falcon's math-path attention core's
+    recompute_end: tuple | None  # `fsdp_layer.lora_recompute_end`
     layer_grads: int
     residual_grad: int
     rs_in: int
+    root_all_gather: int  # inside the root's / a layer's all-gather (`communication.all_gather_bytes`)
+    layer_all_gather: int
+    root_copy_out: int  # the Shard(1) temporaries of the root's / a layer's copy-out (`shard_dim1_copy_out_bytes`)
+    layer_copy_out: int
+    end_in_layer: int  # at the end of forward, in the last layer and at the loss (`forward_gather_bytes`)
+    end_at_loss: int
     bwd_head: int
     root_gather: int
     layer_gather: int
@@ -77,8 +106,10 @@ class FsdpTerms:
         return self.spec.num_layers
 
 
-def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> dict:
+@per_spec()
+def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     """The activations of the compute plan; LoRA (half adapters under a MixedPrecisionPolicy) as in `single.py`."""
+    cp = compute_plan(plan)
     from functools import partial as partial_fn
 
     layers = spec.num_layers
@@ -102,14 +133,26 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan
         kept_layers = partial_fn(lora.kept_layers_bytes, half=half)
         current_layer = partial_fn(lora.current_layer_backward_bytes, half=half)
     ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
+    partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
+    from llmem.walk.fsdp_layer import lora_recompute_end
     return dict(kept=kept, outer_act=outer_act, forward_acts=forward_acts, recompute=recompute,
                 first_saving=first_saving, half=half, kept_layers=kept_layers, current_layer=current_layer,
-                partial=plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1, ids=ids,
-                hidden=act.checkpointed_layer_bytes(spec, cp))  # the hidden states entering a layer
+                partial=partial, ids=ids, recompute_end=None if partial else lora_recompute_end(spec, plan, cp),
+                hidden=act.checkpointed_layer_bytes(spec, cp),  # the hidden states entering a layer
+                post_norm_bwd=norm_bwd.post_mlp_norm_backward_bytes(spec, cp))
 
 
 def _fsdp_gradient_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> dict:
     """Gradients (the root's and a layer's unsharded in param_dtype, the layers' shards) and FSDP2's buffers."""
+    return dict(**_fsdp_layout_terms(spec, plan), logits=lg.logits_bytes(spec, cp),
+                residual_grad=plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes)  # d(output)
+
+
+@per_spec("layout_key")
+def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """The gradient and buffer terms that do not depend on the micro-batch or the sequence length; `sharded_later[l]`
+    is the layers' shards after layer l (suffix sums of `sharded_layer`)."""
+    cp = compute_plan(plan)
     half = lora.half_adapters(plan)
     adapter_grad = cp.precision.compute_bytes if half else lora.ADAPTER_BYTES  # unsharded adapter gradients
     pb = plan.precision.param_bytes
@@ -118,11 +161,24 @@ def _fsdp_gradient_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) 
     if lora.is_lora(plan):  # only the adapters have gradients
         sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
         layer_grads = lora.layer_adapter_bytes(spec, cp, 0, adapter_grad)
+    later = [0] * len(sharded_layer)
+    for layer in range(len(sharded_layer) - 2, -1, -1):
+        later[layer] = later[layer + 1] + sharded_layer[layer + 1]
     return dict(
-        adapter_grad=adapter_grad, logits=lg.logits_bytes(spec, cp),
-        root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
-        sharded_layer=sharded_layer, layer_grads=layer_grads,
-        residual_grad=plan.batch_size * plan.seq_len * spec.hidden_size * cp.precision.param_bytes,  # d(output)
+        adapter_grad=adapter_grad, root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
+        sharded_layer=tuple(sharded_layer), sharded_later=tuple(later), sharded_total=sum(sharded_layer),
+        layer_grads=layer_grads, reduce_extra=comm.shard_dim1_reduce_bytes(spec, plan),
+        copy_in_extra=comm.chunk_cat_padding_bytes(spec, plan),
+        rs_scratch=comm.reduce_scatter_scratch_bytes(spec, plan), lora=lora.is_lora(plan),
+        core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
+        core_grads=core.eager_core_layer_gradient_bytes(spec, cp, adapter_grad),
+        falcon_math=act.falcon_math_attention(spec, plan),
+        root_all_gather=comm.all_gather_bytes(spec, plan, root=True),
+        layer_all_gather=comm.all_gather_bytes(spec, plan),
+        root_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan, root=True),
+        layer_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan),
+        end_in_layer=comm.forward_gather_bytes(spec, plan, in_layer=True),
+        end_at_loss=comm.forward_gather_bytes(spec, plan, in_layer=False),
         rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
         root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))
 
@@ -135,7 +191,7 @@ def fsdp_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
     persistent = dict(parameters=parameter_bytes(spec, plan) * resident,
                       optimizer=optimizer_state_bytes(spec, plan) * resident)
     return FsdpTerms(spec=spec, plan=plan, cp=cp, persistent=persistent, resident=resident,
-                     **_fsdp_activation_terms(spec, plan, cp), **_fsdp_gradient_terms(spec, plan, cp))
+                     **_fsdp_activation_terms(spec, plan), **_fsdp_gradient_terms(spec, plan, cp))
 
 
 def forward_gather_moments(w: FsdpTerms) -> list[Phase]:
@@ -145,15 +201,14 @@ def forward_gather_moments(w: FsdpTerms) -> list[Phase]:
     unsharded parameters. Each copy-out frees the retained output only when it returns (`wait_for_unshard` holds
     it in a local), so later forward all-gathers and copy-outs hold one retained layer output: the last layer's
     are the largest (`last_layer_gather_moments`)."""
-    spec, plan, rg = w.spec, w.plan, w.root_gather
+    rg = w.root_gather
     start, layer0 = dict(**w.persistent, activations=w.ids), dict(**w.persistent, activations=w.outer_act + w.hidden)
     return [
-        moment("forward (root all-gather)", **start, communication=comm.all_gather_bytes(spec, plan, root=True)),
-        moment("forward (root all-gather copy-out)", **start,
-               communication=2 * rg + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
-        moment("forward (layer 0 all-gather)", **layer0, communication=2 * rg + comm.all_gather_bytes(spec, plan)),
+        moment("forward (root all-gather)", **start, communication=w.root_all_gather),
+        moment("forward (root all-gather copy-out)", **start, communication=2 * rg + w.root_copy_out),
+        moment("forward (layer 0 all-gather)", **layer0, communication=2 * rg + w.layer_all_gather),
         moment("forward (layer 0 all-gather copy-out)", **layer0,
-               communication=2 * rg + 2 * w.layer_gather + comm.shard_dim1_copy_out_bytes(spec, plan)),
+               communication=2 * rg + 2 * w.layer_gather + w.layer_copy_out),
     ] + last_layer_gather_moments(w)
 
 
@@ -170,28 +225,25 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
     # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
     # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
     embeds = 0
-    if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not any(
-            s.name.startswith("input (residual stream") for s in act.layer_saved(spec, cp))):
+    if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not act.saves_layer_input(spec, cp)):
         embeds = w.hidden
     on = dict(**w.persistent, activations=earlier_layers + w.outer_act + embeds + w.hidden)
     return [
         moment(f"forward (layer {layers - 1} all-gather)", **on,
-               communication=w.root_gather + unsharded + w.layer_gather + comm.all_gather_bytes(spec, plan)),
+               communication=w.root_gather + unsharded + w.layer_gather + w.layer_all_gather),
         moment(f"forward (layer {layers - 1} all-gather copy-out)", **on,
-               communication=w.root_gather + unsharded + 3 * w.layer_gather
-               + comm.shard_dim1_copy_out_bytes(spec, plan)),
+               communication=w.root_gather + unsharded + 3 * w.layer_gather + w.layer_copy_out),
     ]
 
 
 def head_moments(w: FsdpTerms) -> list[Phase]:
     """The end of forward, the loss's forward and backward, the lm_head's backward; ZeRO-3 inserts the root's
     pre-backward moments after the loss forward (`root_prebackward_moments`)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    spec, cp = w.spec, w.cp
     on = dict(**w.persistent, activations=w.forward_acts)
     phases = [
-        moment("forward (last layer)", **on, communication=comm.forward_gather_bytes(spec, plan, in_layer=True)),
-        moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp),
-               communication=comm.forward_gather_bytes(spec, plan, in_layer=False)),
+        moment("forward (last layer)", **on, communication=w.end_in_layer),
+        moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),
     ]
     phases += root_prebackward_moments(w)
     return phases + [
@@ -210,12 +262,11 @@ def root_prebackward_moments(w: FsdpTerms) -> list[Phase]:
         return []
     at_start = dict(**w.persistent, activations=w.forward_acts, logits=lg.loss_backward_start_bytes(spec, w.cp))
     return [
-        moment("loss backward (root pre-backward all-gather)", **at_start,
-               communication=comm.all_gather_bytes(spec, plan, root=True)),
+        moment("loss backward (root pre-backward all-gather)", **at_start, communication=w.root_all_gather),
         moment("loss backward (root pre-backward copy-out)", **at_start,
-               communication=2 * w.root_gather + comm.shard_dim1_copy_out_bytes(spec, plan, root=True)),
+               communication=2 * w.root_gather + w.root_copy_out),
         moment(f"loss backward (prefetch of layer {w.layers - 1})", **at_start,
-               communication=w.root_gather + comm.all_gather_bytes(spec, plan)),
+               communication=w.root_gather + w.layer_all_gather),
     ]
 
 
@@ -227,7 +278,7 @@ def qlora_moments(w: FsdpTerms, phases: list[Phase], held: dict[str, int]) -> li
         return []
     out = [moment(f"forward (last layer), {quant.forward_moment_label(cp)}", **w.persistent,
                   activations=w.forward_acts, temporaries=quant.dequant_forward_bytes(spec, cp),
-                  communication=comm.forward_gather_bytes(spec, plan, in_layer=True))]
+                  communication=w.end_in_layer)]
     extra = quant.dequant_backward_extra_bytes(spec, cp)
     for ph in [p for p in phases if p.name.startswith("backward (layer") and "pre-backward" not in p.name]:
         out.append(with_extra(ph, f"{ph.name}, {quant.bits(cp)} weight dequantized", Category.TEMPORARIES, extra))
@@ -264,18 +315,24 @@ def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     gradients an untied lm_head weight's is still referenced during the collective (seen in every untied run; the
     holder of the reference is not pinned down), the others are freed after the copy-in — with tied embeddings the
     shared weight's too (its `.grad` is the tied sum's fresh tensor; measured on a tied gemma under ZeRO-3)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    root_sharded, head_unsharded, buffers = _root_reduce_terms(w.spec, w.plan)
+    held["backward end (root reduce-scatter)"] = w.sharded_total * w.resident
+    return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
+                  gradients=w.sharded_total * w.resident + root_sharded + head_unsharded, communication=buffers)
+
+
+@per_spec("layout_key")
+def _root_reduce_terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
+    """The root's sharded gradients, the lm_head's unsharded one still referenced, and the reduce-scatter's buffers."""
+    cp = compute_plan(plan)
     root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
     head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), None)
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes if head is not None else 0
     if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
         root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
-    held["backward end (root reduce-scatter)"] = sum(w.sharded_layer) * w.resident
-    return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
-                  gradients=sum(w.sharded_layer) * w.resident + root_sharded + head_unsharded,
-                  communication=comm.root_reduce_scatter_input_bytes(spec, plan)
-                  + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
-                  + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
+    return root_sharded, head_unsharded, (comm.root_reduce_scatter_input_bytes(spec, plan)
+                                          + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
+                                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
 
 
 def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:

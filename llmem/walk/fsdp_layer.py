@@ -16,6 +16,7 @@ from llmem.components.gradients import attention_backward_layer_gradient_bytes, 
 from llmem.components.lora_recompute import recompute_moments
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk.accumulation import gradients_kept
 from llmem.walk.phase import Phase, moment
 
 if TYPE_CHECKING:
@@ -47,55 +48,74 @@ def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) ->
 
 
 
-def _below(w: FsdpTerms, layer: int) -> int:
+def _kept(w: FsdpTerms, layer: int) -> tuple[int, int]:
     """What the layers below `layer` keep, less the eager masks only the layers above it took
-    (`activations.eager_mask_released_bytes`)."""
-    return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
+    (`activations.eager_mask_released_bytes`), and what the layer itself keeps; once per plan and layer."""
+    spec, cp, kept_layers = w.spec, w.cp, w.kept_layers
+    return spec.memo(("fsdp.kept", w.plan.key, layer), lambda: (
+        kept_layers(spec, cp, layer) - act.eager_mask_released_bytes(spec, cp, layer),
+        kept_layers(spec, cp, layer + 1) - kept_layers(spec, cp, layer)), per_plan=True)
 
 
-def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> Phase:
+def _backward_terms(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
+    """Of the layer's table (`activations.layer_plan`), the MLP-output dropout's and gemma2's post-MLP norm's saves
+    (released by the MLP's backward moment), and that moment's gradients beyond the saved tensors; once per plan and
+    layer."""
+    def compute() -> tuple[int, int, int]:
+        lp = act.layer_plan(w.cp, layer)
+        return (act.mlp_output_dropout_bytes(w.spec, lp), norm_bwd.post_mlp_norm_released_bytes(w.spec, lp),
+                layer_backward_peak_extra_bytes(w.spec, lp, w.adapter_grad))
+    return w.spec.memo(("fsdp.backward", w.plan.key, layer), compute, per_plan=True)
+
+
+def _gathers(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
+    """The unsharded parameters at the layer's pre-backward, backward and reduce-scatter (`communication`); once per
+    plan layout and layer."""
+    spec, plan = w.spec, w.plan
+    return spec.memo(("fsdp.gathers", plan.layout_key, layer), lambda: (
+        comm.pre_backward_gather_bytes(spec, plan, layer), comm.backward_gather_bytes(spec, plan, layer),
+        comm.backward_gather_bytes(spec, plan, layer, own=False)))
+
+
+def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int, own: int,
+                        gathered: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
     unsharded storage beside its prefetched all-gather output, freed next), then the prefetch of layer - 1
     (`_backward_prefetch`): a new all-gather output while the unsharded parameters stay, and on CPU gloo's flat
     output inside the all-gather."""
-    below = _below(w, layer)
-    own = w.kept_layers(w.spec, w.cp, layer + 1) - w.kept_layers(w.spec, w.cp, layer)
     return moment(
         f"backward (layer {layer}, pre-backward all-gather)", **w.persistent,
         activations=below + w.outer_act + own - w.first_saving,
         gradients=w.root_grads_head + later + w.residual_grad,
-        logits=w.logits, communication=comm.pre_backward_gather_bytes(w.spec, w.plan, layer) + retained)
+        logits=w.logits, communication=gathered + retained)
 
 
-def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int]) -> list[Phase]:
+def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int],
+                      below: int, gathered: int) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
     (fp32 adapters), falcon's math-path attention core."""
-    spec, plan, cp = w.spec, w.plan, w.cp
-    below = _below(w, layer)
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
-    lp = act.layer_plan(cp, layer)
-    mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
-    on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
-    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
+    spec, cp = w.spec, w.cp
+    current = w.current_layer(spec, cp, layer) if w.partial or w.lora else (w.recompute or w.kept)
+    mlp_dropout, post_norm, peak_extra = _backward_terms(w, layer)  # the saves freed by the MLP's backward
+    on = dict(**w.persistent, logits=w.logits, communication=gathered + retained)
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
-                     gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
-    phases += _attention_moments(w, layer, later, on, held)
-    end = lora_recompute_end(spec, plan, cp) if not w.partial else None
-    if end is not None:  # see `lora_recompute_end`
-        live, grads = end
+                     gradients=w.root_grads_head + later + peak_extra)]
+    phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
+    if w.recompute_end is not None:  # see `lora_recompute_end`
+        live, grads = w.recompute_end
         phases.append(moment(f"backward (layer {layer}, end of its recompute)", **on,
                              activations=below + w.outer_act + current - (w.first_saving if layer == 0 else 0) + live,
                              gradients=w.root_grads_head + later + w.residual_grad + grads))
         held[phases[-1].name] = later
-    if lora.is_lora(plan) and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
+    if w.lora and not w.half and not w.partial:  # fp32 adapters: the single-GPU recompute moments
         for what, (fwd, grads) in recompute_moments(spec, cp).items():
             phases.append(moment(f"backward (layer {layer}, {what})", **on,
                                  activations=below + w.outer_act + current + sum(s.bytes for s in fwd),
                                  gradients=w.root_grads_head + later + w.residual_grad + sum(s.bytes for s in grads)))
             held[phases[-1].name] = later
-    if act.falcon_math_attention(spec, plan):
+    if w.falcon_math:
         phases.append(moment(
             f"backward (layer {layer}, attention core)", **on,
             activations=below + w.outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),
@@ -104,59 +124,52 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     return phases
 
 
-def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int]) -> list[Phase]:
+def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],
+                       alive: int) -> list[Phase]:
     """gemma2's post-feedforward norm backward (`norm_backward`) and the eager attention core's softmax backward
     (`attention_core`), as in the single-device walk on the compute plan (unsharded gradients in param_dtype;
-    LoRA: the adapters' in `adapter_grad` bytes)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
-    below = _below(w, layer)
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    LoRA: the adapters' in `adapter_grad` bytes); `alive`: the layers' kept bytes, the layer's own and the outer."""
+    spec, cp = w.spec, w.cp
     phases = []
-    if norm_bwd.applies(spec) and not lora.is_lora(plan):
+    if w.post_norm:
         phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
-                             activations=below + w.outer_act + current - w.first_saving,
-                             gradients=w.root_grads_head + later + w.residual_grad
-                             + norm_bwd.post_mlp_norm_backward_bytes(spec, cp)))
+                             activations=alive - w.first_saving,
+                             gradients=w.root_grads_head + later + w.residual_grad + w.post_norm_bwd))
         held[phases[-1].name] = later
-    if core.applies(spec, plan):
-        lp = act.layer_plan(cp, layer)
-        saved = tuple(lora.layer_saved(spec, lp, half=w.half)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+    if w.core:
+        released, transient = core.layer_core_terms(spec, act.layer_plan(cp, layer), w.half)
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
-                             activations=below + w.outer_act + current - w.first_saving
-                             - core.eager_core_released(spec, lp, saved),
-                             gradients=w.root_grads_head + later
-                             + core.eager_core_layer_gradient_bytes(spec, cp, w.adapter_grad)
-                             + core.eager_core_transient_bytes(spec, lp, saved)))
+                             activations=alive - w.first_saving - released,
+                             gradients=w.root_grads_head + later + w.core_grads + transient))
     return phases
 
 
-def _reduce_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
+def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int, gathered: int) -> list[Phase]:
     """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
     (unsharded gradients freed, the output shard and gloo's copy allocated)."""
-    spec, plan = w.spec, w.plan
-    below = _below(w, layer)
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
-    gather = comm.backward_gather_bytes(spec, plan, layer, own=False) + comm.shard_dim1_reduce_bytes(spec, plan)
+    gather = gathered + w.reduce_extra
     return [
         moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.layer_grads,
-               communication=gather + w.rs_in + comm.chunk_cat_padding_bytes(spec, plan)),
+               communication=gather + w.rs_in + w.copy_in_extra),
         moment(f"reduce-scatter (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.sharded_layer[layer],
-               communication=gather + w.rs_in + comm.reduce_scatter_scratch_bytes(spec, plan)),
+               communication=gather + w.rs_in + w.rs_scratch),
     ]
 
 
 def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[Phase]:
     """Layer `layer`'s backward moments; `held` gets the sharded gradients micro-step 1 holds at each (the later
     layers', for --grad-accum: `accumulation.fsdp_accumulation_phases`)."""
-    later = sum(w.sharded_layer[layer + 1:]) * w.resident
-    held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
-             for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
+    later = w.sharded_later[layer] * w.resident
+    if gradients_kept(w.plan):  # `held` is read by the accumulation phases only
+        held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
+                 for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
     retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
-    phases = []
+    phases, (below, own), (pre, during, after) = [], _kept(w, layer), _gathers(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
-        phases.append(_prebackward_moment(w, layer, later, retained))
+        phases.append(_prebackward_moment(w, layer, later, retained, below, own, pre))
         held[phases[-1].name] = later
-    phases += _backward_moments(w, layer, later, retained, held)
-    return phases + _reduce_moments(w, layer, later)
+    phases += _backward_moments(w, layer, later, retained, held, below, during)
+    return phases + _reduce_moments(w, layer, later, below, after)

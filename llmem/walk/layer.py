@@ -45,7 +45,7 @@ def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase
     released by then, and the last MLP Linear's half weight copy with its MmBackward0."""
     spec, plan = t.spec, t.plan
     lp = act.layer_plan(plan, layer)
-    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))
+    post_norm = norm_bwd.post_mlp_norm_released_bytes(spec, lp)
     return moment(
         name, **t.persistent,
         activations=held + t.outer_act - act.mlp_output_dropout_bytes(spec, lp) - post_norm,
@@ -80,13 +80,11 @@ def _recompute_moments(t: Terms, layer: int, name: str, held: int, later: int) -
 def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
     """The eager attention core's softmax backward (`attention_core`), on the layer's (LoRA) table."""
     spec, plan = t.spec, t.plan
-    lp = act.layer_plan(plan, layer)
-    saved = tuple(lora.layer_saved(spec, lp)) if lora.is_lora(plan) else act.layer_saved(spec, lp)
+    released, transient = core.layer_core_terms(spec, act.layer_plan(plan, layer))
     return moment(
         f"{name[:-1]}, attention core)", **t.persistent,
-        activations=held + t.outer_act - core.eager_core_released(spec, lp, saved),
-        gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan)
-        + core.eager_core_transient_bytes(spec, lp, saved),
+        activations=held + t.outer_act - released,
+        gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan) + transient,
         temporaries=autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan),
         logits=t.logits, communication=t.gathered(layer + 1))
 

@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmem.components import Category
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Phase:
     name: str
     breakdown: dict  # Category -> bytes
+    total: int = field(repr=False, compare=False)  # the breakdown's sum
 
-    @property
-    def total(self) -> int:
-        return sum(self.breakdown.values())
-
-
-_PART_CATEGORY = {c.name.lower(): c for c in Category} | {"standing": Category.COMMUNICATION}
-_EMPTY = dict.fromkeys(Category, 0)
+    def __init__(self, name: str, breakdown: dict, total: int | None = None) -> None:
+        # a walk makes dozens of phases per estimate: the fields are set in one go (the dataclass is frozen)
+        self.__dict__.update(name=name, breakdown=breakdown,
+                             total=sum(breakdown.values()) if total is None else total)
 
 
-def moment(name: str, **parts: int) -> Phase:
-    """The phase `name` with its parts summed per category (`standing` is a communication buffer)."""
-    breakdown = dict(_EMPTY)
-    for key, value in parts.items():
-        breakdown[_PART_CATEGORY[key]] += value
-    return Phase(name, breakdown)
+_P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order
+
+
+def moment(name: str, parameters: int = 0, gradients: int = 0, optimizer: int = 0, activations: int = 0,
+           logits: int = 0, communication: int = 0, standing: int = 0, temporaries: int = 0) -> Phase:
+    """The phase `name` with its parts per category (`standing` is a communication buffer), in `Category` order
+    (`0 + part`: a plain int where a part is a bool)."""
+    c = 0 + communication + standing
+    return Phase(name, {_P: 0 + parameters, _G: 0 + gradients, _O: 0 + optimizer, _A: 0 + activations,
+                        _L: 0 + logits, _C: c, _T: 0 + temporaries},
+                 0 + parameters + gradients + optimizer + activations + logits + c + temporaries)
 
 
 def with_extra(phase: Phase, name: str, category: Category, extra: int) -> Phase:
