@@ -34,7 +34,7 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     # an attention core runs backward after the layer's MLP and output projection gradients were accumulated
     attention_grads = (core.eager_core_layer_gradient_bytes(spec, plan) if core.applies(spec, plan)
                        else attention_backward_layer_gradient_bytes(spec, plan))
-    later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
+    later = {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()} | later  # walk's win
     out, ends = [], []
     for ph in phases:
         if ph.name.startswith("backward end"):

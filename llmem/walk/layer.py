@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from llmem.components import activations as act
 from llmem.components import attention_core as core
-from llmem.components import autocast, lora, quant
+from llmem.components import autocast, grad_accum, lora, quant
 from llmem.components import communication as comm
 from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
@@ -108,17 +108,20 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     """Layer `layer`'s backward moments, named after `name`; `backward_later` gets the later layers' gradients at
     each moment whose gradients --grad-accum's micro-step 2 tells apart (`accumulation.accumulation_phases`)."""
     spec, plan = t.spec, t.plan
-    later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
+    later = later_layers_gradient_bytes(spec, plan, layer)
     held = held_bytes(t, layer)
     phases = [_mlp_moment(t, layer, name, held, later)]
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(_post_norm_moment(t, layer, name, held, later))
-        backward_later[phases[-1].name] = later
-    for ph in _recompute_moments(t, layer, name, held, later):
-        phases.append(ph)
-        backward_later[ph.name] = later
+    phases += _recompute_moments(t, layer, name, held, later)
     if core.applies(spec, plan):
         phases.append(_core_moment(t, layer, name, held, later))
     if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
         phases.append(_falcon_math_moment(t, layer, name, held, later))
+    # micro-step 2: the head's gradients accumulated long before; at the MLP moment the weight gradient's own span
+    attention = core.eager_core_layer_gradient_bytes(spec, plan) if core.applies(spec, plan) else \
+        attention_backward_layer_gradient_bytes(spec, plan)
+    gone = later + grad_accum.head_gradient_released_bytes(spec, plan)
+    backward_later |= {ph.name: gone + (attention if ph.name.endswith(", attention core)") else 0) for ph in phases}
+    backward_later[name] += grad_accum.mlp_weight_gradient_released_bytes(spec, act.layer_plan(plan, layer))
     return phases
