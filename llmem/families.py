@@ -216,7 +216,7 @@ FAMILIES: dict[str, Family] = {
                _falcon_layer, _falcon_outer, norm="layer", kv_heads=_falcon_kv_heads,
                extra=("new_decoder_architecture", "parallel_attn", "attention_dropout", "hidden_dropout"),
                aliases={"intermediate_size": ("ffn_hidden_size",)}, rope=True, own_attention_core=True,
-               mlp_activation="gelu"),
+               mlp_activation="gelu", transposed_weight_matmul=True),
         Family("bloom", {"vocab_size": 250880, "hidden_size": 64, "num_layers": 2, "num_heads": 8,
                          "tie_word_embeddings": True},
                _bloom_layer, _bloom_outer, norm="layer", aliases={"intermediate_size": ()},

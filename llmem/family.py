@@ -119,6 +119,8 @@ class Family:
     # Linear layers and MLP:
     fused_projections: bool = False  # one qkv_proj and one gate_up_proj Linear (`Phi3Attention`, `Phi3MLP`)
     conv1d: bool = False  # projections are transformers' `Conv1D` (weight stored (in, out)), not nn.Linear (GPT-2)
+    transposed_weight_matmul: bool = False  # the decoder's Linears compute `input @ self.weight.T` (`FalconLinear`):
+    #   autocast casts that view anew at each call and caches nothing
     mlp_activation: str = "gated"  # the MLP: "gated" (down(act(gate) * up): SiLU, Gemma's tanh GELU), "gelu"
     #   (up -> GELU -> down, the gelu saving its input), "gelu-new" (GPT-2's `NewGELUActivation`), "relu" (OPT),
     #   "bloom-gelu" (`BloomGelu`'s custom autograd function)

@@ -67,6 +67,8 @@ def observed(model_type: str) -> dict:
         "scaled_embeddings": any(name.endswith("ScaledWordEmbedding") for name in kinds),
         "embed_projection": any(hasattr(m, "project_in") for m in modules.values()),
         "conv1d": "Conv1D" in kinds,
+        "transposed_weight_matmul": any("self.weight.T" in _source(type(m)) for n, m in in_layer.items()
+                                        if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear),
         "mlp_activation": _activation(model, cfg),
         "grouped_experts": any(name.endswith("Experts") for name in kinds),
         "routing_weights_fp32": router is not None and ".to(router_logits.dtype)" not in _source(router),

@@ -47,6 +47,17 @@ def released_by_mlp_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return local_numel(mlp[-1], plan) * plan.precision.compute_bytes if mlp else 0
 
 
+def forward_copy_layers(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
+    """Of decoder layers 0 .. count-1, how many hold their weight copies at the end of forward (the autocast region
+    still open): all of them, in autocast's cache (`cached_cast` keeps the cast of a leaf fp32 weight that requires
+    grad, aten/src/ATen/autocast_mode.cpp) — except where the Linears multiply by `weight.T`
+    (`Family.transposed_weight_matmul`): the cast of a view is never cached (`!arg.is_view()`), so a copy lives
+    only where the matmul saved it, in the layers not checkpointed (`saved_layer_copies`)."""
+    if spec.family.transposed_weight_matmul:
+        return saved_layer_copies(plan, count)
+    return count
+
+
 def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
     """Of decoder layers 0 .. count-1, how many keep their weight copies into backward: those not checkpointed."""
     if plan.grad_ckpt is not GradCkpt.FULL:

@@ -276,18 +276,19 @@ def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = Fa
 
 
 @per_spec("layout_key")
-def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
     """(CPU profile) `foreach_reduce_scatter_copy_in` calls `torch._chunk_cat(grads, 0, world, out=...)`. On CPU that
     is the composite `at::native::_chunk_cat_out`, whose `_pad_chunk` copies every gradient whose dim 0 does not
     divide by the ranks into a `new_zeros` tensor of the padded size (grad dtype) and keeps them until the cat;
     CUDA's `_chunk_cat_out_cuda` pads inside its kernel for contiguous inputs (ATen native/cuda/TensorShape.cu).
-    One decoder layer's gradients (LoRA: the adapters'); Shard(1) gradients arrive re-chunked with w x d0 rows."""
+    One decoder layer's gradients (LoRA: the adapters'), or the root's; Shard(1) gradients arrive re-chunked with
+    w x d0 rows."""
     from llmem.components.sharding import fsdp_shard_dim
     from llmem.plan import Device
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
-    shapes = _group_shapes(spec, plan, root=False, trainable_only=True)
+    shapes = _group_shapes(spec, plan, root=root, trainable_only=True)
     if lora.is_lora(plan):
         elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
     else:

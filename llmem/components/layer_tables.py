@@ -176,13 +176,14 @@ def _falcon_math_sdpa_operands(spec: ModelSpec, plan: TrainingPlan, tokens: int)
     with num_kv_heads heads, no `enable_gqa`: `at::matmul` broadcasts them over the query heads). Half inputs are
     upcast to fp32 first (q*sqrt(scale), k*sqrt(scale), v.to(float32)); the broadcast k and v stay stride-0 views
     of their kv-head tensors when the micro-batch is 1 (the expanded batch and head dims merge into one bmm batch
-    dim) and are copied to all heads otherwise. fp32 inputs: as measured, three query-sized operands."""
+    dim) and are copied to all heads otherwise. fp32 inputs: no upcast, the same operands in fp32 (the stride-0 view
+    at micro-batch 1 measured too: `at::matmul`'s expand + reshape to the bmm batch is a view when b = 1)."""
     cb, _ = _bytes(plan)
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if cb == FP32:
-        return [Saved("query scaled (math sdpa)", tokens * q * cb), Saved("key expanded, scaled", tokens * q * cb),
-                Saved("value expanded", tokens * q * cb)]
     k_width = kv if plan.batch_size == 1 else q
+    if cb == FP32:
+        return [Saved("query scaled (math sdpa)", tokens * q * cb),
+                Saved("key expanded, scaled", tokens * k_width * cb), Saved("value expanded", tokens * k_width * cb)]
     return [Saved("math sdpa q*sqrt(scale) (fp32)", tokens * q * FP32),
             Saved("math sdpa k*sqrt(scale) (fp32 bmm operand)", tokens * k_width * FP32),
             Saved("math sdpa v.to(float32) (bmm operand)", tokens * k_width * FP32)]

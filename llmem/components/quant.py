@@ -215,13 +215,19 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     """`--quant int8`: the inputs of one decoder layer's 8-bit Linears that their autograd nodes keep (`ctx.A` /
     `ctx.tensors`, above) until the outputs are dropped, as (all of them, the part LoRA's saved tensors do not
     already hold). One tensor per group of Linears reading the same input (q/k/v, o_proj, gate/up, down_proj), in the
-    compute dtype; none for layer 0's q/k/v, whose input needs no gradient (frozen embeddings and norm), except with
-    --grad-ckpt full (`gradient_checkpointing_enable` calls `enable_input_require_grads()`).
-    Already held by LoRA (`lora.layer_saved`): o_proj's input is the sdpa output the attention saves anyway; the
-    other inputs are lora_A's saved input only with dropout 0 in fp32 on an adapted group (with dropout lora_A saves
-    the dropout output, in pure half precision its fp32 copy). With `--grad-ckpt full` LoRA's tensors are not saved
-    in the forward, so all are extra there."""
-    from llmem.components.lora import _module, layer0_targeted
+    compute dtype. `MatMul8bitLt.forward` keeps them only when its input needs a gradient (`if
+    any(ctx.needs_input_grad[:2])`, bitsandbytes/autograd/_functions.py:186; the weight is frozen): in layer 0 a group
+    whose input does not (`lora_activations._requires_grad`: the frozen embeddings' output feeds q/k/v, and o_proj,
+    gate/up, down_proj follow from the adapters before them) keeps none — unless --grad-ckpt full
+    (`gradient_checkpointing_enable` calls `enable_input_require_grads()`) or a trainable embedding copy
+    (`--lora-modules-to-save embed_tokens`) makes the embeddings' output require grad.
+    Already held by LoRA (`lora.layer_saved`): o_proj's input where it is the fused sdpa output, which sdpa saves
+    anyway (after eager attention it is a new contiguous tensor, `attn_output.transpose(1, 2).contiguous()`, that
+    no op of the attention saves); the other inputs are lora_A's saved input only with dropout 0 in fp32 on an
+    adapted group (with dropout lora_A saves the dropout output, in pure half precision its fp32 copy). With
+    `--grad-ckpt full` LoRA's tensors are not saved in the forward, so all are extra there."""
+    from llmem.components.lora import _module, layer0_targeted, trains_copy
+    from llmem.components.lora_activations import _flash_output_is_o_input, _requires_grad
 
     if not is_int8(plan):
         return 0, 0
@@ -231,15 +237,18 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     ckpt = plan.grad_ckpt is GradCkpt.FULL
+    g = _requires_grad(adapted, first and not (ckpt or trains_copy(spec, plan, "embed")))
+    input_grad = (g["input"], g["attention"], g["residual"], g["down_proj input"])
+    o_input_saved = _flash_output_is_o_input(spec, plan)
     held = extra = 0
     for k, (names, width) in enumerate(_INPUT_GROUPS):
-        if first and k == 0 and not ckpt:  # transformers' checkpointing makes the embeddings' output require grad
+        if not input_grad[k]:
             continue
         size = tokens * widths[width] * cb
         held += size
         if ckpt:
             extra += size
-        elif names != ("o_proj",) and not (lora_keeps_x and adapted & set(names)):
+        elif not (names == ("o_proj",) and o_input_saved) and not (lora_keeps_x and adapted & set(names)):
             extra += size
     return held, extra
 

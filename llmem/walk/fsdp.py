@@ -310,6 +310,24 @@ def embedding_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase
     return phases
 
 
+def root_copy_in_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
+    """The root's post-backward before its collective: `foreach_reduce` allocates `reduce_scatter_input` (reduce
+    dtype) and copies every unsharded gradient of the root into it; only then does `unsharded_grads.clear()` free
+    them (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:581-587). So each root gradient (param_dtype;
+    LoRA: the root's adapters) is alive beside the whole input — above the collective's moment when the root's
+    gradients outweigh its output shard and the lm_head's gradient (an untied embedding and lm_head)."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    unsharded = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
+    if lora.is_lora(plan):
+        unsharded = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad
+    name = "backward end (root reduce-scatter copy-in)"
+    held[name] = sum(w.sharded_layer) * w.resident
+    return moment(name, **w.persistent, logits=w.logits, gradients=held[name] + unsharded,
+                  communication=comm.root_reduce_scatter_input_bytes(spec, plan)
+                  + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
+                  + comm.chunk_cat_padding_bytes(spec, plan, root=True))
+
+
 def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     """The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
     gradients an untied lm_head weight's is still referenced during the collective (seen in every untied run; the
@@ -349,7 +367,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         phases += fsdp_layer_moments(w, layer, held)
     phases += qlora_moments(w, phases, held)
     phases += embedding_backward_moments(w, held)
-    phases.append(root_reduce_moment(w, held))
+    phases += [root_copy_in_moment(w, held), root_reduce_moment(w, held)]
     if gradients_kept(plan):
         phases += fsdp_accumulation_phases(spec, plan, phases, held)
     phases.append(moment("optimizer step", **w.persistent, gradients=gradient_bytes(spec, plan) * w.resident,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from llmem.components import activations as act
 from llmem.components import attention_core as core
-from llmem.components import autocast, lora, quant
+from llmem.components import autocast, grad_accum, lora, quant
 from llmem.components import communication as comm
 from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
@@ -112,17 +112,19 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     spec, plan = t.spec, t.plan
     later = backward_later[name] = later_layers_gradient_bytes(spec, plan, layer)
     if mlp_held is not None:
-        mlp_held[name] = layer_backward_held_gradient_bytes(spec, act.layer_plan(plan, layer))
+        lp = act.layer_plan(plan, layer)  # + the last MLP Linear's new weight gradient's own span (grad_accum)
+        mlp_held[name] = layer_backward_held_gradient_bytes(spec, lp) + grad_accum.mlp_weight_gradient_released_bytes(
+            spec, lp)
     held = held_bytes(t, layer)
     phases = [_mlp_moment(t, layer, name, held, later)]
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(_post_norm_moment(t, layer, name, held, later))
-        backward_later[phases[-1].name] = later
-    for ph in _recompute_moments(t, layer, name, held, later):
-        phases.append(ph)
-        backward_later[ph.name] = later
+    phases += _recompute_moments(t, layer, name, held, later)
     if core.applies(spec, plan):
         phases.append(_core_moment(t, layer, name, held, later))
     if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
         phases.append(_falcon_math_moment(t, layer, name, held, later))
+    # micro-step 2 (`accumulation.accumulation_phases`): the later layers' `.grad`s at each moment; the attention
+    # core's are derived there from the MLP moment's
+    backward_later |= {ph.name: later for ph in phases if not ph.name.endswith(", attention core)")}
     return phases

@@ -110,7 +110,7 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     layers = spec.num_layers
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     saved_casts = autocast.saved_layer_copies(plan, layers)
-    fwd_casts, first_casts = layers * casts, 0
+    fwd_casts, first_casts = autocast.forward_copy_layers(spec, plan, layers) * casts, 0
     if lora.is_lora(plan) and casts:
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
         # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
