@@ -3,7 +3,7 @@ backward and qwen3's q_norm backward are a layer's peak when the attention (head
 Real CPU runs of such layers — qwen3 with 8 heads × 32 against an intermediate 128 (pure bf16: q_norm's moment;
 bf16-mixed: q's RoPE moment), llama with 16 heads × 32 against 176 (bf16-mixed: RoPE with q in half and its output in
 fp32; fp32: sdpa's own backward), checkpointed or not, one process, and DDP and FSDP2 ZeRO-3 on 2 ranks — each
-within 1% of the estimate. Without these moments the same plans are 1.4 to 8% under the measured peak, so the bound
+within 1% of the estimate. Without these moments the same plans are 3 to 16% under the measured peak, so the bound
 catches their loss; the estimate is exact to 0.01% on them (1% leaves room for the CPU allocator's few hundred bytes
 of bookkeeping the walk does not count)."""
 
