@@ -48,7 +48,7 @@ def _one_gpu(name: str) -> tuple[dict, TrainingPlan, str]:
     return config, TrainingPlan(**{**BASE, **changes, "device": "cpu"}), moment
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "llama-fp32" else n for n in ONE_GPU])
+@pytest.mark.parametrize("name", list(ONE_GPU))
 def test_one_gpu_estimate_matches_real_run(name):
     from llmem.measure.run import measure_rank
 
