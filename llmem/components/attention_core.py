@@ -132,3 +132,53 @@ def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     left = [p for p in _linear_weights(spec, 0) if not _after_core(p.name)]
     return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes
 
+
+
+# --- The eager core's forward: the moment `_softmax` allocates its output (a checkpointed layer's first forward) ---
+
+
+def forward_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """transformers' `eager_attention_forward` after RoPE (llama-like families and gpt_neox): matmul, `* scaling`, the
+    float mask added, `softmax(dtype=float32)`, cast back. Not gpt2's, opt's, bloom's, falcon's or gemma2's own
+    eager programs (not modelled here), nor LoRA's tables."""
+    f = spec.family
+    return (applies(spec, plan) and f.rope and not (f.own_attention_core or f.sandwich_norms)
+            and plan.method is Method.FULL)
+
+
+def forward_softmax_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """At `_softmax`: its input, the scores plus the mask (batch × heads × seq², the mask's residual-stream dtype wins
+    the type promotion), and its fp32 output; from a half input a fp32 copy first (`at::softmax` with a dtype, torch
+    2.13 `aten/src/ATen/native/SoftMax.cpp`). That source reads an fp16 input on a CUDA device in place
+    (`_softmax(half_to_float=True)`); the fake-tensor simulation takes the copy for fp16 too, and so does this term
+    (pure fp16: at most batch × heads × seq² × 4 bytes above a GPU, not checked on one)."""
+    cb, rb = _bytes(plan)
+    scores = plan.batch_size * spec.num_heads // plan.tp * plan.seq_len ** 2
+    return scores * (rb + 4 + (4 if rb == 2 else 0))
+
+
+def forward_intermediate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The layer's forward tensors alive at the softmax when no op saves (a checkpointed layer's first forward): the
+    input norm's output (tokens × h, residual-stream dtype), q and k after RoPE (RoPE's output dtype, the residual
+    stream's: cos and sin take the hidden states' dtype), v (compute dtype; a fused qkv projection's whole output,
+    which v views), and repeat_kv's copies of k and v (full heads) when the kv heads are fewer. transformers 5.23
+    `models/llama/modeling_llama.py` (`LlamaAttention.forward`, `eager_attention_forward`, `repeat_kv`),
+    `models/gpt_neox/modeling_gpt_neox.py` (`apply_rotary_pos_emb`: the rotated part cat the pass-through one)."""
+    cb, rb = _bytes(plan)
+    tokens = plan.batch_size * plan.seq_len
+    q = tokens * spec.num_heads * spec.head_dim // plan.tp
+    kv = tokens * spec.num_kv_heads * spec.head_dim // plan.tp
+    fused = spec.family.fused_projections or spec.family.partial_rotary  # phi3's qkv_proj, gpt_neox's query_key_value
+    v = (q + 2 * kv) * cb if fused else kv * cb
+    repeated = q * (rb + cb) if spec.num_kv_heads < spec.num_heads else 0
+    return tokens * spec.hidden_size * rb + (q + kv) * rb + v + repeated
+
+
+def forward_later_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under autocast: the half copies of the layer's Linears after the core, not yet made at its softmax."""
+    from llmem.components.autocast import _applies, _linear_weights
+
+    if not _applies(plan):
+        return 0
+    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if _after_core(p.name)) \
+        * plan.precision.compute_bytes

@@ -7,6 +7,7 @@ the previous step's zeroed gradients are alive (`gradients_kept`).
 from __future__ import annotations
 
 from llmem.components import Category, offload
+from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components.gradients import (
     accumulated_embedding_gradient_bytes,
@@ -55,7 +56,7 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
     later |= {f"{name[:-1]}, attention core)": v + attention_grads for name, v in later.items()}
     # a layer's MLP moment also holds the layer's weight gradients made by earlier nodes (MoE experts: `mlp_held`)
     later |= {name: later.get(name, 0) + v for name, v in (mlp_held or {}).items()}
-    out, ends = [], []
+    out, ends = forward_core_moments(spec, plan, phases, grads_all), []
     for ph in phases:
         if ph.name.startswith("backward end"):
             ends.append(ph)
@@ -73,6 +74,23 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
         what = "tied gradients summed" if ph.name.endswith("summed") else "embedding gradient accumulated"
         out.append(Phase(f"backward end, {what} ({_when(plan)})", b))
     return out
+
+
+def forward_core_moments(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase], grads_all: int) -> list[Phase]:
+    """The last decoder layer's eager softmax in forward, every gradient alive: the end of forward's moment less the
+    final norm's saved tensors and the copies of the Linears after the core (not made yet), plus the layer's forward
+    tensors and the softmax's (`attention_core.forward_*`). Only where that layer is checkpointed: a layer that saves
+    its tensors holds all of them, and more, at its softmax backward. In micro-step 1 the backward's recompute of the
+    same softmax is larger (it holds the later layers' gradients and no other layer's weight copies)."""
+    last = spec.num_layers - 1
+    end = next((ph for ph in phases if ph.name == "forward (last layer)"), None)
+    if end is None or not core.forward_applies(spec, plan) or not plan.checkpointed(last):
+        return []
+    b = dict(end.breakdown)
+    b[Category.GRADIENTS] = grads_all
+    b[Category.ACTIVATIONS] += core.forward_intermediate_bytes(spec, plan) - act.final_norm_bytes(spec, plan)
+    b[Category.TEMPORARIES] += core.forward_softmax_bytes(spec, plan) - core.forward_later_copy_bytes(spec, plan)
+    return [Phase(f"forward (last layer, attention core), gradients alive ({_when(plan)})", b)]
 
 
 def fsdp_accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase],

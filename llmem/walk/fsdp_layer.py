@@ -12,6 +12,7 @@ from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import lora
 from llmem.components import norm_backward as norm_bwd
+from llmem.components import query_backward as qb
 from llmem.components.gradients import attention_backward_layer_gradient_bytes, layer_backward_peak_extra_bytes
 from llmem.components.lora_recompute import recompute_moments
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
@@ -141,6 +142,31 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
                              activations=alive - w.first_saving - released,
                              gradients=w.root_grads_head + later + w.core_grads + transient))
+    return phases + _query_moments(w, layer, later, on, held, alive)
+
+
+def _query_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int], alive: int) -> list[Phase]:
+    """sdpa's, q's RoPE and q_norm's backward (`query_backward`), on the compute plan (unsharded gradients);
+    `alive` as in `_attention_moments`."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    if not qb.applies_rope(spec, plan):
+        return []
+    acts = alive - w.first_saving
+    lp = act.layer_plan(cp, layer)
+    saved = act.layer_saved(spec, lp)
+    after_core = core.eager_core_layer_gradient_bytes(spec, cp)
+    phases = [moment(f"backward (layer {layer}, q RoPE backward)", **on, activations=acts - qb.rope_released(saved),
+                     gradients=w.root_grads_head + later + after_core + qb.rope_transient_bytes(spec, lp))]
+    if qb.applies_sdpa(spec, plan):
+        phases.insert(0, moment(f"backward (layer {layer}, sdpa backward)", **on,
+                                activations=acts - qb.sdpa_released(saved),
+                                gradients=w.root_grads_head + later + after_core + qb.sdpa_transient_bytes(spec, lp)))
+    if qb.applies_q_norm(spec, plan):
+        phases.append(moment(f"backward (layer {layer}, q_norm backward)", **on,
+                             activations=acts - qb.q_norm_released(saved),
+                             gradients=w.root_grads_head + later + qb.q_norm_layer_gradient_bytes(spec, cp)
+                             + qb.q_norm_transient_bytes(spec, lp)))
+    held |= {ph.name: later for ph in phases}
     return phases
 
 

@@ -13,6 +13,7 @@ from llmem.components import attention_core as core
 from llmem.components import autocast, grad_accum, lora, quant
 from llmem.components import communication as comm
 from llmem.components import norm_backward as norm_bwd
+from llmem.components import query_backward as qb
 from llmem.components.gradients import (
     attention_backward_layer_gradient_bytes,
     later_layers_gradient_bytes,
@@ -89,6 +90,32 @@ def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phas
         logits=t.logits, communication=t.gathered(layer + 1))
 
 
+def _query_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
+    """sdpa's backward, q's RoPE backward and q_norm's (`query_backward`), on the layer's table."""
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    saved = act.layer_saved(spec, lp)
+    copies = autocast.saved_layer_copies(plan, layer) * t.casts
+    on = dict(**t.persistent, logits=t.logits, communication=t.gathered(layer + 1))
+    after_core = core.eager_core_layer_gradient_bytes(spec, plan)
+    qkv_copies = core.eager_core_weight_copy_bytes(spec, plan)
+    phases = [moment(f"{name[:-1]}, q RoPE backward)", **on, activations=held + t.outer_act - qb.rope_released(saved),
+                     gradients=t.grads_outer + later + after_core + qb.rope_transient_bytes(spec, lp),
+                     temporaries=copies + qkv_copies)]
+    if qb.applies_sdpa(spec, plan):
+        phases.insert(0, moment(f"{name[:-1]}, sdpa backward)", **on,
+                                activations=held + t.outer_act - qb.sdpa_released(saved),
+                                gradients=t.grads_outer + later + after_core + qb.sdpa_transient_bytes(spec, lp),
+                                temporaries=copies + qkv_copies))
+    if qb.applies_q_norm(spec, plan):
+        phases.append(moment(f"{name[:-1]}, q_norm backward)", **on,
+                             activations=held + t.outer_act - qb.q_norm_released(saved),
+                             gradients=t.grads_outer + later + qb.q_norm_layer_gradient_bytes(spec, plan)
+                             + qb.q_norm_transient_bytes(spec, lp),
+                             temporaries=copies + qb.q_norm_weight_copy_bytes(spec, plan)))
+    return phases
+
+
 def _falcon_math_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
     """Falcon's math-path (sdpa) attention core's softmax backward."""
     spec, plan = t.spec, t.plan
@@ -122,9 +149,16 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     phases += _recompute_moments(t, layer, name, held, later)
     if core.applies(spec, plan):
         phases.append(_core_moment(t, layer, name, held, later))
+    if qb.applies_rope(spec, plan):
+        for ph in _query_moments(t, layer, name, held, later):
+            phases.append(ph)
+            own = qb.q_norm_layer_gradient_bytes if "q_norm" in ph.name else core.eager_core_layer_gradient_bytes
+            backward_later[ph.name] = later + own(spec, plan)  # (micro-step 2: the layer's `.grad`s made before)
     if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
         phases.append(_falcon_math_moment(t, layer, name, held, later))
     # micro-step 2 (`accumulation.accumulation_phases`): the later layers' `.grad`s at each moment; the attention
     # core's are derived there from the MLP moment's
-    backward_later |= {ph.name: later for ph in phases if not ph.name.endswith(", attention core)")}
+    for ph in phases:
+        if not ph.name.endswith(", attention core)"):
+            backward_later.setdefault(ph.name, later)
     return phases
