@@ -53,6 +53,14 @@ def _below(w: FsdpTerms, layer: int) -> int:
     return w.kept_layers(w.spec, w.cp, layer) - act.eager_mask_released_bytes(w.spec, w.cp, layer)
 
 
+def _current(w: FsdpTerms, layer: int) -> int:
+    """What layer `layer` holds while its own backward runs (`activations.current_layer_backward_bytes`; with
+    uniform layers and every layer checkpointed or none, the one per-plan value)."""
+    if w.partial or w.varied or lora.is_lora(w.plan):
+        return w.current_layer(w.spec, w.cp, layer)
+    return w.recompute or w.kept
+
+
 def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> Phase:
     """ZeRO-3 (and TP x FSDP2) all-gather again in backward. The layer's pre-backward
     (`FSDPParamGroup.pre_backward`): its saved tensors and the gradient of its output alive, its copy-out (new
@@ -70,17 +78,17 @@ def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int) -> 
 
 def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int]) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
-    (fp32 adapters), falcon's math-path attention core."""
+    (fp32 adapters), falcon's math-path attention core. Of the layer's kind (`activations.layer_spec`)."""
     spec, plan, cp = w.spec, w.plan, w.cp
     below = _below(w, layer)
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
-    lp = act.layer_plan(cp, layer)
-    mlp_dropout = act.mlp_output_dropout_bytes(spec, lp)  # freed by the MLP's backward
+    current = _current(w, layer)
+    lp, ls = act.layer_plan(cp, layer), act.layer_spec(spec, cp, layer)
+    mlp_dropout = act.mlp_output_dropout_bytes(ls, lp)  # freed by the MLP's backward
     on = dict(**w.persistent, logits=w.logits, communication=comm.backward_gather_bytes(spec, plan, layer) + retained)
-    post_norm = norm_bwd.post_mlp_norm_saved_bytes(spec, act.layer_saved(spec, lp))  # released by now
+    post_norm = norm_bwd.post_mlp_norm_saved_bytes(ls, act.layer_saved(ls, lp))  # released by now
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
-                     gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(spec, lp, w.adapter_grad))]
+                     gradients=w.root_grads_head + later + layer_backward_peak_extra_bytes(ls, lp, w.adapter_grad))]
     phases += _attention_moments(w, layer, later, on, held)
     end = lora_recompute_end(spec, plan, cp) if not w.partial else None
     if end is not None:  # see `lora_recompute_end`
@@ -110,7 +118,7 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
     LoRA: the adapters' in `adapter_grad` bytes)."""
     spec, plan, cp = w.spec, w.plan, w.cp
     below = _below(w, layer)
-    current = w.current_layer(spec, cp, layer) if w.partial or lora.is_lora(plan) else (w.recompute or w.kept)
+    current = _current(w, layer)
     phases = []
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(moment(f"backward (layer {layer}, post-feedforward norm)", **on,
