@@ -1,0 +1,94 @@
+"""Layer kinds (`llmem.derive.kinds`): decoder layers grouped by what they save and what their backward allocates,
+each layer counted by its own kind; a Gemma 3 (five sliding-window layers, then one full-attention layer) estimated
+against a real CPU run of one rank (`measure_rank`) and of two (gloo), within 1%."""
+
+import itertools
+
+import pytest
+
+from llmem.components import activations as act
+from llmem.derive.fit import REGIMES
+from llmem.derive.kinds import group, peak_candidates
+from llmem.derive.trace import Trace
+from llmem.estimate import estimate
+from llmem.measure.run import measure_rank
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
+from tests.derive.configs import config
+
+TOLERANCE = 0.01
+GEMMA3 = config("gemma3_text", num_hidden_layers=6, sliding_window=16)  # layer 5 full attention, 0-4 sliding
+
+
+def test_an_event_another_dominates_coefficient_by_coefficient_is_no_peak_candidate():
+    events = [("a", (1, 0, 0, 0, 0, 10)), ("b", (2, 0, 0, 0, 0, 10)), ("c", (0, 0, 0, 0, 0, 50)),
+              ("d", (2, 0, 0, 0, 0, 10)), ("e", (3, -1, 0, 0, 0, 10))]
+    assert [n for n, _ in peak_candidates(events)] == ["b", "c", "e"]
+
+
+def _trace(b: int, s: int) -> Trace:
+    """Three layers: 0 and 2 save a b·s tensor, 1 also a b·s² one; 2's backward peaks like 0's."""
+    plain, wide = [("model.layers.N.mlp: mm torch.float32", 4 * b * s)], [("model.layers.N.attn: bmm", b * s * s)]
+    window = [("layer output gradient", 4 * b * s), ("event 0", 8 * b * s), ("event 1", 2 * b * s)]
+    return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window])
+
+
+def test_layers_that_save_the_same_are_one_kind_whatever_their_index():
+    points, checks, _ = REGIMES["batched"]
+    kinds, layer_kinds = group([_trace(*p) for p in points], [_trace(*p) for p in checks], "batched", 0)
+    assert layer_kinds == [0, 1, 0]
+    assert [len(k["layer"]) for k in kinds] == [1, 2]
+    assert kinds[0]["backward"] == [("event 0", [8, 0, 0, 0, 0, 0])]  # the others are below it everywhere
+
+
+def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_each_layer():
+    spec, plan = ModelSpec.from_config(GEMMA3), TrainingPlan(device="cpu", batch_size=2, seq_len=64)
+    kinds = spec.derived.layer_kinds(plan)
+    assert kinds[5] not in kinds[:5]
+    sliding, full = (act.layer_activation_bytes(act.layer_spec(spec, plan, k), plan) for k in (1, 5))
+    assert (sliding, full) == (663_680, 639_104)  # fp32 sdpa: a sliding layer's attention takes an explicit mask
+    assert act.kept_layers_bytes(spec, plan, 6) == sum(
+        act.layer_activation_bytes(act.layer_spec(spec, plan, k), plan) for k in range(6))
+
+
+def _single(**plan) -> None:
+    p = TrainingPlan(device="cpu", **plan)
+    est = estimate(ModelSpec.from_config(GEMMA3), p).peak_bytes
+    measured = measure_rank(GEMMA3, p)["peak_bytes"]
+    assert abs(est - measured) <= TOLERANCE * measured, f"{est:,} vs {measured:,}"
+
+
+def test_gemma3_single_device_checkpointing_every_other_layer():  # kinds and checkpointing interleaved
+    _single(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full", ckpt_every=2)
+
+
+_BASE = dict(batch_size=2, seq_len=64, gpus=2)
+_QUICK = {"zero3 fp32 sdpa full": dict(zero=3, precision="fp32", grad_ckpt="full")}  # peaks in layer 1's backward
+_GRID = {f"{scheme} {prec} {attn} {ckpt}": dict(zero=zero, precision=prec, attn=attn, grad_ckpt=ckpt[:4],
+                                                ckpt_every=2 if ckpt == "full every 2" else 1)
+         for (scheme, zero), prec, attn, ckpt in itertools.product(
+             [("ddp", 0), ("zero3", 3)], ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"],
+             ["none", "full", "full every 2"])}
+QUICK = TwoRankRows(_BASE, _QUICK, lambda name: GEMMA3)
+GRID = TwoRankRows(_BASE, _GRID, lambda name: GEMMA3)
+
+
+@pytest.mark.parametrize("name", list(_QUICK))
+def test_gemma3_two_ranks(name):
+    QUICK.check(name, TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision, attn, ckpt, every", list(itertools.product(
+    ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"], ["none", "full"], [1, 2])))
+def test_gemma3_single_device_grid(precision, attn, ckpt, every):
+    if ckpt == "none" and every == 2:
+        pytest.skip("--ckpt-every needs checkpointing")
+    _single(batch_size=2, seq_len=64, precision=precision, attn=attn, grad_ckpt=ckpt, ckpt_every=every)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_GRID))
+def test_gemma3_two_ranks_grid(name):
+    GRID.check(name, TOLERANCE)
