@@ -52,6 +52,17 @@ def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_e
         act.layer_activation_bytes(act.layer_spec(spec, plan, k), plan) for k in range(6))
 
 
+def test_the_checkpointing_planner_estimates_every_k_of_layers_of_several_kinds():
+    from llmem import checkpointing
+    from tests.test_ckpt_walk import old_plan_checkpointing
+
+    spec, plan = ModelSpec.from_config(GEMMA3), TrainingPlan(device="cpu", batch_size=2, seq_len=64, grad_ckpt="full")
+    none, full = (estimate(spec, plan.with_(grad_ckpt=c)).device_total_bytes for c in ("none", "full"))
+    capacity = (none + full) // 2
+    assert checkpointing.plan_checkpointing(spec, plan, capacity).to_dict() == \
+        old_plan_checkpointing(spec, plan, capacity).to_dict()
+
+
 def _single(**plan) -> None:
     p = TrainingPlan(device="cpu", **plan)
     est = estimate(ModelSpec.from_config(GEMMA3), p).peak_bytes
