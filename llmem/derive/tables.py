@@ -22,7 +22,7 @@ import contextlib
 import copy
 
 from llmem.components.saved import Saved
-from llmem.derive import cache, kinds
+from llmem.derive import cache, depth, kinds
 from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
@@ -72,15 +72,35 @@ class Derived:
         from llmem.derive.trace import build
 
         dtype, mixed, attn, offset, kind = k
+        config, mapping = self._shallower()
         try:
             with _quiet_transformers():
-                built = build(self.config, dtype, attn)
+                built = build(config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             first = (str(e).strip().splitlines() or [""])[0]
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: {first[:200]}; use --attn eager") \
                 from None
-        return self._fit(built, kind, mixed or None, offset)
+        fits = self._fit(built, kind, mixed or None, offset)
+        return fits if mapping is None else depth.expand(fits, mapping)
+
+    def _shallower(self) -> tuple[dict, list[int] | None]:
+        """The config to trace: a prefix of the layers with every layer role (`llmem.derive.depth`) and the prefix
+        layer of each layer, or the config itself (None)."""
+        from llmem.plan import TrainingPlan
+        from llmem.runtime.model import hf_config
+
+        with _quiet_transformers():
+            values = hf_config(self.config, TrainingPlan()).to_dict()
+        layers = values.get("num_hidden_layers")
+        if not isinstance(layers, int):
+            return self.config, None
+        keys, settings = depth.per_layer_settings(values, layers)
+        planned = depth.plan_depth(self.model_type, settings)
+        if planned is None:
+            return self.config, None
+        d, mapping = planned
+        return {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}, mapping
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
         from llmem.derive.trace import trace

@@ -103,3 +103,20 @@ def test_gemma3_single_device_grid(precision, attn, ckpt, every):
 @pytest.mark.parametrize("name", list(_GRID))
 def test_gemma3_two_ranks_grid(name):
     GRID.check(name, TOLERANCE)
+
+
+def test_a_prefix_with_every_layer_role_is_traced_instead_of_the_full_depth():
+    from llmem.derive.depth import expand, plan_depth
+
+    s, f = ("sliding",), ("full",)
+    gemma_1b = ([s] * 5 + [f]) * 4 + [s] * 2  # 26 layers: full attention at 5, 11, 17, 23
+    d, mapping = plan_depth("gemma3_text", gemma_1b)
+    assert d == 13  # two full-attention layers (shared tensors stay shared), ending in a sliding layer
+    assert mapping[:6] == [0, 1, 1, 1, 1, 5] and mapping[11] == mapping[23] == 11 and mapping[25] == 12
+    assert plan_depth("gemma3_text", [s] * 5 + [f]) is None  # the one full layer is also the last
+    assert plan_depth("smollm3", gemma_1b) is None  # not verified against full-depth traces
+    fits = {"layer_kinds": [0, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 3, 4], "held_layers": [[0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12],
+                                                                                    [5, 11]]}
+    full = expand(fits, mapping)
+    assert full["layer_kinds"][23] == 3 and full["layer_kinds"][5] == 2 and full["layer_kinds"][25] == 4
+    assert full["held_layers"][1] == [5, 11, 17, 23]
