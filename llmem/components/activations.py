@@ -354,9 +354,11 @@ def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
 def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
     lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it.
-    A derived architecture: any argument the checkpointed layers hold (`Derived.held_released_bytes`)."""
+    A derived architecture: any argument the checkpointed layers hold (`Derived.held_released_bytes`), and the
+    shared saved tensors only layers above saved (`Derived.outer_released_bytes`)."""
     if spec.derived is not None:
-        return spec.derived.held_released_bytes(plan, layer) if plan.grad_ckpt is GradCkpt.FULL else 0
+        held = spec.derived.held_released_bytes(plan, layer) if plan.grad_ckpt is GradCkpt.FULL else 0
+        return held + spec.derived.outer_released_bytes(plan, layer)
     masks = eager_mask_held_saved(spec, plan)
     return sum(s.bytes for s, low in zip(masks, _mask_holders(spec, plan).values(), strict=True)
                if low > layer) if masks else 0

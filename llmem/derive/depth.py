@@ -47,6 +47,9 @@ def plan_depth(model_type: str, settings: list[tuple]) -> tuple[int, list[int]] 
 
 def expand(fits: dict, mapping: list[int]) -> dict:
     """The prefix's fits for the full depth: each layer of the kind of its prefix layer, each held argument
-    taken by the full layers whose prefix layers took it."""
-    held = [[i for i, m in enumerate(mapping) if m in set(layers)] for layers in fits["held_layers"]]
-    return fits | {"layer_kinds": [fits["layer_kinds"][m] for m in mapping], "held_layers": held}
+    taken (each shared tensor saved) by the full layers whose prefix layers took (saved) it."""
+    def full(per_entry: list[list[int]]) -> list[list[int]]:
+        return [[i for i, m in enumerate(mapping) if m in set(layers)] for layers in per_entry]
+
+    return fits | {"layer_kinds": [fits["layer_kinds"][m] for m in mapping], "held_layers": full(fits["held_layers"]),
+                   "outer_layers": full(fits["outer_layers"])}

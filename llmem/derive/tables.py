@@ -118,11 +118,13 @@ class Derived:
         places = ("outer", "final", "head", "held")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
-        if any(t.held_layers != traces[0].held_layers for t in traces + checks):
-            raise InputError("model_type", f"{self.model_type!r}: the layers taking each argument change with batch "
-                             "or sequence length; this architecture cannot be derived")
+        if any((t.held_layers, t.outer_layers) != (traces[0].held_layers, traces[0].outer_layers)
+               for t in traces + checks):
+            raise InputError("model_type", f"{self.model_type!r}: the layers taking each argument or sharing a saved "
+                             "tensor change with batch or sequence length; this architecture cannot be derived")
         tables, layer_kinds = kinds.group(traces, checks, kind, offset)
-        return fits | {"kinds": tables, "layer_kinds": layer_kinds, "held_layers": traces[0].held_layers}
+        return fits | {"kinds": tables, "layer_kinds": layer_kinds, "held_layers": traces[0].held_layers,
+                       "outer_layers": traces[0].outer_layers}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
@@ -157,6 +159,14 @@ class Derived:
         lowest = self._lowest_holders(plan)
         return sum(s.bytes for s, low in zip(self._saved(plan, "held"), lowest, strict=True)
                    if low is not None and low > layer)
+
+    def outer_released_bytes(self, plan: TrainingPlan, layer: int) -> int:
+        """Of `outer_saved`, the tensors only decoder layers above `layer` saved (e.g. the full-attention layers'
+        RoPE tables in Gemma 3): autograd frees a saved tensor with the last node saving it, in the backward of the
+        lowest layer that saved it (whose backward window counts that free), so they are gone below it."""
+        fits = self.fitted(plan)
+        return sum(s.bytes for s, layers in zip(self._saved(plan, "outer"), fits["outer_layers"], strict=True)
+                   if layers and min(layers) > layer)
 
     def _lowest_holders(self, plan: TrainingPlan) -> list[int | None]:
         """Per held argument, the lowest checkpointed layer taking it (None: no checkpointed layer does)."""

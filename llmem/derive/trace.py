@@ -18,7 +18,8 @@ Layer backward: the allocation tracker of `llmem.simulate.tracker` records every
 layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to the moment
 the gradient of its input exists (a hook on the input). `backwards` lists, per layer, the live bytes after each
 event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
-`held_layers` names the layers each `held` argument was passed to.
+`held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
+storage.
 
 transformers 5.23 `masking_utils.find_packed_sequence_indices` cannot read a fake tensor's values, so under fake
 tensors it reports packed sequences and the sdpa path builds an explicit mask the real step never builds; the trace
@@ -52,6 +53,7 @@ class Trace:
     backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
     backwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, as `backward`
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
+    outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     dropout: bool = False  # a dropout op ran
 
 
@@ -228,6 +230,7 @@ def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
             out.head.append((name, nbytes))
         else:
             out.outer.append((name, nbytes))
+            out.outer_layers.append(sorted(w for w in where if isinstance(w, int)))
     out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
     out.held_layers = [rec.arg_layers[k] for k in rec.layer_args if k not in rec.places]
     return out

@@ -52,6 +52,7 @@ def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_e
         act.layer_activation_bytes(act.layer_spec(spec, plan, k), plan) for k in range(6))
 
 
+@pytest.mark.slow
 def test_the_checkpointing_planner_estimates_every_k_of_layers_of_several_kinds():
     from llmem import checkpointing
     from tests.test_ckpt_walk import old_plan_checkpointing
@@ -70,8 +71,18 @@ def _single(**plan) -> None:
     assert abs(est - measured) <= TOLERANCE * measured, f"{est:,} vs {measured:,}"
 
 
-def test_gemma3_single_device_checkpointing_every_other_layer():  # kinds and checkpointing interleaved
-    _single(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full", ckpt_every=2)
+def test_gemma3_with_two_full_attention_layers_frees_their_rope_tables_in_the_lower_ones_backward():
+    """14 layers (full attention at 5 and 11, traced as a 13-layer prefix: `llmem.derive.depth`): the full layers'
+    RoPE cos/sin are shared, so outside the layers, and gone once layer 5's backward ran; the estimate peaks in
+    layer 0's backward."""
+    cfg = config("gemma3_text", num_hidden_layers=14, sliding_window=16)
+    spec, plan = ModelSpec.from_config(cfg), TrainingPlan(device="cpu", batch_size=2, seq_len=64, grad_ckpt="full")
+    assert spec.derived._shallower()[0]["num_hidden_layers"] == 13
+    rope = 2 * 64 * 16 * 4  # cos and sin: seq x head_dim fp32
+    assert [spec.derived.outer_released_bytes(plan, k) for k in (0, 4, 5, 13)] == [rope, rope, 0, 0]
+    est = estimate(spec, plan).peak_bytes
+    measured = measure_rank(cfg, plan)["peak_bytes"]
+    assert abs(est - measured) <= 0.001 * measured, f"{est:,} vs {measured:,}"
 
 
 _BASE = dict(batch_size=2, seq_len=64, gpus=2)
@@ -116,7 +127,8 @@ def test_a_prefix_with_every_layer_role_is_traced_instead_of_the_full_depth():
     assert plan_depth("gemma3_text", [s] * 5 + [f]) is None  # the one full layer is also the last
     assert plan_depth("smollm3", gemma_1b) is None  # not verified against full-depth traces
     fits = {"layer_kinds": [0, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 3, 4], "held_layers": [[0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12],
-                                                                                    [5, 11]]}
+                                                                                    [5, 11]],
+            "outer_layers": [[], [5, 11]]}
     full = expand(fits, mapping)
     assert full["layer_kinds"][23] == 3 and full["layer_kinds"][5] == 2 and full["layer_kinds"][25] == 4
-    assert full["held_layers"][1] == [5, 11, 17, 23]
+    assert full["held_layers"][1] == full["outer_layers"][1] == [5, 11, 17, 23] and full["outer_layers"][0] == []
