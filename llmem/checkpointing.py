@@ -184,9 +184,11 @@ def _layer_trend(spec: ModelSpec, plan: TrainingPlan, total, estimates: dict) ->
     the moments only checkpointed layers have (they hold the same kept layers and later gradients), except at the
     first layer (FSDP2: no prefetch; LoRA: a no-grad input), which every K has alike, and the last (FSDP2: no
     retained reduce-scatter input). "falling" also needs the last layer's step to be at most the slope (its moments
-    not above the line through the others), since `_group_choice` may compare it with a layer below it."""
+    not above the line through the others), since `_group_choice` may compare it with a layer below it. A derived
+    architecture's layers are of kinds (`llmem.derive.kinds`; at least layer 0's backward is one of its own), so
+    its moments are not linear in the layer index: None."""
     layers = spec.num_layers
-    if layers < 4:
+    if layers < 4 or spec.derived is not None:
         return None
     total(layers)
     phases = {p.name: p.total for p in estimates[layers].phases}

@@ -15,7 +15,9 @@ The residual stream (layer input) is saved by the next RMSNorm's pow when it is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
+from itertools import accumulate
 
 from llmem.components.layer_tables import (  # noqa: F401 (re-exported)
     _TABLES,
@@ -135,12 +137,36 @@ def checkpointed_layer_count(spec: ModelSpec, plan: TrainingPlan) -> int:
     return -(-spec.num_layers // plan.ckpt_every)
 
 
+def varied(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the decoder layers are of several kinds: a derived architecture's (`Derived.layer_kinds`, e.g.
+    Gemma 3's sliding-window and full-attention layers). The hand-written families' layers are uniform."""
+    return spec.derived is not None and len(set(spec.derived.layer_kinds(plan))) > 1
+
+
+def layer_spec(spec: ModelSpec, plan: TrainingPlan, layer: int) -> ModelSpec:
+    """The spec as decoder layer `layer` sees it: where the layers are of several kinds (`varied`), the spec whose
+    derived tables answer for that layer (`Derived.at`: its kind's saved tensors and backward); else the spec."""
+    if not varied(spec, plan) or spec.derived.layer == layer:
+        return spec
+    return spec.memo(("layer_spec", layer), lambda: replace(spec, derived=spec.derived.at(layer)))
+
+
+def kept_layer_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """What decoder layer `layer` keeps from forward to backward (`kept_per_layer_bytes` of its kind and its
+    checkpointing)."""
+    return kept_per_layer_bytes(layer_spec(spec, plan, layer), layer_plan(plan, layer))
+
+
 @per_spec()
 def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     """What decoder layers 0 .. count-1 keep from forward to backward: a checkpointed layer its input
     (`checkpointed_layer_bytes`), any other its full `layer_activation_bytes`. With --ckpt-every K > 1, layer l's
     input is the previous layer's residual-add output, which that layer does not save itself, so the two kinds
-    add up without overlap."""
+    add up without overlap. Layers of several kinds (`varied`): the sum of each layer's `kept_layer_bytes`."""
+    if varied(spec, plan):
+        sums = spec.memo(("kept_layers", plan), lambda: list(accumulate(
+            (kept_layer_bytes(spec, plan, k) for k in range(spec.num_layers)), initial=0)))
+        return sums[count]
     if plan.ckpt_every == 1 or plan.grad_ckpt is not GradCkpt.FULL:
         return count * kept_per_layer_bytes(spec, plan)
     ckpt = -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... below `count`
@@ -152,8 +178,8 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
 def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """What layer `layer` holds while its own backward runs: checkpointed, its input plus everything the recompute
     saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state
-    (`checkpoint_rng_state_bytes`); otherwise its saved tensors."""
-    lp = layer_plan(plan, layer)
+    (`checkpoint_rng_state_bytes`); otherwise its saved tensors. Of its kind (`layer_spec`)."""
+    lp, spec = layer_plan(plan, layer), layer_spec(spec, plan, layer)
     if lp.grad_ckpt is GradCkpt.FULL:
         return recompute_bytes(spec, lp)
     return layer_activation_bytes(spec, lp)
@@ -179,8 +205,12 @@ def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[
     predecessor, and its gradients one layer fewer above; everything else is the same): a run's largest value,
     and the first of equal ones in the walk's last-first order, is at one of its two ends. So only the run ends
     are evaluated, next to the checkpointed and outermost layers — O(1) layers per plan instead of 2K, the same
-    peak and peak phase (tests/test_ckpt_walk.py compares with the full spans)."""
+    peak and peak phase (tests/test_ckpt_walk.py compares with the full spans).
+
+    Layers of several kinds (`varied`): the total is not linear in the layer index, so every layer is evaluated."""
     n = spec.num_layers
+    if varied(spec, plan):
+        return list(range(n - 1, -1, -1))
     if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1:
         return sorted({*range(min(edge, n)), *range(max(n - edge, 0), n)}, reverse=True)
     k = plan.ckpt_every
@@ -323,7 +353,12 @@ def _mask_holders(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
 @per_spec()
 def eager_mask_released_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Of `eager_mask_held_saved`, the masks released before layer `layer`'s backward: a checkpointed layer's frame
-    lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it."""
+    lets its kwargs go when its backward is done, so a mask lives until the backward of the lowest layer taking it.
+    A derived architecture: any argument the checkpointed layers hold (`Derived.held_released_bytes`), and the
+    shared saved tensors only layers above saved (`Derived.outer_released_bytes`)."""
+    if spec.derived is not None:
+        held = spec.derived.held_released_bytes(plan, layer) if plan.grad_ckpt is GradCkpt.FULL else 0
+        return held + spec.derived.outer_released_bytes(plan, layer)
     masks = eager_mask_held_saved(spec, plan)
     return sum(s.bytes for s, low in zip(masks, _mask_holders(spec, plan).values(), strict=True)
                if low > layer) if masks else 0

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 12
+FORMAT = 14
 
 
 def _directory() -> Path:

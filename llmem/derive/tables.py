@@ -1,40 +1,53 @@
 """`Derived`: the activation tables of an architecture outside `llmem.families`, traced and fitted per plan.
 
 What the walk asks of a family, answered from the trace (`llmem.derive.trace`) instead of a hand-written table:
-  layer_saved     one decoder layer's saved tensors (every layer must save the same: else refused, `layer_types`)
+  layer_saved     one decoder layer's saved tensors: those of its kind (`llmem.derive.kinds`; `at(layer)` answers
+                  for decoder layer `layer`, the spec itself for layer 0; `layer_kinds` maps the layers to kinds)
   outer_saved     before the layers or shared by them: input_ids, embeddings' saves, RoPE cos/sin, masks
   final_saved     after the last layer: the final norm's saves and the lm_head's input
   held_saved      with checkpointing, the decoder layers' other tensor arguments the checkpoints keep
-                  (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids)
-  backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations)
+                  (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids, a sliding-window mask)
+                  of the checkpointed layers taking them, until the lowest one's backward (`held_released_bytes`)
+  backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations), of
+                  its kind
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
 Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
-configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), a layer that saves
-something other layers do not, anything saved on the logits other than a softcapping tanh.
+configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), anything saved on the
+logits other than a softcapping tanh.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
+import copy
 
 from llmem.components.saved import Saved
-from llmem.derive import cache
+from llmem.derive import cache, depth, kinds
 from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-_LAYER_INDEX = re.compile(r"\.\d+\.")
 
 
 class Derived:
-    """The traced tables of one config; pure-Python answers once a (precision, attention) pair is fitted."""
+    """The traced tables of one config; pure-Python answers once a (precision, attention) pair is fitted. The
+    layer tables answer for decoder layer `layer` (0 unless a view made by `at`)."""
 
     def __init__(self, config: dict, model_type: str):
-        self.config, self.model_type = config, model_type
+        self.config, self.model_type, self.layer = config, model_type, 0
         self._fits: dict = {}
+
+    def at(self, layer: int) -> Derived:
+        """The same tables (and fits, shared) answering for decoder layer `layer`."""
+        view = copy.copy(self)
+        view.layer = layer
+        return view
+
+    def layer_kinds(self, plan: TrainingPlan) -> list[int]:
+        """Each decoder layer's kind (`llmem.derive.kinds`) under the plan's fits."""
+        return self.fitted(plan)["layer_kinds"]
 
     @property
     def family(self):
@@ -64,9 +77,10 @@ class Derived:
         from llmem.derive.trace import build
 
         dtype, mixed, attn, offset, kind = k
+        config, mapping = self._shallower()
         try:
             with _quiet_transformers():
-                built = build(self.config, dtype, attn)
+                built = build(config, dtype, attn)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             first = (str(e).strip().splitlines() or [""])[0]
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
@@ -77,7 +91,26 @@ class Derived:
             raise InputError("model_type", f"{self.model_type!r}: transformers cannot build this model on fake "
                              f"tensors ({type(e).__name__}: {first}); for a multimodal config, estimate its text "
                              "model (the config's text_config)") from None
-        return self._fit(built, kind, mixed or None, offset)
+        fits = self._fit(built, kind, mixed or None, offset)
+        return fits if mapping is None else depth.expand(fits, mapping)
+
+    def _shallower(self) -> tuple[dict, list[int] | None]:
+        """The config to trace: a prefix of the layers with every layer role (`llmem.derive.depth`) and the prefix
+        layer of each layer, or the config itself (None)."""
+        from llmem.plan import TrainingPlan
+        from llmem.runtime.model import hf_config
+
+        with _quiet_transformers():
+            values = hf_config(self.config, TrainingPlan()).to_dict()
+        layers = values.get("num_hidden_layers")
+        if not isinstance(layers, int):
+            return self.config, None
+        keys, settings = depth.per_layer_settings(values, layers)
+        planned = depth.plan_depth(self.model_type, settings)
+        if planned is None:
+            return self.config, None
+        d, mapping = planned
+        return {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}, mapping
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
         from llmem.derive.trace import trace
@@ -92,22 +125,23 @@ class Derived:
                              f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
-        places = ("backward", "outer", "final", "head", "held")
+        places = ("outer", "final", "head", "held")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
-        layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind,
-                               offset) for i in range(len(traces[0].layers))]
-        for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
-            if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
-                raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
-                                 "from layer 0; layers of different kinds are not modelled for derived "
-                                 "architectures yet")
-        return fits | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]}
+        if any((t.held_layers, t.outer_layers) != (traces[0].held_layers, traces[0].outer_layers)
+               for t in traces + checks):
+            raise InputError("model_type", f"{self.model_type!r}: the layers taking each argument or sharing a saved "
+                             "tensor change with batch or sequence length; this architecture cannot be derived")
+        tables, layer_kinds = kinds.group(traces, checks, kind, offset)
+        return fits | {"kinds": tables, "layer_kinds": layer_kinds, "held_layers": traces[0].held_layers,
+                       "outer_layers": traces[0].outer_layers}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
+        fits = self.fitted(plan)
+        table = fits["kinds"][fits["layer_kinds"][self.layer]][place] if place in ("layer", "backward") \
+            else fits[place]
         b, s = plan.batch_size, plan.seq_len
-        fits = self.fitted(plan)[place]
-        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in fits]
+        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in table]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -123,14 +157,38 @@ class Derived:
         return self._saved(plan, "final")
 
     def held_saved(self, plan: TrainingPlan) -> list[Saved]:
-        return self._saved(plan, "held")
+        """The layer arguments a checkpointed layer takes (an argument only layers the checkpointing skips take
+        dies with the model forward)."""
+        lowest = self._lowest_holders(plan)
+        return [s for s, low in zip(self._saved(plan, "held"), lowest, strict=True) if low is not None]
+
+    def held_released_bytes(self, plan: TrainingPlan, layer: int) -> int:
+        """Of `held_saved`, the arguments released before decoder layer `layer`'s backward: a checkpointed layer's
+        frame lets its arguments go when its backward is done, so each lives until the backward of the lowest
+        checkpointed layer taking it."""
+        lowest = self._lowest_holders(plan)
+        return sum(s.bytes for s, low in zip(self._saved(plan, "held"), lowest, strict=True)
+                   if low is not None and low > layer)
+
+    def outer_released_bytes(self, plan: TrainingPlan, layer: int) -> int:
+        """Of `outer_saved`, the tensors only decoder layers above `layer` saved (e.g. the full-attention layers'
+        RoPE tables in Gemma 3): autograd frees a saved tensor with the last node saving it, in the backward of the
+        lowest layer that saved it (whose backward window counts that free), so they are gone below it."""
+        fits = self.fitted(plan)
+        return sum(s.bytes for s, layers in zip(self._saved(plan, "outer"), fits["outer_layers"], strict=True)
+                   if layers and min(layers) > layer)
+
+    def _lowest_holders(self, plan: TrainingPlan) -> list[int | None]:
+        """Per held argument, the lowest checkpointed layer taking it (None: no checkpointed layer does)."""
+        return [min((k for k in layers if plan.checkpointed(k)), default=None)
+                for layers in self.fitted(plan)["held_layers"]]
 
     def backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
         """The largest live total of a decoder layer's backward beyond its saved tensors (and everything alive
         before it), as traced: the gradient of its output, its weight gradients and the transient activation
         gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
-        them, `activations.recompute_bytes`), so the same window applies."""
+        them, `activations.recompute_bytes`), so the same window applies. Of this layer's kind."""
         return max(s.bytes for s in self._saved(plan, "backward"))
 
 
@@ -163,11 +221,6 @@ def band(config: dict, seq: int) -> int:
     return 0
 
 
-def _saver(name: str) -> str:
-    """The saving module of a traced name, without the layer index and the op that allocated the storage."""
-    return _LAYER_INDEX.sub(".N.", name.split(": ")[0], count=1)
-
-
 def _experts_refusal(values: dict, model_type) -> InputError | None:
     """Expert layers (an expert count above 0 under one of `MOE_KEYS`) are refused on the derived path."""
     for key in MOE_KEYS:
@@ -181,7 +234,7 @@ def _experts_refusal(values: dict, model_type) -> InputError | None:
 def static_refusal(config: dict) -> InputError | None:
     """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
     preset): expert layers (an expert count above 0 in the config or its text_config) or a dropout above 0. A config
-    that passes may still be refused when traced (layer kinds that save different tensors, no sdpa path)."""
+    that passes may still be refused when traced (e.g. no sdpa path)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     experts = _experts_refusal({**text, **config}, config.get("model_type"))
     if experts is not None:

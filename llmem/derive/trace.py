@@ -14,10 +14,12 @@ a parameter to the autocast dtype; `llmem.components.autocast` counts those) are
 kept referenced to the end of the trace, so no later tensor takes its address. The loss is not traced:
 `llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
 
-Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; the last
-decoder layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to
-the moment the gradient of its input exists (a hook on the input). `backward` lists the live bytes after each
-event of that window, relative to its start, plus the output gradient itself.
+Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; a decoder
+layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to the moment
+the gradient of its input exists (a hook on the input). `backwards` lists, per layer, the live bytes after each
+event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
+`held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
+storage.
 
 transformers 5.23 `masking_utils.find_packed_sequence_indices` cannot read a fake tensor's values, so under fake
 tensors it reports packed sequences and the sdpa path builds an explicit mask the real step never builds; the trace
@@ -49,6 +51,9 @@ class Trace:
     head: list[tuple[str, int]]  # after the lm_head (on the logits)
     held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
     backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
+    backwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, as `backward`
+    held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
+    outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     dropout: bool = False  # a dropout op ran
 
 
@@ -108,46 +113,46 @@ class _Recorder:
         self.place, self.stack, self.keep = PRE, [], []
         self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
         self.layer_args: dict[int, tuple[str, int]] = {}
+        self.arg_layers: dict[int, list[int]] = {}  # storage of a layer argument -> the layers it was passed to
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
-        self.window: list[int] = []  # event indices: last layer's output gradient, its input gradient
-        self.grad_out = 0
+        self.windows: dict[int, list[int]] = {}  # layer -> event indices: its output gradient, its input gradient
+        self.grad_outs: dict[int, int] = {}
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
         self.handles += [m.register_forward_hook(lambda mod, a, o: (self.stack.pop(), None)[1])
                          for m in model.modules()]
         for i, layer in enumerate(layers):
-            self.handles.append(layer.register_forward_pre_hook(self._enter(i, i == len(layers) - 1),
-                                                                with_kwargs=True))
-            self.handles.append(layer.register_forward_hook(self._leave(i == len(layers) - 1)))
+            self.handles.append(layer.register_forward_pre_hook(self._enter(i), with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(self._leave(i)))
         if head is not None:
             self.handles.append(head.register_forward_hook(lambda *a: setattr(self, "place", HEAD)))
 
-    def _mark(self, grad, first: bool):
+    def _mark(self, grad, layer: int, first: bool):
         if first:
-            self.grad_out = grad.untyped_storage().nbytes()
-        self.window.append(len(self.tracker.events))
+            self.grad_outs[layer] = grad.untyped_storage().nbytes()
+        self.windows.setdefault(layer, []).append(len(self.tracker.events))
 
-    def _enter(self, i: int, last: bool):
+    def _enter(self, i: int):
         def hook(module, args, kwargs):
             self.place = i
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if leaves:
                 self.inputs[leaves[0].untyped_storage()._cdata] = i
-                if last and leaves[0].requires_grad:
-                    leaves[0].register_hook(lambda g: self._mark(g, False))
+                if leaves[0].requires_grad:
+                    leaves[0].register_hook(lambda g: self._mark(g, i, False))
             for t in leaves[1:]:
                 st = t.untyped_storage()
                 self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
                 self.layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
+                self.arg_layers.setdefault(st._cdata, []).append(i)
         return hook
 
-    def _leave(self, last: bool):
+    def _leave(self, i: int):
         def hook(module, args, output):
             self.place = POST
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
-            if last:
-                out.register_hook(lambda g: self._mark(g, True))
+            out.register_hook(lambda g: self._mark(g, i, True))
         return hook
 
     def pack(self, t):
@@ -191,7 +196,9 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     finally:
         for h in rec.handles:
             h.remove()
-    out.backward = _window(tracker.events, rec.window, rec.grad_out)
+    out.backwards = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0))
+                     for i in range(len(layers))]
+    out.backward = out.backwards[-1]
     out.dropout = rec.alloc.dropout
     return out
 
@@ -223,5 +230,7 @@ def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
             out.head.append((name, nbytes))
         else:
             out.outer.append((name, nbytes))
+            out.outer_layers.append(sorted(w for w in where if isinstance(w, int)))
     out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
+    out.held_layers = [rec.arg_layers[k] for k in rec.layer_args if k not in rec.places]
     return out

@@ -69,6 +69,7 @@ class FsdpTerms:
     half: bool  # LoRA under a MixedPrecisionPolicy: half adapters
     adapter_grad: int  # bytes per unsharded adapter gradient element
     partial: bool
+    varied: bool  # layers of several kinds (`activations.varied`)
     kept_layers: Callable
     current_layer: Callable
     logits: int
@@ -137,7 +138,8 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     from llmem.walk.fsdp_layer import lora_recompute_end
     return dict(kept=kept, outer_act=outer_act, forward_acts=forward_acts, recompute=recompute,
                 first_saving=first_saving, half=half, kept_layers=kept_layers, current_layer=current_layer,
-                partial=partial, ids=ids, recompute_end=None if partial else lora_recompute_end(spec, plan, cp),
+                partial=partial, varied=act.varied(spec, cp), ids=ids,
+                recompute_end=None if partial else lora_recompute_end(spec, plan, cp),
                 hidden=act.checkpointed_layer_bytes(spec, cp),  # the hidden states entering a layer
                 post_norm_bwd=norm_bwd.post_mlp_norm_backward_bytes(spec, cp))
 
@@ -363,7 +365,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.
     # With --ckpt-every K > 1 the same holds within each residue class mod K (`activations.backward_layers`).
-    for layer in act.backward_layers(spec, plan, edge=2):
+    for layer in act.backward_layers(spec, w.cp, edge=2):  # (the compute plan's fits: `activations.varied`)
         phases += fsdp_layer_moments(w, layer, held)
     phases += qlora_moments(w, phases, held)
     phases += embedding_backward_moments(w, held)

@@ -63,9 +63,9 @@ def _backward_terms(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
     (released by the MLP's backward moment), and that moment's gradients beyond the saved tensors; once per plan and
     layer."""
     def compute() -> tuple[int, int, int]:
-        lp = act.layer_plan(w.cp, layer)
-        return (act.mlp_output_dropout_bytes(w.spec, lp), norm_bwd.post_mlp_norm_released_bytes(w.spec, lp),
-                layer_backward_peak_extra_bytes(w.spec, lp, w.adapter_grad))
+        lp, ls = act.layer_plan(w.cp, layer), act.layer_spec(w.spec, w.cp, layer)  # of the layer's kind
+        return (act.mlp_output_dropout_bytes(ls, lp), norm_bwd.post_mlp_norm_released_bytes(ls, lp),
+                layer_backward_peak_extra_bytes(ls, lp, w.adapter_grad))
     return w.spec.memo(("fsdp.backward", w.plan.key, layer), compute, per_plan=True)
 
 
@@ -76,6 +76,14 @@ def _gathers(w: FsdpTerms, layer: int) -> tuple[int, int, int]:
     return spec.memo(("fsdp.gathers", plan.layout_key, layer), lambda: (
         comm.pre_backward_gather_bytes(spec, plan, layer), comm.backward_gather_bytes(spec, plan, layer),
         comm.backward_gather_bytes(spec, plan, layer, own=False)))
+
+
+def _current(w: FsdpTerms, layer: int) -> int:
+    """What layer `layer` holds while its own backward runs (`activations.current_layer_backward_bytes`; with
+    uniform layers and every layer checkpointed or none, the one per-plan value)."""
+    if w.partial or w.varied or lora.is_lora(w.plan):
+        return w.current_layer(w.spec, w.cp, layer)
+    return w.recompute or w.kept
 
 
 def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, below: int, own: int,
@@ -95,9 +103,9 @@ def _prebackward_moment(w: FsdpTerms, layer: int, later: int, retained: int, bel
 def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held: dict[str, int],
                       below: int, gathered: int) -> list[Phase]:
     """The layer's backward moment (the MLP's), LoRA's end of recompute (`lora_recompute_end`) and recompute moments
-    (fp32 adapters), falcon's math-path attention core."""
+    (fp32 adapters), falcon's math-path attention core. Of the layer's kind (`activations.layer_spec`)."""
     spec, cp = w.spec, w.cp
-    current = w.current_layer(spec, cp, layer) if w.partial or w.lora else (w.recompute or w.kept)
+    current = _current(w, layer)
     mlp_dropout, post_norm, peak_extra = _backward_terms(w, layer)  # the saves freed by the MLP's backward
     on = dict(**w.persistent, logits=w.logits, communication=gathered + retained)
     phases = [moment(f"backward (layer {layer})", **on,

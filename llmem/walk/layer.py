@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 def held_bytes(t: Terms, layer: int) -> int:
     """What the decoder layers hold while layer `layer` runs backward: the layers below it their kept activations,
     it its saved tensors (checkpointed: its recompute's); --quant int8: the 8-bit Linears' inputs of the layers whose
-    backward ran (and, checkpointed, of the one recomputing). Less the eager masks only the layers above took."""
+    backward ran (and, checkpointed, of the one recomputing). Less the eager masks only the layers above took.
+    Layers of several kinds (`varied`): each layer's own."""
     spec, plan = t.spec, t.plan
-    if t.partial or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
+    if t.partial or t.varied or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
         held = t.kept_layers(spec, plan, layer) + t.current_layer(spec, plan, layer)
     else:
         held = layer * t.kept + (t.recompute or t.kept)
@@ -43,14 +44,14 @@ def held_bytes(t: Terms, layer: int) -> int:
 
 def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
     """The MLP's backward moment; the MLP-output dropout's saved tensor and gemma2's post-feedforward norm's are
-    released by then, and the last MLP Linear's half weight copy with its MmBackward0."""
+    released by then, and the last MLP Linear's half weight copy with its MmBackward0. Of the layer's kind."""
     spec, plan = t.spec, t.plan
-    lp = act.layer_plan(plan, layer)
-    post_norm = norm_bwd.post_mlp_norm_released_bytes(spec, lp)
+    lp, ls = act.layer_plan(plan, layer), act.layer_spec(spec, plan, layer)
+    post_norm = norm_bwd.post_mlp_norm_released_bytes(ls, lp)
     return moment(
         name, **t.persistent,
-        activations=held + t.outer_act - act.mlp_output_dropout_bytes(spec, lp) - post_norm,
-        gradients=t.grads_outer + later + layer_backward_peak_extra_bytes(spec, lp),
+        activations=held + t.outer_act - act.mlp_output_dropout_bytes(ls, lp) - post_norm,
+        gradients=t.grads_outer + later + layer_backward_peak_extra_bytes(ls, lp),
         temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * t.casts
         - t.first_casts * (not plan.checkpointed(0) or layer == 0)
         - autocast.released_by_mlp_backward_bytes(spec, lp),

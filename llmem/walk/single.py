@@ -50,6 +50,7 @@ class Terms:
     held_layer: int  # --quant int8: each layer's 8-bit Linears' held inputs
     held_first: int
     partial: bool  # --ckpt-every K > 1
+    varied: bool  # layers of several kinds (`activations.varied`)
     kept_layers: Callable
     current_layer: Callable
     forward_acts: int
@@ -92,15 +93,17 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     kept += extra_layer
     outer_act -= extra_layer - extra_first
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K
+    varied = act.varied(spec, plan)  # layers of several kinds: each counted by its own
     kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
     if lora.is_lora(plan):
         kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
-    if partial:
+    if partial or varied:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
     else:
         forward_acts = spec.num_layers * kept + outer_act + final_norm
     return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
-                partial=partial, kept_layers=kept_layers, current_layer=current_layer, forward_acts=forward_acts)
+                partial=partial, varied=varied, kept_layers=kept_layers, current_layer=current_layer,
+                forward_acts=forward_acts)
 
 
 def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
@@ -170,7 +173,7 @@ def head_moments(t: Terms) -> list[Phase]:
 
 def backward_edges(t: Terms) -> list[tuple[int, str]]:
     """The decoder layers whose backward is evaluated and their moments' names (`activations.backward_layers`)."""
-    if t.partial:
+    if t.partial or t.varied:
         return [(layer, f"backward (layer {layer}{', checkpointed' if t.plan.checkpointed(layer) else ''})")
                 for layer in act.backward_layers(t.spec, t.plan)]
     return [(t.layers - 1, "backward (last layer)"), (0, "backward (first layer)")]
