@@ -137,7 +137,9 @@ class ModelSpec:
             from llmem.derive import derived_spec
 
             return derived_spec(config)
-        return family.build(config)
+        spec = family.build(config)
+        object.__setattr__(spec, "source_config", config)  # LoRA's tables are traced from it (`lora.traced_spec`)
+        return spec
 
 
 # transformers 5.23.0 sets `_supports_sdpa = False` on these models (gemma2: sdpa has no attention-logit

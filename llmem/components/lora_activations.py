@@ -117,7 +117,15 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
 
 
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
-    if is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
+    """LoRA's tables are hand-written for `LORA_ACTIVATION_FAMILIES` and traced for derived architectures
+    (`llmem.derive.lora`, which names what it does not model)."""
+    if is_lora(plan) and spec.derived is not None:
+        from llmem.derive.lora import refusal
+
+        error = refusal(spec, plan)
+        if error is not None:
+            raise error
+    elif is_lora(plan) and spec.model_type not in LORA_ACTIVATION_FAMILIES:
         raise InputError("method", f"LoRA activations are modelled for {', '.join(LORA_ACTIVATION_FAMILIES)} so "
                          f"far; {spec.model_type!r} is not one of them (use --method full)")
     if is_lora(plan) and spec.num_layers > 1 and not spec.memo(("lora.uniform", plan.lora_targets),
@@ -125,6 +133,25 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
                          "layers, which is not modelled; name modules by their name within a layer (e.g. "
                          "q_proj or self_attn.o_proj), or use all-linear")
+
+
+def traced_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
+    """A LoRA plan on a hand-written family outside `LORA_ACTIVATION_FAMILIES` (gpt2, opt, bloom, falcon, gpt_neox,
+    phi3, gemma2, ...): the same spec with its activation tables traced from the PEFT model (`llmem.derive`), as
+    for a derived architecture; its parameters stay the hand-written inventory. Other plans keep `spec`."""
+    config = getattr(spec, "source_config", None)
+    if not is_lora(plan) or spec.derived is not None or spec.model_type in LORA_ACTIVATION_FAMILIES or not config:
+        return spec
+    return spec.memo(("lora.traced_spec",), lambda: _traced(spec, config))
+
+
+def _traced(spec: ModelSpec, config: dict) -> ModelSpec:
+    import dataclasses
+
+    from llmem.derive import Derived
+
+    caveat = f"LoRA on {spec.model_type!r}: its activations are traced from transformers on fake tensors"
+    return dataclasses.replace(spec, derived=Derived(config, spec.model_type), caveats=(*spec.caveats, caveat))
 
 
 def _uniform_targets(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -180,6 +207,8 @@ def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: 
     from llmem.components import activations as act
     from llmem.components.activations import Saved
 
+    if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`)
+        return spec.derived.first_layer_saved(plan) if first else spec.derived.layer_saved(plan)
     tokens = plan.batch_size * plan.seq_len
     drop = {".normalized"}
     dropped_names = {n for _, _, names in _INPUT_GROUPS for n in names} | {_O_PROJ_INPUT}
@@ -303,6 +332,8 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
     input; the last layer's output and the rsqrt stay (the input gradient needs them)."""
     from llmem.components import activations as act
 
+    if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`)
+        return act.final_norm_saved(spec, plan)
     head = trains_copy(spec, plan, "head")  # a trainable lm_head copy saves its input for its weight gradient
     return [s for s in act.final_norm_saved(spec, plan)
             if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 11
+FORMAT = 12
 
 
 def _directory() -> Path:

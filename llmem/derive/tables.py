@@ -43,10 +43,21 @@ class Derived:
 
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [])
 
-    def key(self, plan: TrainingPlan) -> tuple[str, str, str, int, str]:
+    def key(self, plan: TrainingPlan) -> tuple:
+        """(dtype, autocast dtype, attention, sequence band, batch regime), and under LoRA the traced PEFT
+        program's fields (`llmem.derive.lora.trace_key`)."""
+        from llmem.components.lora import is_lora
+        from llmem.spec import attention_implementation
+
         p = plan.precision
-        return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
+        base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
+                attention_implementation(self.model_type, plan.attn),
                 band(self.config, plan.seq_len), regime(plan.batch_size))
+        if not is_lora(plan):
+            return base
+        from llmem.derive.lora import trace_key
+
+        return (*base, trace_key(plan))
 
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
@@ -55,31 +66,42 @@ class Derived:
             self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
         return self._fits[k]
 
-    def _trace_and_fit(self, k: tuple[str, str, str, int, str]) -> dict:
+    def _trace_and_fit(self, k: tuple) -> dict:
+        (dtype, mixed, attn, offset, kind), lora = k[:5], (k[5] if len(k) > 5 else None)
+        fits = self._fit(self._build(dtype, attn, lora), kind, mixed or None, offset, lora is not None)
+        if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
+            traces, checks = self._traces(self._build(dtype, attn, lora, checkpointed=True), kind, mixed or None,
+                                          offset)
+            fits["checkpointed backward"] = fit_sequence("checkpointed backward", [t.backward for t in traces],
+                                                         [t.backward for t in checks], kind, offset)
+        return fits
+
+    def _build(self, dtype: str, attn: str, lora, checkpointed: bool = False):
         from llmem.derive.trace import build
 
-        dtype, mixed, attn, offset, kind = k
         try:
             with _quiet_transformers():
-                built = build(self.config, dtype, attn)
+                return build(self.config, dtype, attn, lora, checkpointed)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             first = (str(e).strip().splitlines() or [""])[0]
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: {first[:200]}; use --attn eager") \
                 from None
-        return self._fit(built, kind, mixed or None, offset)
 
-    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
+    def _traces(self, built, kind: str, mixed: str | None, offset: int) -> tuple[list, list]:
+        """The traces at regime `kind`'s fit points and check points."""
         from llmem.derive.trace import trace
 
         points, check_points, _ = shifted(kind, offset)
         try:
-            traces = [trace(built, b, s, mixed) for b, s in points]
-            checks = [trace(built, b, s, mixed) for b, s in check_points]
+            return [trace(built, b, s, mixed) for b, s in points], [trace(built, b, s, mixed) for b, s in check_points]
         except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
                              f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
+
+    def _fit(self, built, kind: str, mixed: str | None, offset: int, lora: bool = False) -> dict:
+        traces, checks = self._traces(built, kind, mixed, offset)
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
         places = ("backward", "outer", "final", "head", "held")
@@ -87,20 +109,27 @@ class Derived:
                                     kind, offset) for place in places}
         layers = [fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind,
                                offset) for i in range(len(traces[0].layers))]
-        for i, table in enumerate(layers[1:], 1):  # the same savers (module, not allocating op) and sizes
-            if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[0]]:
+        # under LoRA layer 0, whose input may need no gradient, is a kind of its own (`first`)
+        kind_of = min(int(lora), len(layers) - 1)
+        for i, table in enumerate(layers[kind_of + 1:], kind_of + 1):  # the same savers and sizes
+            if [(_saver(n), c) for n, c in table] != [(_saver(n), c) for n, c in layers[kind_of]]:
                 raise InputError("layer_types", f"{self.model_type!r}: decoder layer {i} saves different tensors "
-                                 "from layer 0; layers of different kinds are not modelled for derived "
+                                 f"from layer {kind_of}; layers of different kinds are not modelled for derived "
                                  "architectures yet")
-        return fits | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]}
+        first = {"first": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[0]]} if lora else {}
+        return fits | first | {"layer": [(_LAYER_INDEX.sub(".N.", n, count=1), c) for n, c in layers[kind_of]]}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         b, s = plan.batch_size, plan.seq_len
         fits = self.fitted(plan)[place]
-        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in fits]
+        return [Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in fits]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
+
+    def first_layer_saved(self, plan: TrainingPlan) -> list[Saved]:
+        """Layer 0's saved tensors under LoRA (`llmem.derive.lora`); the other layers' otherwise."""
+        return self._saved(plan, "first" if "first" in self.fitted(plan) else "layer")
 
     def outer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "outer")
@@ -121,20 +150,45 @@ class Derived:
         gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
         them, `activations.recompute_bytes`), so the same window applies."""
+        if "checkpointed backward" in self.fitted(plan):
+            return self._checkpointed_backward_extra_bytes(spec, plan)
         return max(s.bytes for s in self._saved(plan, "backward"))
+
+    def _checkpointed_backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
+        """LoRA with `--grad-ckpt full`: the first node of a checkpointed layer's backward that unpacks a saved
+        tensor (e.g. the adapter's `* scaling`) recomputes the forward inside the layer's backward, whose locals
+        outlive parts of it; so the window is traced on the checkpointed program. Its live bytes include the
+        recomputed saved tensors except the layer input (the checkpoint held it before), which the walk counts as
+        the recompute (`activations.recompute_bytes`: the table plus the input where the table lacks it)."""
+        from llmem.components import activations as act
+
+        window = max(s.bytes for s in self._saved(plan, "checkpointed backward"))
+        recomputed = sum(s.bytes for s in self.layer_saved(plan)) + act.checkpointed_input_extra_bytes(spec, plan)
+        return window - (recomputed - act.checkpointed_layer_bytes(spec, plan))
 
 
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
                     "native_layer_norm[1] torch.float16", "native_layer_norm[2] torch.float16")
 
 
-def _cuda_factor(name: str, plan: TrainingPlan) -> int:
-    """The trace runs CPU kernels. A half-precision LayerNorm's mean and rstd are half on CPU (torch 2.13
-    `layer_norm_cpu`: the input's dtype) and fp32 on CUDA (`layer_norm_kernel.cu`: `acc_type`), so under the cuda
-    profile they count twice."""
+def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
+    """The trace runs CPU kernels; under the cuda profile two saved tensors differ. A half-precision LayerNorm's mean
+    and rstd are half on CPU (torch 2.13 `layer_norm_cpu`: the input's dtype) and fp32 on CUDA
+    (`layer_norm_kernel.cu`: `acc_type`): twice the bytes. A dropout's saved noise (`trace`: the storage `bernoulli_`
+    filled; CPU `_dropout_impl` saves `x * noise`'s noise in x's dtype) is CUDA `native_dropout`'s bool mask: one
+    byte per element (`activations.dropout_saved`; only LoRA's dropout is traced, the model's is refused)."""
     from llmem.plan import Device
 
-    return 2 if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS) else 1
+    if plan.device is not Device.CUDA:
+        return nbytes
+    if name.endswith(_HALF_STATISTICS):
+        return 2 * nbytes
+    if ": dropout noise " in name:
+        return nbytes // _ITEMSIZE[name.rsplit(" ", 1)[-1]]
+    return nbytes
+
+
+_ITEMSIZE = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2, "torch.float64": 8}
 
 
 def band(config: dict, seq: int) -> int:
