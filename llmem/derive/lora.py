@@ -4,11 +4,15 @@ The trace wraps the built model exactly as the measured step does (`llmem.runtim
 `peft.get_peft_model(model, lora_config(plan))` with the plan's rank, alpha, dropout, target modules and
 modules_to_save. `--grad-ckpt full` makes PEFT call `model.enable_input_require_grads()` (the base model is
 gradient-checkpointing when PEFT wraps it: `PeftModel._prepare_model_for_gradient_checkpointing`), so the embedding
-output, layer 0's input, requires grad; the trace itself runs without checkpointing and calls the same hook.
+output, layer 0's input, requires grad; the tables are traced without checkpointing and the same hook, the layer
+backward's window on the checkpointed program (`Derived._checkpointed_backward_extra_bytes`).
 Without it layer 0 saves less than the other layers (an op saves only when an input requires grad); the fit keeps
 layer 0 as its own table (`Derived.first_layer_saved`).
-Refused (one line naming the field): autocast (bf16-/fp16-mixed: the walk's autocast weight-copy terms are written
-for llama-like layers), FSDP2 (--zero 2/3), QLoRA.
+The walk is the one of every scheme but tensor parallelism (one GPU, DDP, ZeRO-1, FSDP2's ZeRO-2/3: with pure
+precisions FSDP2 runs the same program on gathered parameters).
+Refused (one line naming the field): autocast (bf16-/fp16-mixed: the walk's autocast weight-copy terms, and FSDP2's
+half adapters, are written for llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the
+data), the model's dropout (`llmem.derive.tables`).
 """
 
 from __future__ import annotations
@@ -89,7 +93,6 @@ def _deepcopy(obj, memo=None):
 
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
-    from llmem.components.sharding import FSDP_SCHEMES
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
@@ -97,8 +100,6 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
         return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora")
     if plan.precision.is_mixed:
         return InputError("precision", f"{name} is modelled without autocast; use --precision fp32, bf16 or fp16")
-    if plan.scheme in FSDP_SCHEMES:
-        return InputError("zero", f"{name} is modelled for one GPU, DDP and ZeRO-1; use --zero 0 or 1")
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full")

@@ -8,7 +8,8 @@ What the walk asks of a family, answered from the trace (`llmem.derive.trace`) i
                   (`torch.utils.checkpoint` closes over the call's args; e.g. position_ids)
   backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations)
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
-Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
+LoRA plans trace the PEFT model (`llmem.derive.lora`); layer 0 is then a table of its own (`first`).
+Refused (one line naming the field): tensor parallelism (by the walk's own checks), mixture-of-experts
 configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), a layer that saves
 something other layers do not, anything saved on the logits other than a softcapping tanh.
 """
