@@ -119,6 +119,7 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
     """LoRA's tables are hand-written for `LORA_ACTIVATION_FAMILIES` and traced for derived architectures
     (`llmem.derive.lora`, which names what it does not model)."""
+    spec = traced_spec(spec, plan)
     if is_lora(plan) and spec.derived is not None:
         from llmem.derive.lora import refusal
 

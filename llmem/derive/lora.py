@@ -103,4 +103,8 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full")
-    return static_refusal(spec.derived.config)
+    error = static_refusal(spec.derived.config)  # the model's dropout (expert layers are refused above)
+    if error is not None and "dropout" in str(error):
+        return InputError(error.field, f"{name} is modelled with the model's dropout at 0 (the saved tensors of "
+                          f"dropout differ between CPU and CUDA kernels); set {error.field} to 0")
+    return error

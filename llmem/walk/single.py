@@ -208,6 +208,7 @@ def end_moments(t: Terms) -> list[Phase]:
 
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
+    spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
     if plan.scheme in FSDP_SCHEMES:
         from llmem.walk.fsdp import fsdp_phases
 
