@@ -10,9 +10,12 @@ Without it layer 0 saves less than the other layers (an op saves only when an in
 layer 0 as its own table (`Derived.first_layer_saved`).
 The walk is the one of every scheme but tensor parallelism (one GPU, DDP, ZeRO-1, FSDP2's ZeRO-2/3: with pure
 precisions FSDP2 runs the same program on gathered parameters).
-Refused (one line naming the field): autocast (bf16-/fp16-mixed: the walk's autocast weight-copy terms, and FSDP2's
-half adapters, are written for llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the
-data), the model's dropout (`llmem.derive.tables`).
+Under autocast the weight copies mm saves are traced into the layer tables (the frozen base's are made per use, the
+adapters' cached until the forward's autocast region exits: `walk.single._cast_terms` counts those of checkpointed
+layers at the forward's end).
+Refused (one line naming the field): FSDP2 with bf16-/fp16-mixed (its policy's half adapters are written for
+llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data), the model's dropout
+(`llmem.derive.tables`).
 """
 
 from __future__ import annotations
@@ -93,13 +96,15 @@ def _deepcopy(obj, memo=None):
 
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
+    from llmem.components.sharding import FSDP_SCHEMES
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
     if plan.method is Method.QLORA:
         return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora")
-    if plan.precision.is_mixed:
-        return InputError("precision", f"{name} is modelled without autocast; use --precision fp32, bf16 or fp16")
+    if plan.precision.is_mixed and plan.scheme in FSDP_SCHEMES:
+        return InputError("precision", f"{name} under FSDP2 (--zero 2/3) is modelled without a mixed-precision "
+                          "policy; use --precision fp32, bf16 or fp16, or --zero 0 or 1")
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full")

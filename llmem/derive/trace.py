@@ -123,6 +123,7 @@ class _Recorder:
         self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
         self.place, self.stack, self.keep = PRE, [], []
         self.alloc.module = lambda: self.stack[-1] if self.stack else ""
+        self.lora = hasattr(model, "peft_config")  # a PEFT model
         self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
         self.layer_args: dict[int, tuple[str, int]] = {}
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
@@ -181,8 +182,8 @@ class _Recorder:
     def pack(self, t):
         st = t.untyped_storage()
         key = st._cdata
-        if key in self.params or key in self.alloc.copies:
-            return t
+        if key in self.params or (key in self.alloc.copies and not (self.lora and isinstance(self.place, int))):
+            return t  # under LoRA a layer's saved weight copies are in its table (`llmem.derive.lora`)
         self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
         entry = self.places.setdefault(key, [[], "", st.nbytes()])
         if self.place not in entry[0]:

@@ -111,6 +111,11 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     saved_casts = autocast.saved_layer_copies(plan, layers)
     fwd_casts, first_casts = layers * casts, 0
+    if lora.is_lora(plan) and casts and spec.derived is not None:
+        # traced LoRA: the copies mm saves are in the layer tables; the adapters' cached copies of the checkpointed
+        # layers live until the forward's autocast region exits (`llmem.derive.lora`)
+        return dict(casts=0, head_cast=autocast.head_weight_copy_bytes(spec, plan), first_casts=0, base_casts=0,
+                    fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
     if lora.is_lora(plan) and casts:
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
         # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache

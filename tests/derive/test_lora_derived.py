@@ -59,7 +59,6 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 
 @pytest.mark.parametrize("family, plan, field", [
-    ("olmo2", dict(precision="bf16-mixed"), "precision"),
     ("olmo2", dict(gpus=2, zero=3, precision="bf16-mixed"), "precision"),  # FSDP2's half adapters
     ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
     ("mixtral", dict(), "method"),
@@ -100,7 +99,10 @@ def test_traced_lora_grid_one_rank(family, attn, kind, ckpt):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family, plan", [
-    *[(f, dict(precision="bf16", grad_ckpt=c)) for f in ("starcoder2", "granite", "falcon") for c in ("none", "full")],
+    *[(f, dict(precision=p, grad_ckpt=c)) for f in ("starcoder2", "granite", "falcon") for c in ("none", "full")
+      for p in ("bf16", "bf16-mixed")],
+    *[(f, dict(precision="bf16-mixed", attn="eager", lora_targets=targets(f, "attention"), grad_ckpt=c))
+      for f in ("phi", "gpt2") for c in ("none", "full")],
     ("phi3", dict(precision="fp32", lora_modules_to_save="lm_head,embed_tokens")),
     ("olmo2", dict(precision="fp32", lora_modules_to_save="embed_tokens", grad_ckpt="full")),
     ("stablelm", dict(precision="fp32", lora_dropout=0.0, grad_ckpt="full", ckpt_every=2)),
@@ -116,6 +118,8 @@ ROWS = {f"{f}-{attn}-{kind}-{ckpt}": dict(attn=attn, lora_targets=targets(f, kin
                                                      ["none", "full"])}
 ROWS |= {f"{f}-zero{z}-{ckpt}": dict(zero=z, grad_ckpt=ckpt) for f in ("starcoder2", "gpt_neox", "gpt2")
          for z in (1, 2, 3) for ckpt in ("none", "full")}
+ROWS |= {f"{f}-mixed-zero{z}-{ckpt}": dict(zero=z, grad_ckpt=ckpt, precision="bf16-mixed") for f in ("phi", "gpt2")
+         for z in (0, 1) for ckpt in ("none", "full")}
 TWO = TwoRankRows(dict(gpus=2, method="lora", precision="fp32", batch_size=2, seq_len=64), ROWS,
                   lambda name: config_of(name.split("-")[0]))
 
