@@ -152,6 +152,8 @@ def _traced(spec: ModelSpec, config: dict) -> ModelSpec:
     from llmem.derive import Derived
 
     caveat = f"LoRA on {spec.model_type!r}: its activations are traced from transformers on fake tensors"
+    cap = spec.options.get("final_logit_softcapping")  # the family's default (gemma2): the traced logits' tanh
+    config = {**config, "final_logit_softcapping": cap} if cap and "final_logit_softcapping" not in config else config
     return dataclasses.replace(spec, derived=Derived(config, spec.model_type), caveats=(*spec.caveats, caveat))
 
 
