@@ -101,7 +101,8 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
     if plan.method is Method.QLORA:
-        return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora", GAP)
+        return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora",
+                          GAP)
     if plan.precision.is_mixed and plan.scheme in FSDP_SCHEMES:
         return InputError("precision", f"{name} under FSDP2 (--zero 2/3) is modelled without a mixed-precision "
                           "policy; use --precision fp32, bf16 or fp16, or --zero 0 or 1", GAP)
@@ -109,10 +110,28 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full", GAP)
     error = static_refusal(spec.derived.config)  # the model's dropout (expert layers are refused above)
-    if error is not None and "dropout" in str(error):
-        return InputError(error.field, f"{name} is modelled with the model's dropout at 0 (the saved tensors of "
-                          f"dropout differ between CPU and CUDA kernels); set {error.field} to 0")
+    key = error.field if error is not None and "dropout" in str(error) else None
+    if error is None:  # a dropout the configuration class defaults above 0 (gpt2's resid_pdrop, ...)
+        key = spec.memo(("lora.default_dropout",), lambda: _default_dropout_key(spec.derived.config))
+    if key is not None:
+        return InputError(key, f"{name} is modelled with the model's dropout at 0 (the saved tensors of dropout "
+                          f"differ between CPU and CUDA kernels); set {key} to 0")
     return error
+
+
+def _default_dropout_key(config: dict) -> str | None:
+    """A dropout key the config's class defaults above 0 where the config leaves it out (None: none does)."""
+    from llmem.derive.tables import _dropout_keys, _quiet_transformers
+
+    try:
+        from transformers import AutoConfig
+
+        rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+        with _quiet_transformers():
+            keys = _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
+    except Exception:  # noqa: BLE001 - the trace names it then (`tables._dropout_error`)
+        return None
+    return keys[0] if keys else None
 
 
 def checkpointed_windows(traced: tuple[list, list], layer_kinds: list[int], kind: str, offset: int) -> list:

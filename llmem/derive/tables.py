@@ -218,7 +218,8 @@ class Derived:
         if "checkpointed backward" in self.fitted(plan):
             from llmem.derive.lora import checkpointed_extra_bytes
 
-            return checkpointed_extra_bytes(spec, plan, max(s.bytes for s in self._saved(plan, "checkpointed backward")))
+            window = max(s.bytes for s in self._saved(plan, "checkpointed backward"))
+            return checkpointed_extra_bytes(spec, plan, window)
         return max(s.bytes for s in self._saved(plan, "backward"))
 
 

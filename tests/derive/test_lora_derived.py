@@ -73,6 +73,13 @@ def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
     assert text.startswith(f"{field}: ") and "\n" not in text, text
 
 
+def test_a_dropout_the_config_class_defaults_is_refused_naming_its_key():
+    cfg = {k: v for k, v in CONFIGS["gpt2"].items() if "pdrop" not in k}  # GPT2Config defaults them to 0.1
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(cfg), TrainingPlan(method="lora", precision="fp32", seq_len=64))
+    assert str(err.value).startswith("resid_pdrop: lora on 'gpt2'"), str(err.value)
+
+
 def test_hand_written_lora_families_keep_their_tables():
     spec = ModelSpec.from_config(CONFIGS["llama"])
     assert estimate(spec, TrainingPlan(method="lora", precision="fp32")).spec.derived is None
