@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 14
+FORMAT = 15
 
 
 def _directory() -> Path:
