@@ -1,0 +1,31 @@
+"""Derived mixture-of-experts (`llmem.derive.experts`): the estimate against a real CPU run of one rank
+(`measure_rank`, counting allocator), full fine-tuning, within 1%. The default suite runs two plans; the grid (every
+derived MoE model type × fp32 / bf16-mixed × sdpa / eager × checkpointing none / full) is marked slow. gpt-oss has
+no sdpa path (eager only); checkpointed, its recompute peaks 0.7% above the estimate (fp32 and bf16-mixed)."""
+
+import itertools
+
+import pytest
+
+from llmem.derive.experts import DERIVED_MOE
+from tests.derive.test_accuracy import _check
+
+TOLERANCE = 0.01
+
+
+@pytest.mark.parametrize("model_type, plan", [
+    ("qwen3_moe", dict(batch_size=2, seq_len=64, precision="bf16-mixed", grad_ckpt="full")),
+    ("deepseek_v3", dict(batch_size=3, seq_len=40, precision="fp32", attn="eager")),
+])
+def test_derived_moe_estimate_within_one_percent(model_type, plan):
+    _check(model_type, tolerance=TOLERANCE, **plan)
+
+
+GRID = [(m, p, a, c) for m, p, a, c in itertools.product(DERIVED_MOE, ["fp32", "bf16-mixed"], ["sdpa", "eager"],
+                                                         ["none", "full"]) if not (m == "gpt_oss" and a == "sdpa")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type, precision, attn, ckpt", GRID)
+def test_derived_moe_grid_within_one_percent(model_type, precision, attn, ckpt):
+    _check(model_type, tolerance=TOLERANCE, batch_size=2, seq_len=64, precision=precision, attn=attn, grad_ckpt=ckpt)
