@@ -1,7 +1,9 @@
 """Derived mixture-of-experts (`llmem.derive.experts`): the estimate against a real CPU run of one rank
 (`measure_rank`, counting allocator), full fine-tuning, within 1%. The default suite runs two plans; the grid (every
 derived MoE model type × fp32 / bf16-mixed × sdpa / eager × checkpointing none / full) is marked slow. gpt-oss has
-no sdpa path (eager only); checkpointed, its recompute peaks 0.7% above the estimate (fp32 and bf16-mixed)."""
+no sdpa path (eager only); checkpointed, its recompute peaks 0.7% above the estimate (fp32 and bf16-mixed). Known
+gap, on the safe side: DeepSeek-V2/V3 in pure bf16 (and FSDP2 mixed precision, which runs the layers in bf16) with
+full checkpointing, estimated 1.5-1.8% above the measured peak (`test_deepseek_bf16_checkpointed_gap`)."""
 
 import itertools
 
@@ -29,3 +31,10 @@ GRID = [(m, p, a, c) for m, p, a, c in itertools.product(DERIVED_MOE, ["fp32", "
 @pytest.mark.parametrize("model_type, precision, attn, ckpt", GRID)
 def test_derived_moe_grid_within_one_percent(model_type, precision, attn, ckpt):
     _check(model_type, tolerance=TOLERANCE, batch_size=2, seq_len=64, precision=precision, attn=attn, grad_ckpt=ckpt)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="DeepSeek bf16 checkpointed layer backward traced 1.8% above the measured peak")
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_deepseek_bf16_checkpointed_gap(model_type):
+    _check(model_type, tolerance=TOLERANCE, batch_size=2, seq_len=64, precision="bf16", grad_ckpt="full")
