@@ -1,7 +1,8 @@
 """Derived mixture-of-experts (`llmem.derive.experts`) on two CPU ranks (gloo, one torchrun launch): the scheme
 terms — gradients, AdamW states, DDP's buckets and their rebuild, FSDP2's shards, gathers and reduce-scatters — on
 the meta-device inventory, whose stacked experts are 3-D tensors (`experts.gate_up_proj`: E × 2i × h, FSDP2 shards
-dim 0, the expert count). Against the measured max-over-ranks peak, within 1%. Slow (one launch, ~2 min)."""
+dim 0, the expert count). Against the measured max-over-ranks peak, within 1%. Heavy (one launch,
+~2 min): `-m heavy`."""
 
 import pytest
 
@@ -23,7 +24,7 @@ RUN = TwoRankRows(_BASE, ROWS, lambda name: config(name.split("-")[0]))
 ABOVE = {"deepseek_v3-zero3-bf16-mixed-full"}
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="DeepSeek bf16 "
                                   "checkpointed backward traced above the measured peak")) if n in ABOVE else n
                                   for n in sorted(ROWS)])
