@@ -11,9 +11,10 @@ test_moe_routing.py), so `Estimate.peak_bytes_range` is one point. An experts im
 shapes (the eager loop over `nonzero` experts) is refused (`check_grouped`). `aten._grouped_mm` runs through the
 simulation's stand-in (`llmem.simulate.stand_ins.grouped_mm`: its meta function accepts bf16 only).
 
-Layer kinds. One traced decoder layer stands for all of them (`llmem.derive.tables`), so configs whose dense and
-expert layers mix are refused naming the field (`LAYER_KIND_FIELDS`). Model types outside `DERIVED_MOE` are refused:
-their expert blocks are not checked against real runs.
+Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`), but configs whose dense and
+expert layers mix are still refused naming the field (`LAYER_KIND_FIELDS`): DeepSeek-V3 with a dense first layer,
+bf16-mixed and fully checkpointed, is estimated 1.2% above the measured peak (fp32 within 0.03%), outside 1%.
+Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs.
 Pure Python: no torch (`check_grouped` reads a built model's config).
 """
 
