@@ -31,7 +31,9 @@ def _trace(b: int, s: int) -> Trace:
     """Three layers: 0 and 2 save a b·s tensor, 1 also a b·s² one; 2's backward peaks like 0's."""
     plain, wide = [("model.layers.N.mlp: mm torch.float32", 4 * b * s)], [("model.layers.N.attn: bmm", b * s * s)]
     window = [("layer output gradient", 4 * b * s), ("event 0", 8 * b * s), ("event 1", 2 * b * s)]
-    return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window])
+    forward = [("event 0", 4 * b * s), ("event 1", 6 * b * s)]
+    return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window],
+                 forwards=[forward, forward, forward])
 
 
 def test_layers_that_save_the_same_are_one_kind_whatever_their_index():
