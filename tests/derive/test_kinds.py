@@ -55,6 +55,7 @@ def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_e
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_checkpointing_planner_estimates_every_k_of_layers_of_several_kinds():
     from llmem import checkpointing
     from tests.test_ckpt_walk import old_plan_checkpointing
@@ -104,6 +105,7 @@ def test_gemma3_two_ranks(name):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("precision, attn, ckpt, every", list(itertools.product(
     ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"], ["none", "full"], [1, 2])))
 def test_gemma3_single_device_grid(precision, attn, ckpt, every):
@@ -113,6 +115,7 @@ def test_gemma3_single_device_grid(precision, attn, ckpt, every):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", list(_GRID))
 def test_gemma3_two_ranks_grid(name):
     GRID.check(name, TOLERANCE)
