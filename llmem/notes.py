@@ -42,8 +42,8 @@ def moe_routing_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
     """Mixture-of-experts: the estimate assumes nothing about routing, because nothing depends on it —
     `integrations/moe.py: grouped_mm_experts_forward` (transformers 5.23) sorts the tokens × top_k rows by expert
     and runs grouped matmuls over all of them, so every tensor of the layer has the same size whichever experts the
-    tokens go to (tests/components/test_moe_routing.py: every token to the same experts and the model's own routing
-    measure the same peak to the byte)."""
+    tokens go to (tests/components/test_moe_routing.py, and tests/derive/test_moe_routing.py for the derived model
+    types: every token to the same experts and the model's own routing measure the same peak to the byte)."""
     if not spec.is_moe:
         return None
     return (f"Mixture of experts: each token goes to {spec.experts_per_token} of {spec.num_experts} experts, and "

@@ -2,14 +2,14 @@
 
 Not every architecture repeats one layer: Gemma 3 runs five sliding-window layers to one full-attention layer
 (`config.layer_types`; a sliding layer's explicit mask and its RoPE tables differ from a full one's), others have
-dense first layers or a per-layer pattern. A kind is one fitted table pair (the layer's saved tensors, the events of
-its backward); `group` returns the kinds and the kind of every decoder layer, in order of first appearance (layer 0
-is of kind 0). Layers whose traces are identical at every traced point are fitted once; layers whose fitted tables
-are equal (the same saving modules, with the layer index and the allocating op left out, the same coefficients) are
-one kind.
+dense first layers or a per-layer pattern. A kind is one fitted table triple (the layer's saved tensors, the events
+of its backward, those of its forward up to its last saved tensor: a checkpointed layer's recompute); `group`
+returns the kinds and the kind of every decoder layer, in order of first appearance (layer 0 is of kind 0). Layers
+whose traces are identical at every traced point are fitted once; layers whose fitted tables are equal (the same
+saving modules, with the layer index and the allocating op left out, the same coefficients) are one kind.
 
-A layer's backward is kept as the events that can be its peak (`peak_candidates`): every monomial of the fit is
->= 0 for b, s >= 1, so an event whose coefficients another's dominate one by one is never above it.
+A layer's backward (and forward) is kept as the events that can be its peak (`peak_candidates`): every monomial of
+the fit is >= 0 for b, s >= 1, so an event whose coefficients another's dominate one by one is never above it.
 Pure Python: no torch.
 """
 
@@ -43,25 +43,30 @@ def peak_candidates(events: list) -> list:
 
 
 def _raw_key(traces: list, i: int) -> str:
-    """Layer `i`'s traces at every point: savers and bytes, the backward's live bytes."""
-    return repr([([(saver(n), b) for n, b in t.layers[i]], [b for _, b in t.backwards[i]]) for t in traces])
+    """Layer `i`'s traces at every point: savers and bytes, the backward's and the forward's live bytes."""
+    return repr([([(saver(n), b) for n, b in t.layers[i]], [b for _, b in t.backwards[i]],
+                  [b for _, b in t.forwards[i]]) for t in traces])
 
 
 def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> dict:
     saved = fit_sequence(f"layer {i}", [t.layers[i] for t in traces], [t.layers[i] for t in checks], kind, offset)
     backward = fit_sequence(f"layer {i} backward", [t.backwards[i] for t in traces],
                             [t.backwards[i] for t in checks], kind, offset)
+    forward = fit_sequence(f"layer {i} forward", [t.forwards[i] for t in traces], [t.forwards[i] for t in checks],
+                           kind, offset)
     return {"layer": [(LAYER_INDEX.sub(".N.", n, count=1), list(c)) for n, c in saved],
-            "backward": [(n, list(c)) for n, c in peak_candidates(backward)]}
+            "backward": [(n, list(c)) for n, c in peak_candidates(backward)],
+            "forward": [(n, list(c)) for n, c in peak_candidates(forward)]}
 
 
 def _table_key(table: dict) -> tuple:
     return (tuple((saver(n), tuple(c)) for n, c in table["layer"]),
-            tuple(sorted(tuple(c) for _, c in table["backward"])))
+            tuple(sorted(tuple(c) for _, c in table["backward"])), tuple(sorted(tuple(c) for _, c in table["forward"])))
 
 
 def group(traces: list, checks: list, kind: str, offset: int) -> tuple[list[dict], list[int]]:
-    """The kinds ({"layer": saved tensors, "backward": peak candidates}, fitted) and each layer's kind."""
+    """The kinds ({"layer": saved tensors, "backward" and "forward": peak candidates}, fitted) and each layer's
+    kind."""
     fitted: dict[str, dict] = {}
     kinds: list[dict] = []
     index: dict[tuple, int] = {}

@@ -13,9 +13,9 @@ What the walk asks of a family, answered from the trace (`llmem.derive.trace`) i
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
 LoRA plans trace the PEFT model (`llmem.derive.lora`): layer 0, whose input may need no gradient, is then simply a
 kind of its own (it saves less).
-Refused (one line naming the field): tensor parallelism (by the walk's own checks), mixture-of-experts
-configs, dropout > 0 (the trace runs CPU kernels; CUDA's dropout saves a bool mask instead), anything saved on the
-logits other than a softcapping tanh.
+Refused (one line naming the field): tensor parallelism (by the walk's own checks), mixture-of-experts configs other
+than `llmem.derive.experts` derives (grouped experts in every layer), dropout > 0 (the trace runs CPU kernels; CUDA's
+dropout saves a bool mask instead), anything saved on the logits other than a softcapping tanh.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import contextlib
 import copy
 
 from llmem.components.saved import Saved
-from llmem.derive import cache, depth, kinds
+from llmem.derive import cache, depth, experts, kinds
 from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
 from llmem.errors import InputError
-from llmem.plan import TrainingPlan
+from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+MOE_KEYS = experts.EXPERT_KEYS
 
 
 class Derived:
@@ -89,7 +89,9 @@ class Derived:
     def _trace_and_fit(self, k: tuple) -> dict:
         (dtype, mixed, attn, offset, kind), lora = k[:5], (k[5] if len(k) > 5 else None)
         config, mapping = self._shallower()
-        fits = self._fit(self._build(config, dtype, attn, lora), kind, mixed or None, offset)
+        built = self._build(config, dtype, attn, lora)
+        experts.check_grouped(built[1], self.model_type)
+        fits = self._fit(built, kind, mixed or None, offset)
         if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
             from llmem.derive.lora import checkpointed_windows
 
@@ -163,7 +165,7 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this][place] if place in ("layer", "backward") \
+        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         b, s = plan.batch_size, plan.seq_len
         return [Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table]
@@ -213,14 +215,29 @@ class Derived:
         before it), as traced: the gradient of its output, its weight gradients and the transient activation
         gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
-        them, `activations.recompute_bytes`), so the same window applies. Of this layer's kind. Traced LoRA with
-        `--grad-ckpt full`: the window of the checkpointed program (`llmem.derive.lora.checkpointed_extra_bytes`)."""
+        them, `activations.recompute_bytes`), so the same window applies; its recompute is a moment of its own
+        (`recompute_extra_bytes`). Traced LoRA with `--grad-ckpt full`: the window of the checkpointed program,
+        recompute included (`llmem.derive.lora.checkpointed_extra_bytes`)."""
         if "checkpointed backward" in self.fitted(plan):
             from llmem.derive.lora import checkpointed_extra_bytes
 
             window = max(s.bytes for s in self._saved(plan, "checkpointed backward"))
             return checkpointed_extra_bytes(spec, plan, window)
-        return max(s.bytes for s in self._saved(plan, "backward"))
+        extra = max(s.bytes for s in self._saved(plan, "backward"))
+        if plan.grad_ckpt is GradCkpt.FULL:  # `plan` is the layer's (`activations.layer_plan`)
+            extra = max(extra, self.recompute_extra_bytes(plan))
+        return extra
+
+    def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
+        """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative
+        to its start, plus the output gradient that triggered it (traced per kind, `trace.Trace.forwards`: saved
+        tensors and transients), less the saved tensors the walk holds for the layer already (all but its input,
+        which the checkpoint kept). E.g. gpt-oss's clamped GLU experts make six r × i transients at once."""
+        forward = self._saved(plan, "forward")
+        if not forward:
+            return 0
+        saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
+        return max(s.bytes for s in forward) - saved
 
 
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
@@ -263,24 +280,16 @@ def band(config: dict, seq: int) -> int:
     return 0
 
 
-def _experts_refusal(values: dict, model_type) -> InputError | None:
-    """Expert layers (an expert count above 0 under one of `MOE_KEYS`) are refused on the derived path."""
-    for key in MOE_KEYS:
-        value = values.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return InputError(key, "mixture-of-experts layers are modelled for mixtral and qwen2_moe only; "
-                              f"{model_type!r} is derived from transformers, dense layers only")
-    return None
 
 
 def static_refusal(config: dict) -> InputError | None:
     """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
-    preset): expert layers (an expert count above 0 in the config or its text_config) or a dropout above 0. A config
-    that passes may still be refused when traced (e.g. no sdpa path)."""
+    preset): expert layers not derived (`experts.experts_refusal`, read from the config or its text_config) or a
+    dropout above 0. A config that passes may still be refused when traced (e.g. no sdpa path)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    experts = _experts_refusal({**text, **config}, config.get("model_type"))
-    if experts is not None:
-        return experts
+    refusal = experts.experts_refusal({**text, **config}, config.get("model_type"))
+    if refusal is not None:
+        return refusal
     if _dropout_keys(config):
         return _dropout_error(config)
     return None
@@ -321,16 +330,19 @@ def _quiet_transformers():
         logging.set_verbosity(level)
 
 
-def _refuse_experts(config: dict) -> None:
-    """Mixture-of-experts layers (the config's expert count, with the config class's default) are refused."""
+def _refuse_experts(config: dict) -> dict:
+    """Expert layers not derived (`experts.experts_refusal`, read with the config class's defaults) are refused;
+    returns the spec's expert sizes (`experts.moe_sizes`)."""
     from transformers import AutoConfig
 
     rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
     cfg = AutoConfig.for_model(config["model_type"], **rest)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    experts = _experts_refusal({key: getattr(text, key, None) for key in MOE_KEYS}, config.get("model_type"))
-    if experts is not None:
-        raise experts
+    values = {key: getattr(text, key, None) for key in experts.FIELDS}
+    refusal = experts.experts_refusal(values, config.get("model_type"))
+    if refusal is not None:
+        raise refusal
+    return experts.moe_sizes(values)
 
 
 def derived_spec(config: dict) -> ModelSpec:
@@ -363,9 +375,9 @@ def inventory(config: dict) -> ModelSpec:
 
         with _quiet_transformers():
             spec = meta_spec(config)
-            _refuse_experts(config)
+            moe = _refuse_experts(config)
         cached = cache.store(config, ("inventory",), {
-            "sizes": {k: getattr(spec, k) for k in _SIZES},
+            "sizes": {k: getattr(spec, k) for k in _SIZES} | moe,
             "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})
     spec = ModelSpec(**cached["sizes"])
     params = tuple(ParamTensor(n, tuple(shape), layer) for n, shape, layer in cached["params"])

@@ -10,8 +10,9 @@ Saved tensors: every tensor autograd saves passes through `torch.autograd.graph.
 alive), named after the module that saved it and the aten op that allocated the storage, and placed where it lives:
 one decoder layer, before the layers (embeddings, RoPE tables and anything several layers share), after them
 (final norm, lm_head input), or after the lm_head. Parameters, buffers and autocast's weight copies (`_to_copy` of
-a parameter to the autocast dtype; `llmem.components.autocast` counts those) are left out; every saved storage is
-kept referenced to the end of the trace, so no later tensor takes its address. The loss is not traced:
+a parameter to the autocast dtype; `llmem.components.autocast` counts those) are left out; a saved storage counts
+while a node that saved it exists at the end of the forward (a storage freed before then starts a new entry if its
+address comes back). The loss is not traced:
 `llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
 
 Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; a decoder
@@ -20,6 +21,9 @@ the gradient of its input exists (a hook on the input). `backwards` lists, per l
 event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
+`forwards` lists the same for each layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
+layer's recompute allocates before non-reentrant checkpointing stops it early, its backward's output gradient
+alive), without autocast's weight copies.
 `held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
 storage.
 
@@ -54,6 +58,7 @@ class Trace:
     held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
     backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
     backwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, as `backward`
+    forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     dropout: bool = False  # a dropout op ran
@@ -129,13 +134,14 @@ class _Recorder:
         self.place, self.stack, self.keep = PRE, [], []
         self.alloc.module = lambda: self.stack[-1] if self.stack else ""
         self.lora = hasattr(model, "peft_config")  # a PEFT model
-        self.places: dict[int, list] = {}  # storage -> [places saved in, name, bytes]
+        self.places: dict[int, list] = {}  # storage -> [[(place, weak ref to its _Packed)], name, bytes, weak ref]
         self.layer_args: dict[int, tuple[str, int]] = {}
         self.arg_layers: dict[int, list[int]] = {}  # storage of a layer argument -> the layers it was passed to
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
         self.windows: dict[int, list[int]] = {}  # layer -> event indices: its output gradient, its input gradient
         self.grad_outs: dict[int, int] = {}
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
+        self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -165,6 +171,7 @@ class _Recorder:
     def _enter(self, i: int):
         def hook(module, args, kwargs):
             self.place = i
+            self.forwards[i] = [len(self.tracker.events)]
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if leaves:
                 self.inputs[leaves[0].untyped_storage()._cdata] = i
@@ -189,13 +196,32 @@ class _Recorder:
         key = st._cdata
         if key in self.params or (key in self.alloc.copies and not (self.lora and isinstance(self.place, int))):
             return t  # under LoRA a layer's saved weight copies are in its table (`llmem.derive.lora`)
-        self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
-        entry = self.places.setdefault(key, [[], "", st.nbytes()])
-        if self.place not in entry[0]:
-            entry[0].append(self.place)
+        entry = self.places.get(key)
+        if entry is None or entry[3]() is None:  # new, or the address of a freed storage (its nodes are gone)
+            self.places.pop(key, None)  # listed in order of first saving
+            entry = self.places[key] = [[], "", st.nbytes(), weakref.ref(st)]
+        if isinstance(self.place, int):  # a recompute stops here (`torch.utils.checkpoint`'s early stop)
+            self.forwards[self.place][1:] = [len(self.tracker.events)]
+        packed = _Packed(t)
+        entry[0].append((self.place, weakref.ref(packed)))
         if not entry[1]:
             entry[1] = f"{self.stack[-1] if self.stack else 'model'}: {self.alloc.origin.get(key, 'input')} {t.dtype}"
-        return t
+        return packed
+
+
+class _Packed:
+    """What the pack hook hands autograd: the saved tensor, referenced by its node alone, so a weak reference tells
+    whether the node still exists at the end of the forward. A node no output reaches is freed then, with what it
+    saved (DeepSeek-V3's group-limited routing: the group top-k's indices only feed a mask); not counted."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _unpack(packed):
+    return packed.t if isinstance(packed, _Packed) else packed
 
 
 def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
@@ -203,13 +229,15 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     `torch.autocast`."""
     import transformers.masking_utils as masking
 
+    from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
     mode, model, layers, head = built
     params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
     tracker = AllocationTracker()
-    for t in (*model.parameters(), *model.buffers()):  # a view of a weight (e.g. `t()` in a Conv1D's backward)
-        tracker.outside_allocator(t.untyped_storage())  # allocates nothing
+    tracker.stand_ins = stand_ins()  # e.g. grouped MoE experts' `aten._grouped_mm`, whose meta wants bf16
+    for t in (*model.parameters(), *model.buffers()):  # made before the tracker: known, never allocations (a
+        tracker.outside_allocator(t.untyped_storage())  # weight first viewed in backward, `_grouped_mm`'s mat_b)
     rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
@@ -217,9 +245,10 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
-                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, _unpack):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
+                copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 logits.backward(torch.ones_like(logits))
@@ -230,25 +259,31 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     out.backwards = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0))
                      for i in range(len(layers))]
     out.backward = out.backwards[-1]
+    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), rec.grad_outs.get(i, 0), copies)[1:]
+                    for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
     out.dropout = rec.alloc.dropout
     return out
 
 
-def _window(events, window: list[int], grad_out: int) -> list[tuple[str, int]]:
-    """Live bytes after each event of the last layer's backward, relative to its start, plus the output grad."""
+def _window(events, window: list[int], grad_out: int, skip=frozenset()) -> list[tuple[str, int]]:
+    """Live bytes after each event of a layer's backward (or forward), relative to its start, plus the output
+    grad; the blocks in `skip` (autocast's weight copies) left out."""
     if len(window) < 2:
         return [("layer output gradient", grad_out)]
     start, end = window[0], window[1]
     live, out = grad_out, [("layer output gradient", grad_out)]
     for k in range(start, end):
-        live += events[k][2]
+        live += events[k][2] if events[k][1] not in skip else 0
         out.append((f"event {k - start}", live))
     return out
 
 
 def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
     out = Trace([[] for _ in range(n_layers)], [], [], [], [])
-    for key, (where, name, nbytes) in rec.places.items():
+    for key, (packs, name, nbytes, _) in rec.places.items():
+        where = list(dict.fromkeys(place for place, ref in packs if ref() is not None))
+        if not where:  # saved only by nodes already freed: no output's gradient reaches them
+            continue
         if key == ids_key:
             name = "input_ids (labels)"
         if len(where) == 1 and isinstance(where[0], int):

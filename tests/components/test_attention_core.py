@@ -23,7 +23,8 @@ def _moment(config: dict, plan: TrainingPlan) -> int:
 
 
 @pytest.mark.parametrize("model_type,precision", [("gpt_neox", "bf16-mixed"),
-                                                  pytest.param("mistral", "bf16", marks=pytest.mark.slow)])
+                                                  pytest.param("mistral", "bf16",
+                                                               marks=[pytest.mark.slow, pytest.mark.heavy])])
 def test_forward_moment_matches_the_simulated_forward(model_type, precision):
     from llmem.simulate import simulate
 

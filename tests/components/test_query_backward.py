@@ -60,6 +60,7 @@ def test_one_gpu_estimate_matches_real_run(name):
 
 
 @pytest.mark.slow  # one 2-process launch (about 40 s)
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", list(ROWS.rows))
 def test_two_ranks_estimate_matches_real_runs(name):
     ROWS.check(name, tolerance=0.01)

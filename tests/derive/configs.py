@@ -13,8 +13,27 @@ EXTRA = {
     "gemma3_text": {"head_dim": 16, "sliding_window": 32},
 }
 
+# mixture-of-experts (`llmem.derive.experts`): 4 experts, top 2, every layer with experts
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+            n_shared_experts=1, first_k_dense_replace=0, moe_intermediate_size=48, n_routed_experts=4,
+            num_experts_per_tok=2)
+MOE = {
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": None, "eos_token_id": None},
+    "flex_olmo": {"num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": None, "eos_token_id": None},
+    "granitemoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "granitemoeshared": {"num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 96},
+    "deepseek_v2": {**_MLA, "q_lora_rank": None, "n_group": 1, "topk_group": 1},
+    "deepseek_v3": {**_MLA, "q_lora_rank": 32, "n_group": 2, "topk_group": 1},
+    "glm4_moe": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "n_shared_experts": 1,
+                 "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "pad_token_id": None},
+    "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "bos_token_id": None,
+                   "eos_token_id": None},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "sliding_window": 32},
+}
+
 
 def config(model_type: str, **extra) -> dict:
     """The config dict (`to_json_string`, as a user's config.json) of a small `model_type` model."""
-    kwargs = {**BASE, **EXTRA.get(model_type, {}), **extra}
+    kwargs = {**BASE, **EXTRA.get(model_type, {}), **MOE.get(model_type, {}), **extra}
     return json.loads(transformers.AutoConfig.for_model(model_type, **kwargs).to_json_string())

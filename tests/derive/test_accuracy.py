@@ -15,13 +15,13 @@ from tests.derive.configs import EXTRA, config
 TOLERANCE = 0.005
 
 
-def _check(model_type: str, **plan):
+def _check(model_type: str, tolerance: float = TOLERANCE, **plan):
     cfg = config(model_type)
     p = TrainingPlan(device="cpu", **plan)
     est = estimate(ModelSpec.from_config(cfg), p)
     assert est.spec.derived is not None
     measured = measure_rank(cfg, p)["peak_bytes"]
-    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured, f"{est.peak_bytes:,} vs {measured:,}"
+    assert abs(est.peak_bytes - measured) <= tolerance * measured, f"{est.peak_bytes:,} vs {measured:,}"
 
 
 @pytest.mark.parametrize("model_type, plan", [
@@ -36,8 +36,9 @@ def test_derived_estimate_within_half_a_percent(model_type, plan):
 GRID = list(itertools.product(sorted(EXTRA), ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"], ["none", "full"]))
 
 
-# checkpointed under autocast, these peak inside layer 0's recompute, a moment the walk does not model for any
-# family: measured above the estimate by 1.0% (stablelm sdpa), 0.9% (stablelm eager), 5.3% (glm4 eager)
+# checkpointed under autocast, these peak inside layer 0's recompute: measured above the estimate by 1.0% (stablelm
+# sdpa), 0.9% (stablelm eager); glm4 eager measured 1.8% below the traced recompute moment (`Derived.
+# recompute_extra_bytes`; 5.3% above the estimate without it)
 RECOMPUTE_PEAK = {("stablelm", "bf16-mixed", "sdpa", "full"), ("stablelm", "bf16-mixed", "eager", "full"),
                   ("glm4", "bf16-mixed", "eager", "full")}
 

@@ -35,7 +35,8 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
     (config("olmo2"), ("--method", "lora", "--gpus", "2", "--zero", "3"), "precision"),  # FSDP2's mixed policy
     (config("olmo2"), ("--method", "qlora", "--quant", "nf4", "--precision", "bf16"), "method"),
     (config("olmo2", attention_dropout=0.1), (), "attention_dropout"),
-    (config("olmoe", num_experts=4, num_experts_per_tok=2), (), "num_experts"),
+    (config("deepseek_v3", first_k_dense_replace=1), (), "first_k_dense_replace"),  # dense and expert layers
+    (config("jetmoe"), (), "num_local_experts"),  # experts not derived
     ({**config("olmo2"), "auto_map": {"AutoModelForCausalLM": "x.Y"}}, (), "model_type"),
 ])
 def test_what_the_derivation_does_not_cover_is_refused_naming_the_field(tmp_path, capsys, cfg, argv, field):

@@ -31,7 +31,9 @@ def _trace(b: int, s: int) -> Trace:
     """Three layers: 0 and 2 save a b·s tensor, 1 also a b·s² one; 2's backward peaks like 0's."""
     plain, wide = [("model.layers.N.mlp: mm torch.float32", 4 * b * s)], [("model.layers.N.attn: bmm", b * s * s)]
     window = [("layer output gradient", 4 * b * s), ("event 0", 8 * b * s), ("event 1", 2 * b * s)]
-    return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window])
+    forward = [("event 0", 4 * b * s), ("event 1", 6 * b * s)]
+    return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window],
+                 forwards=[forward, forward, forward])
 
 
 def test_layers_that_save_the_same_are_one_kind_whatever_their_index():
@@ -53,6 +55,7 @@ def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_e
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_checkpointing_planner_estimates_every_k_of_layers_of_several_kinds():
     from llmem import checkpointing
     from tests.test_ckpt_walk import old_plan_checkpointing
@@ -102,6 +105,7 @@ def test_gemma3_two_ranks(name):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("precision, attn, ckpt, every", list(itertools.product(
     ["fp32", "bf16-mixed", "bf16"], ["sdpa", "eager"], ["none", "full"], [1, 2])))
 def test_gemma3_single_device_grid(precision, attn, ckpt, every):
@@ -111,6 +115,7 @@ def test_gemma3_single_device_grid(precision, attn, ckpt, every):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", list(_GRID))
 def test_gemma3_two_ranks_grid(name):
     GRID.check(name, TOLERANCE)
