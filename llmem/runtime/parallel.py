@@ -6,7 +6,10 @@
 | ddp       | `DistributedDataParallel` (default bucket size)                                          |
 | zero1     | DDP; the optimizer is `ZeroRedundancyOptimizer` (see optim.py)                           |
 | zero2/3   | FSDP2 `fully_shard(reshard_after_forward=False/True)` on each decoder layer, then the root |
-| tp        | `parallelize_module` per decoder layer: q/k/v/gate/up colwise, o/down rowwise             |
+| tp        | the hand-written unfused families (`Family.tp_plan`): `parallelize_module` per decoder layer,  |
+|           | q/k/v/gate/up colwise, o/down rowwise. Every other model: the plan of its own config          |
+|           | (`base_model_tp_plan`, with the embeddings vocab-sharded and the lm_head `colwise_gather_output`) |
+|           | applied by transformers itself (`hf_tp_plan`, `apply_tensor_parallelism`)                     |
 | tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
 
 QLoRA (DDP, ZeRO-1, FSDP2 ZeRO-2/3; not TP): FSDP2 shards each `Params4bit`'s packed uint8 codes like any
@@ -35,22 +38,51 @@ def uses_fsdp(plan: TrainingPlan) -> bool:
 
 
 def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
-    """Raise InputError for a plan this runtime cannot run on this model (before anything is built)."""
-    if plan.tp > 1:
-        from llmem.families import FAMILIES, with_trait
+    """Raise InputError for a plan this runtime cannot run on this model (before anything is built). Tensor
+    parallelism needs a TP plan: a hand-written unfused family's (`Family.tp_plan`) or the config's own
+    `base_model_tp_plan`; and the TP degree must divide the attention heads (each rank runs whole heads)."""
+    if plan.tp <= 1:
+        return
+    from llmem.families import FAMILIES
 
-        family = FAMILIES.get(model_type)  # `Family.tp_plan`: separate q/k/v/o and gate/up/down projections
-        if family is None or not family.tp_plan:
-            raise InputError("tp", f"tensor parallelism supports the families {', '.join(with_trait('tp_plan'))}; "
-                             f"{model_type!r} has no separate q/k/v/gate/up/down projections", REFUSED)
-        if config is not None:
-            heads = config.get("num_attention_heads")
-            kv = config.get("num_key_value_heads") or heads
-            inter = config.get("intermediate_size")
-            for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv),
-                                ("intermediate_size", inter)):
-                if isinstance(value, int) and value % plan.tp:
-                    raise InputError("tp", f"TP degree {plan.tp} must divide {name} = {value}")
+    family = FAMILIES.get(model_type)
+    if (family is None or not family.tp_plan) and config is not None and not config_tp_plan(config):
+        raise InputError("tp", f"{model_type!r} has no tensor-parallel plan (its config's base_model_tp_plan is "
+                         "empty), so transformers cannot shard it; use --tp 1 (DDP or ZeRO)", REFUSED)
+    if config is not None:
+        heads = config.get("num_attention_heads")
+        kv = config.get("num_key_value_heads") or heads
+        inter = config.get("intermediate_size") if family is not None and family.tp_plan else None
+        for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv),
+                            ("intermediate_size", inter)):
+            if isinstance(value, int) and value % plan.tp:
+                raise InputError("tp", f"TP degree {plan.tp} must divide {name} = {value}")
+
+
+def config_tp_plan(config: dict) -> dict:
+    """The config's `base_model_tp_plan` (its configuration class's when the dict does not carry it)."""
+    from llmem.runtime.model import hf_config
+
+    return dict(getattr(hf_config(config, TrainingPlan()), "base_model_tp_plan", None) or {})
+
+
+def uses_hf_plan(model_type: str) -> bool:
+    """Whether TP applies transformers' plan of the model (not a hand-written unfused family's `tp_layer_plan`)."""
+    from llmem.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return family is None or not family.tp_plan
+
+
+def hf_tp_plan(model: nn.Module, tp: int) -> dict[str, str]:
+    """transformers 5.23's own resolved TP plan of `model`, one entry per module or parameter, as
+    `from_pretrained(tp_plan="auto")` resolves it (`transformers/distributed/mixin.py`:
+    `PreTrainedModel._resolve_parallel_plans(DistributedConfig(tp_size=tp))`): the config's `base_model_tp_plan`,
+    the causal LM's `_tp_plan` (`lm_head: colwise_gather_output`) and `embed_tokens: embedding_rowwise`."""
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    tp_plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+    return tp_plan
 
 
 def tp_layer_plan() -> dict:
@@ -68,8 +100,26 @@ def tp_layer_plan() -> dict:
 
 
 def _apply_tp(model: nn.Module, tp_mesh) -> None:
+    """A hand-written unfused family: `parallelize_module` per decoder layer (`tp_layer_plan`). Any other model:
+    transformers' `apply_tensor_parallelism` (`transformers/distributed/tensor_parallel.py`, what
+    `maybe_distribute_model` runs for `tp_plan="auto"`) with its resolved plan (`hf_tp_plan`): its styles shard
+    each parameter in place (`distribute_tensor(..., src_data_rank=None)`: every rank slices its own identical
+    copy) and hook the forwards."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    if uses_hf_plan(str(getattr(model.config, "model_type", ""))):
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+        plan = hf_tp_plan(model, tp_mesh.size())
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        tied = head is not None and embed is not None and head.weight is embed.weight
+        names = {m: n for n, m in model.named_modules()}
+        if tied:  # `from_pretrained` shards before it ties (`init.no_tie_weights`, then `tie_weights`): shard once
+            plan.pop(f"{names[head]}.weight", None)
+        apply_tensor_parallelism(model, tp_mesh, plan)
+        if tied:
+            model.tie_weights()
+        return
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, tp_layer_plan())
 

@@ -32,7 +32,15 @@ def fused_sgd(func, args, kwargs):
     return None
 
 
+def wait_tensor(func, args, kwargs):
+    """`_c10d_functional.wait_tensor` (DTensor's redistributions under TP: `funcol.wait_tensor` after each
+    functional collective) returns its input, the collective's output, in the real program (the C++ kernel waits
+    on the work and hands the tensor back); the fake kernel makes a new tensor, a second copy of the output."""
+    return args[0]
+
+
 def stand_ins() -> dict:
     """op -> stand-in(func, args, kwargs) for every run."""
     return {_aten._grouped_mm.default: grouped_mm, _aten._fused_sgd_.default: fused_sgd,
-            _aten._fused_sgd_.tensor_lr: fused_sgd}
+            _aten._fused_sgd_.tensor_lr: fused_sgd,
+            torch.ops._c10d_functional.wait_tensor.default: wait_tensor}
