@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from llmem.components import fused_ce, lora, offload, outside
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, hf_tp_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp_layer import lora_recompute_end  # noqa: F401 (re-exported)
@@ -117,6 +117,7 @@ class Estimate:
 def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
+    spec = hf_tp_spec(spec, plan)  # TP with the model's own plan: its splits, tables traced under TP
     validate_plan_for_model(spec, plan)
     phases = iteration_phases(spec, plan)
     peak = max(phases, key=_TOTAL)
@@ -154,10 +155,12 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     if plan.tp == 1:
         return
     if not spec.supports_tp:
-        raise InputError("tp", f"tensor parallelism needs separate q/k/v/o and gate/up/down projections; "
-                         f"{spec.model_type!r} has fused ones. Use --tp 1 (DDP or ZeRO) for this model", REFUSED)
-    for name, value in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
-                        ("intermediate_size", spec.intermediate_size)):
+        raise InputError("tp", f"{spec.model_type!r} has no tensor-parallel plan (its config's base_model_tp_plan "
+                         "is empty), so transformers cannot shard it; use --tp 1 (DDP or ZeRO)", REFUSED)
+    sizes = (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads))
+    if spec.family.tp_plan:  # the Megatron plan splits the MLP evenly; transformers' styles need whole heads only
+        sizes += (("intermediate_size", spec.intermediate_size),)
+    for name, value in sizes:
         if value % plan.tp:
             raise InputError("tp", f"TP degree {plan.tp} must divide {name} = {value}; "
                              f"choose a divisor of {value}")

@@ -129,9 +129,18 @@ class ModelSpec:
 
     @property
     def supports_tp(self) -> bool:
+        """A TP program exists: a hand-written unfused family's Megatron plan (`Family.tp_plan`), or the plan the
+        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`)."""
         from llmem.families import FAMILIES
 
-        return self.model_type in FAMILIES and self.family.tp_plan
+        if self.model_type in FAMILIES and self.family.tp_plan:
+            return True
+        config = getattr(self, "source_config", None) or getattr(self.derived, "config", None)
+        if not config:
+            return False
+        from llmem.runtime.parallel import config_tp_plan
+
+        return bool(config_tp_plan(config))
 
     def layer_params(self, layer: int) -> tuple[ParamTensor, ...]:
         return self._by_layer.get(layer, ())
@@ -240,3 +249,17 @@ def unsupported_model_type(model_type: str) -> InputError:
                           f"head); llmem estimates decoder-only fine-tuning of: {modelled}", REFUSED)
     return InputError("model_type", f"{shown!r} is not an architecture transformers knows; check the spelling, "
                       f"or use one of the modelled families: {modelled}")
+
+
+def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:
+    """Under TP, a model without a hand-written Megatron plan (`Family.tp_plan`) runs the plan of its own config
+    (`llmem.runtime.parallel`): its spec then has each parameter's split from that plan and activation tables
+    traced under TP (`llmem.derive.tp.tp_spec`). Every other plan keeps `spec` (a model without any plan is refused
+    by `llmem.estimate.validate_plan_for_model`)."""
+    from llmem.families import FAMILIES
+
+    if plan.tp == 1 or (spec.model_type in FAMILIES and FAMILIES[spec.model_type].tp_plan) or not spec.supports_tp:
+        return spec
+    from llmem.derive.tp import tp_spec
+
+    return tp_spec(spec, plan.tp)

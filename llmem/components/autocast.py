@@ -65,18 +65,23 @@ def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
     return count - -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... are checkpointed
 
 
-def _head_weight_numel(spec: ModelSpec) -> int:
+def _head_weight_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The lm_head weight: vocab × its input width, which is OPT's word_embed_proj_dim when project_out exists
-    (opt-350m: 512, not the hidden 1024)."""
+    (opt-350m: 512, not the hidden 1024). Under TP with the model's own plan (`llmem.derive.tp`) the lm_head is
+    `colwise_gather_output` (tied: the vocab-sharded embedding): the rank's ceil(vocab / tp) rows."""
     from llmem.components.activations import _proj_dim
+    from llmem.spec import TpSplit
 
-    return spec.vocab_size * _proj_dim(spec)
+    shape = (spec.vocab_size, _proj_dim(spec))
+    split = plan.tp > 1 and any(p.layer is None and p.shape == shape and p.tp_split is TpSplit.COLWISE
+                                for p in spec.params)
+    return (-(-shape[0] // plan.tp) if split else shape[0]) * shape[1]
 
 
 def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not _applies(plan):
         return 0
-    return _head_weight_numel(spec) * plan.precision.compute_bytes
+    return _head_weight_numel(spec, plan) * plan.precision.compute_bytes
 
 
 def head_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -93,7 +98,7 @@ def head_fp32_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The fp32 lm_head weight gradient ToCopyBackward0 returns (0 when autocast does not apply)."""
     if not _applies(plan):
         return 0
-    return _head_weight_numel(spec) * plan.precision.param_bytes
+    return _head_weight_numel(spec, plan) * plan.precision.param_bytes
 
 
 @per_spec("layout_key")

@@ -25,7 +25,9 @@ def tp_local_shape(p: ParamTensor, tp: int) -> tuple[int, ...]:
     """The shape one TP rank holds (ceil split, as DTensor's Shard placement gives the first ranks the extra)."""
     if tp == 1 or p.tp_split is TpSplit.NONE:
         return p.shape
-    dim = 0 if p.tp_split is TpSplit.COLWISE or len(p.shape) == 1 else 1
+    # colwise: the output features, dim -2 (dim 0 of a 2-D weight, of a 3-D expert stack's (E, out, in)), dim 0 of
+    # a 1-D tensor; rowwise: the input features, the last dim
+    dim = (0 if len(p.shape) == 1 else len(p.shape) - 2) if p.tp_split is TpSplit.COLWISE else len(p.shape) - 1
     shape = list(p.shape)
     shape[dim] = ceil_div(shape[dim], tp)
     return tuple(shape)

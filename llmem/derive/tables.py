@@ -13,7 +13,8 @@ What the walk asks of a family, answered from the trace (`llmem.derive.trace`) i
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
 LoRA plans trace the PEFT model (`llmem.derive.lora`): layer 0, whose input may need no gradient, is then simply a
 kind of its own (it saves less).
-Refused (one line naming the field): tensor parallelism (by the walk's own checks), mixture-of-experts configs other
+TP plans trace the wrapped model of TP rank 0 under torch's fake process group (`llmem.derive.tp`).
+Refused (one line naming the field): TP without a plan in the config (by the walk's own checks), experts other
 than `llmem.derive.experts` derives (grouped experts in every layer), dropout > 0 (the trace runs CPU kernels; CUDA's
 dropout saves a bool mask instead), anything saved on the logits other than a softcapping tanh.
 """
@@ -56,16 +57,16 @@ class Derived:
         """A `Family` with no closed-form inventory (the spec's parameters come from the meta device). Its traits:
         RoPE when the config carries rotary parameters (`rope_theta`, `rope_parameters`; the trace saves what the
         rotary embedding makes either way), sdpa asked of transformers (which refuses it, `--attn eager` named, when
-        the model has none); no TP plan, Liger patch or LoRA table is modelled for it. The walk reads its traced
-        tables, not the structural traits."""
+        the model has none); no Megatron plan (its config's own runs: `llmem.derive.tp`), Liger patch or LoRA table
+        is modelled for it. The walk reads its traced tables, not the structural traits."""
         from llmem.families import Family
 
         rope = any(self.config.get(k) is not None for k in ("rope_theta", "rope_parameters", "rotary_emb_base"))
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [], rope=rope)
 
     def key(self, plan: TrainingPlan) -> tuple:
-        """(dtype, autocast dtype, attention, sequence band, batch regime), and under LoRA the traced PEFT
-        program's fields (`llmem.derive.lora.trace_key`)."""
+        """(dtype, autocast dtype, attention, sequence band, batch regime), then ("tp", degree) under TP, or under
+        LoRA the traced PEFT program's fields (`llmem.derive.lora.trace_key`)."""
         from llmem.components.lora import is_lora
         from llmem.spec import attention_implementation
 
@@ -73,6 +74,8 @@ class Derived:
         base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
                 attention_implementation(self.model_type, plan.attn),
                 band(self.config, plan.seq_len), regime(plan.batch_size))
+        if plan.tp > 1:  # traced on TP rank 0 under the fake process group (`llmem.derive.tp`)
+            return (*base, ("tp", plan.tp))
         if not is_lora(plan):
             return base
         from llmem.derive.lora import trace_key
@@ -87,11 +90,15 @@ class Derived:
         return self._fits[k]
 
     def _trace_and_fit(self, k: tuple) -> dict:
-        (dtype, mixed, attn, offset, kind), lora = k[:5], (k[5] if len(k) > 5 else None)
+        from llmem.derive.tp import fake_group
+        (dtype, mixed, attn, offset, kind), rest = k[:5], k[5:]
+        tp = rest[0][1] if rest and rest[0][:1] == ("tp",) else 1
+        lora = rest[0] if rest and tp == 1 else None
         config, mapping = self._shallower()
-        built = self._build(config, dtype, attn, lora)
-        experts.check_grouped(built[1], self.model_type)
-        fits = self._fit(built, kind, mixed or None, offset)
+        with fake_group(tp):
+            built = self._build(config, dtype, attn, lora, tp=tp)
+            experts.check_grouped(built[1], self.model_type)
+            fits = self._fit(built, kind, mixed or None, offset)
         if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
             from llmem.derive.lora import checkpointed_windows
 
@@ -100,13 +107,15 @@ class Derived:
                                                                  fits["layer_kinds"], kind, offset)
         return fits if mapping is None else depth.expand(fits, mapping)
 
-    def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False):
+    def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False, tp: int = 1):
         from llmem.derive.trace import build
 
         try:
             with _quiet_transformers():
-                return build(config, dtype, attn, lora, checkpointed)
-        except ValueError as e:  # e.g. an architecture without an sdpa path
+                return build(config, dtype, attn, lora, checkpointed, tp)
+        except ValueError as e:  # e.g. an architecture without an sdpa path (a TP refusal passes through)
+            if isinstance(e, InputError):
+                raise
             first = (str(e).strip().splitlines() or [""])[0]
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
             raise InputError("attn", f"{self.model_type!r} with --attn {attn}: {first[:200]}; use --attn eager") \
@@ -160,7 +169,7 @@ class Derived:
                              "tensor change with batch or sequence length; this architecture cannot be derived")
         tables, layer_kinds = kinds.group(traces, checks, kind, offset)
         return fits | {"kinds": tables, "layer_kinds": layer_kinds, "held_layers": traces[0].held_layers,
-                       "outer_layers": traces[0].outer_layers}
+                       "outer_layers": traces[0].outer_layers, "grad_excess": traces[0].grad_excess}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
@@ -204,6 +213,9 @@ class Derived:
         fits = self.fitted(plan)
         return sum(s.bytes for s, layers in zip(self._saved(plan, "outer"), fits["outer_layers"], strict=True)
                    if layers and min(layers) > layer)
+
+    def gradient_excess_bytes(self, plan: TrainingPlan) -> int:
+        return self.fitted(plan).get("grad_excess", 0)  # the `.grad`s beyond their parameters: `Trace.grad_excess`
 
     def _lowest_holders(self, plan: TrainingPlan) -> list[int | None]:
         """Per held argument, the lowest checkpointed layer taking it (None: no checkpointed layer does)."""
@@ -278,8 +290,6 @@ def band(config: dict, seq: int) -> int:
         raise InputError("sliding_window", f"{window} is traced only for windows above {low} tokens, or for "
                          f"--seq-len at least the window; use --seq-len {window} or more")
     return 0
-
-
 
 
 def static_refusal(config: dict) -> InputError | None:

@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 PRE, POST, HEAD = "pre", "post", "head"
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 DROPOUT_OPS = ("bernoulli", "bernoulli_", "native_dropout")
 
 
@@ -62,6 +64,13 @@ class Trace:
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     dropout: bool = False  # a dropout op ran
+    grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
+    #                       gradient, DTensor's embedding backward)
+
+
+def _local(t):
+    """The local tensor of a DTensor (TP's parameters and activations), else the tensor."""
+    return getattr(t, "_local_tensor", t)
 
 
 class _Allocations(TorchDispatchMode):
@@ -75,6 +84,8 @@ class _Allocations(TorchDispatchMode):
         self.module = lambda: ""  # the running module's name (set by `_Recorder`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in _PLAIN and not issubclass(t, FakeTensor) for t in types):
+            return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.dropout |= name in DROPOUT_OPS and "lora_dropout" not in self.module()  # the model's, not LoRA's
@@ -97,12 +108,13 @@ class _Allocations(TorchDispatchMode):
         return out
 
 
-def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: bool = False):
+def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: bool = False, tp: int = 1):
     """The model on fake CPU tensors; returns (fake mode, model, decoder layers, output embedding). `lora`: the
     LoRA fields (`llmem.derive.lora.trace_key`), whose PEFT model is traced as `llmem.runtime.lora.apply_method`
     builds it for the measured step. `checkpointed`: every decoder layer checkpointed (`use_reentrant=False`, as
     `llmem.runtime.session.enable_checkpointing`), for the layer backward's windows only (a checkpointed layer's
-    own saved tensors do not pass the trace's pack hook)."""
+    own saved tensors do not pass the trace's pack hook). `tp` > 1: wrapped by the runtime's TP (`wrap`), inside
+    the fake process group of `llmem.derive.tp.fake_group`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
@@ -122,6 +134,11 @@ def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: boo
 
         with mode, torch.device("cpu"):
             model = wrap(model, lora, checkpointed)
+    if tp > 1:
+        from llmem.derive.tp import wrap_tp
+
+        with mode:
+            model = wrap_tp(model, tp)
     model.train()
     return mode, model, list(decoder_layers(model)), model.get_output_embeddings()
 
@@ -192,7 +209,7 @@ class _Recorder:
         return hook
 
     def pack(self, t):
-        st = t.untyped_storage()
+        st = _local(t).untyped_storage()
         key = st._cdata
         if key in self.params or (key in self.alloc.copies and not (self.lora and isinstance(self.place, int))):
             return t  # under LoRA a layer's saved weight copies are in its table (`llmem.derive.lora`)
@@ -233,16 +250,19 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     from llmem.simulate.tracker import AllocationTracker
 
     mode, model, layers, head = built
-    params = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+    params = {_local(t).untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
     tracker = AllocationTracker()
     tracker.stand_ins = stand_ins()  # e.g. grouped MoE experts' `aten._grouped_mm`, whose meta wants bf16
     for t in (*model.parameters(), *model.buffers()):  # made before the tracker: known, never allocations (a
-        tracker.outside_allocator(t.untyped_storage())  # weight first viewed in backward, `_grouped_mm`'s mat_b)
+        tracker.outside_allocator(_local(t).untyped_storage())  # weight first viewed in backward, `_grouped_mm`)
     rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
+    from llmem.simulate.patches import untracked_sharding_propagation
+
     try:
-        with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+        with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
+                untracked_sharding_propagation(tracker):
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, _unpack):
@@ -252,6 +272,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 logits.backward(torch.ones_like(logits))
+            out.grad_excess = _grad_excess(model)
             model.zero_grad(set_to_none=True)
     finally:
         for h in rec.handles:
@@ -263,6 +284,13 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
                     for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
     out.dropout = rec.alloc.dropout
     return out
+
+
+def _grad_excess(model) -> int:
+    """The bytes by which the parameters' local gradients exceed the local parameters: under TP with the model's
+    own plan the vocab-sharded embedding's gradient comes back Replicate, the whole vocabulary on every rank."""
+    return sum(max(0, _local(p.grad).untyped_storage().nbytes() - _local(p).untyped_storage().nbytes())
+               for p in model.parameters() if p.grad is not None)
 
 
 def _window(events, window: list[int], grad_out: int, skip=frozenset()) -> list[tuple[str, int]]:

@@ -26,7 +26,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
-from llmem.spec import ModelSpec
+from llmem.spec import ModelSpec, hf_tp_spec
 from llmem.walk.accumulation import accumulation_phases, gradients_kept
 from llmem.walk.layer import layer_moments
 from llmem.walk.phase import Phase, moment, with_extra
@@ -204,14 +204,15 @@ def end_moments(t: Terms) -> list[Phase]:
     are dropped."""
     spec, plan = t.spec, t.plan
     held_all = (t.layers - 1) * t.held_layer + t.held_first
-    end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient,
+    excess = spec.derived.gradient_excess_bytes(plan) if spec.derived is not None and plan.tp > 1 else 0
+    end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient + excess,
                logits=t.logits, activations=held_all)
     accumulate = embedding_gradient_accumulate_bytes(spec, plan)
     phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, plan))]
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:
         phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
-    phases.append(moment("optimizer step", **t.persistent, gradients=t.grads_all, logits=t.logits,
+    phases.append(moment("optimizer step", **t.persistent, gradients=t.grads_all + excess, logits=t.logits,
                          activations=held_all, temporaries=optimizer_step_temporary_bytes(spec, plan)))
     return phases
 
@@ -219,6 +220,7 @@ def end_moments(t: Terms) -> list[Phase]:
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
     spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
+    spec = hf_tp_spec(spec, plan)  # TP with the model's own plan: its splits, tables traced under TP
     if plan.scheme in FSDP_SCHEMES:
         from llmem.walk.fsdp import fsdp_phases
 

@@ -31,7 +31,7 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("cfg, argv, field", [
-    (config("olmo2"), ("--tp", "2", "--gpus", "2"), "tp"),
+    (config("stablelm"), ("--tp", "2", "--gpus", "2"), "tp"),  # no base_model_tp_plan in its config
     (config("olmo2"), ("--method", "lora", "--gpus", "2", "--zero", "3"), "precision"),  # FSDP2's mixed policy
     (config("olmo2"), ("--method", "qlora", "--quant", "nf4", "--precision", "bf16"), "method"),
     (config("olmo2", attention_dropout=0.1), (), "attention_dropout"),
