@@ -106,7 +106,6 @@ BAD_UPLOADS = {  # id: (file content, the field the message names)
     "json-nested-5000-deep": ('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}", "model"),
     "hidden-size-of-5000-digits": ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "model"),
     "gptj": (json.dumps({"model_type": "gptj"}), "attn"),  # derived: no sdpa path in transformers
-    "gpt-bigcode": (json.dumps({"model_type": "gpt_bigcode"}), "resid_pdrop"),  # derived: its default dropout 0.1
     "bert": (json.dumps({"model_type": "bert"}), "model_type"),
     "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "num_local_experts"),
     "unknown-model-type": (json.dumps({"model_type": "no-such-arch"}), "model_type"),
