@@ -39,12 +39,18 @@ def breakdown_figure(est, gpu) -> dict:
     return dict(data=data, layout=layout)
 
 
-def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> dict:
-    """Allocator peak and device total against one input, with the capacity line and the largest fitting value."""
+def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest, current=None) -> dict:
+    """Allocator peak and device total against one input, with the capacity line, the largest fitting value and
+    the current value marked. The y axis spans the data and the capacity, whichever is larger."""
+    totals = [gib(e.device_total_bytes) for e in ests]
     data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
                  name="allocator peak"),
-            dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.device_total_bytes) for e in ests],
+            dict(type="scatter", mode="lines+markers", x=list(xs), y=totals,
                  name="device total (+ context, fragmentation)")]
+    if current is not None and current in xs:
+        at = list(xs).index(current)
+        data.append(dict(type="scatter", mode="markers", x=[current], y=[totals[at]], name=f"current: {current}",
+                         marker=dict(color="black", size=12, symbol="diamond-open", line=dict(width=2))))
     shape, label = hline(gib(capacity), "capacity", "red", "dash")
     shapes, annotations = [shape], [label]
     if largest is not None:
@@ -52,7 +58,7 @@ def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> d
                            line=dict(color="green", dash="dot")))
         annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
                                 showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
-    top = min(max(gib(e.device_total_bytes) for e in ests) * 1.05, gib(capacity) * 1.6)  # capacity stays readable
+    top = max(max(totals, default=0.0), gib(capacity)) * 1.08  # the data and the capacity line, both in view
     layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
                   annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
                   yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))

@@ -32,3 +32,13 @@ def test_curve_marks_the_largest_fitting_value_and_plots_each_estimate():
     assert any(s.get("x0") == 2 for s in fig["layout"]["shapes"])
     assert figures.curve_figure([1, 2, 4], ests, 80 << 30, "t", "x", None)["layout"]["shapes"] == \
         fig["layout"]["shapes"][:1]
+
+
+def test_curve_y_axis_spans_the_data_even_far_above_the_capacity_and_marks_the_current_point():
+    ests = [estimate(SPEC, TrainingPlan(batch_size=b, seq_len=1024)) for b in (1, 2, 4)]
+    capacity = 24 << 30  # far below every point: the empty chart had only the capacity line in view
+    fig = figures.curve_figure([1, 2, 4], ests, capacity, "t", "micro-batch", None, current=2)
+    top = fig["layout"]["yaxis"]["range"][1]
+    assert top >= max(gib(e.device_total_bytes) for e in ests) and top >= gib(capacity)
+    current = [d for d in fig["data"] if d["name"].startswith("current")]
+    assert current and current[0]["x"] == [2] and current[0]["y"] == [gib(ests[1].device_total_bytes)]
