@@ -1,0 +1,88 @@
+"""The library calls the app makes, cached per process with `st.cache_resource` (imported by app.py only).
+
+A spec is cached per model name (or upload digest); estimates, comparisons and make-it-fit answers per spec key and
+plan key, so a redraw recomputes only what an input change touched. An InputError is never cached: a retry retries.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from llmem import share
+from llmem.plan import TrainingPlan
+
+TRACING = "Estimating… an architecture outside the hand-written families is traced from transformers on first use"
+
+
+@st.cache_resource(show_spinner=False)
+def presets() -> list:
+    from llmem.presets import list_presets
+
+    return list_presets()
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def spec_for_model(model: str):
+    """(ModelSpec, origin) for a preset name or Hugging Face id."""
+    from llmem.sources import resolve_model
+    from llmem.spec import modelled_spec
+
+    share.check_model_name(model)  # never let the app open a server path, whatever the caller passed
+    source = resolve_model(model)
+    return modelled_spec(source.config), source.origin
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def spec_for_upload(digest: str, _data: bytes, name: str):
+    from llmem.sources import config_from_bytes
+    from llmem.spec import modelled_spec
+
+    parsed = config_from_bytes(_data, name)
+    config = getattr(parsed, "config", parsed)  # ModelSource or plain dict
+    return modelled_spec(config), f"uploaded {name}"
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def config_for_model(model: str) -> dict:
+    from llmem.sources import resolve_model
+
+    share.check_model_name(model)
+    return resolve_model(model).config
+
+
+def plan_key(plan: TrainingPlan) -> str:
+    """A cheap cache key for a plan (hashing a short string beats hashing a tuple of pairs)."""
+    return repr(sorted(plan.to_dict().items()))
+
+
+@st.cache_resource(show_spinner=False, max_entries=2048)
+def estimate(spec_key: str, key: str, _spec, _plan: TrainingPlan):
+    from llmem.estimate import estimate as run
+
+    return run(_spec, _plan)
+
+
+@st.cache_resource(show_spinner=TRACING, max_entries=256)  # shown after 0.5 s: a first trace, not a cache miss
+def compare(spec_key: str, key: str, capacity: int, methods: str, _spec, _plan: TrainingPlan):
+    from llmem.compare import compare as run
+    from llmem.compare import method_variants
+
+    return run(_spec, _plan, capacity, variants=method_variants(methods))
+
+
+@st.cache_resource(show_spinner="Looking for changes that fit…", max_entries=256)
+def make_fit(spec_key: str, key: str, gpu_key: str, any_strategy: bool, _spec, _plan: TrainingPlan):
+    """(fixes, fewest GPUs of this type or None) for a plan that does not fit."""
+    from llmem.gpus import get_gpu
+    from llmem.makefit import make_fit as run
+    from llmem.makefit import min_gpus
+
+    gpu = get_gpu(gpu_key)
+    return run(_spec, _plan, gpu, any_strategy=any_strategy), min_gpus(_spec, _plan, gpu.memory_bytes)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def fit_grid(spec_key: str, key: str, _spec, _plan: TrainingPlan):
+    from llmem.makefit import fit_grid as run
+
+    return run(_spec, _plan)
