@@ -98,17 +98,20 @@ def make_fit_panel(result: Result, apply: Callable) -> None:
 
 
 def _grid(result: Result) -> None:
+    """On demand (its cold estimates, one set per GPU count, cost more than a redraw): headroom per GPU type and
+    count."""
     from llmem.gpus import list_gpus
 
+    if not st.toggle("GPU type × GPU count grid (headroom per GPU)", key="w_grid"):
+        return
     rows = cache.fit_grid(result.spec_key, cache.plan_key(result.row.plan), result.spec, result.row.plan)
-    with st.expander("GPU type × GPU count: headroom per GPU (GiB; negative = short)"):
-        gpus = list_gpus()
-        st.dataframe({"GPU type": [g.name for g in gpus],
-                      **{f"{r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}": [round(r["headroom"][g.key] / 2**30, 1)
-                                                                             for g in gpus] for r in rows}},
-                     hide_index=True)
-        st.caption("Each count's best strategy (the smallest per-GPU total) with this model and plan; "
-                   "the estimate does not depend on the GPU type, only the fit does.")
+    gpus = list_gpus()
+    st.dataframe({"GPU type": [g.name for g in gpus],
+                  **{f"{r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}": [round(r["headroom"][g.key] / 2**30, 1)
+                                                                         for g in gpus] for r in rows}},
+                 hide_index=True)
+    st.caption("GiB to spare per GPU (negative: short) with each count's best strategy (the smallest per-GPU total) "
+               "for this model and plan; the estimate does not depend on the GPU type, only the fit does.")
 
 
 def _table(result: Result, link: str, stale: bool) -> None:

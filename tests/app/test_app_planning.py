@@ -169,3 +169,28 @@ def test_edits_replace_the_history_entry_instead_of_adding_one():
     at = run(SMALL)
     script = at.get("html")[0].proto.body
     assert "h.pushState=function" in script and "h.replaceState(s,t,u)" in script
+
+
+def test_the_gpu_grid_is_computed_on_demand_and_agrees_with_the_verdict():
+    at = run(SMALL)
+    assert not at.dataframe  # not computed until asked for
+    at.toggle(key="w_grid").set_value(True).run()
+    grid = at.dataframe[0].value
+    assert "NVIDIA A100 80GB" in set(grid["GPU type"]) and "1 GPU" in grid.columns
+    headroom = grid.set_index("GPU type").loc["NVIDIA A100 80GB", "1 GPU"]
+    assert headroom == pytest.approx(at.table[0].value["headroom (GiB)"].iloc[0], abs=0.06)
+
+
+def test_back_to_the_link_first_opened_reopens_it_and_the_apps_own_addresses_do_not():
+    opened = {**SMALL, "batch-size": "4"}
+    at = run(opened)
+    at.number_input(key="w_batch").set_value(2).run()
+    written = dict(at.query_params)
+    assert written["batch-size"] == "2"
+    at.run()  # a rerun carrying the address the app wrote: nothing moves
+    assert at.number_input(key="w_batch").value == 2
+    at.query_params.clear()
+    at.query_params.update(opened)  # Back: the browser shows the link first opened and reruns the script
+    at.run()
+    assert not at.exception
+    assert at.number_input(key="w_batch").value == 4 and at.query_params["batch-size"] == "4"
