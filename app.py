@@ -49,8 +49,10 @@ def _defaults() -> share.AppInputs:
 
 def _init_from_url() -> None:
     """First run of a session: put the link's values (none: the first view's, `edits.STARTER`) into the widgets and
-    keep the warnings to show."""
-    if "w_source" in st.session_state:
+    keep the warnings to show. Again when the address holds a link this session never wrote: Back or Forward to
+    the link first opened (a rerun that carries an address the app wrote earlier is not one)."""
+    query = st.query_params.to_dict()
+    if "w_source" in st.session_state and _query_key(query) in st.session_state.get("written", ()):
         return
     defaults = _defaults()
     inputs, warnings = share.decode(st.query_params.to_dict() or edits.STARTER, defaults)
@@ -71,6 +73,10 @@ def _init_from_url() -> None:
             warnings.append(f"{err}; showing {defaults.model} instead")
             ss.w_source, ss.w_hub = SOURCE_PRESET, ""
     ss.link_warnings, ss.notes = warnings, []
+
+
+def _query_key(query: dict) -> tuple:
+    return tuple(sorted(query.items()))
 
 
 def _restore_widgets() -> None:
@@ -222,6 +228,9 @@ def _sync_url(inputs: share.AppInputs) -> str:
     query = share.encode(inputs)
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)
+    written = st.session_state.setdefault("written", [])
+    if _query_key(query) not in written:
+        written[:] = [*written[-63:], _query_key(query)]
     base = st.context.url or "http://localhost:8501/"
     return f"{base}?{urlencode(query)}"
 
