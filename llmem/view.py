@@ -58,7 +58,7 @@ CSV_READ = 'pandas.read_csv(path, comment="#")'  # what reads the CSV back (docs
 
 def comparison_csv(table: pd.DataFrame, inputs: share.AppInputs, link: str, spec) -> bytes:
     """The table exactly as shown, then `#` lines with the inputs that produced it: UTF-8 with a byte-order mark
-    (spreadsheets then read ★, × and · right), read back by `CSV_READ`."""
+    (spreadsheets then read × and · in the labels right), read back by `CSV_READ`."""
     lines = ["# llmem strategy comparison (GiB = 2^30 bytes; peak = max_memory_allocated per GPU)"]
     lines += [f"# {k}: {v}" for k, v in share.encode(inputs).items()]
     lines += [f"# parameters: {spec.total_params}", f"# link: {link}"]
