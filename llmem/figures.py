@@ -19,23 +19,29 @@ def hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
 
 
 def breakdown_figure(est, gpu) -> dict:
-    """Stacked bar of the allocator peak by category; the items outside the allocator in a hatched bar apart."""
+    """Stacked bar of the allocator peak by category, each labelled with its size; the items outside the allocator in
+    a hatched bar apart. Empty categories are left out (no legend entry for nothing)."""
     x = [f"per-GPU peak ({est.peak_phase})"]
     data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
+                 text=[f"{gib(n):.2f}"], textposition="inside", insidetextanchor="middle",
                  hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
-            for i, (category, n) in enumerate(est.breakdown.items())]
+            for i, (category, n) in enumerate(est.breakdown.items()) if n > 0]
     outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
                "CUDA context (outside the allocator)": est.cuda_context_bytes}
     if est.paged_state_bytes:
         outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
     data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
-                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
-                  hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]
+                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")), text=[f"{gib(n):.2f}"],
+                  textposition="inside", hovertemplate=f"{name}: {format_gib(n)}<extra></extra>")
+             for name, n in outside.items() if n > 0]
     shape, label = hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
+    label |= dict(x=1, xanchor="right")  # at the right end, clear of the bars' labels
+    top = max(gib(est.device_total_bytes), gib(gpu.memory_bytes)) * 1.08
     layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
                   annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
-                  yaxis=dict(title=dict(text="GiB per GPU")),
-                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"))
+                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), xaxis=dict(automargin=True),
+                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"), uniformtext=dict(minsize=9,
+                                                                                               mode="hide"))
     return dict(data=data, layout=layout)
 
 

@@ -42,3 +42,14 @@ def test_curve_y_axis_spans_the_data_even_far_above_the_capacity_and_marks_the_c
     assert top >= max(gib(e.device_total_bytes) for e in ests) and top >= gib(capacity)
     current = [d for d in fig["data"] if d["name"].startswith("current")]
     assert current and current[0]["x"] == [2] and current[0]["y"] == [gib(ests[1].device_total_bytes)]
+
+
+def test_breakdown_labels_each_bar_leaves_out_empty_categories_and_shows_the_capacity():
+    est = estimate(SPEC, TrainingPlan(method="lora", precision="bf16"))
+    gpu = get_gpu("a100-80gb")
+    fig = figures.breakdown_figure(est, gpu)
+    assert all(b["y"][0] > 0 and b["text"] == [f"{b['y'][0]:.2f}"] for b in fig["data"])
+    assert len(fig["data"]) == sum(1 for n in est.breakdown.values() if n > 0) + sum(
+        1 for n in (est.fragmentation_bytes, est.cuda_context_bytes, est.paged_state_bytes) if n > 0)
+    assert fig["layout"]["yaxis"]["range"][1] >= gib(gpu.memory_bytes)
+    assert fig["layout"]["annotations"][0]["xanchor"] == "right"
