@@ -194,3 +194,19 @@ def test_back_to_the_link_first_opened_reopens_it_and_the_apps_own_addresses_do_
     at.run()
     assert not at.exception
     assert at.number_input(key="w_batch").value == 4 and at.query_params["batch-size"] == "4"
+
+
+def test_server_settings_cap_uploads_stop_file_watching_and_hide_deploy_and_the_uploader_says_the_real_limit():
+    import tomllib
+
+    from llmem.sources import MAX_CONFIG_BYTES
+
+    from .conftest import ROOT
+
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["maxUploadSize"] == 1 and MAX_CONFIG_BYTES <= 1 << 20
+    assert config["server"]["fileWatcherType"] == "none" and config["client"]["toolbarMode"] == "minimal"
+    assert ".streamlit" in (ROOT / "Dockerfile").read_text()
+    at = run(SMALL)
+    at.radio(key="w_source").set_value("Upload config.json").run()
+    assert f"{MAX_CONFIG_BYTES // 1024} KiB" in at.get("file_uploader")[0].proto.label
