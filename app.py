@@ -31,7 +31,6 @@ from llmem.view import plain
 LOG = logging.getLogger("llmem.app")
 WIDGET_KEYS = ("w_source", *widgets.WIDGET_KEYS)
 SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD = "Preset", "Hugging Face id", "Upload config.json"
-PRESET_LABEL = {"yes": "", "derived": " (traced from transformers on first use)", "not yet": " (not modelled yet)"}
 OPEN_GROUPS = ("Hardware", "Batch", "Method")  # the others open when they hold a non-default value or an error
 # Streamlit writes each query-string change with history.pushState, so every edit would add a Back step (and Back
 # is then overwritten by the app writing its inputs again): make those writes replace the entry instead.
@@ -113,13 +112,12 @@ def _model_widgets(box):
     ss = st.session_state
     source = box.radio("Model", (SOURCE_PRESET, SOURCE_HUB, SOURCE_UPLOAD), key="w_source", help=HELP["model"],
                        on_change=_edited, args=("w_source",))
-    presets = {p.name: p for p in cache.presets()}
-    if ss.w_preset not in presets and presets:
-        ss.w_preset = next(iter(presets))
+    labels = cache.preset_labels()
+    if ss.w_preset not in labels and labels:
+        ss.w_preset = next(iter(labels))
     if source == SOURCE_PRESET:
-        box.selectbox("Preset (type to search)", list(presets), key="w_preset", on_change=_edited,
-                      args=("w_preset",), format_func=lambda n: f"{n} — {presets[n].hf_id}"
-                                                                + PRESET_LABEL[presets[n].estimator])
+        box.selectbox("Preset (type to search)", list(labels), key="w_preset", on_change=_edited,
+                      args=("w_preset",), format_func=labels.get)
         return ss.w_preset, None, None, "", "", ss.w_preset
     if source == SOURCE_HUB:
         box.text_input("Hugging Face model id", key="w_hub", placeholder="org/name, e.g. Qwen/Qwen2.5-7B",
@@ -285,6 +283,7 @@ def main() -> None:
                 results.render(ss.last_good, link, _apply, stale=True)
     ss.last_render_ms = (time.perf_counter() - started) * 1000
     LOG.info("rendered in %.0f ms", ss.last_render_ms)
+    cache.settle_heap()  # after the page is drawn: the first page of a process pays for it, once
 
 
 main()

@@ -31,6 +31,8 @@ CHANGES = (
     ("precision bf16-mixed → bf16", FULL, "w_precision", "bf16"),
     ("micro-batch 1 → 2 (8 GPUs)", {**FULL, "gpus": "8"}, "w_batch", 2),
     ("GPU type → H100 (8 GPUs)", {**FULL, "gpus": "8"}, "w_gpu", "h100-sxm"),
+    ("GPU count 8 → 1 (Make it fit appears)", {**FULL, "gpus": "8"}, "w_gpus", 1),
+    ("preset → llama-3.3-70b-instruct (1 GPU)", FULL, "w_preset", "llama-3.3-70b-instruct"),
 )
 
 
