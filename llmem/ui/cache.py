@@ -42,9 +42,10 @@ def settle_heap() -> bool:
     return True
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+@st.cache_resource(show_spinner="Loading the model's config.json (a Hugging Face id is fetched from the hub)…",
+                   max_entries=64)
 def spec_for_model(model: str):
-    """(ModelSpec, origin) for a preset name or Hugging Face id."""
+    """(ModelSpec, origin) for a preset name or Hugging Face id (the spinner shows while a fetch takes long)."""
     from llmem.sources import resolve_model
     from llmem.spec import modelled_spec
 
