@@ -47,7 +47,8 @@ def breakdown_figure(est, gpu) -> dict:
 
 def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest, current=None) -> dict:
     """Allocator peak and device total against one input, with the capacity line, the largest fitting value and
-    the current value marked. The y axis spans the data and the capacity, whichever is larger."""
+    the current value marked. The y axis spans the capacity, the current point and the first point above the
+    capacity (where the curve crosses it): the region a plan is decided in; steeper points run off the top."""
     totals = [gib(e.device_total_bytes) for e in ests]
     data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
                  name="allocator peak"),
@@ -64,7 +65,10 @@ def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest, curr
                            line=dict(color="green", dash="dot")))
         annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
                                 showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
-    top = max(max(totals, default=0.0), gib(capacity)) * 1.08  # the data and the capacity line, both in view
+    cap = gib(capacity)
+    crossing = min((t for t in totals if t > cap), default=max(totals, default=0.0))
+    current_total = totals[list(xs).index(current)] if current in xs else 0.0
+    top = max(cap, crossing, current_total) * 1.15
     layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
                   annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
                   yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))

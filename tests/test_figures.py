@@ -34,12 +34,15 @@ def test_curve_marks_the_largest_fitting_value_and_plots_each_estimate():
         fig["layout"]["shapes"][:1]
 
 
-def test_curve_y_axis_spans_the_data_even_far_above_the_capacity_and_marks_the_current_point():
+def test_curve_y_axis_shows_the_capacity_the_crossing_and_the_current_point_and_marks_it():
     ests = [estimate(SPEC, TrainingPlan(batch_size=b, seq_len=1024)) for b in (1, 2, 4)]
     capacity = 24 << 30  # far below every point: the empty chart had only the capacity line in view
     fig = figures.curve_figure([1, 2, 4], ests, capacity, "t", "micro-batch", None, current=2)
     top = fig["layout"]["yaxis"]["range"][1]
-    assert top >= max(gib(e.device_total_bytes) for e in ests) and top >= gib(capacity)
+    totals = [gib(e.device_total_bytes) for e in ests]
+    assert top >= totals[0] and top >= totals[1] and top >= gib(capacity)  # the first point and the current one
+    roomy = figures.curve_figure([1, 2, 4], ests, 1 << 40, "t", "x", 4, current=1)["layout"]["yaxis"]["range"][1]
+    assert gib(1 << 40) <= roomy < 1.2 * gib(1 << 40)  # all fit: the capacity sets the scale
     current = [d for d in fig["data"] if d["name"].startswith("current")]
     assert current and current[0]["x"] == [2] and current[0]["y"] == [gib(ests[1].device_total_bytes)]
 

@@ -70,7 +70,10 @@ def test_default_view_fits_and_fills_the_link():
     for chart in charts[1:]:
         spec = json.loads(chart.proto.spec)
         top = spec["layout"]["yaxis"]["range"][1]
-        assert all(0 < y <= top for trace in spec["data"] for y in trace["y"])  # every point in view
+        shown = [y for trace in spec["data"] for y in trace["y"] if 0 < y <= top]
+        assert len(shown) >= 4 and spec["layout"]["shapes"][0]["y0"] <= top  # points and the capacity in view
+        current = next(t for t in spec["data"] if t["name"].startswith("current"))
+        assert current["y"][0] <= top
     assert not any("Rendered in" in c.value for c in at.caption)  # logged, not shown
     assert at.session_state["last_render_ms"] > 0
 
