@@ -56,3 +56,13 @@ def test_breakdown_labels_each_bar_leaves_out_empty_categories_and_shows_the_cap
         1 for n in (est.fragmentation_bytes, est.cuda_context_bytes, est.paged_state_bytes) if n > 0)
     assert fig["layout"]["yaxis"]["range"][1] >= gib(gpu.memory_bytes)
     assert fig["layout"]["annotations"][0]["xanchor"] == "right"
+
+
+def test_curve_x_axis_ends_one_point_past_the_top_instead_of_half_empty():
+    xs = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    ests = [estimate(SPEC, TrainingPlan(batch_size=b, seq_len=2048, gpus=8, zero=3)) for b in xs]
+    fig = figures.curve_figure(xs, ests, 80 << 30, "t", "micro-batch", None, current=1)
+    top = fig["layout"]["yaxis"]["range"][1]
+    inside = [x for x, e in zip(xs, ests, strict=True) if gib(e.device_total_bytes) <= top]
+    low, high = fig["layout"]["xaxis"]["range"]
+    assert low < math.log10(1) and math.log10(max(inside)) < high <= math.log10(xs[xs.index(max(inside)) + 1]) + 0.05

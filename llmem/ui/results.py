@@ -68,7 +68,7 @@ def _verdict(result: Result, stale: bool) -> None:
     if rec is not None and (rec.tp, rec.zero) != (result.row.tp, result.row.zero):
         st.info(f"**Recommended instead: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")
     else:
-        st.caption(f"Recommended: {rec.label} — {comparison.reason}" if rec is not None else comparison.reason)
+        st.caption(f"Recommended: {comparison.reason}" if rec is not None else comparison.reason)
 
 
 def make_fit_panel(result: Result, apply: Callable) -> None:
