@@ -74,7 +74,8 @@ def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest, curr
     last = xs[min(max(inside) + 1, len(xs) - 1)]  # one point past the top: the line leaves the chart visibly
     span = [math.log10(xs[0]) - 0.05, math.log10(last) + 0.05] if xs and xs[0] > 0 else None
     layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
-                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log", range=span),
+                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log", range=span,
+                                                       tickvals=xs, ticktext=[f"{x:,}" for x in xs]),
                   yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))
     return dict(data=data, layout=layout)
 
