@@ -210,3 +210,20 @@ def test_server_settings_cap_uploads_stop_file_watching_and_hide_deploy_and_the_
     at = run(SMALL)
     at.radio(key="w_source").set_value("Upload config.json").run()
     assert f"{MAX_CONFIG_BYTES // 1024} KiB" in at.get("file_uploader")[0].proto.label
+
+
+def test_make_it_fit_on_a_chosen_strategy_keeps_or_sets_the_strategy_each_change_names():
+    query = {"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "8", "tp": "1", "zero": "0",
+             "batch-size": "2"}
+    at = run(query)
+    assert "Short by" in verdicts(at)[0] and "DDP" in verdicts(at)[0]
+    count = len([b for b in at.button if b.key.startswith("fix_")])
+    assert count >= 3
+    for index in range(count):
+        page = run(query)
+        button = page.button(key=f"fix_{index}")
+        label = button.help
+        button.click().run()
+        assert not page.exception and not page.error, label
+        assert "Fits on" in verdicts(page)[0], (label, verdicts(page))
+        assert page.selectbox(key="w_strategy").value != "all", label  # a chosen strategy stays chosen
