@@ -7,10 +7,13 @@ plan key, so a redraw recomputes only what an input change touched. An InputErro
 from __future__ import annotations
 
 import gc
+import os
+import socket
 
 import streamlit as st
 
 from llmem import share
+from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 
 PRESET_LABEL = {"yes": "", "derived": " (traced from transformers on first use)", "not yet": " (not modelled yet)"}
@@ -42,6 +45,47 @@ def settle_heap() -> bool:
     return True
 
 
+HUB, HUB_PROBE_SECONDS = ("huggingface.co", 443), 3.0
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within `HUB_PROBE_SECONDS`. Offline, the hub client
+    retries five times with backoff (about 30 s) before it gives up; the probe answers in seconds."""
+    try:
+        with socket.create_connection(HUB, timeout=HUB_PROBE_SECONDS):
+            return True
+    except OSError:
+        return False
+
+
+def cached_config_path(repo_id: str) -> str | None:
+    """The config.json of `repo_id` in this server's Hugging Face cache, if a fetch put one there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo_id, "config.json")
+    return path if isinstance(path, str) else None
+
+
+def _offline_source(model: str):
+    """(config, origin) for a Hugging Face id when the hub cannot be reached: this server's cached copy, or an
+    InputError saying what to do instead. None when the hub answers (or the id names a preset, or HF_HUB_OFFLINE
+    already makes the hub client read the cache only)."""
+    from llmem.presets import find_preset
+    from llmem.sources import config_from_bytes
+
+    offline_env = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline_env or find_preset(model) is not None or "/" not in model or hub_reachable():
+        return None
+    path = cached_config_path(model.partition("@")[0])
+    if path is None:
+        raise InputError("model", f"offline: the Hugging Face hub cannot be reached and {model} is not in this "
+                         "server's cache; pick a preset or upload its config.json")
+    with open(path, "rb") as f:  # the hub cache's own file for a checked org/name id, never a path a user gave
+        data = f.read(1 << 20)
+    parsed = config_from_bytes(data, "config.json")
+    return getattr(parsed, "config", parsed), f"Hugging Face cache (hub unreachable): {model}"
+
+
 @st.cache_resource(show_spinner="Loading the model's config.json (a Hugging Face id is fetched from the hub)…",
                    max_entries=64)
 def spec_for_model(model: str):
@@ -50,6 +94,9 @@ def spec_for_model(model: str):
     from llmem.spec import modelled_spec
 
     share.check_model_name(model)  # never let the app open a server path, whatever the caller passed
+    offline = _offline_source(model)
+    if offline is not None:
+        return modelled_spec(offline[0]), offline[1]
     source = resolve_model(model)
     return modelled_spec(source.config), source.origin
 

@@ -227,3 +227,32 @@ def test_make_it_fit_on_a_chosen_strategy_keeps_or_sets_the_strategy_each_change
         assert not page.exception and not page.error, label
         assert "Fits on" in verdicts(page)[0], (label, verdicts(page))
         assert page.selectbox(key="w_strategy").value != "all", label  # a chosen strategy stays chosen
+
+
+def _hub_id(at: AppTest, model: str) -> AppTest:
+    at.radio(key="w_source").set_value("Hugging Face id").run()
+    return at.text_input(key="w_hub").set_value(model).run()
+
+
+def test_an_unreachable_hub_answers_in_seconds_from_the_cache_or_with_what_to_do(monkeypatch):
+    import time
+
+    from llmem.ui import cache
+
+    from .conftest import ROOT
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # as on a server: the hub client would retry for about 30 s
+    monkeypatch.setattr(cache, "hub_reachable", lambda: False)
+    monkeypatch.setattr(cache, "cached_config_path", lambda repo: None)
+    at = run(SMALL)
+    start = time.perf_counter()
+    _hub_id(at, "offline-org-llmem/not-cached-llmem")
+    assert time.perf_counter() - start < 10 and not at.exception
+    message = " ".join(e.value for e in group(at, "Model").error).replace("\\", "")
+    assert "offline" in message and "pick a preset or upload its config.json" in message
+    assert stale(at)
+    gpt2 = str(ROOT / "presets" / "gpt2" / "config.json")
+    monkeypatch.setattr(cache, "cached_config_path", lambda repo: gpt2 if repo == "offline-org-llmem/cached" else None)
+    _hub_id(at, "offline-org-llmem/cached")
+    assert not at.exception and not at.error and verdicts(at)
+    assert any("Hugging Face cache" in m.value.replace("\\", "") for m in at.markdown)
