@@ -66,3 +66,16 @@ def test_curve_x_axis_ends_one_point_past_the_top_instead_of_half_empty():
     inside = [x for x, e in zip(xs, ests, strict=True) if gib(e.device_total_bytes) <= top]
     low, high = fig["layout"]["xaxis"]["range"]
     assert low < math.log10(1) and math.log10(max(inside)) < high <= math.log10(xs[xs.index(max(inside)) + 1]) + 0.05
+
+
+def test_the_breakdown_and_curve_specs_pass_plotlys_validation():
+    """The app hands these to streamlit unvalidated (`llmem.ui.results.Checked`): plotly's schema checks them here."""
+    import plotly.graph_objects as go
+
+    plans = (TrainingPlan(method="lora", precision="bf16"), TrainingPlan(gpus=8, zero=3, offload="optimizer+params"))
+    for plan in plans:
+        est = estimate(SPEC, plan)
+        go.Figure(**figures.breakdown_figure(est, get_gpu("a100-80gb")))
+        ests = [estimate(SPEC, plan.with_(batch_size=b)) for b in (1, 2, 4, 8)]
+        for largest, current in ((2, 1), (None, 8)):
+            go.Figure(**figures.curve_figure([1, 2, 4, 8], ests, 80 << 30, "t", "micro-batch", largest, current))
