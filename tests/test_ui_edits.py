@@ -67,3 +67,23 @@ def test_an_invalid_strategy_falls_back_to_compare_all_with_a_note():
     assert "compare all" in edits.strategy_or_all(s, {"1:0": "DDP"}) and s["w_strategy"] == "all"
     s = state(w_strategy="1:0")
     assert edits.strategy_or_all(s, {"1:0": "DDP"}) == "" and s["w_strategy"] == "1:0"
+
+
+def test_offload_or_the_fused_loss_on_a_strategy_they_do_not_run_on_move_to_one_they_do():
+    s = state(w_gpus=8, w_strategy="1:0", w_offload="optimizer+params")
+    assert edits.on_edit(s, "w_offload") and s["w_strategy"] == "1:3"
+    s = state(w_gpus=8, w_strategy="1:2", w_offload="optimizer+params")
+    assert edits.on_edit(s, "w_offload") == [] and s["w_strategy"] == "1:2"  # ZeRO-2 runs it: kept
+    s = state(w_gpus=8, w_strategy="2:3", w_loss="fused-linear-ce")
+    assert edits.on_edit(s, "w_loss") and s["w_strategy"] == "1:1"
+    s = state(w_gpus=8, w_strategy="1:0", w_loss="fused-linear-ce")
+    assert edits.on_edit(s, "w_loss") == [] and s["w_strategy"] == "1:0"
+
+
+def test_a_chosen_strategy_wins_over_the_offload_or_loss_it_does_not_run():
+    s = state(w_gpus=8, w_strategy="1:0", w_offload="optimizer+params")
+    assert edits.on_edit(s, "w_strategy") and s["w_strategy"] == "1:0" and s["w_offload"] == "none"
+    s = state(w_gpus=8, w_strategy="1:3", w_loss="fused-linear-ce")
+    assert edits.on_edit(s, "w_strategy") and s["w_strategy"] == "1:3" and s["w_loss"] == "standard"
+    s = state(w_gpus=8, w_strategy="all", w_offload="optimizer+params")  # compare all chosen: offload goes
+    assert edits.on_edit(s, "w_strategy") and s["w_strategy"] == "all" and s["w_offload"] == "none"

@@ -94,7 +94,7 @@ def _method_edited(state: MutableMapping) -> list[str]:
     return notes
 
 
-def _one_strategy_options(state: MutableMapping) -> list[str]:
+def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     """Offload and the fused loss are not varied by "compare all" on several GPUs: pick the strategy they run on."""
     notes = []
     gpus = int(state.get("w_gpus", 1))
@@ -107,17 +107,32 @@ def _one_strategy_options(state: MutableMapping) -> list[str]:
         state["w_offload"] = offload = Offload.OPTIMIZER.value
         notes.append("offload optimizer+params → optimizer: FSDP2's CPU offload needs 2+ GPUs; torchao's optimizer "
                      "offload is its one-GPU form")
-    if gpus == 1 or state.get("w_strategy", ALL) != ALL:
+    strategy = state.get("w_strategy", ALL)
+    if gpus == 1:
         return notes
-    if offload == Offload.OPTIMIZER_PARAMS.value:
+    fused = state.get("w_loss", Loss.STANDARD.value) != Loss.STANDARD.value
+    if key == "w_strategy":  # the strategy was chosen: what does not run on it goes
+        if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
+            state["w_offload"] = Offload.NONE.value
+            notes.append(f"offload optimizer+params → none: it runs on FSDP2 (ZeRO-2/3), one strategy, not "
+                         f"{_shown(strategy)}")
+        elif fused and strategy not in ("1:0", "1:1"):
+            state["w_loss"] = Loss.STANDARD.value
+            notes.append(f"loss fused-linear-ce → standard: it is modelled on DDP and ZeRO-1, one strategy, not "
+                         f"{_shown(strategy)}")
+        return notes
+    if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
         state["w_strategy"] = "1:3"
-        notes.append("strategy compare all → ZeRO-3: offload optimizer+params runs on FSDP2 (ZeRO-2/3), one "
-                     "strategy")
-    elif state.get("w_loss", Loss.STANDARD.value) != Loss.STANDARD.value:
+        notes.append(f"strategy {_shown(strategy)} → ZeRO-3: offload optimizer+params runs on FSDP2 (ZeRO-2/3) with "
+                     "TP 1")
+    elif offload == Offload.NONE.value and fused and strategy not in ("1:0", "1:1"):
         state["w_strategy"] = "1:1"
-        notes.append("strategy compare all → ZeRO-1: the fused loss is modelled on one GPU, DDP and ZeRO-1, one "
-                     "strategy")
+        notes.append(f"strategy {_shown(strategy)} → ZeRO-1: the fused loss is modelled on one GPU, DDP and ZeRO-1")
     return notes
+
+
+def _shown(strategy: str) -> str:
+    return "compare all" if strategy == ALL else _strategy_label(*map(int, strategy.split(":")))
 
 
 def on_edit(state: MutableMapping, key: str) -> list[str]:
@@ -125,7 +140,7 @@ def on_edit(state: MutableMapping, key: str) -> list[str]:
     A combination with no obvious fix is left as it is (its error is shown next to the field)."""
     notes = _method_edited(state) if key == "w_method" else []
     if key in ("w_gpus", "w_offload", "w_loss", "w_strategy", "w_method"):
-        notes += _one_strategy_options(state)
+        notes += _one_strategy_options(state, key)
     return notes
 
 

@@ -256,3 +256,14 @@ def test_an_unreachable_hub_answers_in_seconds_from_the_cache_or_with_what_to_do
     _hub_id(at, "offline-org-llmem/cached")
     assert not at.exception and not at.error and verdicts(at)
     assert any("Hugging Face cache" in m.value.replace("\\", "") for m in at.markdown)
+
+
+def test_with_offload_the_strategies_are_those_it_runs_on_and_compare_all_drops_it_with_a_note():
+    at = run({"model": "llama-3.1-8b", "gpus": "8", "tp": "1", "zero": "3", "offload": "optimizer+params"})
+    options = at.selectbox(key="w_strategy").options  # as shown: "Compare all …", "<label> (TP t, ZeRO z)"
+    assert len(options) == 3 and all(o.startswith("Compare all") or "ZeRO 2)" in o or "ZeRO 3)" in o for o in options)
+    at.selectbox(key="w_strategy").set_value("all").run()
+    assert not at.exception and not at.error
+    assert at.selectbox(key="w_offload").value == "none" and "offload optimizer+params → none" in notes(at)
+    assert at.query_params["offload"] == "none" and at.query_params["zero"] == "all"
+    assert len(at.table[0].value) >= 4  # every strategy compared again
