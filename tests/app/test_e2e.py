@@ -117,6 +117,8 @@ def test_share_link_in_a_real_browser(server, tmp_path):
             shown_rows = table.locator("tbody tr").count()
             assert shown_rows >= 4
             assert "yes" in table.inner_text()
+            cells = [[c.strip() for c in table.locator("tbody tr").nth(i).locator("th, td").all_inner_texts()]
+                     for i in range(shown_rows)]  # the strategy (the index), then every column as shown
 
             # the address bar is the share link: every input is still there after the app has run
             for key, value in LINK.items():
@@ -145,6 +147,9 @@ def test_share_link_in_a_real_browser(server, tmp_path):
         set(frame.columns)
     assert set(frame["fits"]) <= {"yes", "no"}
     assert (frame["recommended"] == "yes").sum() <= 1
+    shown = [row[-len(frame.columns):] for row in cells]  # a leading blank index cell, if any, dropped
+    as_shown = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    assert shown == as_shown  # the CSV is the table, cell for cell
     assert pd.api.types.is_numeric_dtype(frame["per-GPU peak (GiB)"])
 
 
