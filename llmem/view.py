@@ -26,25 +26,26 @@ def plain(text: object) -> str:
 
 
 def comparison_table(comparison) -> pd.DataFrame:
-    """One row per strategy (and per compared method), as the app's table and its CSV show it. Tokens per step are
+    """One row per strategy (and per compared method), as the app's table and its CSV show it, the columns that
+    decide first. Tokens per step are
     the plan's: micro-batch × grad-accum × sequence length × data-parallel ranks, 0 on a row that does not fit. The
     host RAM column is there only when some row offloads."""
     rec = comparison.recommended
     rows = []
     for row in comparison.rows:
         plan = row.plan
-        rows.append({
+        rows.append({  # what decides first (a phone shows the first few columns): fits, total, headroom
             "strategy": row.label,
-            "recommended": "yes" if rec is not None and plan == rec.plan else "no",
-            "TP": row.tp,
-            "ZeRO": row.zero,
-            "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
-            "device total (GiB)": round(gib(row.device_total_bytes), 2),
             "fits": "yes" if row.fits else "no",
+            "device total (GiB)": round(gib(row.device_total_bytes), 2),
             "headroom (GiB)": round(gib(row.headroom_bytes), 2),
-            "peak phase": row.estimate.peak_phase,
+            "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
             "max micro-batch": row.max_batch_size,
             "tokens/step": plan.tokens_per_step * plan.grad_accum if row.fits else 0,
+            "recommended": "yes" if rec is not None and plan == rec.plan else "no",
+            "peak phase": row.estimate.peak_phase,
+            "TP": row.tp,
+            "ZeRO": row.zero,
             "host RAM per node (GiB)": round(gib(row.estimate.host_node_bytes), 2),
         })
     frame = pd.DataFrame(rows)

@@ -267,3 +267,9 @@ def test_with_offload_the_strategies_are_those_it_runs_on_and_compare_all_drops_
     assert at.selectbox(key="w_offload").value == "none" and "offload optimizer+params → none" in notes(at)
     assert at.query_params["offload"] == "none" and at.query_params["zero"] == "all"
     assert len(at.table[0].value) >= 4  # every strategy compared again
+
+
+def test_the_table_leads_with_the_columns_that_decide():
+    at = run({"model": "llama-3.1-8b", "gpus": "8"})
+    assert list(at.table[0].value.columns[:4]) == ["fits", "device total (GiB)", "headroom (GiB)",
+                                                  "per-GPU peak (GiB)"]

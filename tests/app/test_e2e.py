@@ -248,7 +248,13 @@ def test_back_after_two_edits_leaves_the_page_and_a_bad_links_warning_box_goes_a
 
 
 def test_on_a_phone_the_verdict_is_above_the_fold(server):
+    from playwright.sync_api import expect
+
     with browser_page(viewport=(390, 844)) as page:
         page.goto(server)
         box = _wait_verdict(page, "Fits on").bounding_box()
         assert box is not None and box["y"] + box["height"] <= 844, box
+        header = page.locator("[data-testid='stTable'] thead th").filter(has_text="headroom (GiB)").first
+        expect(header).to_be_attached(timeout=UI_TIMEOUT)
+        right = header.bounding_box()
+        assert right is not None and right["x"] + right["width"] <= 390, right  # the deciding columns fit a phone
