@@ -56,7 +56,7 @@ def test_fsdp2_side_streams_and_oversize_request():
     assert est.reserved_bytes >= reserved.build_cache_bytes(spec, plan) + side
 
 
-@pytest.mark.parametrize("plan", [{}, {"gpus": 8, "zero": 3}])
+@pytest.mark.parametrize("plan", [pytest.param({}, marks=pytest.mark.heavy), {"gpus": 8, "zero": 3}])
 def test_reserved_against_simulate_at_full_size(plan):
     """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: the category
     high-water bounds the replay from above here (cross-category reuse of freed blocks is not modelled; see
