@@ -126,9 +126,15 @@ def category_high_water(phases, plan: TrainingPlan) -> int:
 
 
 def reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable: bool = False) -> int:
-    """Predicted `max_memory_reserved` for the walk's `phases` whose largest is `peak` (a Phase)."""
+    """Predicted `max_memory_reserved` for the walk's `phases` (of `plan` on `spec`) whose largest is `peak` (a
+    Phase); kept on the spec per plan, like the walk's phases."""
     if plan.device is not Device.CUDA:
         return peak.total
+    return spec.memo(("reserved_bytes", plan.key, expandable),
+                     lambda: _reserved_bytes(spec, plan, phases, peak, expandable), per_plan=True)
+
+
+def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable: bool) -> int:
     build = build_cache_bytes(spec, plan)
     side = side_stream_bytes(spec, plan, expandable)
     if expandable:
