@@ -118,6 +118,7 @@ class Estimate:
 
 def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
+    spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
     validate_plan_for_model(spec, plan)
     phases = iteration_phases(spec, plan)
     peak = max(phases, key=_TOTAL)

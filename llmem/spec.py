@@ -173,7 +173,9 @@ class ModelSpec:
             from llmem.derive import derived_spec
 
             return derived_spec(config)
-        return family.build(config)
+        spec = family.build(config)
+        object.__setattr__(spec, "source_config", config)  # LoRA's tables are traced from it (`lora.traced_spec`)
+        return spec
 
 
 def attention_implementation(model_type: str, attn) -> str:

@@ -345,4 +345,5 @@ from llmem.components.lora_activations import (  # noqa: E402, F401 (it imports 
     layer_saved,
     mlp_backward_gradient_bytes,
     recompute_bytes,
+    traced_spec,
 )

@@ -122,7 +122,16 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
 
 
 def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
-    if is_lora(plan) and not spec.family.lora_activations:
+    """LoRA's tables are hand-written for the families with the `lora_activations` trait and traced for the others
+    (`traced_spec`; `llmem.derive.lora`, which names what it does not model)."""
+    spec = traced_spec(spec, plan)
+    if is_lora(plan) and spec.derived is not None:
+        from llmem.derive.lora import refusal
+
+        error = refusal(spec, plan)
+        if error is not None:
+            raise error
+    elif is_lora(plan) and not spec.family.lora_activations:
         from llmem.families import with_trait
 
         raise InputError("method", f"LoRA activations are modelled for {', '.join(with_trait('lora_activations'))} "
@@ -132,6 +141,28 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
                          "layers, which is not modelled; name modules by their name within a layer (e.g. "
                          "q_proj or self_attn.o_proj), or use all-linear")
+
+
+def traced_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
+    """A LoRA plan on a hand-written family without the `lora_activations` trait (gpt2, opt, bloom, falcon,
+    gpt_neox, phi3, gemma2, ...): the same spec with its activation tables traced from the PEFT model
+    (`llmem.derive`), as for a derived architecture; its parameters stay the hand-written inventory. Other plans
+    keep `spec`."""
+    config = getattr(spec, "source_config", None)
+    if not is_lora(plan) or spec.derived is not None or spec.family.lora_activations or not config:
+        return spec
+    return spec.memo(("lora.traced_spec",), lambda: _traced(spec, config))
+
+
+def _traced(spec: ModelSpec, config: dict) -> ModelSpec:
+    import dataclasses
+
+    from llmem.derive import Derived
+
+    caveat = f"LoRA on {spec.model_type!r}: its activations are traced from transformers on fake tensors"
+    cap = spec.options.get("final_logit_softcapping")  # the family's default (gemma2): the traced logits' tanh
+    config = {**config, "final_logit_softcapping": cap} if cap and "final_logit_softcapping" not in config else config
+    return dataclasses.replace(spec, derived=Derived(config, spec.model_type), caveats=(*spec.caveats, caveat))
 
 
 def _uniform_targets(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -193,6 +224,8 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     from llmem.components import activations as act
     from llmem.components.activations import Saved
 
+    if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`): layer 0 is a kind of its own
+        return list((spec.derived.at(0) if first else spec.derived).layer_saved(plan))
     tokens = plan.batch_size * plan.seq_len
     adapted, groups = _adapted_groups(spec, plan)
     grad = _requires_grad(adapted, first)
@@ -330,6 +363,8 @@ def final_norm_saved(spec: ModelSpec, plan: TrainingPlan) -> list:
     input; the last layer's output and the rsqrt stay (the input gradient needs them)."""
     from llmem.components import activations as act
 
+    if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`)
+        return act.final_norm_saved(spec, plan)
     head = trains_copy(spec, plan, "head")  # a trainable lm_head copy saves its input for its weight gradient
     return [s for s in act.final_norm_saved(spec, plan)
             if not s.name.endswith(".normalized") and (head or not s.name.startswith("lm_head input"))]

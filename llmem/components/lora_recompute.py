@@ -51,8 +51,8 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     size follows the CPU kernel's blocking, not the tensors' shapes alone), which is not modelled: bf16-mixed rows whose
     peak is this moment (or lora_A's mm with dropout 0, a little below the stop) measure up to that much above the
     estimate (0.4-0.7 % on the CPU suite's tiny models)."""
-    if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL:
-        return {}
+    if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL or spec.derived is not None:
+        return {}  # a derived architecture's traced layer backward (`llmem.derive`)
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     if "down_proj" not in adapted:
         # The recompute then starts in the frozen down_proj's MmBackward0 and stops at its save of the weight, with

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 15
+FORMAT = 16
 
 
 def _directory() -> Path:

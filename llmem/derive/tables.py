@@ -11,9 +11,11 @@ What the walk asks of a family, answered from the trace (`llmem.derive.trace`) i
   backward_extra_bytes  the peak of a decoder layer's backward beyond its saved tensors (traced allocations), of
                   its kind
 Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's (batch, seq).
-Refused (one line naming the field): tensor parallelism and LoRA (by the walk's own checks), mixture-of-experts
-configs other than `llmem.derive.experts` derives (grouped experts in every layer), dropout > 0 (the trace runs CPU
-kernels; CUDA's dropout saves a bool mask instead), anything saved on the logits other than a softcapping tanh.
+LoRA plans trace the PEFT model (`llmem.derive.lora`): layer 0, whose input may need no gradient, is then simply a
+kind of its own (it saves less).
+Refused (one line naming the field): tensor parallelism (by the walk's own checks), mixture-of-experts configs other
+than `llmem.derive.experts` derives (grouped experts in every layer), dropout > 0 (the trace runs CPU kernels; CUDA's
+dropout saves a bool mask instead), anything saved on the logits other than a softcapping tanh.
 """
 
 from __future__ import annotations
@@ -61,10 +63,21 @@ class Derived:
         rope = any(self.config.get(k) is not None for k in ("rope_theta", "rope_parameters", "rotary_emb_base"))
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [], rope=rope)
 
-    def key(self, plan: TrainingPlan) -> tuple[str, str, str, int, str]:
+    def key(self, plan: TrainingPlan) -> tuple:
+        """(dtype, autocast dtype, attention, sequence band, batch regime), and under LoRA the traced PEFT
+        program's fields (`llmem.derive.lora.trace_key`)."""
+        from llmem.components.lora import is_lora
+        from llmem.spec import attention_implementation
+
         p = plan.precision
-        return (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "", str(plan.attn),
+        base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
+                attention_implementation(self.model_type, plan.attn),
                 band(self.config, plan.seq_len), regime(plan.batch_size))
+        if not is_lora(plan):
+            return base
+        from llmem.derive.lora import trace_key
+
+        return (*base, trace_key(plan))
 
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
@@ -73,14 +86,26 @@ class Derived:
             self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
         return self._fits[k]
 
-    def _trace_and_fit(self, k: tuple[str, str, str, int, str]) -> dict:
+    def _trace_and_fit(self, k: tuple) -> dict:
+        (dtype, mixed, attn, offset, kind), lora = k[:5], (k[5] if len(k) > 5 else None)
+        config, mapping = self._shallower()
+        built = self._build(config, dtype, attn, lora)
+        experts.check_grouped(built[1], self.model_type)
+        fits = self._fit(built, kind, mixed or None, offset)
+        if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
+            from llmem.derive.lora import checkpointed_windows
+
+            built = self._build(config, dtype, attn, lora, checkpointed=True)
+            fits["checkpointed backward"] = checkpointed_windows(self._traces(built, kind, mixed or None, offset),
+                                                                 fits["layer_kinds"], kind, offset)
+        return fits if mapping is None else depth.expand(fits, mapping)
+
+    def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False):
         from llmem.derive.trace import build
 
-        dtype, mixed, attn, offset, kind = k
-        config, mapping = self._shallower()
         try:
             with _quiet_transformers():
-                built = build(config, dtype, attn)
+                return build(config, dtype, attn, lora, checkpointed)
         except ValueError as e:  # e.g. an architecture without an sdpa path
             first = (str(e).strip().splitlines() or [""])[0]
             first = first.split(". ")[0].rstrip(".") if len(first) > 160 else first.rstrip(".")
@@ -91,9 +116,6 @@ class Derived:
             raise InputError("model_type", f"{self.model_type!r}: transformers cannot build this model on fake "
                              f"tensors ({type(e).__name__}: {first}); for a multimodal config, estimate its text "
                              "model (the config's text_config)") from None
-        experts.check_grouped(built[1], self.model_type)
-        fits = self._fit(built, kind, mixed or None, offset)
-        return fits if mapping is None else depth.expand(fits, mapping)
 
     def _shallower(self) -> tuple[dict, list[int] | None]:
         """The config to trace: a prefix of the layers with every layer role (`llmem.derive.depth`) and the prefix
@@ -113,17 +135,20 @@ class Derived:
         d, mapping = planned
         return {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}, mapping
 
-    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
+    def _traces(self, built, kind: str, mixed: str | None, offset: int) -> tuple[list, list]:
+        """The traces at regime `kind`'s fit points and check points."""
         from llmem.derive.trace import trace
 
         points, check_points, _ = shifted(kind, offset)
         try:
-            traces = [trace(built, b, s, mixed) for b, s in points]
-            checks = [trace(built, b, s, mixed) for b, s in check_points]
+            return [trace(built, b, s, mixed) for b, s in points], [trace(built, b, s, mixed) for b, s in check_points]
         except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
                              f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
+
+    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
+        traces, checks = self._traces(built, kind, mixed, offset)
         if any(t.dropout for t in traces):
             raise _dropout_error(self.config)
         places = ("outer", "final", "head", "held")
@@ -139,10 +164,11 @@ class Derived:
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
-        table = fits["kinds"][fits["layer_kinds"][self.layer]][place] if place in ("layer", "backward", "forward") \
-            else fits[place]
+        this = fits["layer_kinds"][self.layer]
+        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward") \
+            else fits[place][this] if place == "checkpointed backward" else fits[place]
         b, s = plan.batch_size, plan.seq_len
-        return [Saved(name, evaluate(tuple(c), b, s) * _cuda_factor(name, plan)) for name, c in table]
+        return [Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table]
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -190,7 +216,13 @@ class Derived:
         gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
         them, `activations.recompute_bytes`), so the same window applies; its recompute is a moment of its own
-        (`recompute_extra_bytes`)."""
+        (`recompute_extra_bytes`). Traced LoRA with `--grad-ckpt full`: the window of the checkpointed program,
+        recompute included (`llmem.derive.lora.checkpointed_extra_bytes`)."""
+        if "checkpointed backward" in self.fitted(plan):
+            from llmem.derive.lora import checkpointed_extra_bytes
+
+            window = max(s.bytes for s in self._saved(plan, "checkpointed backward"))
+            return checkpointed_extra_bytes(spec, plan, window)
         extra = max(s.bytes for s in self._saved(plan, "backward"))
         if plan.grad_ckpt is GradCkpt.FULL:  # `plan` is the layer's (`activations.layer_plan`)
             extra = max(extra, self.recompute_extra_bytes(plan))
@@ -207,17 +239,29 @@ class Derived:
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
         return max(s.bytes for s in forward) - saved
 
+
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
                     "native_layer_norm[1] torch.float16", "native_layer_norm[2] torch.float16")
 
 
-def _cuda_factor(name: str, plan: TrainingPlan) -> int:
-    """The trace runs CPU kernels. A half-precision LayerNorm's mean and rstd are half on CPU (torch 2.13
-    `layer_norm_cpu`: the input's dtype) and fp32 on CUDA (`layer_norm_kernel.cu`: `acc_type`), so under the cuda
-    profile they count twice."""
+def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
+    """The trace runs CPU kernels; under the cuda profile two saved tensors differ. A half-precision LayerNorm's mean
+    and rstd are half on CPU (torch 2.13 `layer_norm_cpu`: the input's dtype) and fp32 on CUDA
+    (`layer_norm_kernel.cu`: `acc_type`): twice the bytes. A dropout's saved noise (`trace`: the storage `bernoulli_`
+    filled; CPU `_dropout_impl` saves `x * noise`'s noise in x's dtype) is CUDA `native_dropout`'s bool mask: one
+    byte per element (`activations.dropout_saved`; only LoRA's dropout is traced, the model's is refused)."""
     from llmem.plan import Device
 
-    return 2 if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS) else 1
+    if plan.device is not Device.CUDA:
+        return nbytes
+    if name.endswith(_HALF_STATISTICS):
+        return 2 * nbytes
+    if ": dropout noise " in name:
+        return nbytes // _ITEMSIZE[name.rsplit(" ", 1)[-1]]
+    return nbytes
+
+
+_ITEMSIZE = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2, "torch.float64": 8}
 
 
 def band(config: dict, seq: int) -> int:

@@ -19,6 +19,8 @@ Layer backward: the allocation tracker of `llmem.simulate.tracker` records every
 layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to the moment
 the gradient of its input exists (a hook on the input). `backwards` lists, per layer, the live bytes after each
 event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
+The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
+in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
 `forwards` lists the same for each layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
 layer's recompute allocates before non-reentrant checkpointing stops it early, its backward's output gradient
 alive), without autocast's weight copies.
@@ -70,11 +72,14 @@ class _Allocations(TorchDispatchMode):
         self.params, self.origin, self.copies, self.dropout = params, {}, set(), False
         self.autocast_dtype, self.keep = autocast_dtype, []
         self._alive: dict[int, weakref.ref] = {}
+        self.module = lambda: ""  # the running module's name (set by `_Recorder`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        self.dropout |= name in DROPOUT_OPS
+        self.dropout |= name in DROPOUT_OPS and "lora_dropout" not in self.module()  # the model's, not LoRA's
+        if name == "bernoulli_":  # CPU dropout's noise (`tables._cuda_bytes`)
+            self.origin[args[0].untyped_storage()._cdata] = "dropout noise"
         copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
                 and args[0].untyped_storage()._cdata in self.params and isinstance(out, torch.Tensor)
                 and out.dtype == self.autocast_dtype)  # autocast's cast of a weight (a model's own casts count)
@@ -92,8 +97,12 @@ class _Allocations(TorchDispatchMode):
         return out
 
 
-def build(config: dict, dtype_name: str, attn: str):
-    """The model on fake CPU tensors; returns (fake mode, model, decoder layers, output embedding)."""
+def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: bool = False):
+    """The model on fake CPU tensors; returns (fake mode, model, decoder layers, output embedding). `lora`: the
+    LoRA fields (`llmem.derive.lora.trace_key`), whose PEFT model is traced as `llmem.runtime.lora.apply_method`
+    builds it for the measured step. `checkpointed`: every decoder layer checkpointed (`use_reentrant=False`, as
+    `llmem.runtime.session.enable_checkpointing`), for the layer backward's windows only (a checkpointed layer's
+    own saved tensors do not pass the trace's pack hook)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
@@ -106,6 +115,13 @@ def build(config: dict, dtype_name: str, attn: str):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name), attn_implementation=attn,
                                                  trust_remote_code=False)
     model.config.use_cache = False
+    if checkpointed:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        from llmem.derive.lora import wrap
+
+        with mode, torch.device("cpu"):
+            model = wrap(model, lora, checkpointed)
     model.train()
     return mode, model, list(decoder_layers(model)), model.get_output_embeddings()
 
@@ -116,12 +132,15 @@ class _Recorder:
     def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
         self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
         self.place, self.stack, self.keep = PRE, [], []
+        self.alloc.module = lambda: self.stack[-1] if self.stack else ""
+        self.lora = hasattr(model, "peft_config")  # a PEFT model
         self.places: dict[int, list] = {}  # storage -> [[(place, weak ref to its _Packed)], name, bytes, weak ref]
         self.layer_args: dict[int, tuple[str, int]] = {}
         self.arg_layers: dict[int, list[int]] = {}  # storage of a layer argument -> the layers it was passed to
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
         self.windows: dict[int, list[int]] = {}  # layer -> event indices: its output gradient, its input gradient
         self.grad_outs: dict[int, int] = {}
+        self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
@@ -133,6 +152,16 @@ class _Recorder:
             self.handles.append(layer.register_forward_hook(self._leave(i)))
         if head is not None:
             self.handles.append(head.register_forward_hook(lambda *a: setattr(self, "place", HEAD)))
+        embeddings = model.get_input_embeddings()
+        if embeddings is not None:
+            self.handles.append(embeddings.register_forward_hook(self._leaf))
+
+    def _leaf(self, module, args, output) -> None:
+        """PEFT's input-require-grads hook (`enable_input_require_grads`: `output.requires_grad_(True)`, registered
+        before this one) makes the frozen embeddings' output a leaf that requires grad: its AccumulateGrad node keeps
+        it until backward has run, a tensor no pack hook sees."""
+        if isinstance(output, torch.Tensor) and output.is_leaf and output.requires_grad:
+            self.embedding_leaf = (output.untyped_storage()._cdata, output.untyped_storage().nbytes())
 
     def _mark(self, grad, layer: int, first: bool):
         if first:
@@ -165,8 +194,8 @@ class _Recorder:
     def pack(self, t):
         st = t.untyped_storage()
         key = st._cdata
-        if key in self.params or key in self.alloc.copies:
-            return t
+        if key in self.params or (key in self.alloc.copies and not (self.lora and isinstance(self.place, int))):
+            return t  # under LoRA a layer's saved weight copies are in its table (`llmem.derive.lora`)
         entry = self.places.get(key)
         if entry is None or entry[3]() is None:  # new, or the address of a freed storage (its nodes are gone)
             self.places.pop(key, None)  # listed in order of first saving
@@ -270,4 +299,8 @@ def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
             out.outer_layers.append(sorted(w for w in where if isinstance(w, int)))
     out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
     out.held_layers = [rec.arg_layers[k] for k in rec.layer_args if k not in rec.places]
+    leaf = rec.embedding_leaf
+    if leaf is not None and leaf[0] not in rec.places and rec.inputs.get(leaf[0]) != 0:  # not layer 0's input
+        out.outer.append(("embedding output (a leaf that requires grad, kept by its AccumulateGrad)", leaf[1]))
+        out.outer_layers.append([])
     return out

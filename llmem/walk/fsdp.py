@@ -122,7 +122,8 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     # LoRA under a MixedPrecisionPolicy: the adapters are all-gathered in the half dtype too and compute in it
     half = lora.half_adapters(plan)
     kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
-    if lora.is_lora(plan):  # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own
+    # as in `iteration_phases`: the frozen base's saved tensors, the adapters' own (traced LoRA: the derived tables)
+    if lora.is_lora(plan) and spec.derived is None:
         if plan.grad_ckpt is GradCkpt.FULL:
             # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
             recompute = lora.recompute_bytes(spec, cp, half)
@@ -221,7 +222,8 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
     spec, plan, cp, layers = w.spec, w.plan, w.cp, w.layers
     if layers <= 1:
         return []
-    earlier_layers = (layers - 1) * w.kept - w.first_saving if lora.is_lora(plan) else act.kept_layers_bytes(
+    hand_lora = lora.is_lora(plan) and spec.derived is None  # (traced LoRA: layer 0 is a layer kind of its own)
+    earlier_layers = (layers - 1) * w.kept - w.first_saving if hand_lora else act.kept_layers_bytes(
         spec, cp, layers - 1)
     unsharded = (layers - 1) * w.layer_gather if plan.scheme is Scheme.ZERO2 else 0
     # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no

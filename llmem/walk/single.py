@@ -78,7 +78,9 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     outer_act = act.outer_saved_bytes(spec, plan)
     final_norm = act.final_norm_bytes(spec, plan)
     recompute = act.recompute_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
-    if lora.is_lora(plan):  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
+    # (traced LoRA, `llmem.derive.lora`: the derived tables are LoRA's; layer 0 is a layer kind of its own)
+    hand_lora = lora.is_lora(plan) and spec.derived is None
+    if hand_lora:  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
         final_norm = lora.final_norm_bytes(spec, plan)
         if plan.grad_ckpt is GradCkpt.FULL:
             # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
@@ -95,7 +97,7 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K
     varied = act.varied(spec, plan)  # layers of several kinds: each counted by its own
     kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
-    if lora.is_lora(plan):
+    if hand_lora:
         kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
     if partial or varied:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
@@ -114,6 +116,11 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     saved_casts = autocast.saved_layer_copies(plan, layers)
     fwd_casts, first_casts = autocast.forward_copy_layers(spec, plan, layers) * casts, 0
+    if lora.is_lora(plan) and casts and spec.derived is not None:
+        # traced LoRA: the copies mm saves are in the layer tables; the adapters' cached copies of the checkpointed
+        # layers live until the forward's autocast region exits (`llmem.derive.lora`)
+        return dict(casts=0, head_cast=autocast.head_weight_copy_bytes(spec, plan), first_casts=0, base_casts=0,
+                    fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
     if lora.is_lora(plan) and casts:
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
         # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
@@ -211,6 +218,7 @@ def end_moments(t: Terms) -> list[Phase]:
 
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
+    spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
     if plan.scheme in FSDP_SCHEMES:
         from llmem.walk.fsdp import fsdp_phases
 

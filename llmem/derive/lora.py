@@ -1,0 +1,163 @@
+"""LoRA on a derived architecture: the PEFT model the trace runs, and what the plan's LoRA fields change in it.
+
+The trace wraps the built model exactly as the measured step does (`llmem.runtime.lora.apply_method`):
+`peft.get_peft_model(model, lora_config(plan))` with the plan's rank, alpha, dropout, target modules and
+modules_to_save. `--grad-ckpt full` makes PEFT call `model.enable_input_require_grads()` (the base model is
+gradient-checkpointing when PEFT wraps it: `PeftModel._prepare_model_for_gradient_checkpointing`), so the embedding
+output, layer 0's input, requires grad; the tables are traced without checkpointing and the same hook, the layer
+backward's windows on the checkpointed program (`checkpointed_windows`, `checkpointed_extra_bytes`).
+Without it layer 0 saves less than the other layers (an op saves only when an input requires grad): it is simply a
+layer kind of its own (`llmem.derive.kinds`), as the fit groups layers by what they save.
+The walk is the one of every scheme but tensor parallelism (one GPU, DDP, ZeRO-1, FSDP2's ZeRO-2/3: with pure
+precisions FSDP2 runs the same program on gathered parameters).
+Under autocast the weight copies mm saves are traced into the layer tables (the frozen base's are made per use, the
+adapters' cached until the forward's autocast region exits: `walk.single._cast_terms` counts those of checkpointed
+layers at the forward's end).
+Refused (one line naming the field): FSDP2 with bf16-/fp16-mixed (its policy's half adapters are written for
+llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data), the model's dropout
+(`llmem.derive.tables`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from llmem.errors import GAP, InputError
+from llmem.plan import GradCkpt, Method, TrainingPlan
+
+
+def trace_key(plan: TrainingPlan) -> tuple:
+    """The plan's fields that change the traced LoRA program: rank, alpha, dropout, targets, modules_to_save, and
+    whether layer 0's input requires grad (`lora_activations.layer0_input_requires_grad`'s first cause), and whether
+    layers are checkpointed (their backward window is traced on the checkpointed program too)."""
+    from llmem.components import lora  # noqa: F401 - lora_activations imports it first
+    from llmem.components.lora_activations import embeddings_require_grad
+
+    return ("lora", plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lora_targets,
+            plan.lora_modules_to_save, embeddings_require_grad(plan), plan.grad_ckpt is GradCkpt.FULL)
+
+
+def wrap(model, key: tuple, checkpointed: bool = False):
+    """The PEFT model of `trace_key`'s fields, as `llmem.runtime.lora.apply_method` builds it. PEFT moves each new
+    adapter to its base layer's device and dtype (`_move_adapter_to_device_of_base_layer`, `module.to(device)`,
+    which cannot swap a fake parameter), then casts half adapters back to fp32 (`autocast_adapter_dtype=True`): on
+    the fake CPU device the adapters are made fp32 CPU tensors in the first place, so those moves are skipped."""
+    from unittest import mock
+
+    import torch
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from llmem.runtime.lora import lora_config
+
+    _, rank, alpha, dropout, targets, to_save, input_grad, _ = key
+    plan = TrainingPlan(method="lora", lora_rank=rank, lora_alpha=alpha, lora_dropout=dropout, lora_targets=targets,
+                        lora_modules_to_save=to_save)
+    to = torch.nn.Module.to
+
+    def same_device(module, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        return module if dtype is None and device in (None, torch.device("cpu")) else to(module, *args, **kwargs)
+
+    with mock.patch.object(BaseTunerLayer, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
+            mock.patch.object(torch.nn.Module, "to", same_device), mock.patch.object(copy, "deepcopy", _deepcopy):
+        model = get_peft_model(model, lora_config(plan))
+    adapters = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_" in n]
+    if any(p.dtype != torch.float32 for p in adapters):
+        raise RuntimeError("the traced LoRA adapters are not fp32, as PEFT makes them")
+    if input_grad and not checkpointed:  # a checkpointing base: PEFT called it
+        model.enable_input_require_grads()
+    return model
+
+
+_DEEPCOPY = copy.deepcopy
+
+
+def _deepcopy(obj, memo=None):
+    """`copy.deepcopy`, except for a module with fake parameters (PEFT's `ModulesToSaveWrapper` deep-copies the
+    module it trains a copy of): `Tensor.__deepcopy__` copies a fake tensor's storage as if it held data, which
+    leaves a tensor that crashes the process later; the copy clones each parameter and buffer instead (under the
+    fake mode that is running: fake tensors of the same shape, dtype and requires_grad)."""
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(obj, nn.Module) or not any(isinstance(t, FakeTensor) for t in obj.parameters()):
+        return _DEEPCOPY(obj, memo)
+    new = copy.copy(obj)
+    for key, value in obj.__dict__.items():  # the hook and attribute dicts, not shared with the original
+        if isinstance(value, dict):
+            new.__dict__[key] = type(value)(value)
+    new._parameters = {k: p if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                       for k, p in obj._parameters.items()}
+    new._buffers = {k: b if b is None else b.clone() for k, b in obj._buffers.items()}
+    new._modules = {k: m if m is None else _deepcopy(m) for k, m in obj._modules.items()}
+    return new
+
+
+def refusal(spec, plan: TrainingPlan) -> InputError | None:
+    """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
+    from llmem.components.sharding import FSDP_SCHEMES
+    from llmem.derive.tables import static_refusal
+
+    name = f"lora on {spec.model_type!r} (traced from transformers)"
+    if plan.method is Method.QLORA:
+        return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora",
+                          GAP)
+    if plan.precision.is_mixed and plan.scheme in FSDP_SCHEMES:
+        return InputError("precision", f"{name} under FSDP2 (--zero 2/3) is modelled without a mixed-precision "
+                          "policy; use --precision fp32, bf16 or fp16, or --zero 0 or 1", GAP)
+    if spec.is_moe:
+        return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
+                          "depends on the data); use --method full", GAP)
+    error = static_refusal(spec.derived.config)  # the model's dropout (expert layers are refused above)
+    key = error.field if error is not None and "dropout" in str(error) else None
+    if error is None:  # a dropout the configuration class defaults above 0 (gpt2's resid_pdrop, ...)
+        key = spec.memo(("lora.default_dropout",), lambda: _default_dropout_key(spec.derived.config))
+    if key is not None:
+        return InputError(key, f"{name} is modelled with the model's dropout at 0 (the saved tensors of dropout "
+                          f"differ between CPU and CUDA kernels); set {key} to 0")
+    return error
+
+
+def _default_dropout_key(config: dict) -> str | None:
+    """A dropout key the config's class defaults above 0 where the config leaves it out (None: none does)."""
+    from llmem.derive.tables import _dropout_keys, _quiet_transformers
+
+    try:
+        from transformers import AutoConfig
+
+        rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+        with _quiet_transformers():
+            keys = _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
+    except Exception:  # noqa: BLE001 - the trace names it then (`tables._dropout_error`)
+        return None
+    return keys[0] if keys else None
+
+
+def checkpointed_windows(traced: tuple[list, list], layer_kinds: list[int], kind: str, offset: int) -> list:
+    """Per layer kind, the backward window of its first layer traced on the checkpointed program (`--grad-ckpt
+    full`; `traced`: the traces and check traces), its peak candidates fitted as `llmem.derive.kinds` does."""
+    from llmem.derive.fit import fit_sequence
+    from llmem.derive.kinds import peak_candidates
+
+    traces, checks = traced
+    out = []
+    for k in range(max(layer_kinds) + 1):
+        i = layer_kinds.index(k)
+        events = fit_sequence(f"layer {i} checkpointed backward", [t.backwards[i] for t in traces],
+                              [t.backwards[i] for t in checks], kind, offset)
+        out.append([(n, list(c)) for n, c in peak_candidates(events)])
+    return out
+
+
+def checkpointed_extra_bytes(spec, plan: TrainingPlan, window: int) -> int:
+    """LoRA with `--grad-ckpt full`: the first node of a checkpointed layer's backward that unpacks a saved tensor
+    (e.g. the adapter's `* scaling`) recomputes the forward inside the layer's backward, whose locals outlive parts
+    of it; so the window (`window`, the peak of `checkpointed_windows` of the layer's kind) is traced on the
+    checkpointed program. Its live bytes include the recomputed saved tensors except the layer input (the
+    checkpoint held it before), which the walk counts as the recompute (`activations.recompute_bytes`: the table
+    plus the input where the table lacks it)."""
+    from llmem.components import activations as act
+
+    recomputed = act.layer_activation_bytes(spec, plan) + act.checkpointed_input_extra_bytes(spec, plan)
+    return window - (recomputed - act.checkpointed_layer_bytes(spec, plan))

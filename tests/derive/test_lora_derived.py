@@ -1,0 +1,151 @@
+"""LoRA with tables traced from the PEFT model (`llmem.derive.lora`): derived architectures and the hand-written
+families without a hand-written LoRA table. The adapters' counts against PEFT on the meta device, the refusals (one
+line naming the field), and the estimate against a real CPU run within 1%: two plans in the default suite, the grid
+(families × one rank / DDP on 2 ranks × sdpa / eager × the attention projections / all-linear ×
+checkpointing none / full; ZeRO-1/2/3 on 2 ranks for three families): every seventh one-rank cell and every fifth
+two-rank row in the default suite, all of them with `-m heavy`."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from llmem.components import lora
+from llmem.errors import InputError
+from llmem.estimate import estimate
+from llmem.measure.run import measure_rank
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
+from tests.components.test_activations import CONFIGS
+from tests.components.test_lora import peft_model_on_meta
+from tests.derive.configs import config
+
+TOLERANCE = 0.01
+DERIVED = ("phi", "starcoder2", "olmo2", "granite", "stablelm")
+HAND_WRITTEN = ("gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3", "gemma2")
+# a family's attention projections as PEFT names them (fused where the family fuses them)
+ATTENTION = {"gpt2": "c_attn", "bloom": "query_key_value", "falcon": "query_key_value",
+             "gpt_neox": "query_key_value", "phi3": "qkv_proj"}
+
+
+def config_of(family: str) -> dict:
+    return CONFIGS[family] if family in CONFIGS else config(family)
+
+
+def targets(family: str, kind: str) -> str:
+    return "all-linear" if kind == "all" else ATTENTION.get(family, "q_proj,v_proj")
+
+
+def _error(family: str, **plan) -> float:
+    cfg = config_of(family)
+    p = TrainingPlan(device="cpu", method="lora", **plan)
+    est = estimate(ModelSpec.from_config(cfg), p)
+    assert est.spec.derived is not None  # the traced tables answered
+    measured = measure_rank(cfg, p)["peak_bytes"]
+    print(f"{family} {plan}: estimate {est.peak_bytes:,} measured {measured:,} "
+          f"({(est.peak_bytes - measured) / measured:+.3%}, {est.peak_phase})")
+    return (est.peak_bytes - measured) / measured
+
+
+@pytest.mark.parametrize("family, kind", list(itertools.product(DERIVED, ["attention", "all"]))
+                         + [("bloom", "attention"), ("opt", "all"), ("gemma2", "all")])
+def test_adapter_counts_equal_peft_on_meta(family, kind):
+    """The adapters' parameters (and so their gradients and optimizer states) of the traced families' Linears."""
+    plan = TrainingPlan(method="lora", lora_rank=8, lora_targets=targets(family, kind))
+    trainable, total = peft_model_on_meta(config_of(family), plan).get_nb_trainable_parameters()
+    spec = ModelSpec.from_config(config_of(family))
+    assert (lora.trainable_params(spec, plan), lora.total_params(spec, plan)) == (trainable, total)
+
+
+@pytest.mark.parametrize("family, plan, field", [
+    ("olmo2", dict(gpus=2, zero=3, precision="bf16-mixed"), "precision"),  # FSDP2's half adapters
+    ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
+    ("mixtral", dict(), "method"),
+    ("gpt2", dict(), "resid_pdrop"),
+])
+def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
+    cfg = dict(config_of(family), resid_pdrop=0.1) if family == "gpt2" else config_of(family)
+    p = TrainingPlan(**{"method": "lora", "precision": "fp32", "seq_len": 64, **plan})
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(cfg), p)
+    text = str(err.value)
+    assert text.startswith(f"{field}: ") and "\n" not in text, text
+
+
+def test_a_dropout_the_config_class_defaults_is_refused_naming_its_key():
+    cfg = {k: v for k, v in CONFIGS["gpt2"].items() if "pdrop" not in k}  # GPT2Config defaults them to 0.1
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(cfg), TrainingPlan(method="lora", precision="fp32", seq_len=64))
+    assert str(err.value).startswith("resid_pdrop: lora on 'gpt2'"), str(err.value)
+
+
+def test_hand_written_lora_families_keep_their_tables():
+    spec = ModelSpec.from_config(CONFIGS["llama"])
+    assert estimate(spec, TrainingPlan(method="lora", precision="fp32")).spec.derived is None
+
+
+@pytest.mark.parametrize("family, plan", [
+    ("phi", dict(batch_size=2, seq_len=64, precision="fp32", grad_ckpt="full")),
+    ("gpt2", dict(batch_size=2, seq_len=64, precision="fp32", attn="eager", lora_targets="c_attn",
+                  grad_ckpt="full")),
+])
+def test_traced_lora_within_one_percent(family, plan):
+    assert abs(_error(family, **plan)) <= TOLERANCE
+
+
+GRID = list(itertools.product(DERIVED + HAND_WRITTEN, ["sdpa", "eager"], ["attention", "all"], ["none", "full"]))
+
+
+def _sampled(cells: list, every: int) -> list:
+    """Every `every`-th cell in the default suite (each family, attention and checkpointing seen), the rest heavy."""
+    return [c if i % every == 0 else pytest.param(*c, marks=pytest.mark.heavy) for i, c in enumerate(cells)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, attn, kind, ckpt", _sampled(GRID, 7))
+def test_traced_lora_grid_one_rank(family, attn, kind, ckpt):
+    assert abs(_error(family, batch_size=2, seq_len=64, precision="fp32", attn=attn,
+                      lora_targets=targets(family, kind), grad_ckpt=ckpt)) <= TOLERANCE
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family, plan", [
+    *[(f, dict(precision=p, grad_ckpt=c)) for f in ("starcoder2", "granite", "falcon") for c in ("none", "full")
+      for p in ("bf16", "bf16-mixed")],
+    *[(f, dict(precision="bf16-mixed", attn="eager", lora_targets=targets(f, "attention"), grad_ckpt=c))
+      for f in ("phi", "gpt2") for c in ("none", "full")],
+    ("phi3", dict(precision="fp32", lora_modules_to_save="lm_head,embed_tokens")),
+    ("olmo2", dict(precision="fp32", lora_modules_to_save="embed_tokens", grad_ckpt="full")),
+    ("stablelm", dict(precision="fp32", lora_dropout=0.0, grad_ckpt="full", ckpt_every=2)),
+    ("gpt_neox", dict(precision="fp32", batch_size=1, seq_len=96)),
+])
+def test_traced_lora_options_one_rank(family, plan):
+    assert abs(_error(family, **{"batch_size": 2, "seq_len": 64, **plan})) <= TOLERANCE
+
+
+_FAMILIES_2 = ("phi", "granite", "gpt2", "falcon")
+ROWS = {f"{f}-{attn}-{kind}-{ckpt}": dict(attn=attn, lora_targets=targets(f, kind), grad_ckpt=ckpt)
+        for f, attn, kind, ckpt in itertools.product(_FAMILIES_2, ["sdpa", "eager"], ["attention", "all"],
+                                                     ["none", "full"])}
+ROWS |= {f"{f}-zero{z}-{ckpt}": dict(zero=z, grad_ckpt=ckpt) for f in ("starcoder2", "gpt_neox", "gpt2")
+         for z in (1, 2, 3) for ckpt in ("none", "full")}
+ROWS |= {f"{f}-mixed-zero{z}-{ckpt}": dict(zero=z, grad_ckpt=ckpt, precision="bf16-mixed") for f in ("phi", "gpt2")
+         for z in (0, 1) for ckpt in ("none", "full")}
+SAMPLE = sorted(ROWS)[::5]
+_BASE = dict(gpus=2, method="lora", precision="fp32", batch_size=2, seq_len=64)
+TWO = TwoRankRows(_BASE, {n: ROWS[n] for n in SAMPLE}, lambda name: config_of(name.split("-")[0]))
+TWO_ALL = TwoRankRows(_BASE, {n: ROWS[n] for n in ROWS if n not in SAMPLE}, TWO.config_of)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n if n in SAMPLE else pytest.param(n, marks=pytest.mark.heavy) for n in sorted(ROWS)])
+def test_traced_lora_two_ranks(name):
+    rows = TWO if name in SAMPLE else TWO_ALL
+    est = estimate(ModelSpec.from_config(rows.config_of(name)), rows.plan(name))
+    res = rows.measured()[name]
+    assert "error" not in res, res.get("error")
+    error = (est.peak_bytes - res["peak_bytes"]) / res["peak_bytes"]
+    print(f"{name}: estimate {est.peak_bytes:,} measured {res['peak_bytes']:,} ({error:+.3%}, {est.peak_phase})")
+    assert abs(error) <= TOLERANCE
