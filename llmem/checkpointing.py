@@ -144,10 +144,8 @@ def _every(plan: TrainingPlan, k: int) -> TrainingPlan | None:
 def plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> CkptPlan:
     """The checkpointing choice with the fewest recomputed layers whose estimate fits `capacity_bytes` per GPU.
     `plan`'s own grad_ckpt / ckpt_every are ignored (they are what is chosen). Of the K that recompute the same
-    number of layers, the one with the lowest allocated peak represents it (ties: the largest K), found as
-    `_group_choice` says — the same answer as estimating every K. (The peak, not the device total: the reserved
-    allowance, `components.reserved`, sums each category's high-water over the step, which need not follow the
-    layer trend `_group_choice` reads; the fit is judged on the device total.)"""
+    number of layers, the one with the lowest device total represents it (ties: the largest K), found as
+    `_group_choice` says — the same answer as estimating every K."""
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
         raise InputError("gpu-type", f"capacity must be a positive number of bytes, got {capacity_bytes!r}")
     validate_plan_for_model(spec, plan)
@@ -158,7 +156,7 @@ def plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int)
     def total(k: int) -> int:
         if k not in estimates:
             estimates[k] = estimate(spec, _every(plan, k))
-        return estimates[k].peak_bytes
+        return estimates[k].device_total_bytes
 
     none = plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)
     options = [CkptOption(none, estimate(spec, none), 0, 0, capacity_bytes)]
@@ -213,7 +211,7 @@ def _layer_trend(spec: ModelSpec, plan: TrainingPlan, total, estimates: dict) ->
 
 
 def _group_choice(layers: int, n: int, lo: int, hi: int, total, trend: str | None) -> int:
-    """Of K = lo .. hi (all recomputing n layers: layers 0, K, .., (n-1)K), the K with the lowest peak,
+    """Of K = lo .. hi (all recomputing n layers: layers 0, K, .., (n-1)K), the K with the lowest device total,
     ties to the largest K. A K with (n-1)K >= L-2 checkpoints one of the last two layers (where the walk has its
     edge) and is estimated on its own. The others have the same forward moments (they depend on how many layers
     are checkpointed in all and below the last layer), and a layer's backward moments depend on K only through how

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from llmem.components import outside
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
-from llmem.plan import MAX_TOKENS, Method, Offload, Scheme, TrainingPlan
+from llmem.plan import MAX_TOKENS, Device, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
@@ -197,13 +197,12 @@ def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
 
 
 def _device_total(peak: int, plan: TrainingPlan) -> int:
-    """A lower bound of the device total of a plan peaking at `peak`: reserved memory is never below the peak
-    (llmem.components.reserved), so batches whose bound does not fit cannot fit."""
-    return peak + outside.cuda_context_bytes(plan)
+    return peak + outside.fragmentation_bytes(peak, plan) + outside.cuda_context_bytes(plan)
 
 
-def _fits(spec: ModelSpec, plan: TrainingPlan, batch: int, capacity_bytes: int) -> bool:
-    return estimate(spec, plan.with_(batch_size=batch)).device_total_bytes <= capacity_bytes
+def _peak(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`estimate(spec, plan).peak_bytes` of a plan already validated: the largest moment's total."""
+    return max(p.total for p in iteration_phases(spec, plan))
 
 
 def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
@@ -216,7 +215,7 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
     """`max_batch_size`, given the plan's own phases when they are known (`compare` has its estimate's)."""
     limit = MAX_TOKENS // plan.seq_len
     if limit < 2:  # a sequence over half the token bound: batch 1 is the only batch the plan allows
-        return int(_fits(spec, plan, 1, capacity_bytes))
+        return int(_device_total(estimate(spec, plan.with_(batch_size=1)).peak_bytes, plan) <= capacity_bytes)
     totals = {} if phases is None else {plan.batch_size: [p.total for p in phases]}  # micro-batch -> phase totals
     for batch in (1, 2):
         if batch not in totals:
@@ -234,20 +233,17 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
     if best < 1:
         return 0
     validate_plan_for_model(spec, plan)  # as `estimate` would (the batch size changes nothing it checks)
-    lo, hi = 0, best  # the device total grows with the batch: the largest fitting batch below the bound
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(spec, plan, mid, capacity_bytes):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    while best >= 1 and _device_total(max(totals[best]) if best in totals else _peak(spec, plan.with_(batch_size=best)),
+                                      plan) > capacity_bytes:
+        best -= 1
+    return best
 
 
 def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:
     """Inverse of `_device_total` (monotone): the largest peak in [0, capacity] whose device total fits, else 0.
     From the closed form's guess, stepped to the exact answer."""
-    peak = min(max(capacity_bytes - outside.cuda_context_bytes(plan), 0), capacity_bytes)
+    fraction = outside.FRAGMENTATION_FRACTION if plan.device is Device.CUDA else 0.0
+    peak = min(max(int((capacity_bytes - outside.cuda_context_bytes(plan)) / (1 + fraction)), 0), capacity_bytes)
     while peak < capacity_bytes and _device_total(peak + 1, plan) <= capacity_bytes:
         peak += 1
     while peak > 0 and _device_total(peak, plan) > capacity_bytes:

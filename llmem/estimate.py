@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-from llmem.components import fused_ce, lora, offload, outside, reserved
+from llmem.components import fused_ce, lora, offload, outside
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -33,8 +33,7 @@ class Estimate:
     breakdown: dict  # Category -> bytes at the peak
     phases: tuple[Phase, ...] = field(repr=False)
     cuda_context_bytes: int = 0
-    fragmentation_bytes: int = 0  # reserved - peak (llmem.components.reserved: the caching allocator's rules)
-    fragmentation_expandable_bytes: int = 0  # the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    fragmentation_bytes: int = 0
     paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
     host_breakdown: dict = field(default_factory=dict)  # Category -> host bytes per rank (--offload), not in peak
     host_pinned_bytes: int = 0
@@ -104,7 +103,6 @@ class Estimate:
             "fragmentation_bytes": self.fragmentation_bytes,
             "paged_state_bytes": self.paged_state_bytes,
             "reserved_bytes": self.reserved_bytes,
-            "reserved_expandable_bytes": self.peak_bytes + self.fragmentation_expandable_bytes,
             "device_total_bytes": self.device_total_bytes,
             "host_bytes": self.host_bytes,
             "host_breakdown": {str(k): v for k, v in self.host_breakdown.items()},
@@ -129,8 +127,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=tuple(phases),
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=reserved.fragmentation_bytes(spec, plan, phases, peak),
-        fragmentation_expandable_bytes=reserved.fragmentation_bytes(spec, plan, phases, peak, expandable=True),
+        fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=offload.host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan),

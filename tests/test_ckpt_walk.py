@@ -29,13 +29,13 @@ def old_backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> l
 
 
 def old_plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity: int) -> checkpointing.CkptPlan:
-    """The planner before: every candidate estimated, the lowest peak kept per recomputed-layer count."""
+    """The planner before: every candidate estimated, the lowest device total kept per recomputed-layer count."""
     per_layer = checkpointing.layer_forward_flops(spec, plan) * plan.grad_accum
     best: dict[int, checkpointing.CkptOption] = {}
     for p in checkpointing.candidate_plans(spec, plan):
         n = -(-spec.num_layers // p.ckpt_every) if p.grad_ckpt is GradCkpt.FULL else 0
         opt = checkpointing.CkptOption(p, estimate(spec, p), n, n * per_layer, capacity)
-        if n not in best or opt.estimate.peak_bytes < best[n].estimate.peak_bytes:
+        if n not in best or opt.estimate.device_total_bytes < best[n].estimate.device_total_bytes:
             best[n] = opt
     options = tuple(best[n] for n in sorted(best))
     chosen = next((o for o in options if o.fits), None)
