@@ -24,7 +24,7 @@ from llmem.help import HELP
 from llmem.options import ALL, BY_NAME, CHECK, NUMBER, SELECT, TEXT
 from llmem.plan import Loss
 from llmem.sources import MAX_CONFIG_BYTES
-from llmem.ui import cache, edits, results, simulate
+from llmem.ui import cache, edits, importbox, results, simulate
 from llmem.units import format_gib
 from llmem.view import plain
 
@@ -137,6 +137,34 @@ def _model_widgets(box):
     digest = hashlib.sha256(data).hexdigest()
     spec, origin = cache.spec_for_upload(digest, data, upload.name)
     return ss.w_preset, spec, origin, upload.name, f"upload:{digest}", f"{upload.name} ({spec.name})"
+
+
+def _import_box() -> None:
+    """Training configs the user already has (`llmem.ui.importbox`): one click fills the inputs they determine."""
+    box = st.sidebar.expander("Import training configs")
+    files = box.file_uploader("DeepSpeed JSON; accelerate, Trainer / TRL, axolotl, LLaMA-Factory or torchtune YAML; "
+                              "PEFT adapter_config.json (each at most 256 KiB)", type=["json", "yaml", "yml"],
+                              accept_multiple_files=True, key="w_import",
+                              help="Later files override earlier ones. Nothing in a file is run or opened.")
+    engine = box.checkbox("Map DeepSpeed / FSDP1 settings to the nearest PyTorch program", key="w_import_torch",
+                          help="llmem models PyTorch's ZeRO (ZeroRedundancyOptimizer, FSDP2); without this, those "
+                               "settings are reported as ignored")
+    box.button("Apply these files", key="w_import_apply", disabled=not files, on_click=_import, args=(files, engine))
+
+
+def _import(files, engine_torch: bool) -> None:
+    ss = st.session_state
+    model = ss.w_preset if ss.w_source != SOURCE_HUB else (ss.w_hub.strip() or ss.w_preset)
+    current = widgets.inputs_from_state(ss, model, "")
+    try:
+        inputs, notes = importbox.imported_inputs([(f.getvalue(), f.name) for f in files], engine_torch, current)
+    except InputError as err:
+        ss.notes, ss.link_warnings = [f"Import: {err}"], []
+        return
+    ss.update({k: v for k, v in widgets.state_from_inputs(inputs).items() if k != "w_upload"})
+    if inputs.model != model and inputs.model in [p.name for p in cache.presets()]:
+        ss.w_source, ss.w_preset = SOURCE_PRESET, inputs.model
+    ss.notes, ss.link_warnings = [f"Imported {', '.join(f.name for f in files)}:", *notes], []
 
 
 def _inputs(model: str, upload: str) -> share.AppInputs:
@@ -267,6 +295,7 @@ def main() -> None:
     errors = {edits.widget_for(failure.field): plain(edits.app_words(str(failure)))} if failure else {}
     if "w_source" in errors:
         model_box.error(errors.pop("w_source"))
+    _import_box()
     _sidebar(errors, _strategy_options(result))
     _remember_widgets()
     link = _sync_url(_inputs(model, upload))

@@ -273,3 +273,17 @@ def test_the_table_leads_with_the_columns_that_decide():
     at = run({"model": "llama-3.1-8b", "gpus": "8"})
     assert list(at.table[0].value.columns[:4]) == ["fits", "device total (GiB)", "headroom (GiB)",
                                                   "per-GPU peak (GiB)"]
+
+
+def test_an_imported_training_config_fills_the_inputs_and_reports_what_it_used():
+    """The sidebar's import box: a torchtune LoRA recipe sets the model and LoRA fields, the report is shown once."""
+    from pathlib import Path
+
+    data = (Path(__file__).parents[1] / "data" / "configs" / "torchtune_8B_lora.yaml").read_bytes()
+    at = run(SMALL)
+    at.file_uploader(key="w_import").set_value([("recipe.yaml", data, "application/yaml")]).run()
+    at.button(key="w_import_apply").click().run()
+    assert not at.exception
+    assert at.session_state.w_preset == "llama-3.1-8b" and at.session_state.w_method == "lora"
+    assert "Imported recipe.yaml" in notes(at) and "used" in notes(at)
+    assert at.query_params["model"] == "llama-3.1-8b"
