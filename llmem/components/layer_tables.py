@@ -37,8 +37,10 @@ def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
         items.append(Saved("autocast input casts q/k/v", 3 * tokens * h * 2))
     sdpa_inputs = [Saved("q_embed (RoPE)", tokens * q * cb), Saved("k_embed (RoPE)", tokens * kv * cb),
                    Saved("v_proj", tokens * kv * cb)]
+    # phi3's qkv_proj: v views it unless repeat_kv copies (fewer kv heads)
+    fused_v = tokens * (q + 2 * kv) * cb if spec.family.fused_projections and kv == q else 0
     items += attention_saved(spec, plan, tokens, seq, sdpa_inputs, _p(spec, "attention_dropout"), output_copy=False,
-                             softcap=bool(spec.options.get("attn_logit_softcapping")))
+                             softcap=bool(spec.options.get("attn_logit_softcapping")), fused_v_bytes=fused_v)
     if rb == 4:
         items.append(Saved("residual after attention", tokens * h * rb))
     items += rms_norm_saved("post_attention_layernorm", spec, plan, tokens, output_saved=not mixed)
@@ -117,7 +119,7 @@ def neox_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int)
         *attention_saved(spec, plan, tokens, seq, [
             Saved("query_key_value output", tokens * 3 * q * cb),
             Saved("q rotary cat", tokens * q * cb), Saved("k rotary cat", tokens * q * cb)],
-            _p(spec, "attention_dropout")),
+            _p(spec, "attention_dropout"), fused_v_bytes=tokens * 3 * q * cb),
         *dropout_saved("post_attention_dropout", plan, tokens * h, cb, hidden),
     ]
     if spec.options.get("use_parallel_residual") is False:

@@ -81,7 +81,7 @@ def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
                     p: float = 0.0, output_copy: bool = True, softcap: bool = False,
-                    softmax_in_input_dtype: bool = False) -> list[Saved]:
+                    softmax_in_input_dtype: bool = False, fused_v_bytes: int = 0) -> list[Saved]:
     """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
 
     sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
@@ -98,7 +98,12 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       `softmax_in_input_dtype` (gpt2: `softmax(w, dim=-1)` with no dtype, then `.type(value.dtype)`): the softmax
       runs in the scores' dtype — half in pure bf16/fp16, no cast after it — and in fp32 only where autocast
       promotes it (softmax is on autocast's fp32 list) or the model is fp32.
-    The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
+    The output transposed back and made contiguous is the o_proj input (`output_copy`).
+    `fused_v_bytes`: v is a transposed view of a fused q/k/v projection's output (phi3's qkv_proj, gpt_neox's
+      query_key_value) that no repeat_kv copies. `at::matmul` hands bmm `v.expand(...).reshape(b·heads, s, d)`
+      (torch 2.13 `aten/src/ATen/native/LinearAlgebra.cpp: _matmul_impl`); at micro-batch 1 that reshape is a view
+      (the size-1 batch dim merges with the heads whatever its stride), so BmmBackward0 keeps the whole fused output
+      (`fused_v_bytes`) instead of a v-sized copy; from micro-batch 2 on the strides do not merge and v is copied."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
@@ -113,8 +118,10 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
                 *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
                 Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
                 Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
-             Saved("eager v (bmm operand)", tokens * q * cb)]
+    v = Saved("eager v (bmm operand)", tokens * q * cb)
+    if fused_v_bytes and plan.batch_size == 1:  # the reshape is a view of the fused output
+        v = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
+    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb), v]
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
