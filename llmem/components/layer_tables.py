@@ -332,13 +332,15 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.input in fp32", tokens * width * FP32),
                       Saved(f"{name}.normalized", tokens * width * cb)]
     if family.fused_projections:
-        items = [s for s in items if s.name not in ("v_proj", "gate_proj", "up_proj", "autocast input casts q/k/v",
-                                                     "autocast input casts gate/up")]
+        # one autocast input cast per fused Linear, each where its Linear runs (the attention core's backward comes
+        # after gate_up_proj's and before qkv_proj's: `attention_core.eager_core_released` reads the order)
+        fused_casts = {"autocast input casts q/k/v": "qkv_proj", "autocast input casts gate/up": "gate_up_proj"}
+        items = [_cast(plan, tokens, h, 1, fused_casts[s.name])[0] if s.name in fused_casts else s for s in items
+                 if s.name not in ("v_proj", "gate_proj", "up_proj")]
         if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
             items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
                       Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
         items += [Saved("gate_up_proj output", tokens * 2 * i * cb)]
-        items += _cast(plan, tokens, spec.hidden_size, 2, "qkv_proj, gate_up_proj")
     if family.residual_dropout:
         for n in ("resid_attn_dropout", "resid_mlp_dropout"):
             items += dropout_saved(n, plan, tokens * h, cb, _p(spec, "resid_pdrop"))
