@@ -81,7 +81,8 @@ def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
                     p: float = 0.0, output_copy: bool = True, softcap: bool = False,
-                    softmax_in_input_dtype: bool = False, fused_v_bytes: int = 0) -> list[Saved]:
+                    softmax_in_input_dtype: bool = False, fused_v_bytes: int = 0,
+                    fused_qk_views: bool = False) -> list[Saved]:
     """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
 
     sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
@@ -103,25 +104,32 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       query_key_value) that no repeat_kv copies. `at::matmul` hands bmm `v.expand(...).reshape(b·heads, s, d)`
       (torch 2.13 `aten/src/ATen/native/LinearAlgebra.cpp: _matmul_impl`); at micro-batch 1 that reshape is a view
       (the size-1 batch dim merges with the heads whatever its stride), so BmmBackward0 keeps the whole fused output
-      (`fused_v_bytes`) instead of a v-sized copy; from micro-batch 2 on the strides do not merge and v is copied."""
+      (`fused_v_bytes`) instead of a v-sized copy; from micro-batch 2 on the strides do not merge and v is copied.
+      The CPU math path does the same with an fp32 v (a half one is upcast, a copy). `fused_qk_views` (gpt2's
+      c_attn split): q and kᵀ are such views too, so eager keeps the fused output once for all three."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
     if _sdpa(spec, plan) and (not p or plan.device is Device.CUDA):  # fused kernel
         items = [*sdpa_inputs, Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
         return items + ([Saved("attention output contiguous (o_proj input)", tokens * q * cb)] if output_copy else [])
+    view = fused_v_bytes and plan.batch_size == 1  # the bmm operand reshaped from v is a view of the fused output
     if _sdpa(spec, plan):  # CPU math path
+        v = Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32)
+        if view and cb == FP32:  # not upcast (a copy) first
+            v = Saved("math sdpa v (fp32 bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
         return [Saved("math sdpa q*scale (fp32)", tokens * q * FP32),
-                Saved("math sdpa k*scale (fp32)", tokens * q * FP32),
-                Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32),
+                Saved("math sdpa k*scale (fp32)", tokens * q * FP32), v,
                 Saved("math sdpa _safe_softmax output (fp32)", scores * FP32),
                 *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
                 Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
                 Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-    v = Saved("eager v (bmm operand)", tokens * q * cb)
-    if fused_v_bytes and plan.batch_size == 1:  # the reshape is a view of the fused output
-        v = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
-    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb), v]
+    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
+             Saved("eager v (bmm operand)", tokens * q * cb)]
+    if view and fused_qk_views:  # q, k and v: one fused output, released with the last of them (q·kᵀ's backward)
+        items = [Saved("eager q, k, v (bmm operands, views of the fused q/k/v output)", fused_v_bytes)]
+    elif view:
+        items[2] = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
