@@ -1,12 +1,13 @@
-"""`--ddp-bucket-view`: the last MLP Linear's weight gradient between its MmBackward0 and its bucket.
+"""The last MLP Linear's weight gradient from its MmBackward0 to its AccumulateGrad.
 
-With `gradient_as_bucket_view=True` a layer's weight gradient costs nothing once the Reducer's hook has copied it into
-its bucket view (`gradients.in_buckets`), but it is a tensor of its own from the moment its MmBackward0 makes it until
-then: the engine runs the weight's AccumulateGrad (and, under autocast, first the `ToCopyBackward0` of its half copy)
-next, before the activation's backward makes the other intermediate-sized gradients (highest sequence number first,
-torch 2.13 `torch/csrc/autograd/engine.cpp: CompareNodeTaskTime`; the weight's cast is made after the activation in
-forward). So the layer's MLP moment (`gradients.layer_backward_peak_extra_bytes`, the weight's gradient gone) has two
-more candidates before it, each with the layer output's gradient (tokens × h, param dtype) alive:
+The engine runs the weight's AccumulateGrad (and, under autocast, first the `ToCopyBackward0` of its half copy) right
+after the Linear's MmBackward0, before the activation's backward makes the other intermediate-sized gradients
+(highest sequence number first, torch 2.13 `torch/csrc/autograd/engine.cpp: CompareNodeTaskTime`; the weight's cast
+is made after the activation in forward). Where the gradient is not kept as a `.grad` of its own after that —
+`--ddp-bucket-view` (the Reducer's hook copies it into its bucket view, `gradients.in_buckets`), micro-steps 2..K of
+`--grad-accum` (AccumulateGrad adds it into the `.grad` in place and frees it, `grad_accum`) — the layer's MLP moment
+(`gradients.layer_backward_peak_extra_bytes`) holds no such gradient, and these moments come before it, each with
+the layer output's gradient (tokens × h, param dtype) alive:
 - the weight gradient made: MmBackward0 (`mm_mat1_backward` then `mm_mat2_backward`, tools/autograd/derivatives.yaml)
   has allocated the input gradient (tokens × i, compute dtype) and the weight gradient (in the compute dtype: half
   under autocast, where the node still holds the half weight copy it saved);
@@ -26,8 +27,11 @@ from llmem.spec import ModelSpec
 
 
 def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    return (in_buckets(plan) and plan.method is Method.FULL and not spec.is_moe and spec.derived is None
-            and bool(_mlp_weights(spec)))
+    """Full fine-tuning of a dense table-driven model whose gradients stay on the device."""
+    from llmem.components import offload
+
+    return (plan.method is Method.FULL and not spec.is_moe and spec.derived is None and bool(_mlp_weights(spec))
+            and not offload.offloads_gradients(plan))
 
 
 def _mlp_weights(spec: ModelSpec) -> list:
