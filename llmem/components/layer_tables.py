@@ -17,6 +17,7 @@ from llmem.components.saved import (
     layer_norm_saved,
     rms_norm_saved,
 )
+from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Attention, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
@@ -39,8 +40,12 @@ def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
                    Saved("v_proj", tokens * kv * cb)]
     # phi3's qkv_proj: v views it unless repeat_kv copies (fewer kv heads)
     fused_v = tokens * (q + 2 * kv) * cb if spec.family.fused_projections and kv == q else 0
+    # one kv head: repeat_kv's copy is a stride-0 view at micro-batch 1 (k's is cast to half under autocast: a copy)
+    one_kv = tokens * kv * cb if kv == spec.head_dim and kv < q else 0
+    autocast = mixed and plan.scheme not in FSDP_SCHEMES  # FSDP2 runs no autocast
     items += attention_saved(spec, plan, tokens, seq, sdpa_inputs, _p(spec, "attention_dropout"), output_copy=False,
-                             softcap=bool(spec.options.get("attn_logit_softcapping")), fused_v_bytes=fused_v)
+                             softcap=bool(spec.options.get("attn_logit_softcapping")), fused_v_bytes=fused_v,
+                             kv_view_bytes=(0 if autocast else one_kv, one_kv))
     if rb == 4:
         items.append(Saved("residual after attention", tokens * h * rb))
     items += rms_norm_saved("post_attention_layernorm", spec, plan, tokens, output_saved=not mixed)

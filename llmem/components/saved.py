@@ -82,7 +82,7 @@ def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
                     p: float = 0.0, output_copy: bool = True, softcap: bool = False,
                     softmax_in_input_dtype: bool = False, fused_v_bytes: int = 0,
-                    fused_qk_views: bool = False) -> list[Saved]:
+                    fused_qk_views: bool = False, kv_view_bytes: tuple[int, int] = (0, 0)) -> list[Saved]:
     """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
 
     sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
@@ -106,7 +106,12 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       (the size-1 batch dim merges with the heads whatever its stride), so BmmBackward0 keeps the whole fused output
       (`fused_v_bytes`) instead of a v-sized copy; from micro-batch 2 on the strides do not merge and v is copied.
       The CPU math path does the same with an fp32 v (a half one is upcast, a copy). `fused_qk_views` (gpt2's
-      c_attn split): q and kᵀ are such views too, so eager keeps the fused output once for all three."""
+      c_attn split): q and kᵀ are such views too, so eager keeps the fused output once for all three.
+    `kv_view_bytes` (k's, v's): one kv head on this rank (multi-query, or GQA split by TP) at micro-batch 1:
+      `repeat_kv`'s expand + reshape merges the size-1 kv dim with the repeats (a stride-0 view, transformers 5.23
+      `models/llama/modeling_llama.py: repeat_kv`), and so does `at::matmul`'s reshape with the size-1 batch dim:
+      k and v are kept at their kv width (k after RoPE, v_proj's output), not as full-head copies — but where
+      autocast casts the expanded view to half (k after an fp32 RoPE), the cast is a full-head copy (0 for k)."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
@@ -130,6 +135,10 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
         items = [Saved("eager q, k, v (bmm operands, views of the fused q/k/v output)", fused_v_bytes)]
     elif view:
         items[2] = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
+    elif plan.batch_size == 1:
+        for k, (what, nbytes) in enumerate(zip("kv", kv_view_bytes, strict=True), start=1):
+            if nbytes:
+                items[k] = Saved(f"eager {what} (bmm operand, a stride-0 view of one kv head)", nbytes)
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
