@@ -314,7 +314,6 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
     family = spec.family
     q = spec.num_heads * spec.head_dim // plan.tp
     kv = spec.num_kv_heads * spec.head_dim // plan.tp
-    i = spec.intermediate_size // plan.tp
     h = spec.hidden_size
     if family.unit_offset_norm:
         # GemmaRMSNorm keeps its normalized product in fp32 (`output * (1 + weight.float())`, cast after)
@@ -338,15 +337,7 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.input in fp32", tokens * width * FP32),
                       Saved(f"{name}.normalized", tokens * width * cb)]
     if family.fused_projections:
-        # one autocast input cast per fused Linear, each where its Linear runs (the attention core's backward comes
-        # after gate_up_proj's and before qkv_proj's: `attention_core.eager_core_released` reads the order)
-        fused_casts = {"autocast input casts q/k/v": "qkv_proj", "autocast input casts gate/up": "gate_up_proj"}
-        items = [_cast(plan, tokens, h, 1, fused_casts[s.name])[0] if s.name in fused_casts else s for s in items
-                 if s.name not in ("v_proj", "gate_proj", "up_proj")]
-        if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
-            items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
-                      Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-        items += [Saved("gate_up_proj output", tokens * 2 * i * cb)]
+        items = _fused_projection_items(spec, plan, items, tokens)
     if family.residual_dropout:
         for n in ("resid_attn_dropout", "resid_mlp_dropout"):
             items += dropout_saved(n, plan, tokens * h, cb, _p(spec, "resid_pdrop"))
@@ -364,6 +355,22 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
         elif plan.precision.is_mixed:
             items += _cast(plan, tokens, spec.hidden_size, 1, "router")
     return items
+
+
+def _fused_projection_items(spec: ModelSpec, plan: TrainingPlan, items: list[Saved], tokens: int) -> list[Saved]:
+    """phi3's fused qkv_proj and gate_up_proj in place of llama's separate Linears: one autocast input cast per fused
+    Linear, each where its Linear runs (the attention core's backward comes after gate_up_proj's and before
+    qkv_proj's: `attention_core.eager_core_released` reads the order); sdpa keeps the qkv output through v's view."""
+    cb, _ = _bytes(plan)
+    q = spec.num_heads * spec.head_dim // plan.tp
+    kv = spec.num_kv_heads * spec.head_dim // plan.tp
+    fused_casts = {"autocast input casts q/k/v": "qkv_proj", "autocast input casts gate/up": "gate_up_proj"}
+    items = [_cast(plan, tokens, spec.hidden_size, 1, fused_casts[s.name])[0] if s.name in fused_casts else s
+             for s in items if s.name not in ("v_proj", "gate_proj", "up_proj")]
+    if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
+        items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
+                  Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+    return items + [Saved("gate_up_proj output", tokens * 2 * (spec.intermediate_size // plan.tp) * cb)]
 
 
 _TABLES = {"gpt2": gpt2_layer_saved, "opt": opt_layer_saved, "gpt_neox": neox_layer_saved,

@@ -100,18 +100,15 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       runs in the scores' dtype — half in pure bf16/fp16, no cast after it — and in fp32 only where autocast
       promotes it (softmax is on autocast's fp32 list) or the model is fp32.
     The output transposed back and made contiguous is the o_proj input (`output_copy`).
-    `fused_v_bytes`: v is a transposed view of a fused q/k/v projection's output (phi3's qkv_proj, gpt_neox's
-      query_key_value) that no repeat_kv copies. `at::matmul` hands bmm `v.expand(...).reshape(b·heads, s, d)`
-      (torch 2.13 `aten/src/ATen/native/LinearAlgebra.cpp: _matmul_impl`); at micro-batch 1 that reshape is a view
-      (the size-1 batch dim merges with the heads whatever its stride), so BmmBackward0 keeps the whole fused output
-      (`fused_v_bytes`) instead of a v-sized copy; from micro-batch 2 on the strides do not merge and v is copied.
-      The CPU math path does the same with an fp32 v (a half one is upcast, a copy). `fused_qk_views` (gpt2's
-      c_attn split): q and kᵀ are such views too, so eager keeps the fused output once for all three.
-    `kv_view_bytes` (k's, v's): one kv head on this rank (multi-query, or GQA split by TP) at micro-batch 1:
-      `repeat_kv`'s expand + reshape merges the size-1 kv dim with the repeats (a stride-0 view, transformers 5.23
-      `models/llama/modeling_llama.py: repeat_kv`), and so does `at::matmul`'s reshape with the size-1 batch dim:
-      k and v are kept at their kv width (k after RoPE, v_proj's output), not as full-head copies — but where
-      autocast casts the expanded view to half (k after an fp32 RoPE), the cast is a full-head copy (0 for k)."""
+    `fused_v_bytes`: v is a transposed view of a fused q/k/v output (phi3's qkv_proj, gpt_neox's query_key_value)
+      no repeat_kv copies. `at::matmul` hands bmm `v.expand(...).reshape(b·heads, s, d)` (torch 2.13
+      `aten/src/ATen/native/LinearAlgebra.cpp: _matmul_impl`), a view at micro-batch 1 (a size-1 batch dim merges
+      whatever its stride): BmmBackward0 keeps the whole fused output, not a v-sized copy (from micro-batch 2 on, a
+      copy). So does the CPU math path with an fp32 v (a half one is upcast, a copy). `fused_qk_views` (gpt2's c_attn
+      split): q and kᵀ are such views too, so eager keeps the fused output once for all three.
+    `kv_view_bytes` (k's, v's): one kv head on the rank (multi-query, GQA split by TP) at micro-batch 1: `repeat_kv`'s
+      expand + reshape (transformers 5.23 `models/llama/modeling_llama.py`) and matmul's reshape are stride-0 views,
+      k and v kept kv-wide (k after RoPE, v_proj's output); autocast's cast of an expanded fp32 k is a full copy (0)."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
@@ -129,16 +126,7 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
                 *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
                 Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
                 Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
-             Saved("eager v (bmm operand)", tokens * q * cb)]
-    if view and fused_qk_views:  # q, k and v: one fused output, released with the last of them (q·kᵀ's backward)
-        items = [Saved("eager q, k, v (bmm operands, views of the fused q/k/v output)", fused_v_bytes)]
-    elif view:
-        items[2] = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
-    elif plan.batch_size == 1:
-        for k, (what, nbytes) in enumerate(zip("kv", kv_view_bytes, strict=True), start=1):
-            if nbytes:
-                items[k] = Saved(f"eager {what} (bmm operand, a stride-0 view of one kv head)", nbytes)
+    items = _eager_operands(plan, tokens * q * cb, fused_v_bytes if view else 0, fused_qk_views, kv_view_bytes)
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
@@ -150,6 +138,22 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
     elif cb != FP32 and fp32_softmax:
         items.append(Saved("probabilities cast to the compute dtype (bmm operand)", scores * cb))
     return items + [Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+
+
+def _eager_operands(plan: TrainingPlan, q_bytes: int, fused_view: int, fused_qk_views: bool,
+                    kv_view_bytes: tuple[int, int]) -> list[Saved]:
+    """Eager attention's q, k and v bmm operands (`attention_saved`): full-head copies, or the views it documents."""
+    items = [Saved("eager q (bmm operand)", q_bytes), Saved("eager k (bmm operand)", q_bytes),
+             Saved("eager v (bmm operand)", q_bytes)]
+    if fused_view and fused_qk_views:  # q, k and v: one fused output, released with the last of them (q·kᵀ's backward)
+        return [Saved("eager q, k, v (bmm operands, views of the fused q/k/v output)", fused_view)]
+    if fused_view:
+        items[2] = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_view)
+    elif plan.batch_size == 1:
+        for k, (what, nbytes) in enumerate(zip("kv", kv_view_bytes, strict=True), start=1):
+            if nbytes:
+                items[k] = Saved(f"eager {what} (bmm operand, a stride-0 view of one kv head)", nbytes)
+    return items
 
 
 def rms_norm_saved(name: str, spec: ModelSpec, plan: TrainingPlan, tokens: int, output_saved: bool) -> list[Saved]:
