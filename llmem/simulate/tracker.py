@@ -71,6 +71,9 @@ class AllocationTracker(TorchDispatchMode):
         self.phases.append((name, self._iteration, self.op_index, len(self.events)))
         self._phase = len(self.phases) - 1
 
+    def in_backward(self) -> bool:
+        return self._phase >= 0 and self.phases[self._phase][0].startswith("backward")
+
     def reset_peak(self) -> None:
         self.phases.append(("reset", self._iteration, self.op_index, len(self.events)))
         self._phase = len(self.phases) - 1
