@@ -8,8 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
-    STREAMLIT_SERVER_HEADLESS=true \
-    STREAMLIT_SERVER_MAX_UPLOAD_SIZE=1
+    STREAMLIT_SERVER_HEADLESS=true
 
 WORKDIR /app
 
@@ -18,8 +17,10 @@ WORKDIR /app
 COPY requirements.txt ./
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
 
-# Run from the source tree (not an installed wheel): the presets live next to the package, in presets/.
+# Run from the source tree (not an installed wheel): the presets live next to the package, in presets/; the server
+# settings (upload size, no file watching, no Deploy button) in .streamlit/config.toml, read from /app.
 COPY app.py ./
+COPY .streamlit ./.streamlit
 COPY llmem ./llmem
 COPY presets ./presets
 ENV PYTHONPATH=/app

@@ -13,6 +13,7 @@ import sys
 
 from llmem.errors import GAP, InputError
 from llmem.help import HELP
+from llmem.importers import cli as importing
 from llmem.options import ARGUMENT, BY_NAME, OPTIONS, PLAN_OPTIONS
 from llmem.plan import TrainingPlan
 from llmem.units import format_gib, format_params
@@ -45,8 +46,12 @@ def check_engine(value: str) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
+    importing.apply(args)  # --from files: fill what the flags left, print what each key set
     check_engine(args.engine)
-    return TrainingPlan(**{option.name: getattr(args, option.name) for option in PLAN_OPTIONS})
+    try:
+        return TrainingPlan(**{option.name: getattr(args, option.name) for option in PLAN_OPTIONS})
+    except InputError as e:
+        raise importing.blame(e, args) from None
 
 
 def _spec_and_origin(model: str):
@@ -66,7 +71,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     est = estimate(spec, plan)
     gpu = _gpu(args)
     if args.json:
-        out = est.to_dict() | {"origin": origin, "caveats": list(spec.caveats)}
+        out = est.to_dict() | {"origin": origin, "caveats": list(spec.caveats)} | importing.as_json(args)
         if gpu is not None:
             out |= {"gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes,
                     "fits": est.device_total_bytes <= gpu.memory_bytes}
@@ -123,7 +128,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"origin": origin, "gpu_type": gpu.key, "rows": frame.to_dict("records"),
                           "recommended": result.recommended.label if result.recommended else None,
-                          "reason": result.reason}, indent=2))
+                          "reason": result.reason} | importing.as_json(args), indent=2))
         return 0
     print(f"{spec.name} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), micro-batch "
           f"{plan.batch_size} × {plan.seq_len}, {plan.precision} — GiB per GPU")
@@ -162,7 +167,7 @@ def cmd_plan_ckpt(args: argparse.Namespace) -> int:
     result = plan_checkpointing(spec, plan, gpu.memory_bytes)
     if args.json:
         print(json.dumps({"origin": origin, "gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes}
-                         | result.to_dict(), indent=2))
+                         | result.to_dict() | importing.as_json(args), indent=2))
         return 0
     print(f"{spec.name}: {plan.scheme.label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
           f"micro-batch {plan.batch_size} × {plan.seq_len}, {plan.precision}")
@@ -180,16 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="per-GPU peak memory of one plan")
     add_plan_arguments(est)
+    importing.add_from_argument(est)
     est.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default=None))
     est.set_defaults(func=cmd_estimate)
     cmp_ = sub.add_parser("compare", help="every strategy for a GPU count and type")
     add_plan_arguments(cmp_)
+    importing.add_from_argument(cmp_)
     cmp_.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))
     cmp_.add_argument("--csv", default=None, help="write the comparison table to this CSV file")
     cmp_.add_argument("--methods", **BY_NAME["methods"].cli_argument(default=""))
     cmp_.set_defaults(func=cmd_compare)
     pck = sub.add_parser("plan-ckpt", help=HELP["plan-ckpt"], description=HELP["plan-ckpt"])
     add_plan_arguments(pck)
+    importing.add_from_argument(pck)
     pck.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))
     pck.set_defaults(func=cmd_plan_ckpt)
     try:

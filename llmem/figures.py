@@ -19,32 +19,45 @@ def hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
 
 
 def breakdown_figure(est, gpu) -> dict:
-    """Stacked bar of the allocator peak by category; the items outside the allocator in a hatched bar apart."""
+    """Stacked bar of the allocator peak by category, each labelled with its size; the items outside the allocator in
+    a hatched bar apart. Empty categories are left out (no legend entry for nothing)."""
     x = [f"per-GPU peak ({est.peak_phase})"]
     data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
+                 text=[f"{gib(n):.2f}"], textposition="inside", insidetextanchor="middle",
                  hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
-            for i, (category, n) in enumerate(est.breakdown.items())]
+            for i, (category, n) in enumerate(est.breakdown.items()) if n > 0]
     outside = {"fragmentation allowance (outside the allocator peak)": est.fragmentation_bytes,
                "CUDA context (outside the allocator)": est.cuda_context_bytes}
     if est.paged_state_bytes:
         outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
     data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
-                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")),
-                  hovertemplate=f"{name}: {format_gib(n)}<extra></extra>") for name, n in outside.items()]
+                  marker=dict(color="#BAB0AC", pattern=dict(shape="/")), text=[f"{gib(n):.2f}"],
+                  textposition="inside", hovertemplate=f"{name}: {format_gib(n)}<extra></extra>")
+             for name, n in outside.items() if n > 0]
     shape, label = hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
+    label |= dict(x=1, xanchor="right")  # at the right end, clear of the bars' labels
+    top = max(gib(est.device_total_bytes), gib(gpu.memory_bytes)) * 1.08
     layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
                   annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
-                  yaxis=dict(title=dict(text="GiB per GPU")),
-                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"))
+                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), xaxis=dict(automargin=True),
+                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"), uniformtext=dict(minsize=9,
+                                                                                               mode="hide"))
     return dict(data=data, layout=layout)
 
 
-def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> dict:
-    """Allocator peak and device total against one input, with the capacity line and the largest fitting value."""
+def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest, current=None) -> dict:
+    """Allocator peak and device total against one input, with the capacity line, the largest fitting value and
+    the current value marked. The y axis spans the capacity, the current point and the first point above the
+    capacity (where the curve crosses it): the region a plan is decided in; steeper points run off the top."""
+    totals = [gib(e.device_total_bytes) for e in ests]
     data = [dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.peak_bytes) for e in ests],
                  name="allocator peak"),
-            dict(type="scatter", mode="lines+markers", x=list(xs), y=[gib(e.device_total_bytes) for e in ests],
+            dict(type="scatter", mode="lines+markers", x=list(xs), y=totals,
                  name="device total (+ context, fragmentation)")]
+    if current is not None and current in xs:
+        at = list(xs).index(current)
+        data.append(dict(type="scatter", mode="markers", x=[current], y=[totals[at]], name=f"current: {current}",
+                         marker=dict(color="black", size=12, symbol="diamond-open", line=dict(width=2))))
     shape, label = hline(gib(capacity), "capacity", "red", "dash")
     shapes, annotations = [shape], [label]
     if largest is not None:
@@ -52,9 +65,17 @@ def curve_figure(xs, ests, capacity: int, title: str, xlabel: str, largest) -> d
                            line=dict(color="green", dash="dot")))
         annotations.append(dict(yref="paper", y=1, x=math.log10(largest), text=f"largest fitting: {largest}",
                                 showarrow=False, xanchor="left", yanchor="top", font=dict(color="green", size=11)))
-    top = min(max(gib(e.device_total_bytes) for e in ests) * 1.05, gib(capacity) * 1.6)  # capacity stays readable
+    cap = gib(capacity)
+    crossing = min((t for t in totals if t > cap), default=max(totals, default=0.0))
+    current_total = totals[list(xs).index(current)] if current in xs else 0.0
+    top = max(cap, crossing, current_total) * 1.15
+    xs = list(xs)
+    inside = [i for i, t in enumerate(totals) if t <= top] or [0]
+    last = xs[min(max(inside) + 1, len(xs) - 1)]  # one point past the top: the line leaves the chart visibly
+    span = [math.log10(xs[0]) - 0.05, math.log10(last) + 0.05] if xs and xs[0] > 0 else None
     layout = dict(title=dict(text=title), height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=shapes,
-                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log"),
+                  annotations=annotations, xaxis=dict(title=dict(text=xlabel), type="log", range=span,
+                                                       tickvals=xs, ticktext=[f"{x:,}" for x in xs]),
                   yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), legend=dict(orientation="h", y=-0.25))
     return dict(data=data, layout=layout)
 

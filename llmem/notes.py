@@ -52,25 +52,7 @@ def moe_routing_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
             "one figure.")
 
 
-def neox_eager_batch1_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
-    """A residual not explained yet, kept visible: GPT-NeoX with eager attention at micro-batch 1 keeps two
-    query-sized tensors per layer more than its table (traced, `tests/derive/test_cross_check.py`; `simulate` of
-    pythia-160m, fp32, 1 × 1024 tokens: 2 · T · q · 4 bytes per layer above the estimate, −1.9%; micro-batch 2
-    within 0.01%; the same 2 · T · q · cb per layer in bf16 and bf16-mixed; none in a checkpointed layer). Until the
-    mechanism is found the note states the missing bytes."""
-    if spec.model_type != "gpt_neox" or plan.attn.value != "eager" or plan.batch_size != 1 or spec.derived:
-        return None
-    kept = sum(1 for layer in range(spec.num_layers) if not plan.checkpointed(layer))
-    if not kept:
-        return None
-    q = spec.num_heads * spec.head_dim // plan.tp
-    missing = 2 * plan.seq_len * q * plan.precision.compute_bytes * kept
-    return (f"GPT-NeoX with eager attention at micro-batch 1 keeps about {missing / 2**30:.2f} GiB more than this "
-            f"estimate (two query-sized tensors per layer, measured, cause not yet modelled): add it, or use a "
-            f"micro-batch of 2 or --attn sdpa.")
-
-
 def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
     """Every note that applies to this plan, in a stable order."""
-    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan), neox_eager_batch1_note(spec, plan))
+    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan))
     return tuple(n for n in notes if n)

@@ -6,7 +6,7 @@ Widgets whose kind is SPECIAL (the model source, GPU type, strategy, methods to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 
 from llmem.errors import InputError
 from llmem.options import ALL, BY_NAME, LINK_OPTIONS, NUMBER, SELECT, SPECIAL, TEXT, Option
@@ -85,12 +85,3 @@ def inputs_from_state(state: Mapping, model: str, upload: str) -> AppInputs:
     tp, zero = (1, ALL) if strategy == ALL else map(int, strategy.split(":"))
     return AppInputs(model=model, gpu_type=state["w_gpu"], tp=tp, zero=zero, upload=upload,
                      methods=",".join(sorted(state.get("w_methods", []))), **values)
-
-
-def method_changed(state: MutableMapping) -> None:
-    """The method widget changed: qlora needs a quantized base (nf4 unless one is chosen); the others have none."""
-    qlora = state.get("w_method") == Method.QLORA.value
-    if qlora and state.get("w_quant", Quant.NONE.value) == Quant.NONE.value:
-        state["w_quant"] = QLORA_BASE.value
-    elif not qlora:
-        state["w_quant"] = Quant.NONE.value

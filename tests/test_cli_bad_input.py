@@ -51,7 +51,7 @@ def test_a_causal_lm_outside_the_families_with_bad_sizes_names_the_field(tmp_pat
 @pytest.mark.parametrize("name", [i.name for i in list_presets() if i.estimator == "not yet"])
 @pytest.mark.parametrize("command", ["estimate", "compare", "plan-ckpt"])
 def test_a_preset_not_modelled_yet_is_listed_but_refused_in_one_line(capsys, name, command):
-    """A preset the derived path cannot take (DeepSeek-V3's dense first layers, expert layers not derived; dropout)
+    """A preset the derived path cannot take (DeepSeek-V3's dense first layers, expert layers not derived)
     is refused in one line naming the config key."""
     from llmem.derive.experts import LAYER_KIND_FIELDS
     from llmem.derive.tables import MOE_KEYS

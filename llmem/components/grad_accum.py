@@ -8,8 +8,8 @@ torch/csrc/autograd/functions/accumulate_grad.h `accumulateGrad`); the new tenso
 
 from __future__ import annotations
 
-from llmem.components import lora, offload
-from llmem.components.gradients import in_buckets, layer_backward_peak_extra_bytes
+from llmem.components import lora, offload, weight_gradient
+from llmem.components.gradients import in_buckets
 from llmem.components.sharding import local_numel
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
@@ -23,22 +23,12 @@ def _plain(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def mlp_weight_gradient_released_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """At the MLP moment (`layer_backward_peak_extra_bytes`: the last MLP Linear's weight gradient, n
-    intermediate-sized activation gradients and the layer output's), micro-step 2 never holds all of them at once:
-    the new weight gradient lives from its MmBackward0's return — when the only intermediate-sized gradient is that
-    node's input gradient — until its AccumulateGrad, which the engine runs next (highest sequence number first,
-    torch/csrc/autograd/engine.cpp `CompareNodeTaskTime`), before the activation's backward makes the other n - 1.
-    So the moment is the larger of (weight + 1 of them) and (n of them): it holds min(weight, (n - 1) of them) less.
-    One for the gelu MLPs (n = 1: no change), the weight for a gated MLP when (n - 1) × tokens × i ≥ its numel.
-    Not GPT-2's `NewGELUActivation`: its composite's saved tensors, freed one by one by its backward, are all alive
-    at the weight's moment (measured: that moment is above the later one by about the weight)."""
-    if not _plain(spec, plan) or spec.family.mlp_activation == "gelu-new":
+    intermediate-sized activation gradients and the layer output's), micro-step 2 holds no new weight gradient: it
+    lives from its MmBackward0 (under autocast, its fp32 cast) until its AccumulateGrad, which the engine runs next
+    (highest sequence number first, torch/csrc/autograd/engine.cpp `CompareNodeTaskTime`), before the activation's
+    backward makes the other n - 1; that span is a moment of its own (`weight_gradient`: the weight gradient made,
+    and cast). So the MLP moment holds the weight's bytes less."""
+    if not _plain(spec, plan) or not weight_gradient.applies(spec, plan):
         return 0
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
-    if not mlp:
-        return 0
-    tokens = plan.batch_size * plan.seq_len
-    weight = local_numel(mlp[-1], plan) * plan.precision.param_bytes
-    residual = tokens * spec.hidden_size * plan.precision.param_bytes
-    one = tokens * (spec.intermediate_size // plan.tp) * plan.precision.compute_bytes
-    others = layer_backward_peak_extra_bytes(spec, plan) - weight - residual - one  # the other n - 1
-    return max(0, min(weight, others))
+    return local_numel(mlp[-1], plan) * plan.precision.param_bytes

@@ -377,7 +377,10 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
 @per_spec("layout_key")
 def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Falcon (parallel attention): the weight gradients a layer has produced when its attention core runs
-    backward — the MLP's (its backward ran first) and the attention output projection's (`dense`)."""
+    backward — the MLP's (its backward ran first) and the attention output projection's (`dense`); in their buckets
+    under `--ddp-bucket-view`."""
+    if in_buckets(plan):
+        return 0
     params = [p for p in spec.layer_params(0) if ".mlp." in p.name or "self_attention.dense" in p.name]
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
 

@@ -17,6 +17,7 @@ from llmem.components.saved import (
     layer_norm_saved,
     rms_norm_saved,
 )
+from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Attention, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
@@ -37,8 +38,14 @@ def llama_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
         items.append(Saved("autocast input casts q/k/v", 3 * tokens * h * 2))
     sdpa_inputs = [Saved("q_embed (RoPE)", tokens * q * cb), Saved("k_embed (RoPE)", tokens * kv * cb),
                    Saved("v_proj", tokens * kv * cb)]
+    # phi3's qkv_proj: v views it unless repeat_kv copies (fewer kv heads)
+    fused_v = tokens * (q + 2 * kv) * cb if spec.family.fused_projections and kv == q else 0
+    # one kv head: repeat_kv's copy is a stride-0 view at micro-batch 1 (k's is cast to half under autocast: a copy)
+    one_kv = tokens * kv * cb if kv == spec.head_dim and kv < q else 0
+    autocast = mixed and plan.scheme not in FSDP_SCHEMES  # FSDP2 runs no autocast
     items += attention_saved(spec, plan, tokens, seq, sdpa_inputs, _p(spec, "attention_dropout"), output_copy=False,
-                             softcap=bool(spec.options.get("attn_logit_softcapping")))
+                             softcap=bool(spec.options.get("attn_logit_softcapping")), fused_v_bytes=fused_v,
+                             kv_view_bytes=(0 if autocast else one_kv, one_kv))
     if rb == 4:
         items.append(Saved("residual after attention", tokens * h * rb))
     items += rms_norm_saved("post_attention_layernorm", spec, plan, tokens, output_saved=not mixed)
@@ -69,7 +76,8 @@ def gpt2_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int)
         Saved("input (residual stream, ln_1 input)", tokens * h * rb),
         *layer_norm_saved("ln_1", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_attn"),
         *attention_saved(spec, plan, tokens, seq, [Saved("c_attn output (q, k, v views)", tokens * 3 * q * cb)],
-                         _p(spec, "attn_pdrop"), output_copy=False, softmax_in_input_dtype=True),
+                         _p(spec, "attn_pdrop"), output_copy=False, softmax_in_input_dtype=True,
+                         fused_v_bytes=tokens * 3 * q * cb, fused_qk_views=True),
         *dropout_saved("resid_dropout (attention)", plan, tokens * h, cb, resid),
         Saved("residual after attention (ln_2 input)", tokens * h * rb),
         *layer_norm_saved("ln_2", plan, tokens, h), *_cast(plan, tokens, h, 1, "c_fc"),
@@ -117,7 +125,7 @@ def neox_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int)
         *attention_saved(spec, plan, tokens, seq, [
             Saved("query_key_value output", tokens * 3 * q * cb),
             Saved("q rotary cat", tokens * q * cb), Saved("k rotary cat", tokens * q * cb)],
-            _p(spec, "attention_dropout")),
+            _p(spec, "attention_dropout"), fused_v_bytes=tokens * 3 * q * cb),
         *dropout_saved("post_attention_dropout", plan, tokens * h, cb, hidden),
     ]
     if spec.options.get("use_parallel_residual") is False:
@@ -306,7 +314,6 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
     family = spec.family
     q = spec.num_heads * spec.head_dim // plan.tp
     kv = spec.num_kv_heads * spec.head_dim // plan.tp
-    i = spec.intermediate_size // plan.tp
     h = spec.hidden_size
     if family.unit_offset_norm:
         # GemmaRMSNorm keeps its normalized product in fp32 (`output * (1 + weight.float())`, cast after)
@@ -330,13 +337,7 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
             items += [Saved(f"{name}.rsqrt", tokens * n * FP32), Saved(f"{name}.input in fp32", tokens * width * FP32),
                       Saved(f"{name}.normalized", tokens * width * cb)]
     if family.fused_projections:
-        items = [s for s in items if s.name not in ("v_proj", "gate_proj", "up_proj", "autocast input casts q/k/v",
-                                                     "autocast input casts gate/up")]
-        if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
-            items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
-                      Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-        items += [Saved("gate_up_proj output", tokens * 2 * i * cb)]
-        items += _cast(plan, tokens, spec.hidden_size, 2, "qkv_proj, gate_up_proj")
+        items = _fused_projection_items(spec, plan, items, tokens)
     if family.residual_dropout:
         for n in ("resid_attn_dropout", "resid_mlp_dropout"):
             items += dropout_saved(n, plan, tokens * h, cb, _p(spec, "resid_pdrop"))
@@ -354,6 +355,22 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
         elif plan.precision.is_mixed:
             items += _cast(plan, tokens, spec.hidden_size, 1, "router")
     return items
+
+
+def _fused_projection_items(spec: ModelSpec, plan: TrainingPlan, items: list[Saved], tokens: int) -> list[Saved]:
+    """phi3's fused qkv_proj and gate_up_proj in place of llama's separate Linears: one autocast input cast per fused
+    Linear, each where its Linear runs (the attention core's backward comes after gate_up_proj's and before
+    qkv_proj's: `attention_core.eager_core_released` reads the order); sdpa keeps the qkv output through v's view."""
+    cb, _ = _bytes(plan)
+    q = spec.num_heads * spec.head_dim // plan.tp
+    kv = spec.num_kv_heads * spec.head_dim // plan.tp
+    fused_casts = {"autocast input casts q/k/v": "qkv_proj", "autocast input casts gate/up": "gate_up_proj"}
+    items = [_cast(plan, tokens, spec.hidden_size, 1, fused_casts[s.name])[0] if s.name in fused_casts else s
+             for s in items if s.name not in ("v_proj", "gate_proj", "up_proj")]
+    if _flash(spec, plan):  # sdpa saves v as a view of the fused output; the output's transpose is not contiguous
+        items += [Saved("qkv_proj output (v view kept)", tokens * (q + 2 * kv) * cb),
+                  Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+    return items + [Saved("gate_up_proj output", tokens * 2 * (spec.intermediate_size // plan.tp) * cb)]
 
 
 _TABLES = {"gpt2": gpt2_layer_saved, "opt": opt_layer_saved, "gpt_neox": neox_layer_saved,

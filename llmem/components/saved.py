@@ -81,7 +81,8 @@ def _sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, sdpa_inputs: list[Saved],
                     p: float = 0.0, output_copy: bool = True, softcap: bool = False,
-                    softmax_in_input_dtype: bool = False) -> list[Saved]:
+                    softmax_in_input_dtype: bool = False, fused_v_bytes: int = 0,
+                    fused_qk_views: bool = False, kv_view_bytes: tuple[int, int] = (0, 0)) -> list[Saved]:
     """The attention core of one layer after the projections (q width = heads*head_dim on this rank).
 
     sdpa (`_scaled_dot_product_flash_attention_for_cpu` / CUDA flash or efficient): the family's q, k, v tensors
@@ -98,23 +99,34 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
       `softmax_in_input_dtype` (gpt2: `softmax(w, dim=-1)` with no dtype, then `.type(value.dtype)`): the softmax
       runs in the scores' dtype — half in pure bf16/fp16, no cast after it — and in fp32 only where autocast
       promotes it (softmax is on autocast's fp32 list) or the model is fp32.
-    The output transposed back and made contiguous is the o_proj input (`output_copy`)."""
+    The output transposed back and made contiguous is the o_proj input (`output_copy`).
+    `fused_v_bytes`: v is a transposed view of a fused q/k/v output (phi3's qkv_proj, gpt_neox's query_key_value)
+      no repeat_kv copies. `at::matmul` hands bmm `v.expand(...).reshape(b·heads, s, d)` (torch 2.13
+      `aten/src/ATen/native/LinearAlgebra.cpp: _matmul_impl`), a view at micro-batch 1 (a size-1 batch dim merges
+      whatever its stride): BmmBackward0 keeps the whole fused output, not a v-sized copy (from micro-batch 2 on, a
+      copy). So does the CPU math path with an fp32 v (a half one is upcast, a copy). `fused_qk_views` (gpt2's c_attn
+      split): q and kᵀ are such views too, so eager keeps the fused output once for all three.
+    `kv_view_bytes` (k's, v's): one kv head on the rank (multi-query, GQA split by TP) at micro-batch 1: `repeat_kv`'s
+      expand + reshape (transformers 5.23 `models/llama/modeling_llama.py`) and matmul's reshape are stride-0 views,
+      k and v kept kv-wide (k after RoPE, v_proj's output); autocast's cast of an expanded fp32 k is a full copy (0)."""
     cb, _ = _bytes(plan)
     q, heads = spec.num_heads * spec.head_dim // plan.tp, spec.num_heads // plan.tp
     scores = tokens * heads * seq
     if _sdpa(spec, plan) and (not p or plan.device is Device.CUDA):  # fused kernel
         items = [*sdpa_inputs, Saved("sdpa output", tokens * q * cb), Saved("sdpa logsumexp", tokens * heads * FP32)]
         return items + ([Saved("attention output contiguous (o_proj input)", tokens * q * cb)] if output_copy else [])
+    view = fused_v_bytes and plan.batch_size == 1  # the bmm operand reshaped from v is a view of the fused output
     if _sdpa(spec, plan):  # CPU math path
+        v = Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32)
+        if view and cb == FP32:  # not upcast (a copy) first
+            v = Saved("math sdpa v (fp32 bmm operand, a view of the fused q/k/v output)", fused_v_bytes)
         return [Saved("math sdpa q*scale (fp32)", tokens * q * FP32),
-                Saved("math sdpa k*scale (fp32)", tokens * q * FP32),
-                Saved("math sdpa v (fp32 bmm operand)", tokens * q * FP32),
+                Saved("math sdpa k*scale (fp32)", tokens * q * FP32), v,
                 Saved("math sdpa _safe_softmax output (fp32)", scores * FP32),
                 *dropout_saved("math sdpa probabilities", plan, scores, FP32, p),
                 Saved("math sdpa dropped probabilities (fp32 bmm operand)", scores * FP32),
                 Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
-    items = [Saved("eager q (bmm operand)", tokens * q * cb), Saved("eager k (bmm operand)", tokens * q * cb),
-             Saved("eager v (bmm operand)", tokens * q * cb)]
+    items = _eager_operands(plan, tokens * q * cb, fused_v_bytes if view else 0, fused_qk_views, kv_view_bytes)
     if softcap:
         items.append(Saved("attention softcapping tanh output (compute dtype)", scores * cb))
     fp32_softmax = not softmax_in_input_dtype or plan.precision.is_mixed or cb == FP32
@@ -126,6 +138,22 @@ def attention_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int, 
     elif cb != FP32 and fp32_softmax:
         items.append(Saved("probabilities cast to the compute dtype (bmm operand)", scores * cb))
     return items + [Saved("attention output contiguous (o_proj input)", tokens * q * cb)]
+
+
+def _eager_operands(plan: TrainingPlan, q_bytes: int, fused_view: int, fused_qk_views: bool,
+                    kv_view_bytes: tuple[int, int]) -> list[Saved]:
+    """Eager attention's q, k and v bmm operands (`attention_saved`): full-head copies, or the views it documents."""
+    items = [Saved("eager q (bmm operand)", q_bytes), Saved("eager k (bmm operand)", q_bytes),
+             Saved("eager v (bmm operand)", q_bytes)]
+    if fused_view and fused_qk_views:  # q, k and v: one fused output, released with the last of them (q·kᵀ's backward)
+        return [Saved("eager q, k, v (bmm operands, views of the fused q/k/v output)", fused_view)]
+    if fused_view:
+        items[2] = Saved("eager v (bmm operand, a view of the fused q/k/v output)", fused_view)
+    elif plan.batch_size == 1:
+        for k, (what, nbytes) in enumerate(zip("kv", kv_view_bytes, strict=True), start=1):
+            if nbytes:
+                items[k] = Saved(f"eager {what} (bmm operand, a stride-0 view of one kv head)", nbytes)
+    return items
 
 
 def rms_norm_saved(name: str, spec: ModelSpec, plan: TrainingPlan, tokens: int, output_saved: bool) -> list[Saved]:

@@ -14,8 +14,7 @@ Under autocast the weight copies mm saves are traced into the layer tables (the 
 adapters' cached until the forward's autocast region exits: `walk.single._cast_terms` counts those of checkpointed
 layers at the forward's end).
 Refused (one line naming the field): FSDP2 with bf16-/fp16-mixed (its policy's half adapters are written for
-llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data), the model's dropout
-(`llmem.derive.tables`).
+llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data).
 """
 
 from __future__ import annotations
@@ -109,29 +108,7 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full", GAP)
-    error = static_refusal(spec.derived.config)  # the model's dropout (expert layers are refused above)
-    key = error.field if error is not None and "dropout" in str(error) else None
-    if error is None:  # a dropout the configuration class defaults above 0 (gpt2's resid_pdrop, ...)
-        key = spec.memo(("lora.default_dropout",), lambda: _default_dropout_key(spec.derived.config))
-    if key is not None:
-        return InputError(key, f"{name} is modelled with the model's dropout at 0 (the saved tensors of dropout "
-                          f"differ between CPU and CUDA kernels); set {key} to 0")
-    return error
-
-
-def _default_dropout_key(config: dict) -> str | None:
-    """A dropout key the config's class defaults above 0 where the config leaves it out (None: none does)."""
-    from llmem.derive.tables import _dropout_keys, _quiet_transformers
-
-    try:
-        from transformers import AutoConfig
-
-        rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-        with _quiet_transformers():
-            keys = _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
-    except Exception:  # noqa: BLE001 - the trace names it then (`tables._dropout_error`)
-        return None
-    return keys[0] if keys else None
+    return static_refusal(spec.derived.config)
 
 
 def checkpointed_windows(traced: tuple[list, list], layer_kinds: list[int], kind: str, offset: int) -> list:

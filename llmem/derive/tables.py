@@ -14,9 +14,10 @@ Each entry's bytes are the fitted polynomial (`llmem.derive.fit`) at the plan's 
 LoRA plans trace the PEFT model (`llmem.derive.lora`): layer 0, whose input may need no gradient, is then simply a
 kind of its own (it saves less).
 TP plans trace the wrapped model of TP rank 0 under torch's fake process group (`llmem.derive.tp`).
-Refused (one line naming the field): TP without a plan in the config (by the walk's own checks), experts other
-than `llmem.derive.experts` derives (grouped experts in every layer), dropout > 0 (the trace runs CPU kernels; CUDA's
-dropout saves a bool mask instead), anything saved on the logits other than a softcapping tanh.
+A dropout (the model's or LoRA's) is traced as the plan's device runs it: on the cuda profile through CUDA's branches
+(`llmem.simulate.patches.cuda_kernel_choices`: `native_dropout`'s bool mask; sdpa's dropout inside the fused kernel).
+Refused (one line naming the field): TP without a plan in the config (by the walk's checks), experts other than
+`llmem.derive.experts` derives, anything saved on the logits other than a softcapping tanh.
 """
 
 from __future__ import annotations
@@ -65,22 +66,35 @@ class Derived:
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [], rope=rope)
 
     def key(self, plan: TrainingPlan) -> tuple:
-        """(dtype, autocast dtype, attention, sequence band, batch regime), then ("tp", degree) under TP, or under
-        LoRA the traced PEFT program's fields (`llmem.derive.lora.trace_key`)."""
+        """(dtype, autocast dtype, attention, sequence band, batch regime, kernels), then ("tp", degree) under TP, or
+        under LoRA the traced PEFT program's fields (`llmem.derive.lora.trace_key`). `kernels` is "cuda" when the
+        cuda profile runs a dropout (the model's or LoRA's): CUDA's dropout kernels save other tensors than CPU's."""
         from llmem.components.lora import is_lora
+        from llmem.plan import Device
         from llmem.spec import attention_implementation
 
         p = plan.precision
+        lora = is_lora(plan)
+        cuda = plan.device is Device.CUDA and (self.has_dropout() or (lora and plan.lora_dropout > 0))
         base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
                 attention_implementation(self.model_type, plan.attn),
-                band(self.config, plan.seq_len), regime(plan.batch_size))
+                band(self.config, plan.seq_len), regime(plan.batch_size), "cuda" if cuda else "")
         if plan.tp > 1:  # traced on TP rank 0 under the fake process group (`llmem.derive.tp`)
             return (*base, ("tp", plan.tp))
-        if not is_lora(plan):
+        if not lora:
             return base
         from llmem.derive.lora import trace_key
 
         return (*base, trace_key(plan))
+
+    def has_dropout(self) -> bool:
+        """Whether the model runs a dropout: a dropout key above 0 in the config or its configuration class's
+        defaults (gpt2's resid_pdrop)."""
+        if not hasattr(self, "_dropout"):  # on disk beside the tables: a cached estimate imports no transformers
+            cached = cache.load(self.config, ("dropout",))
+            self._dropout = cached if isinstance(cached, bool) else \
+                cache.store(self.config, ("dropout",), bool(dropout_keys(self.config)))
+        return self._dropout
 
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
@@ -91,20 +105,20 @@ class Derived:
 
     def _trace_and_fit(self, k: tuple) -> dict:
         from llmem.derive.tp import fake_group
-        (dtype, mixed, attn, offset, kind), rest = k[:5], k[5:]
+        (dtype, mixed, attn, offset, kind, kernels), rest = k[:6], k[6:]
         tp = rest[0][1] if rest and rest[0][:1] == ("tp",) else 1
         lora = rest[0] if rest and tp == 1 else None
         config, mapping = self._shallower()
         with fake_group(tp):
             built = self._build(config, dtype, attn, lora, tp=tp)
             experts.check_grouped(built[1], self.model_type)
-            fits = self._fit(built, kind, mixed or None, offset)
+            fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda")
         if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
             from llmem.derive.lora import checkpointed_windows
 
             built = self._build(config, dtype, attn, lora, checkpointed=True)
-            fits["checkpointed backward"] = checkpointed_windows(self._traces(built, kind, mixed or None, offset),
-                                                                 fits["layer_kinds"], kind, offset)
+            traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
+            fits["checkpointed backward"] = checkpointed_windows(traced, fits["layer_kinds"], kind, offset)
         return fits if mapping is None else depth.expand(fits, mapping)
 
     def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False, tp: int = 1):
@@ -144,22 +158,21 @@ class Derived:
         d, mapping = planned
         return {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}, mapping
 
-    def _traces(self, built, kind: str, mixed: str | None, offset: int) -> tuple[list, list]:
+    def _traces(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> tuple[list, list]:
         """The traces at regime `kind`'s fit points and check points."""
         from llmem.derive.trace import trace
 
         points, check_points, _ = shifted(kind, offset)
         try:
-            return [trace(built, b, s, mixed) for b, s in points], [trace(built, b, s, mixed) for b, s in check_points]
+            return ([trace(built, b, s, mixed, cuda) for b, s in points],
+                    [trace(built, b, s, mixed, cuda) for b, s in check_points])
         except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
                              f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
 
-    def _fit(self, built, kind: str, mixed: str | None, offset: int) -> dict:
-        traces, checks = self._traces(built, kind, mixed, offset)
-        if any(t.dropout for t in traces):
-            raise _dropout_error(self.config)
+    def _fit(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> dict:
+        traces, checks = self._traces(built, kind, mixed, offset, cuda)
         places = ("outer", "final", "head", "held")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
@@ -257,23 +270,16 @@ _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2]
 
 
 def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
-    """The trace runs CPU kernels; under the cuda profile two saved tensors differ. A half-precision LayerNorm's mean
-    and rstd are half on CPU (torch 2.13 `layer_norm_cpu`: the input's dtype) and fp32 on CUDA
-    (`layer_norm_kernel.cu`: `acc_type`): twice the bytes. A dropout's saved noise (`trace`: the storage `bernoulli_`
-    filled; CPU `_dropout_impl` saves `x * noise`'s noise in x's dtype) is CUDA `native_dropout`'s bool mask: one
-    byte per element (`activations.dropout_saved`; only LoRA's dropout is traced, the model's is refused)."""
+    """The trace runs CPU kernels; under the cuda profile a half-precision LayerNorm's mean and rstd differ: half on
+    CPU (torch 2.13 `layer_norm_cpu`: the input's dtype) and fp32 on CUDA (`layer_norm_kernel.cu`: `acc_type`),
+    twice the bytes. (A dropout is traced through CUDA's branch already, `Derived.key`.)"""
     from llmem.plan import Device
 
-    if plan.device is not Device.CUDA:
-        return nbytes
-    if name.endswith(_HALF_STATISTICS):
+    if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS):
         return 2 * nbytes
-    if ": dropout noise " in name:
-        return nbytes // _ITEMSIZE[name.rsplit(" ", 1)[-1]]
     return nbytes
 
 
-_ITEMSIZE = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2, "torch.float64": 8}
 
 
 def band(config: dict, seq: int) -> int:
@@ -294,15 +300,10 @@ def band(config: dict, seq: int) -> int:
 
 def static_refusal(config: dict) -> InputError | None:
     """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
-    preset): expert layers not derived (`experts.experts_refusal`, read from the config or its text_config) or a
-    dropout above 0. A config that passes may still be refused when traced (e.g. no sdpa path)."""
+    preset): expert layers not derived (`experts.experts_refusal`, read from the config or its text_config). A
+    config that passes may still be refused when traced (e.g. no sdpa path)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    refusal = experts.experts_refusal({**text, **config}, config.get("model_type"))
-    if refusal is not None:
-        return refusal
-    if _dropout_keys(config):
-        return _dropout_error(config)
-    return None
+    return experts.experts_refusal({**text, **config}, config.get("model_type"))
 
 
 def _dropout_keys(values: dict) -> list[str]:
@@ -310,20 +311,19 @@ def _dropout_keys(values: dict) -> list[str]:
             "summary")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
 
 
-def _dropout_error(config: dict) -> InputError:
-    """Names the dropout key to set to 0: one the config sets, else one its configuration class defaults above 0."""
+def dropout_keys(config: dict) -> list[str]:
+    """The dropout keys above 0 the config sets, else those its configuration class defaults above 0."""
     keys = _dropout_keys(config)
-    if not keys:
-        try:
-            from transformers import AutoConfig
+    if keys:
+        return keys
+    try:
+        from transformers import AutoConfig
 
-            rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-            keys = _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
-        except Exception:  # noqa: BLE001 - only the message's key depends on it
-            keys = []
-    key = keys[0] if keys else "dropout"
-    return InputError(key, "derived architectures are modelled with dropout 0 (the saved tensors of dropout differ "
-                      f"between CPU and CUDA kernels); set {key} to 0")
+        rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+        with _quiet_transformers():
+            return _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
+    except Exception:  # noqa: BLE001 - a config transformers rejects is named when it is built
+        return []
 
 
 @contextlib.contextmanager

@@ -46,7 +46,6 @@ from torch.utils._pytree import tree_leaves
 
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-DROPOUT_OPS = ("bernoulli", "bernoulli_", "native_dropout")
 
 
 @dataclass
@@ -63,7 +62,6 @@ class Trace:
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
-    dropout: bool = False  # a dropout op ran
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
     #                       gradient, DTensor's embedding backward)
 
@@ -78,18 +76,16 @@ class _Allocations(TorchDispatchMode):
 
     def __init__(self, params: set[int], autocast_dtype: torch.dtype | None):
         super().__init__()
-        self.params, self.origin, self.copies, self.dropout = params, {}, set(), False
+        self.params, self.origin, self.copies = params, {}, set()
         self.autocast_dtype, self.keep = autocast_dtype, []
         self._alive: dict[int, weakref.ref] = {}
-        self.module = lambda: ""  # the running module's name (set by `_Recorder`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t not in _PLAIN and not issubclass(t, FakeTensor) for t in types):
             return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        self.dropout |= name in DROPOUT_OPS and "lora_dropout" not in self.module()  # the model's, not LoRA's
-        if name == "bernoulli_":  # CPU dropout's noise (`tables._cuda_bytes`)
+        if name == "bernoulli_":  # CPU dropout's noise, named in the tables
             self.origin[args[0].untyped_storage()._cdata] = "dropout noise"
         copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
                 and args[0].untyped_storage()._cdata in self.params and isinstance(out, torch.Tensor)
@@ -149,7 +145,6 @@ class _Recorder:
     def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
         self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
         self.place, self.stack, self.keep = PRE, [], []
-        self.alloc.module = lambda: self.stack[-1] if self.stack else ""
         self.lora = hasattr(model, "peft_config")  # a PEFT model
         self.places: dict[int, list] = {}  # storage -> [[(place, weak ref to its _Packed)], name, bytes, weak ref]
         self.layer_args: dict[int, tuple[str, int]] = {}
@@ -241,11 +236,14 @@ def _unpack(packed):
     return packed.t if isinstance(packed, _Packed) else packed
 
 
-def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
+def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = False) -> Trace:
     """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype` runs the forward under
-    `torch.autocast`."""
+    `torch.autocast`; `cuda` takes CUDA's branches where CPU code paths differ in memory (dropout:
+    `llmem.simulate.patches.cuda_kernel_choices`)."""
     import transformers.masking_utils as masking
 
+    from llmem.plan import TrainingPlan
+    from llmem.simulate.patches import cuda_kernel_choices
     from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
@@ -260,9 +258,10 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
                 else contextlib.nullcontext())
     from llmem.simulate.patches import untracked_sharding_propagation
 
+    kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
-                untracked_sharding_propagation(tracker):
+                untracked_sharding_propagation(tracker), kernels:
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, _unpack):
@@ -282,7 +281,6 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None) -> Trace:
     out.backward = out.backwards[-1]
     out.forwards = [_window(tracker.events, rec.forwards.get(i, []), rec.grad_outs.get(i, 0), copies)[1:]
                     for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
-    out.dropout = rec.alloc.dropout
     return out
 
 

@@ -183,6 +183,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
             progress("building and wrapping the model on fake tensors")
         session = prepare(config, run_plan, topo, mark=tracker.mark)
         handles = _install_module_tracking(tracker, session.model)
+        _install_tied_accumulation(tracker, session.model)
         buckets: list[int] = []
         if is_ddp:
             buckets, sim_rank, closed_form = ddp.install(session, plan, run_plan, rank, tracker, make_optimizer)
@@ -207,6 +208,23 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     sim = build_result(plan, sim_rank, tracker, set(step_blocks), closed_form, notes, t0)
     sim.paged_state_bytes = paged_bytes[0]
     return sim
+
+
+def _install_tied_accumulation(tracker, model) -> None:
+    """The real `InputBuffer` decision for a tied weight's two gradients (`stand_ins.tied_accumulation`)."""
+    from llmem.simulate.stand_ins import tied_accumulation
+
+    inner = getattr(model, "module", model)
+    emb, head = inner.get_input_embeddings(), inner.get_output_embeddings()
+    if emb is None or head is None or getattr(head, "weight", None) is not getattr(emb, "weight", None):
+        return
+    tracker.stand_ins[_aten_add()] = tied_accumulation({tuple(emb.weight.shape)}, tracker.in_backward)
+
+
+def _aten_add():
+    import torch
+
+    return torch.ops.aten.add.Tensor
 
 
 def _step_tensors_on_host(plan: TrainingPlan) -> bool:

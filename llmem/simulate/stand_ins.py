@@ -39,6 +39,28 @@ def wait_tensor(func, args, kwargs):
     return args[0]
 
 
+def tied_accumulation(tied_shapes: set, in_backward) -> callable:
+    """`aten.add.Tensor` as the autograd engine's `InputBuffer` sums the two gradients of a tied weight (torch 2.13
+    `torch/csrc/autograd/input_buffer.cpp: accumulate`): `old_var.add_(var)` in place when grad mode is off and the
+    gradient waiting in the buffer is a plain, non-overlapping dense tensor it holds the only reference to
+    (`can_accumulate_inplace`), else `old_var + var`. Under a dispatch mode every tensor counts as a subclass
+    (`at::isTensorSubclassLike`), so the fake run would always sum out of place; this stand-in takes the real
+    decision where it depends on the program: in place unless the waiting gradient is a view (the lm_head's weight
+    gradient is `.t()` of its matmul's outside autocast, a fresh `ToCopyBackward0` output under it). Only adds of a
+    tied weight's shape during backward; any other add runs as before."""
+
+    def add(func, args, kwargs):
+        old, new = (args + (None, None))[:2]
+        if (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and not kwargs and len(args) == 2
+                and not torch.is_grad_enabled() and in_backward() and tuple(old.shape) in tied_shapes
+                and old.shape == new.shape and old.dtype == new.dtype and not old._is_view()
+                and old.is_contiguous()):
+            return old.add_(new)
+        return func(*args, **kwargs)
+
+    return add
+
+
 def stand_ins() -> dict:
     """op -> stand-in(func, args, kwargs) for every run."""
     return {_aten._grouped_mm.default: grouped_mm, _aten._fused_sgd_.default: fused_sgd,

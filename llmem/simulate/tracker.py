@@ -41,6 +41,7 @@ class BlockInfo:
     phase: int  # index into the tracker's phase list
     shape: str = ""
     closed_form: bool = False
+    stream: int = 0  # the stream current when it was allocated (0: the default stream; see _stream_index)
 
 
 class AllocationTracker(TorchDispatchMode):
@@ -60,6 +61,7 @@ class AllocationTracker(TorchDispatchMode):
         self.paused = 0  # > 0: ops run untracked (DTensor's sharding propagation builds throw-away fake args)
         self.host_scalars = False  # True: `.item()` gives a stand-in value (see __torch_dispatch__)
         self.stand_ins: dict = {}  # op -> stand-in(func, args, kwargs) run instead of the fake kernel (stand_ins.py)
+        self.streams: list = [torch.cpu.current_stream()]  # stream objects seen, index = BlockInfo.stream
 
     # phases and modules ------------------------------------------------------------------------------------
     def mark(self, name: str) -> None:
@@ -68,6 +70,9 @@ class AllocationTracker(TorchDispatchMode):
         self.module = ""
         self.phases.append((name, self._iteration, self.op_index, len(self.events)))
         self._phase = len(self.phases) - 1
+
+    def in_backward(self) -> bool:
+        return self._phase >= 0 and self.phases[self._phase][0].startswith("backward")
 
     def reset_peak(self) -> None:
         self.phases.append(("reset", self._iteration, self.op_index, len(self.events)))
@@ -81,9 +86,21 @@ class AllocationTracker(TorchDispatchMode):
     def add_block(self, nbytes: int, op: str, shape: str = "", closed_form: bool = False) -> int:
         """Record an allocation (also used for the closed-form buffers) and return its block number."""
         block = len(self.blocks)
-        self.blocks.append(BlockInfo(nbytes, op, self.module, self._phase, shape, closed_form))
+        self.blocks.append(BlockInfo(nbytes, op, self.module, self._phase, shape, closed_form, self._stream_index()))
         self.events.append((self.op_index, block, nbytes))
         return block
+
+    def _stream_index(self) -> int:
+        """The current stream, as the caching allocator sees it (`malloc(device, size, stream)` takes
+        `getCurrentCUDAStream()`). The fake run's tensors are CPU tensors, and FSDP2 picks its streams through
+        `_get_device_handle(device.type)`, i.e. `torch.cpu.Stream` / `torch.cpu.stream(s)`, which set the stream
+        `torch.cpu.current_stream()` returns: each distinct stream object is one CUDA stream of the real run."""
+        current = torch.cpu.current_stream()
+        for i, s in enumerate(self.streams):
+            if s is current:
+                return i
+        self.streams.append(current)
+        return len(self.streams) - 1
 
     def free_block(self, block: int) -> None:
         self.events.append((self.op_index, block, -self.blocks[block].nbytes))

@@ -14,6 +14,7 @@ from llmem.components import autocast, grad_accum, lora, quant
 from llmem.components import communication as comm
 from llmem.components import norm_backward as norm_bwd
 from llmem.components import query_backward as qb
+from llmem.components import weight_gradient as wgrad
 from llmem.components.gradients import (
     attention_backward_layer_gradient_bytes,
     later_layers_gradient_bytes,
@@ -22,7 +23,7 @@ from llmem.components.gradients import (
     layer_output_gradient_bytes,
 )
 from llmem.components.lora_recompute import recompute_moments
-from llmem.walk.phase import Phase, moment
+from llmem.walk.phase import Category, Phase, moment
 
 if TYPE_CHECKING:
     from llmem.walk.single import Terms
@@ -56,6 +57,25 @@ def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase
         - t.first_casts * (not plan.checkpointed(0) or layer == 0)
         - autocast.released_by_mlp_backward_bytes(spec, lp),
         logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan))
+
+
+def _weight_gradient_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
+    """`--ddp-bucket-view`: the last MLP Linear's weight gradient made, and under autocast its fp32 cast, before it
+    goes into its bucket (`weight_gradient`); as the MLP moment otherwise, the Linear's half copy still saved at
+    the first."""
+    spec, plan = t.spec, t.plan
+    mlp = _mlp_moment(t, layer, name, held, later)
+    b = dict(mlp.breakdown)
+    own = b[Category.GRADIENTS] - t.grads_outer - later
+    made = dict(b, **{Category.GRADIENTS: b[Category.GRADIENTS] - own + wgrad.made_gradient_bytes(spec, plan),
+                      Category.TEMPORARIES: b[Category.TEMPORARIES]
+                      + autocast.released_by_mlp_backward_bytes(spec, act.layer_plan(plan, layer))})
+    phases = [Phase(f"{name[:-1]}, MLP weight gradient)", made)]
+    if autocast._applies(plan):
+        cast = dict(b, **{Category.GRADIENTS: b[Category.GRADIENTS] - own + wgrad.cast_gradient_bytes(spec, plan),
+                          Category.ACTIVATIONS: b[Category.ACTIVATIONS] - wgrad.cast_released_bytes(spec, plan)})
+        phases.append(Phase(f"{name[:-1]}, MLP weight gradient cast to fp32)", cast))
+    return phases
 
 
 def _post_norm_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
@@ -145,6 +165,8 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
             spec, lp)
     held = held_bytes(t, layer)
     phases = [_mlp_moment(t, layer, name, held, later)]
+    if wgrad.applies(spec, plan):
+        phases += _weight_gradient_moments(t, layer, name, held, later)
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(_post_norm_moment(t, layer, name, held, later))
     phases += _recompute_moments(t, layer, name, held, later)

@@ -12,6 +12,7 @@ from llmem.components import Category, autocast, fused_ce, lora, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import weight_gradient as wgrad
 from llmem.components.gradients import (
     backward_end_gradient_bytes,
     embedding_gradient_accumulate_bytes,
@@ -42,7 +43,7 @@ class Terms:
     persistent: dict
     grads_all: int
     grads_outer: int
-    head_transient: int  # --offload optimizer: the lm_head's gradient on the GPU only when it is made
+    head_transient: int  # --offload optimizer, --ddp-bucket-view: the lm_head's gradient only when it is made
     embedding_transient: int  # ... and the embedding's
     kept: int  # one decoder layer's kept activations
     outer_act: int
@@ -153,7 +154,7 @@ def terms(spec: ModelSpec, plan: TrainingPlan) -> Terms:
     # embedding's are counted only at the moment they are made
     return Terms(spec=spec, plan=plan, persistent=persistent, grads_all=gradient_bytes(spec, plan),
                  grads_outer=head_gradient_bytes(spec, plan),
-                 head_transient=offloaded_head_transient_bytes(spec, plan),
+                 head_transient=offloaded_head_transient_bytes(spec, plan) + wgrad.head_transient_bytes(spec, plan),
                  embedding_transient=offloaded_embedding_transient_bytes(spec, plan),
                  gathered=comm.gathered_parameter_bytes(spec, plan),
                  **_activation_terms(spec, plan), **_cast_terms(spec, plan), **_head_terms(spec, plan))

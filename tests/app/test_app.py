@@ -53,18 +53,29 @@ def table(at: AppTest) -> pd.DataFrame:
     return at.table[0].value
 
 
-def test_default_view_answers_first_and_fills_the_link():
+def test_default_view_fits_and_fills_the_link():
+    """The first view (no link) is a plan people run that fits, with both curves in view (issue 16, item 2)."""
     at = run()
     assert_clean(at)
     assert not link_warnings(at)
-    assert "NVIDIA A100 80GB" in verdict(at) and "GiB" in verdict(at)
-    assert any("Recommended" in i.value for i in at.info) or any("No strategy fits" in w.value for w in at.warning)
+    assert "Fits on NVIDIA A100 80GB" in verdict(at) and "LoRA r=16" in verdict(at)
+    assert any("Recommended" in c.value for c in at.caption)
     only_when_set = {o.key for o in OPTIONS if o.link == WHEN_SET}  # the options table's policy
     assert {"upload", "method", "grad-accum", "lora-rank"} <= only_when_set
-    assert set(at.query_params) == set(KEYS.values()) - only_when_set
-    assert at.query_params["zero"] == "all"
+    assert set(at.query_params) == set(KEYS.values()) - only_when_set | {"method"}
+    assert at.query_params["zero"] == "all" and at.query_params["method"] == "lora"
     assert len(table(at)) == 1  # one GPU: only the single-GPU strategy
-    assert len(at.get("plotly_chart")) == 3  # breakdown + two curves
+    charts = at.get("plotly_chart")
+    assert len(charts) == 3  # breakdown + two curves
+    for chart in charts[1:]:
+        spec = json.loads(chart.proto.spec)
+        top = spec["layout"]["yaxis"]["range"][1]
+        shown = [y for trace in spec["data"] for y in trace["y"] if 0 < y <= top]
+        assert len(shown) >= 4 and spec["layout"]["shapes"][0]["y0"] <= top  # points and the capacity in view
+        current = next(t for t in spec["data"] if t["name"].startswith("current"))
+        assert current["y"][0] <= top
+    assert not any("Rendered in" in c.value for c in at.caption)  # logged, not shown
+    assert at.session_state["last_render_ms"] > 0
 
 
 def test_preset_and_gpu_count_change_the_view_and_the_link():
@@ -78,7 +89,7 @@ def test_preset_and_gpu_count_change_the_view_and_the_link():
     assert at.query_params["gpu-type"] == "h100-sxm"
     frame = table(at)
     assert len(frame) >= 4  # DDP, ZeRO-1, ZeRO-2, ZeRO-3 at least
-    assert (frame["recommended"] == "★").sum() <= 1
+    assert (frame["recommended"] == "yes").sum() <= 1
     assert "8× NVIDIA H100 SXM 80GB" in verdict(at)
     assert frame.index.name == "strategy"
     assert set(frame["fits"]) <= {"yes", "no"}
@@ -174,27 +185,33 @@ def test_uploaded_config_is_sized_and_the_link_says_it_cannot_travel():
     assert_clean(at)
     assert at.query_params["upload"] == "my-config.json"
     assert any(plain("uploaded my-config.json") in m.value for m in at.markdown)  # file names shown as plain text
-    preset = run({"model": PRESET})
+    preset = run({**{k: v for k, v in at.query_params.items() if k != "upload"}, "model": PRESET})
     assert verdict(at) == verdict(preset)  # same config, same answer
     pd.testing.assert_frame_equal(table(at), table(preset))
 
 
-def test_csv_is_the_table_plus_the_inputs(served_files):
+def test_csv_is_the_table_then_the_inputs_and_reads_back_with_one_argument(served_files):
     at = run({"model": PRESET, "gpus": "8", "gpu-type": "a100-40gb", "batch-size": "2"})
     assert_clean(at)
-    csvs = [data for mimetype, data, _ in served_files if mimetype == "text/csv"]
+    csvs = [(data, name) for mimetype, data, name in served_files if mimetype == "text/csv"]
     assert csvs
-    text = csvs[-1].decode()
+    data, name = csvs[-1]
+    assert name == f"llmem-{PRESET}-8x-a100-40gb.csv"
+    assert data.startswith(b"\xef\xbb\xbf")  # a BOM: spreadsheets read the file as UTF-8
+    text = data.decode("utf-8-sig")
+    assert not text.startswith("#")  # the table comes first, the inputs after it
     comments = [line for line in text.splitlines() if line.startswith("#")]
     for key, value in dict(at.query_params).items():
         assert f"# {key}: {value}" in comments
-    frame = pd.read_csv(io.StringIO(text), comment="#", keep_default_na=False).set_index("strategy")
+    frame = pd.read_csv(io.BytesIO(data), comment="#").set_index("strategy")  # docs/APP.md: this one argument
     shown = table(at)
-    assert list(frame.columns) == list(shown.columns)
+    assert list(frame.columns) == list(shown.columns) and "peak phase" in frame.columns
     assert frame.index.tolist() == shown.index.tolist()
     pd.testing.assert_frame_equal(frame, shown, check_dtype=False)
     gib = get_gpu("a100-40gb").memory_bytes / 2**30
     assert ((frame["fits"] == "yes") == (frame["device total (GiB)"] <= gib)).all()
+    markdown = [data for mimetype, data, _ in served_files if mimetype == "text/markdown"]
+    assert markdown and b"| strategy |" in markdown[-1] and b"gpus`: 8" in markdown[-1]
 
 
 def test_an_input_change_redraws_fast():
@@ -230,7 +247,7 @@ def test_simulate_this_step_shows_the_timeline_top_tensors_and_the_estimate_besi
     assert simulated.value.endswith("GiB") and closed.value.endswith("GiB")
     percent = float(closed.delta.split("%")[0])
     assert abs(percent) < 2.0, closed.delta
-    top = at.dataframe[0].value
+    top = next(d.value for d in at.dataframe if "MiB" in d.value.columns)
     assert len(top) >= 10 and {"MiB", "op", "module", "allocated in"} <= set(top.columns)
     assert top["MiB"].is_monotonic_decreasing
     at.number_input(key="w_batch").set_value(2)  # another plan: its simulation is not shown until asked for
@@ -255,131 +272,6 @@ def test_an_uploaded_config_is_simulated_from_the_session_bytes():
     assert_clean(at)
     label = "simulated peak (allocated)"
     assert _metric(at, label).value == _metric(preset, label).value
-
-
-def test_qlora_link_renders_and_lowers_the_peak():
-    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"}
-    full, qlora = run(query), run({**query, "quant": "nf4"})
-    assert_clean(full)
-    assert_clean(qlora)
-    assert qlora.selectbox(key="w_quant").value == "nf4" and not link_warnings(qlora)
-    assert verdict(qlora) != verdict(full)
-
-
-def test_offload_link_shows_the_host_memory_and_keeps_the_option():
-    at = run({"model": PRESET, "gpus": "4", "zero": "3", "offload": "optimizer+params"})
-    assert_clean(at)
-    assert at.selectbox(key="w_offload").value == "optimizer+params"
-    assert any("host memory" in c.value for c in at.caption)
-    assert at.query_params["offload"] == "optimizer+params"
-
-
-def test_other_methods_appear_as_rows_and_travel_in_the_link():
-    at = run({"model": "llama-3.2-1b-instruct", "gpus": "4", "methods": "qlora,lora"})
-    assert_clean(at)
-    assert not link_warnings(at)
-    shown = table(at)
-    labels = list(shown.index)
-    assert any(label.startswith("LoRA r=16") for label in labels) and any(label.startswith("QLoRA nf4") for label in
-                                                                          labels)
-    starred = shown[shown["recommended"] == "★"]
-    assert len(starred) == 1 and not starred.index[0].startswith(("LoRA", "QLoRA"))
-    assert at.query_params["methods"] == "lora,qlora"
-    options = at.selectbox(key="w_strategy").options  # the strategy choice lists the plan's own rows only
-    assert not any("LoRA" in o for o in options)
-    tampered = run({"methods": "dora"})
-    assert_clean(tampered)
-    assert any("methods" in w and "dora" in w for w in link_warnings(tampered))
-
-
-def test_lora_link_renders_a_lora_verdict_and_table_and_keeps_its_keys():
-    query = {"model": "llama-3.2-1b-instruct", "gpus": "8", "method": "lora", "lora-rank": "8", "grad-accum": "2"}
-    at = run(query)
-    assert_clean(at)
-    assert not link_warnings(at)
-    assert "LoRA r=8" in verdict(at)
-    shown = table(at)
-    assert all(label.startswith("LoRA r=8") for label in shown.index)
-    # LoRA runs on DDP, ZeRO-1 and FSDP2 ZeRO-2/3 (bf16-mixed: the adapters gathered in bf16); no TP rows
-    assert sorted(shown["ZeRO"]) == [0, 1, 2, 3] and set(shown["TP"]) == {1}
-    assert at.number_input(key="w_lora_rank").value == 8 and not at.number_input(key="w_lora_rank").disabled
-    assert at.selectbox(key="w_quant").disabled
-    for key, value in query.items():
-        assert at.query_params[key] == value
-    pure = run({**query, "precision": "bf16"})  # a pure dtype: the same strategies, other figures
-    assert_clean(pure)
-    assert sorted(table(pure)["ZeRO"]) == [0, 1, 2, 3]
-    assert list(table(pure)["per-GPU peak (GiB)"]) != list(shown["per-GPU peak (GiB)"])
-
-
-def test_lora_modules_to_save_link_renders_and_keeps_its_key():
-    query = {"model": "llama-3.1-8b", "gpus": "8", "method": "lora", "lora-modules-to-save": "lm_head"}
-    at = run(query)
-    assert_clean(at)
-    assert not link_warnings(at)
-    assert at.text_input(key="w_lora_mts").value == "lm_head" and not at.text_input(key="w_lora_mts").disabled
-    assert at.query_params["lora-modules-to-save"] == "lm_head"
-    assert sorted(table(at)["ZeRO"]) == [0, 1]
-    pure = run({**query, "precision": "bf16"})  # ZeRO-1 takes one dtype; FSDP2 not modelled: DDP only
-    assert_clean(pure)
-    assert sorted(table(pure)["ZeRO"]) == [0]
-    tied = run({**query, "model": "llama-3.2-1b-instruct"})  # tied embeddings: the library's message, no traceback
-    assert not tied.exception
-    assert any(plain("lora-modules-to-save") in e.value for e in tied.error)
-
-
-def test_qlora_link_via_method_renders_with_the_nf4_base():
-    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"}
-    full, qlora = run(query), run({**query, "method": "qlora"})
-    assert_clean(qlora)
-    assert not link_warnings(qlora)
-    assert qlora.selectbox(key="w_method").value == "qlora" and qlora.selectbox(key="w_quant").value == "nf4"
-    assert "QLoRA nf4" in verdict(qlora) and verdict(qlora) != verdict(full)
-    assert qlora.query_params["method"] == "qlora" and qlora.query_params["quant"] == "nf4"
-
-
-def test_grad_accum_raises_the_peak_and_travels_in_the_link():
-    query = {"model": "llama-3.2-1b-instruct", "gpus": "1", "zero": "0"}
-    one, four = run(query), run({**query, "grad-accum": "4"})
-    assert_clean(four)
-    assert not link_warnings(four)
-    assert four.query_params["grad-accum"] == "4" and "grad-accum" not in one.query_params
-    assert table(four)["per-GPU peak (GiB)"].iloc[0] > table(one)["per-GPU peak (GiB)"].iloc[0]
-
-
-def test_choosing_qlora_in_the_sidebar_enables_the_4bit_base_at_nf4():
-    at = run({"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "seq-len": "512"})
-    assert at.selectbox(key="w_quant").disabled and at.number_input(key="w_lora_rank").disabled
-    at.selectbox(key="w_method").set_value("qlora").run()
-    assert_clean(at)
-    assert at.selectbox(key="w_quant").value == "nf4" and not at.selectbox(key="w_quant").disabled
-    assert at.query_params["method"] == "qlora" and "QLoRA nf4" in verdict(at)
-    at.selectbox(key="w_method").set_value("full").run()
-    assert_clean(at)
-    assert at.selectbox(key="w_quant").value == "none" and "method" not in at.query_params
-
-
-def test_double_quant_link_lowers_the_qlora_parameters():
-    query = {"model": "llama-2-7b", "gpus": "1", "zero": "0", "precision": "bf16", "method": "qlora", "quant": "nf4"}
-    plain, nested = run(query), run({**query, "double-quant": "true"})
-    assert_clean(nested)
-    assert not link_warnings(nested)
-    assert nested.checkbox(key="w_dq").value is True and not nested.checkbox(key="w_dq").disabled
-    assert nested.query_params["double-quant"] == "true"
-    assert table(nested)["per-GPU peak (GiB)"].iloc[0] < table(plain)["per-GPU peak (GiB)"].iloc[0]
-
-
-def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
-    query = {"model": "mixtral-8x7b", "gpus": "64", "tp": "1", "zero": "3"}
-    padded, dim1 = run(query), run({**query, "fsdp-shard": "dim1-if-short"})
-    assert_clean(dim1)
-    assert not link_warnings(dim1)
-    assert dim1.selectbox(key="w_fsdp_shard").value == "dim1-if-short"
-    assert dim1.query_params["fsdp-shard"] == "dim1-if-short"
-    assert any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in padded.warning)
-    assert not any("FSDP2 pads dim 0" in w.value.replace("\\", "") for w in dim1.warning)
-    assert table(dim1).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"] < \
-        table(padded).loc["ZeRO-3 (FSDP2, reshard after forward)", "per-GPU peak (GiB)"]
 
 
 def test_a_preset_not_modelled_yet_is_listed_marked_and_refused_in_one_line():

@@ -10,6 +10,8 @@ from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
 from llmem.cli import main as cli_main
+from llmem.options import OPTIONS
+from llmem.ui.edits import app_words, group_of, widget_for
 from llmem.view import plain
 
 from .conftest import APP, ROOT
@@ -63,8 +65,9 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
 
 @pytest.fixture(scope="module")
 def uploader() -> AppTest:
-    """One session switched to "Upload config.json": each bad upload below costs a single script run."""
-    at = run()
+    """One session switched to "Upload config.json": each bad upload below costs a single script run. A link without
+    a method: full fine-tuning, the command line's default, so the messages are the CLI's."""
+    at = run({"model": "llama-3.1-8b"})
     return at.radio(key="w_source").set_value(UPLOAD).run()
 
 
@@ -106,7 +109,6 @@ BAD_UPLOADS = {  # id: (file content, the field the message names)
     "json-nested-5000-deep": ('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}", "model"),
     "hidden-size-of-5000-digits": ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "model"),
     "gptj": (json.dumps({"model_type": "gptj"}), "attn"),  # derived: no sdpa path in transformers
-    "gpt-bigcode": (json.dumps({"model_type": "gpt_bigcode"}), "resid_pdrop"),  # derived: its default dropout 0.1
     "bert": (json.dumps({"model_type": "bert"}), "model_type"),
     "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "num_local_experts"),
     "unknown-model-type": (json.dumps({"model_type": "no-such-arch"}), "model_type"),
@@ -140,8 +142,13 @@ def test_a_bad_upload_shows_the_clis_one_line_message_naming_the_field(uploader,
     assert expected.startswith(f"{field}: ")
     at = upload(uploader, "config.json", content if isinstance(content, bytes) else content.encode())
     assert not at.exception, at.exception[0].message if at.exception else ""
-    assert [e.value for e in at.error] == [plain(expected)]  # one inline message: the CLI's, rendered as text
-    assert not at.success and not at.table  # no verdict, no table left from an earlier model
+    shown = plain(app_words(expected))  # the CLI's message, its --options named by their widgets, as plain text
+    assert [e.value for e in at.error] == [shown]  # one inline message
+    names = {o.key: o.name for o in OPTIONS if o.widget}
+    title = "Model" if widget_for(field) == "w_source" else group_of(names[field])  # attn: Memory savers
+    assert [e.value for e in next(e for e in at.sidebar.expander if e.label == title).error] == [shown]
+    assert not at.success  # no verdict for this upload: the last valid one stays, greyed
+    assert any(m.value.startswith("Last valid result") for m in at.markdown) and at.table
     assert at.number_input(key="w_gpus").value == 1  # the rest of the sidebar is still there
 
 

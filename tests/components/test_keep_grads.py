@@ -20,9 +20,6 @@ CONFIGS = {"llama": LLAMA, "gpt2": GPT2}
 MULTI = {"ddp": {"zero": 0}, "zero1-ckpt": {"zero": 1, "grad_ckpt": "full"}, "zero3": {"zero": 3},
          "zero3-bf16mixed": {"zero": 3, "precision": "bf16-mixed"}, "lora-ddp": {"method": "lora"}}
 MULTI_CASES = [(m, p) for m in CONFIGS for p in MULTI if not (p.startswith("lora") and m == "gpt2")]
-# gpt2 checkpointed with its gradients alive: the walk's last-layer backward moment of a later micro-step is 1.6% above
-# the measured peak with --grad-accum 2 as well (not --keep-grads' own term); visible here until it is explained
-GPT2_CKPT = pytest.mark.xfail(strict=True, reason="gpt2 checkpointed with gradients alive: +1.6%, as --grad-accum 2")
 ROWS = TwoRankRows(
     {"gpus": 2, "batch_size": 2, "seq_len": 64, "precision": "fp32"},
     {f"{m}-{p}-{keep}": {**MULTI[p], "keep_grads": keep} for m, p in MULTI_CASES for keep in (False, True)},
@@ -37,8 +34,7 @@ def _saving_matches(est: dict, measured: dict, off: str, on: str) -> None:
     assert abs(grown_est - grown_measured) <= 0.01 * measured[on], (grown_est, grown_measured)
 
 
-@pytest.mark.parametrize("model,plan", [pytest.param(m, p, marks=GPT2_CKPT) if (m, p) == ("gpt2", "zero1-ckpt")
-                                        else (m, p) for m, p in MULTI_CASES])
+@pytest.mark.parametrize("model,plan", MULTI_CASES)
 def test_two_ranks_estimate_and_growth_match_real_runs(model, plan):
     off, on = f"{model}-{plan}-False", f"{model}-{plan}-True"
     ROWS.check(off, tolerance=0.01)
@@ -47,8 +43,7 @@ def test_two_ranks_estimate_and_growth_match_real_runs(model, plan):
     _saving_matches(est, {n: ROWS.measured()[n]["peak_bytes"] for n in (off, on)}, off, on)
 
 
-@pytest.mark.parametrize("model,plan", [pytest.param(m, p, marks=GPT2_CKPT) if (m, p) == ("gpt2", "sgd-ckpt-bf16")
-                                        else (m, p) for m in CONFIGS for p in SINGLE])
+@pytest.mark.parametrize("model,plan", [(m, p) for m in CONFIGS for p in SINGLE])
 def test_one_gpu_estimate_and_growth_match_real_runs(model, plan):
     if plan == "lora" and model == "gpt2":
         pytest.skip("LoRA activations are not modelled for gpt2")

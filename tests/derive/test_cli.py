@@ -34,7 +34,6 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
     (config("stablelm"), ("--tp", "2", "--gpus", "2"), "tp"),  # no base_model_tp_plan in its config
     (config("olmo2"), ("--method", "lora", "--gpus", "2", "--zero", "3"), "precision"),  # FSDP2's mixed policy
     (config("olmo2"), ("--method", "qlora", "--quant", "nf4", "--precision", "bf16"), "method"),
-    (config("olmo2", attention_dropout=0.1), (), "attention_dropout"),
     (config("deepseek_v3", first_k_dense_replace=1), (), "first_k_dense_replace"),  # dense and expert layers
     (config("jetmoe"), (), "num_local_experts"),  # experts not derived
     ({**config("olmo2"), "auto_map": {"AutoModelForCausalLM": "x.Y"}}, (), "model_type"),

@@ -1,0 +1,42 @@
+"""accelerate config YAML: processes, mixed precision, FSDP2 as llmem's own program, FSDP1 and DeepSpeed as other
+engines."""
+
+from llmem.importers import import_bytes
+
+from .conftest import ignored, load, settings, used
+
+
+def test_fsdp2_config():
+    r = load("accelerate_fsdp2.yaml")
+    assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "zero": 3, "grad_ckpt": "full"}
+    assert "FSDP2" in used(r, "fsdp_config.fsdp_reshard_after_forward")[0].why
+
+
+def test_fsdp2_without_resharding_is_zero2_and_offload_maps():
+    text = b"distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 2\n" \
+           b"  fsdp_reshard_after_forward: false\n  fsdp_offload_params: true\n"
+    assert settings(import_bytes(text, "a.yaml")) == {"gpus": 4, "zero": 2, "offload": "optimizer+params"}
+
+
+def test_fsdp1_is_another_engine_unless_engine_torch():
+    r = load("accelerate_fsdp1.yaml")
+    assert settings(r) == {"gpus": 2, "precision": "bf16-mixed"}
+    assert "FSDP1" in ignored(r, "fsdp_config.fsdp_sharding_strategy").why
+    assert settings(load("accelerate_fsdp1.yaml", engine_torch=True))["zero"] == 3
+
+
+def test_deepspeed_plugin():
+    r = load("accelerate_deepspeed.yaml")
+    assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "grad_accum": 4}
+    assert "DeepSpeed engine" in ignored(r, "deepspeed_config.zero_stage").why
+    r = load("accelerate_deepspeed.yaml", engine_torch=True)
+    assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "grad_accum": 4, "zero": 3,
+                                "offload": "optimizer+params"}
+
+
+def test_multi_gpu_is_ddp_and_a_config_file_path_is_not_opened():
+    r = import_bytes(b"distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: fp16\n", "a.yaml")
+    assert settings(r) == {"gpus": 2, "zero": 0, "precision": "fp16-mixed"}
+    r = import_bytes(b"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: private/ds.json\n",
+                     "a.yaml")
+    assert "never opens" in ignored(r, "deepspeed_config.deepspeed_config_file").why
