@@ -119,9 +119,9 @@ def test_a_gap_says_so_on_the_error():
 
 
 @pytest.mark.parametrize("model_type,plan,field,kind", [
-    ("gpt2", dict(method="lora"), "method", GAP),  # the LoRA activation table covers llama's layer only
+    ("gpt2", dict(method="lora", grad_ckpt="full", ckpt_every=2), "ckpt-every", GAP),  # traced LoRA, every K-th
     ("gpt2", dict(loss="fused-linear-ce", device="cuda"), "loss", REFUSED),  # Liger-Kernel has no gpt2 patch
-    ("phi3", dict(gpus=2, tp=2), "tp", REFUSED),  # fused qkv_proj / gate_up_proj: the Megatron plan does not apply
+    ("gpt2", dict(gpus=2, tp=2), "tp", REFUSED),  # its config carries no tensor-parallel plan
 ])
 def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     from llmem.estimate import validate_plan_for_model

@@ -67,8 +67,13 @@ def tp_spec(spec: ModelSpec, tp: int) -> ModelSpec:
 
 def _tp_spec(spec: ModelSpec, config: dict) -> ModelSpec:
     from llmem.derive import derived_spec
+    from llmem.errors import GAP, InputError
 
-    base = spec if spec.derived is not None else derived_spec(config)
+    try:
+        base = spec if spec.derived is not None else derived_spec(config)
+    except InputError as err:  # e.g. mixtral's experts: its plan runs, its layers are not derived yet
+        raise InputError("tp", f"tensor parallelism on {spec.model_type!r} runs the plan of its config, whose "
+                         f"layers are traced from transformers, and {err}; use --tp 1", GAP) from None
     by_name = styles(config)
     params = tuple(dataclasses.replace(p, tp_split=split(by_name.get(p.name), len(p.shape)))
                    for p in base.params)
