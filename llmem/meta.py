@@ -89,6 +89,10 @@ def _spec(config: dict, model_type: str, cfg, model) -> ModelSpec:
     params = [ParamTensor(name, tuple(p.shape), _layer_of(name, prefixes))  # tied weights are listed once
               for name, p in model.named_parameters()]
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if not prefixes and any(p.layer is not None and p.layer >= _size(text, "num_hidden_layers") for p in params):
+        raise InputError("model_type", f"{model_type!r}: transformers declares no decoder-layer class for it and its "
+                         "numbered module stacks outnumber num_hidden_layers (a vision or audio tower); estimate "
+                         "its text model's config instead")
     hidden = _size(text, "hidden_size")
     heads = _size(text, "num_attention_heads")
     spec = ModelSpec(
