@@ -28,8 +28,27 @@ COMMUNICATION_ORDER = [Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Sc
                        Scheme.TP_ZERO3]
 
 
+class OnCapacity:
+    """An estimate against a GPU's capacity (`estimate`, `capacity_bytes` fields of the dataclass using it)."""
+
+    estimate: Estimate
+    capacity_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.estimate.peak_bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.estimate.device_total_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.device_total_bytes
+
+
 @dataclass(frozen=True)
-class Row:
+class Row(OnCapacity):
     plan: TrainingPlan
     estimate: Estimate
     capacity_bytes: int
@@ -53,18 +72,6 @@ class Row:
         strategy = self.plan.scheme.label if self.tp == 1 else f"{self.plan.scheme.label} (TP={self.tp})"
         method = method_label(self.plan)
         return strategy if not method else f"{method} · {strategy}"
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.estimate.peak_bytes
-
-    @property
-    def device_total_bytes(self) -> int:
-        return self.estimate.device_total_bytes
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.capacity_bytes - self.device_total_bytes
 
     @property
     def fits(self) -> bool:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from llmem.compare import COMMUNICATION_ORDER, max_batch_size, strategies
+from llmem.compare import COMMUNICATION_ORDER, OnCapacity, max_batch_size, strategies
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, validate_plan_for_model
 from llmem.gpus import GpuType, list_gpus
@@ -31,7 +31,7 @@ _PURE = {Precision.BF16_MIXED: Precision.BF16, Precision.FP16_MIXED: Precision.F
 
 
 @dataclass(frozen=True)
-class Fix:
+class Fix(OnCapacity):
     """One change that fits: its kind (`KINDS`), what it changes in words, the fields it sets (`TrainingPlan`
     fields, plus `gpu_type` for a larger GPU), the plan it runs (strategy included) and its estimate."""
 
@@ -43,18 +43,6 @@ class Fix:
     capacity_bytes: int
     gpu: GpuType
     cost: str
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.estimate.peak_bytes
-
-    @property
-    def device_total_bytes(self) -> int:
-        return self.estimate.device_total_bytes
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.capacity_bytes - self.device_total_bytes
 
 
 def pure_precision(precision: Precision) -> Precision:
