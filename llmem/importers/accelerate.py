@@ -5,7 +5,7 @@ mapped to their nearest PyTorch program only with --engine torch."""
 from __future__ import annotations
 
 from llmem.errors import InputError
-from llmem.importers import common
+from llmem.importers import common, deepspeed
 from llmem.importers.core import Reader, short
 
 NAME = "accelerate config"
@@ -59,7 +59,7 @@ def _precision(r: Reader) -> None:
 
 def _deepspeed(r: Reader) -> None:
     """accelerate's own DeepSpeed keys; `deepspeed_config_file` names a file llmem does not open."""
-    ds = r.section("deepspeed_config")
+    r.section("deepspeed_config")  # a mapping, or one line naming it
     if r.has("deepspeed_config.deepspeed_config_file"):
         r.ignore("deepspeed_config.deepspeed_config_file", "a path; llmem never opens files a config names: pass "
                  "that DeepSpeed JSON as another --from")
@@ -68,16 +68,7 @@ def _deepspeed(r: Reader) -> None:
         if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
             raise InputError(f"{r.name}: deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {short(stage)}")
         r.engine("deepspeed_config.zero_stage", "zero", stage, "DeepSpeed", f"--zero {stage}")
-    opt = str(ds.get("offload_optimizer_device") or "none").lower()
-    par = str(ds.get("offload_param_device") or "none").lower()
-    if opt == "cpu" and par == "cpu" and stage == 3:
-        r.engine("deepspeed_config.offload_param_device", "offload", "optimizer+params", "DeepSpeed",
-                 "--offload optimizer+params, FSDP2's CPUOffloadPolicy")
-    elif opt == "cpu":
-        r.engine("deepspeed_config.offload_optimizer_device", "offload", "optimizer", "DeepSpeed",
-                 "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU")
-    elif "nvme" in (opt, par):
-        r.ignore("deepspeed_config.offload_optimizer_device", "NVMe offload is not modelled", "nvme")
+    deepspeed.offload(r, "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device", stage)
     if r.has("deepspeed_config.gradient_accumulation_steps"):
         r.set("deepspeed_config.gradient_accumulation_steps", "grad_accum",
               r.get("deepspeed_config.gradient_accumulation_steps"))

@@ -25,9 +25,7 @@ def matches(tree: dict, name: str) -> bool:
 def read(r: Reader) -> None:
     common.model(r, "base_model")
     _method(r)
-    for key, option in (("micro_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("micro_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
     trainer.seq_len(r, ("sequence_len",), "sample_packing")
     common.optim(r, "optimizer", r.text("optimizer"))
     _precision(r)
@@ -66,9 +64,7 @@ def _method(r: Reader) -> None:
         r.set("load_in_8bit", "quant", "int8")
     else:
         r.set("adapter", "method", "lora")
-    for key, option in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")))
     if r.flag("lora_target_linear") is True:
         r.set("lora_target_linear", "lora_targets", "all-linear")
     else:

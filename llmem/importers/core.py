@@ -164,6 +164,12 @@ class Reader:
     def has(self, path: str) -> bool:
         return self.get(path, _MISSING) is not _MISSING
 
+    def copy(self, pairs: tuple[tuple[str, str], ...], prefix: str = "") -> None:
+        """Each (key, option) whose key the file sets: the option takes the value as given (`set` checks it)."""
+        for key, option in pairs:
+            if self.has(prefix + key):
+                self.set(prefix + key, option, self.get(prefix + key))
+
     def section(self, path: str) -> dict:
         value = self.get(path, {})
         if not isinstance(value, dict):

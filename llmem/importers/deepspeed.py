@@ -89,19 +89,7 @@ def _zero(r: Reader) -> None:
         raise InputError(f"{r.name}: zero_optimization.stage", f"must be 0, 1, 2 or 3, got {short(stage)}")
     path = "zero_optimization.stage"
     r.engine(path, "zero", stage, "DeepSpeed", f"--zero {stage}, {PROGRAM[stage]}")
-    opt = str(r.get("zero_optimization.offload_optimizer.device") or "none").strip().lower()
-    par = str(r.get("zero_optimization.offload_param.device") or "none").strip().lower()
-    if "nvme" in (opt, par):
-        r.ignore("zero_optimization.offload_optimizer", "NVMe offload is not modelled", "nvme")
-    elif opt == "cpu" and par == "cpu" and stage == 3:
-        r.engine("zero_optimization.offload_param.device", "offload", "optimizer+params", "DeepSpeed",
-                 "--offload optimizer+params, FSDP2's CPUOffloadPolicy")
-    elif opt == "cpu":
-        r.engine("zero_optimization.offload_optimizer.device", "offload", "optimizer", "DeepSpeed",
-                 "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU")
-    elif par == "cpu":
-        r.ignore("zero_optimization.offload_param.device", "parameter offload without optimizer offload has no "
-                 "PyTorch counterpart in llmem (FSDP2's CPUOffloadPolicy moves both)")
+    offload(r, "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device", stage)
     rest = [k for k in z if k not in ("stage", "offload_optimizer", "offload_param")]
     if rest:
         r.ignore("zero_optimization." + ", ".join(str(k) for k in rest[:12]) + (" ..." if len(rest) > 12 else ""),
@@ -118,3 +106,21 @@ def _optimizer(r: Reader) -> None:
     else:
         r.ignore("optimizer.type", f"{kind[:40]} is not modelled; llmem has adamw, sgd, adafactor, adamw8bit and "
                  "paged-adamw8bit: pass --optimizer")
+
+
+def offload(r: Reader, optimizer_key: str, param_key: str, stage: object) -> None:
+    """DeepSpeed's offload devices (its JSON's `offload_optimizer/param.device`, accelerate's
+    `offload_optimizer/param_device`) mapped to the nearest PyTorch program, or reported as not modelled."""
+    opt = str(r.get(optimizer_key) or "none").strip().lower()
+    par = str(r.get(param_key) or "none").strip().lower()
+    if "nvme" in (opt, par):
+        r.ignore(optimizer_key, "NVMe offload is not modelled", "nvme")
+    elif opt == "cpu" and par == "cpu" and stage == 3:
+        r.engine(param_key, "offload", "optimizer+params", "DeepSpeed",
+                 "--offload optimizer+params, FSDP2's CPUOffloadPolicy")
+    elif opt == "cpu":
+        r.engine(optimizer_key, "offload", "optimizer", "DeepSpeed",
+                 "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU")
+    elif par == "cpu":
+        r.ignore(param_key, "parameter offload without optimizer offload has no PyTorch counterpart in llmem "
+                 "(FSDP2's CPUOffloadPolicy moves both)")

@@ -30,9 +30,7 @@ def read(r: Reader) -> None:
         r.ignore("stage", f"{stage[:10]} trains against a reference or reward model, not modelled; estimated as one "
                  "SFT step of the policy")
     _method(r)
-    for key, option in (("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
     trainer.seq_len(r, ("cutoff_len",), "packing")
     common.optim(r, "optim", r.text("optim"))
     pure = r.flag("pure_bf16") is True

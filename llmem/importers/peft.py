@@ -26,9 +26,7 @@ def read(r: Reader) -> None:
         return
     r.set("peft_type", "method", "lora", "PEFT LoRA adapters on a frozen base; a quantized base is --method qlora "
           "--quant, or the trainer's file", shown=r.get("peft_type", "LORA"))
-    for key, option in (("r", "lora_rank"), ("lora_dropout", "lora_dropout")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("r", "lora_rank"), ("lora_dropout", "lora_dropout")))
     alpha = r.get("lora_alpha")
     if isinstance(alpha, float) and not alpha.is_integer():
         r.ignore("lora_alpha", "llmem takes a whole alpha; it has no effect on memory")

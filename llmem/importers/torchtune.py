@@ -38,9 +38,7 @@ def matches(tree: dict, name: str) -> bool:
 
 def read(r: Reader) -> None:
     _model(r)
-    for key, option in (("batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
     dtype = (r.text("dtype") or "").strip().lower()
     if dtype in DTYPE:
         r.set("dtype", "precision", DTYPE[dtype], "torchtune keeps weights, gradients and optimizer states in it "
@@ -84,9 +82,7 @@ def _model(r: Reader) -> None:
         r.set("model._component_", "method", "lora")
     else:
         return
-    for key, option in (("lora_rank", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
-        if r.has(f"model.{key}"):
-            r.set(f"model.{key}", option, r.get(f"model.{key}"))
+    r.copy((("lora_rank", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")), "model.")
     _targets(r)
 
 

@@ -29,9 +29,7 @@ def matches(tree: dict, name: str) -> bool:
 
 
 def read(r: Reader) -> None:
-    for key, option in (("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("per_device_train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
     _precision(r)
     ckpt = r.flag("gradient_checkpointing")
     if isinstance(ckpt, bool):
@@ -84,10 +82,8 @@ def _trl_model(r: Reader) -> None:
         r.set("use_bnb_nested_quant", "double_quant", r.flag("use_bnb_nested_quant") is True)
     elif eight:
         r.set("load_in_8bit", "quant", "int8")
-    for key, option in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout"),
-                        ("lora_modules_to_save", "lora_modules_to_save")):
-        if r.has(key):
-            r.set(key, option, r.get(key))
+    r.copy((("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout"),
+            ("lora_modules_to_save", "lora_modules_to_save")))
     common.targets(r, "lora_target_modules", r.get("lora_target_modules"))
 
 
