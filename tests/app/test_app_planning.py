@@ -32,6 +32,19 @@ def stale(at: AppTest) -> list[str]:
     return [m.value for m in at.markdown if m.value.startswith("Last valid result")]
 
 
+def applied_fixes(query: dict, count: int):
+    """Each of the first `count` "Make it fit" changes clicked on a fresh page of `query`: (page, its label), after
+    checking that the page has no error and its verdict fits."""
+    for index in range(count):
+        page = run(query)
+        button = page.button(key=f"fix_{index}")
+        label = button.help
+        button.click().run()
+        assert not page.exception and not page.error, label
+        assert "Fits on" in verdicts(page)[0], (label, verdicts(page))
+        yield page, label
+
+
 def notes(at: AppTest) -> str:
     return " ".join(i.value.replace("\\", "") for i in at.info)
 
@@ -88,13 +101,7 @@ def test_make_it_fit_offers_changes_for_8b_on_one_a100_and_applying_one_fits():
     fixes = [b for b in at.button if b.key.startswith("fix_")]
     assert len(fixes) >= 3
     assert any("Fewest" in m.value and "NVIDIA A100 80GB" in m.value for m in at.markdown)
-    for index in range(len(fixes)):  # every offered change, applied on a fresh page, fits
-        page = run(query)
-        button = page.button(key=f"fix_{index}")
-        label = button.help
-        button.click().run()
-        assert not page.exception and not page.error, label
-        assert "Fits on" in verdicts(page)[0], (label, verdicts(page))
+    for page, _ in applied_fixes(query, len(fixes)):  # every offered change, applied on a fresh page, fits
         assert "Applied" in notes(page)
 
 
@@ -219,13 +226,7 @@ def test_make_it_fit_on_a_chosen_strategy_keeps_or_sets_the_strategy_each_change
     assert "Short by" in verdicts(at)[0] and "DDP" in verdicts(at)[0]
     count = len([b for b in at.button if b.key.startswith("fix_")])
     assert count >= 3
-    for index in range(count):
-        page = run(query)
-        button = page.button(key=f"fix_{index}")
-        label = button.help
-        button.click().run()
-        assert not page.exception and not page.error, label
-        assert "Fits on" in verdicts(page)[0], (label, verdicts(page))
+    for page, label in applied_fixes(query, count):
         assert page.selectbox(key="w_strategy").value != "all", label  # a chosen strategy stays chosen
 
 
