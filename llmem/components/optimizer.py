@@ -311,17 +311,13 @@ def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return 0
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
-    sizes = optimized_params(spec, plan)
     pb = _state_bytes(plan)
     impl = plan.effective_optimizer_impl
-    if impl is OptimizerImpl.FORLOOP and plan.scheme is Scheme.TP:
+    if impl is OptimizerImpl.FORLOOP:
         # torch/optim/adam.py `_single_tensor_adam`: `denom = (exp_avg_sq.sqrt() / c).add_(eps)` makes the sqrt and
-        # the quotient while the previous tensor's `denom` is still bound, within one parameter group (the DTensor
-        # group ends with a vocab-sharded lm_head after the last MLP Linear under the model's own plan)
+        # the quotient while the previous tensor's `denom` is still bound, within one parameter group
         return max((2 * g[i] + (g[i - 1] if i else 0) for g in param_groups(spec, plan) for i in range(len(g))),
                    default=0) * pb
-    if impl is OptimizerImpl.FORLOOP:
-        return 2 * max(sizes, default=0) * pb
     if impl is OptimizerImpl.FOREACH:
         return max(sum(group) for group in param_groups(spec, plan)) * pb
     return 0
