@@ -88,7 +88,8 @@ OPTIONS: tuple[Option, ...] = (
            fallback=True, widget=Widget("Optimizer", "w_optimizer", SELECT)),
     Option("optimizer_impl", c.OptimizerImpl, c.OptimizerImpl.DEFAULT,
            "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary copy of all "
-           "parameters during step(); for-loop two copies of the largest tensor; fused none.",
+           "parameters during step(); for-loop two copies of one tensor beside the previous one's denominator; "
+           "fused none.",
            fallback=True, widget=Widget("Optimizer implementation", "w_impl", SELECT)),
     Option("grad_ckpt", c.GradCkpt, c.GradCkpt.NONE,
            "full: keep only each layer's input and recompute the layer in backward (activations shrink to one "
