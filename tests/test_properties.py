@@ -10,6 +10,9 @@ Each invariant is restricted exactly where a genuine exception exists, and the e
 - ZeRO-3's backward all-gather buffers can put it above ZeRO-2 on tiny layers (asserted against ZeRO-1);
 - LoRA under ZeRO-2 keeps the unsharded adapters' gradients and the reduce buffers, which can put it above
   ZeRO-0/1 (measured 25.04 vs 32.95 MiB on 2 ranks), so the ZeRO-stage order is asserted for full fine-tuning.
+Plans whose tables are traced from transformers (LoRA on a family without a hand-written LoRA table, TP on one
+without the hand-written Megatron plan) are left to their measured grids (tests/derive): each random model would be
+traced anew, seconds per example.
 """
 
 import json
@@ -64,8 +67,14 @@ def plan_or_none(fields: dict, gpus: int = 1, tp: int = 1, zero: int = 0) -> Tra
         return None
 
 
+def traced(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the estimate of `plan` traces the model (the module docstring: left to tests/derive)."""
+    lora = plan.method.value in ("lora", "qlora") and not spec.family.lora_activations
+    return lora or (plan.tp > 1 and not spec.family.tp_plan)
+
+
 def peak(spec: ModelSpec, plan: TrainingPlan | None) -> int | None:
-    if plan is None:
+    if plan is None or traced(spec, plan):
         return None
     try:
         return estimate(spec, plan).peak_bytes
@@ -77,7 +86,7 @@ def peak(spec: ModelSpec, plan: TrainingPlan | None) -> int | None:
 @given(specs, plan_fields, strategy)
 def test_breakdowns_are_never_negative_and_the_peak_is_their_sum(spec, fields, where):
     plan = plan_or_none(fields, *where)
-    assume(plan is not None)
+    assume(plan is not None and not traced(spec, plan))
     try:
         est = estimate(spec, plan)
     except InputError as e:
