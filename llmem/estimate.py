@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from llmem.components import fused_ce, lora, offload, outside
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import Scheme, TrainingPlan
-from llmem.spec import ModelSpec, hf_tp_spec
+from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp_layer import lora_recompute_end  # noqa: F401 (re-exported)
@@ -116,8 +116,7 @@ class Estimate:
 
 def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
-    spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
-    spec = hf_tp_spec(spec, plan)  # TP with the model's own plan: its splits, tables traced under TP
+    spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
     phases = iteration_phases(spec, plan)
     peak = max(phases, key=_TOTAL)

@@ -251,6 +251,16 @@ def unsupported_model_type(model_type: str) -> InputError:
                       f"or use one of the modelled families: {modelled}")
 
 
+def program_spec(spec: ModelSpec, plan) -> ModelSpec:
+    """The spec whose tables answer for `plan`: LoRA on a family without a hand-written LoRA table has its tables
+    traced from the PEFT model (`components.lora_activations.traced_spec`), TP with the model's own plan its splits
+    and tables traced under TP (`hf_tp_spec`); any other plan keeps `spec`. The estimate, the walk and compare ask
+    it (memoized on the spec)."""
+    from llmem.components.lora_activations import traced_spec
+
+    return hf_tp_spec(traced_spec(spec, plan), plan)
+
+
 def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:
     """Under TP, a model without a hand-written Megatron plan (`Family.tp_plan`) runs the plan of its own config
     (`llmem.runtime.parallel`): its spec then has each parameter's split from that plan and activation tables

@@ -27,7 +27,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
-from llmem.spec import ModelSpec, hf_tp_spec
+from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, gradients_kept
 from llmem.walk.layer import layer_moments
 from llmem.walk.phase import Phase, moment, with_extra
@@ -220,8 +220,7 @@ def end_moments(t: Terms) -> list[Phase]:
 
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
-    spec = lora.traced_spec(spec, plan)  # LoRA on a family without a hand-written LoRA table: traced tables
-    spec = hf_tp_spec(spec, plan)  # TP with the model's own plan: its splits, tables traced under TP
+    spec = program_spec(spec, plan)
     if plan.scheme in FSDP_SCHEMES:
         from llmem.walk.fsdp import fsdp_phases
 
