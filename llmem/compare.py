@@ -20,7 +20,7 @@ from llmem.components import outside
 from llmem.errors import InputError
 from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
 from llmem.plan import MAX_TOKENS, Device, Method, Offload, Scheme, TrainingPlan
-from llmem.spec import ModelSpec, program_spec
+from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
 # Less communication first: the tie-break of the recommendation.
@@ -196,7 +196,7 @@ def strategies(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
             continue
         try:
             candidate = plan.with_(tp=tp, zero=0 if tp == n else 3)
-            validate_plan_for_model(program_spec(spec, candidate), candidate)
+            validate_plan_for_model(spec, candidate)
         except InputError:
             continue
         out.append(candidate)

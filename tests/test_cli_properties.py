@@ -76,7 +76,8 @@ def test_random_config_files(folder, capsys, document, verb):
     check(capsys, [verb, "--model", str(path), "--json", "--seq-len", "64"])
 
 
-@settings(max_examples=400, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.function_scoped_fixture])
+# no deadline: a LoRA plan on gpt2 or pythia traces the PEFT model on fake tensors the first time (seconds)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["estimate", "compare", "plan-ckpt"]), st.sampled_from(["gpt2", "opt-125m", "pythia-160m"]),
        options)
 def test_random_options_on_presets(capsys, verb, model, opts):

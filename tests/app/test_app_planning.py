@@ -159,7 +159,8 @@ def test_a_bad_link_shows_one_warning_box_that_goes_away_after_an_edit():
 def test_the_sidebar_is_grouped_with_the_strategy_beside_the_gpu_count():
     at = run(SMALL)
     titles = [e.label for e in at.sidebar.expander]
-    assert titles == [title for title, _ in GROUPS]
+    groups = [title for title, _ in GROUPS]
+    assert titles == [groups[0], "Import training configs", *groups[1:]]  # the import box right under Model
     hardware = group(at, "Hardware")
     assert [w.key for w in hardware.selectbox] == ["w_gpu", "w_strategy"]
     assert [w.key for w in hardware.number_input] == ["w_gpus"]
