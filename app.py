@@ -36,6 +36,9 @@ OPEN_GROUPS = ("Hardware", "Batch", "Method")  # the others open when they hold 
 # is then overwritten by the app writing its inputs again): make those writes replace the entry instead.
 REPLACE_HISTORY = ("<script>(function(){var h=window.history;if(h.__llmemReplace){return}h.__llmemReplace=true;"
                    "h.pushState=function(s,t,u){return h.replaceState(s,t,u)}})();</script>")
+# The drop zones print Streamlit's per-file limit ("1MB per file": `server.maxUploadSize` is whole megabytes), not
+# the app's (the labels say it: `MAX_CONFIG_BYTES`, 256 KiB); hide Streamlit's line.
+UPLOAD_CSS = "<style>[data-testid='stFileUploaderDropzoneInstructions']{display:none}</style>"
 
 
 # ---------------------------------------------------------------- inputs: URL <-> widgets
@@ -278,7 +281,7 @@ def _messages() -> None:
 def main() -> None:
     started = time.perf_counter()
     st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
-    st.html(REPLACE_HISTORY + results.STALE_CSS, unsafe_allow_javascript=True)
+    st.html(REPLACE_HISTORY + results.STALE_CSS + UPLOAD_CSS, unsafe_allow_javascript=True)
     st.title("llmem: will it fit?")
     st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
                "All memory in GiB (2^30 bytes); parameter counts in SI (B = 10^9).")

@@ -64,7 +64,7 @@ def _spec_and_origin(model: str):
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from llmem.estimate import estimate
+    from llmem.estimate import RISK_FIX, estimate
 
     plan = plan_from_args(args)
     spec, origin = _spec_and_origin(args.model)
@@ -74,7 +74,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         out = est.to_dict() | {"origin": origin, "caveats": list(spec.caveats)} | importing.as_json(args)
         if gpu is not None:
             out |= {"gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes,
-                    "fits": est.device_total_bytes <= gpu.memory_bytes}
+                    "fits": est.device_total_bytes <= gpu.memory_bytes, "verdict": est.verdict(gpu.memory_bytes)}
         print(json.dumps(out, indent=2))
         return 0
     print(f"{spec.name} ({spec.model_type}, {format_params(spec.total_params)} parameters) — from {origin}")
@@ -90,7 +90,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"  {'CUDA context':<{width}}  {format_gib(est.cuda_context_bytes):>12}")
     if est.paged_state_bytes:
         print(f"  {'paged optimizer states':<{width}}  {format_gib(est.paged_state_bytes):>12}")
-    print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}")
+    low, high = est.device_total_bytes_range
+    print(f"device total (as nvidia-smi shows): {format_gib(est.device_total_bytes)}"
+          + (f" (up to {format_gib(high)}: {RISK_FIX})" if high > low else ""))
     if est.host_bytes:
         print(f"host memory (offloaded, not in the GPU figures): {format_gib(est.host_bytes)} per rank "
               f"({format_gib(est.host_pinned_bytes)} of it pinned, power-of-two blocks), "
@@ -100,11 +102,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     for caveat in (*spec.caveats, *est.notes):
         print(f"note: {caveat}")
     if gpu is not None:
-        spare = gpu.memory_bytes - est.device_total_bytes
-        verdict = (f"fits on {gpu.name} with {format_gib(spare)} to spare" if spare >= 0
-                   else f"does NOT fit on {gpu.name}: short by {format_gib(-spare)}")
-        print(f"verdict: {verdict}")
+        print(f"verdict: {_verdict(est, gpu)}")
     return 0
+
+
+def _verdict(est, gpu) -> str:
+    """The verdict on the high end of the device total (`Estimate.verdict`), in words."""
+    from llmem.estimate import FITS, RISKY
+
+    verdict = est.verdict(gpu.memory_bytes)
+    if verdict == FITS:
+        return f"fits on {gpu.name} with {format_gib(gpu.memory_bytes - est.device_total_bytes_range[1])} to spare"
+    if verdict == RISKY:
+        return (f"fits on {gpu.name} only at the low end (risky): {format_gib(est.device_total_bytes)} of "
+                f"{format_gib(gpu.memory_bytes)}, up to {format_gib(est.device_total_bytes_range[1])}")
+    return f"does NOT fit on {gpu.name}: short by {format_gib(est.device_total_bytes - gpu.memory_bytes)}"
 
 
 def _gpu(args):
@@ -132,7 +144,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     print(f"{spec.name} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), micro-batch "
           f"{plan.batch_size} × {plan.seq_len}, {plan.precision} — GiB per GPU")
-    cols = ["strategy", "peak_gib", "device_total_gib", "fits", "headroom_gib", "max_batch_size", "peak_phase"]
+    cols = ["strategy", "peak_gib", "device_total_gib", "device_total_high_gib", "verdict", "headroom_gib",
+            "max_batch_size", "peak_phase"]
     if frame["host_node_gib"].any():  # some row offloads: its host RAM per node stands beside the GPU figures
         cols.append("host_node_gib")
     print(frame[cols + ["recommended"]].to_string(index=False))

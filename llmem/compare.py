@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llmem.components import outside
 from llmem.errors import InputError
-from llmem.estimate import Estimate, estimate, iteration_phases, validate_plan_for_model
+from llmem.estimate import FITS, RISK_FIX, Estimate, estimate, iteration_phases, validate_plan_for_model
 from llmem.plan import MAX_TOKENS, Device, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
@@ -45,6 +45,16 @@ class OnCapacity:
     @property
     def headroom_bytes(self) -> int:
         return self.capacity_bytes - self.device_total_bytes
+
+    @property
+    def device_total_high_bytes(self) -> int:
+        """The high end of the device total (`Estimate.device_total_bytes_range`)."""
+        return self.estimate.device_total_bytes_range[1]
+
+    @property
+    def verdict(self) -> str:
+        """fits (at the high end), risky (only at the low end) or no (`Estimate.verdict`)."""
+        return self.estimate.verdict(self.capacity_bytes)
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,8 @@ class Row(OnCapacity):
             "device_total_gib": round(self.device_total_bytes / (1 << 30), 3),
             "peak_phase": self.estimate.peak_phase,
             "fits": self.fits,
+            "verdict": self.verdict,
+            "device_total_high_gib": round(self.device_total_high_bytes / (1 << 30), 3),
             "headroom_gib": round(self.headroom_bytes / (1 << 30), 3),
             "max_batch_size": self.max_batch_size,
             "tokens_per_step": self.tokens_per_step,
@@ -276,8 +288,20 @@ def compare(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, variants=(
         return Comparison(rows, None, f"nothing fits at micro-batch {plan.batch_size}: the smallest need is "
                           f"{best.label} at {format_gib(best.device_total_bytes)} per GPU, "
                           f"short by {format_gib(-best.headroom_bytes)}")
-    rec = max(fitting, key=lambda r: (r.tokens_per_step, -COMMUNICATION_ORDER.index(r.scheme), -r.tp))
+    return Comparison(rows, *_recommend(fitting))
+
+
+def _recommend(fitting: list[Row]) -> tuple[Row, str]:
+    """The most tokens per step among the rows that fit at the high end of their device total (ties: less
+    communication); only when none does, among those that fit at the low end, said to be risky."""
+    safe = [r for r in fitting if r.verdict == FITS]
+    pool = safe or fitting
+    rec = max(pool, key=lambda r: (r.tokens_per_step, -COMMUNICATION_ORDER.index(r.scheme), -r.tp))
+    ties = "; ties go to less communication" if len(pool) > 1 else ""
     reason = (f"{rec.label} fits with {format_gib(rec.headroom_bytes)} to spare and allows micro-batch "
-              f"{rec.max_batch_size} ({rec.tokens_per_step:,} tokens per step), the most of the fitting strategies"
-              f"{'; ties go to less communication' if len(fitting) > 1 else ''}")
-    return Comparison(rows, rec, reason)
+              f"{rec.max_batch_size} ({rec.tokens_per_step:,} tokens per step), the most of the "
+              f"{'fitting' if safe else 'low-end fitting'} strategies{ties}")
+    if not safe:
+        reason += (f" — risky: it fits only at the low end; at the high end it needs "
+                   f"{format_gib(rec.device_total_high_bytes)} per GPU ({RISK_FIX})")
+    return rec, reason

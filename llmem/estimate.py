@@ -9,10 +9,11 @@ moment's total; `estimate` names the largest.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 
-from llmem.components import fused_ce, lora, offload, outside
+from llmem.components import fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
@@ -21,6 +22,11 @@ from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported
 from llmem.walk.fsdp_layer import lora_recompute_end  # noqa: F401 (re-exported)
 from llmem.walk.phase import Phase  # noqa: F401 (re-exported)
 from llmem.walk.single import iteration_phases
+
+FITS, RISKY, NO_FIT = "fits", "risky", "no"  # a plan's verdict on a GPU (`Estimate.verdict`)
+# How a program reaches the low end of the reserved range (`Estimate.reserved_bytes_range`)
+RISK_FIX = ("the high end is a model built in full on the GPU whose freed blocks stay cached: build it on the meta "
+            "device or the CPU, or call torch.cuda.empty_cache() after wrapping, for the low end")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,29 @@ class Estimate:
         memory resident on the GPU) outside the allocator."""
         return self.reserved_bytes + self.cuda_context_bytes + self.paged_state_bytes
 
+    @functools.cached_property
+    def reserved_bytes_range(self) -> tuple[int, int]:
+        """(low, high) `max_memory_reserved` over the allocator state the user did not say: low is `reserved_bytes`
+        (the flat allowance: a build that leaves nothing cached), high what the caching allocator's rules reserve
+        for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
+        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own)."""
+        peak = next(p for p in self.phases if p.name == self.peak_phase)
+        high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak)
+        return self.reserved_bytes, max(self.reserved_bytes, high)
+
+    @property
+    def device_total_bytes_range(self) -> tuple[int, int]:
+        """(low, high) device total: `reserved_bytes_range` plus what lies outside the allocator. The verdict uses
+        the high end (`verdict`)."""
+        outside_bytes = self.cuda_context_bytes + self.paged_state_bytes
+        low, high = self.reserved_bytes_range
+        return low + outside_bytes, high + outside_bytes
+
+    def verdict(self, capacity_bytes: int) -> str:
+        """`FITS` when the high end of the device total fits, `RISKY` when only the low end does, else `NO_FIT`."""
+        low, high = self.device_total_bytes_range
+        return FITS if high <= capacity_bytes else RISKY if low <= capacity_bytes else NO_FIT
+
     @property
     def notes(self) -> tuple[str, ...]:
         """Plain-language facts about the plan (e.g. FSDP2 padding small tensors to the rank count)."""
@@ -104,6 +133,8 @@ class Estimate:
             "paged_state_bytes": self.paged_state_bytes,
             "reserved_bytes": self.reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
+            "reserved_bytes_range": list(self.reserved_bytes_range),
+            "device_total_bytes_range": list(self.device_total_bytes_range),
             "host_bytes": self.host_bytes,
             "host_breakdown": {str(k): v for k, v in self.host_breakdown.items()},
             "host_pinned_bytes": self.host_pinned_bytes,

@@ -13,6 +13,7 @@ import re
 import pandas as pd
 
 from llmem import share
+from llmem.estimate import FITS, NO_FIT, RISKY
 from llmem.units import gib
 
 # every ASCII punctuation character: CommonMark lets each be backslash-escaped, and an escaped one is literal text
@@ -25,20 +26,24 @@ def plain(text: object) -> str:
     return _PUNCTUATION.sub(r"\\\1", " ".join(str(text).split()))
 
 
+_FITS = {FITS: "yes", RISKY: "risky", NO_FIT: "no"}  # the verdict at the high end of the device total
+
+
 def comparison_table(comparison) -> pd.DataFrame:
     """One row per strategy (and per compared method), as the app's table and its CSV show it, the columns that
-    decide first. Tokens per step are
-    the plan's: micro-batch × grad-accum × sequence length × data-parallel ranks, 0 on a row that does not fit. The
-    host RAM column is there only when some row offloads."""
+    decide first; fits is "risky" where only the low end of the device total fits. Tokens per step are the plan's:
+    micro-batch × grad-accum × sequence length × data-parallel ranks, 0 on a row that does not fit. The host RAM
+    column is there only when some row offloads."""
     rec = comparison.recommended
     rows = []
     for row in comparison.rows:
         plan = row.plan
         rows.append({  # what decides first (a phone shows the first few columns): fits, total, headroom
             "strategy": row.label,
-            "fits": "yes" if row.fits else "no",
+            "fits": _FITS[row.verdict],
             "device total (GiB)": round(gib(row.device_total_bytes), 2),
             "headroom (GiB)": round(gib(row.headroom_bytes), 2),
+            "device total, high end (GiB)": round(gib(row.device_total_high_bytes), 2),
             "per-GPU peak (GiB)": round(gib(row.peak_bytes), 2),
             "max micro-batch": row.max_batch_size,
             "tokens/step": plan.tokens_per_step * plan.grad_accum if row.fits else 0,

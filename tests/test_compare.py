@@ -145,3 +145,22 @@ def test_offload_variants_add_the_one_gpu_optimizer_offload_and_the_fsdp2_offloa
     assert by[(1, 0)].peak_bytes < single.peak_bytes - by[(1, 0)].estimate.host_breakdown[
         next(c for c in by[(1, 0)].estimate.host_breakdown if str(c) == "optimizer states")] / 2
     assert result.recommended is not None and not result.recommended.variant
+
+
+@pytest.mark.parametrize("gib", [24, 32, 40, 48, 80])
+def test_the_recommendation_prefers_rows_that_fit_at_the_high_end(gib):
+    """Where some strategy fits at the high end of its device total, the recommendation is one of those; a row that
+    fits only at the low end is recommended only when no row is safe, and the reason then says it is risky."""
+    result = compare(SPEC, TrainingPlan(gpus=8, batch_size=1, grad_ckpt="full"), gib << 30)
+    own = [r for r in result.rows if not r.variant]
+    verdicts = {r.verdict for r in own}
+    rec = result.recommended
+    if "fits" in verdicts:
+        assert rec.verdict == "fits" and "risky" not in result.reason
+    elif "risky" in verdicts:
+        assert rec.verdict == "risky" and "risky" in result.reason
+    else:
+        assert rec is None
+    for r in own:
+        low, high = r.estimate.device_total_bytes_range
+        assert r.fits == (low <= gib << 30) and (r.verdict == "fits") == (high <= gib << 30)

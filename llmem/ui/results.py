@@ -12,6 +12,7 @@ import streamlit as st
 from plotly.basedatatypes import BaseFigure
 
 from llmem import figures, share
+from llmem.estimate import FITS, RISK_FIX, RISKY
 from llmem.ui import cache
 from llmem.units import format_gib, format_params
 from llmem.view import comparison_csv, comparison_markdown, comparison_table, export_name, plain
@@ -67,8 +68,13 @@ def _params_line(result: Result) -> str:
 def verdict_text(result: Result) -> str:
     row, where = result.row, result.where()
     text = f"{row.label}: {format_gib(row.device_total_bytes)} per GPU of {format_gib(result.gpu.memory_bytes)}"
-    if row.fits:
-        return f"**Fits on {where} with {format_gib(row.headroom_bytes)} to spare** per GPU — {text}."
+    high = row.device_total_high_bytes
+    if row.verdict == FITS:
+        up_to = f" (up to {format_gib(high)})" if high > row.device_total_bytes else ""
+        return f"**Fits on {where} with {format_gib(row.headroom_bytes)} to spare** per GPU — {text}{up_to}."
+    if row.verdict == RISKY:
+        return (f"**Fits on {where} only at the low end (risky)** — {text}, up to {format_gib(high)}: "
+                f"{RISK_FIX}.")
     return f"**Short by {format_gib(abs(row.headroom_bytes))} per GPU on {where}** — {text}."
 
 
@@ -77,7 +83,7 @@ def _verdict(result: Result, stale: bool) -> None:
     if stale:
         st.markdown(f"Last valid result: {text}")
         return
-    (st.success if result.fits else st.error)(text)
+    {FITS: st.success, RISKY: st.warning}.get(result.row.verdict, st.error)(text)
     comparison, rec = result.comparison, result.comparison.recommended
     if rec is not None and (rec.tp, rec.zero) != (result.row.tp, result.row.zero):
         st.info(f"**Recommended instead: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")

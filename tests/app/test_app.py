@@ -209,7 +209,8 @@ def test_csv_is_the_table_then_the_inputs_and_reads_back_with_one_argument(serve
     assert frame.index.tolist() == shown.index.tolist()
     pd.testing.assert_frame_equal(frame, shown, check_dtype=False)
     gib = get_gpu("a100-40gb").memory_bytes / 2**30
-    assert ((frame["fits"] == "yes") == (frame["device total (GiB)"] <= gib)).all()
+    assert ((frame["fits"] == "no") == (frame["device total (GiB)"] > gib)).all()  # the low end does not fit
+    assert ((frame["fits"] == "yes") == (frame["device total, high end (GiB)"] <= gib)).all()  # the high end fits
     markdown = [data for mimetype, data, _ in served_files if mimetype == "text/markdown"]
     assert markdown and b"| strategy |" in markdown[-1] and b"gpus`: 8" in markdown[-1]
 

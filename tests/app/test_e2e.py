@@ -258,3 +258,7 @@ def test_on_a_phone_the_verdict_is_above_the_fold(server):
         expect(header).to_be_attached(timeout=UI_TIMEOUT)
         right = header.bounding_box()
         assert right is not None and right["x"] + right["width"] <= 390, right  # the deciding columns fit a phone
+        zones = page.locator("[data-testid='stFileUploaderDropzoneInstructions']")  # the import box's drop zone
+        expect(zones.first).to_be_attached(timeout=UI_TIMEOUT)
+        shown = zones.evaluate_all("els => els.map(e => getComputedStyle(e).display)")
+        assert shown and set(shown) == {"none"}, shown  # Streamlit's "1MB per file", not the app's 256 KiB limit
