@@ -133,6 +133,13 @@ class Loss(Choice):
     FUSED_LINEAR_CE = "fused-linear-ce"  # Liger-Kernel's fused linear cross-entropy (no logits materialized)
 
 
+class AllocConf(Choice):
+    """`PYTORCH_CUDA_ALLOC_CONF` of the program: the caching allocator's segments (DESIGN.md "Project extensions")."""
+
+    DEFAULT = "default"  # fixed-size segments (c10/cuda/CUDACachingAllocator.cpp)
+    EXPANDABLE = "expandable-segments"  # expandable_segments:True: one growing segment per pool and stream
+
+
 class Scheme(Choice):
     """What runs, derived from (gpus, tp, zero) exactly as DESIGN.md section 2 fixes it."""
 

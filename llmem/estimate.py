@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmem.components import fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import Scheme, TrainingPlan
+from llmem.plan import AllocConf, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -82,9 +82,10 @@ class Estimate:
         """(low, high) `max_memory_reserved` over the allocator state the user did not say: low is `reserved_bytes`
         (the flat allowance: a build that leaves nothing cached), high what the caching allocator's rules reserve
         for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
-        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own)."""
+        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`."""
         peak = next(p for p in self.phases if p.name == self.peak_phase)
-        high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak)
+        expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
+        high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
         return self.reserved_bytes, max(self.reserved_bytes, high)
 
     @property

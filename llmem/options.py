@@ -202,6 +202,12 @@ OPTIONS: tuple[Option, ...] = (
            "instead of freed, so they stay allocated through the next forward and backward, as in the later "
            "micro-steps of --grad-accum; the peak grows by about one gradient copy (per GPU: its share of them).",
            link=WHEN_SET, widget=Widget("Keep gradients between steps (set_to_none=False)", "w_keep_grads", CHECK)),
+    Option("alloc_conf", c.AllocConf, c.AllocConf.DEFAULT,
+           "The CUDA caching allocator's setting (PYTORCH_CUDA_ALLOC_CONF): default segments, or expandable-segments "
+           "(expandable_segments:True: each stream's pool is one segment growing by 20 MiB pages, any freed page "
+           "serves any later request), which lowers the high end of reserved memory and the device total. No effect "
+           "on the peak (max_memory_allocated) or on the CPU profile.",
+           link=WHEN_SET, widget=Widget("CUDA allocator (PYTORCH_CUDA_ALLOC_CONF)", "w_alloc_conf", SELECT)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

@@ -17,6 +17,7 @@ from functools import cached_property
 from llmem import support
 from llmem.choices import (  # re-exported: the plan's enums have always been imported from here
     SCHEME_LABELS,
+    AllocConf,
     Attention,
     Choice,
     Device,
@@ -35,9 +36,9 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
 from llmem.errors import InputError
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
-__all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention", "Choice", "Device", "Engine",
-           "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl", "Precision", "Quant",
-           "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
+__all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice", "Device",
+           "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl", "Precision",
+           "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 
 MAX_GPUS = 65536
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from llmem.measure import gloo_fence
-from llmem.plan import TrainingPlan
+from llmem.plan import AllocConf, TrainingPlan
 from llmem.runtime import Topology, prepare, train_step
 
 
@@ -66,6 +66,8 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         torch.set_num_threads(1)
     if topo.device_type == "cuda":
         torch.cuda.set_device(topo.device)
+        if plan.alloc_conf is AllocConf.EXPANDABLE:  # --alloc-conf, before the first allocation of this process
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     collect()
     tracker = tracker or make_tracker(topo.device_type, topo)
     start = time.perf_counter()

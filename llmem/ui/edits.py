@@ -32,7 +32,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
                 "quant", "double_quant", "methods")),
     ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "fsdp_shard", "ddp_bucket_view",
-                       "keep_grads")),
+                       "keep_grads", "alloc_conf")),
 )
 
 # an error's field (the command-line name) -> the widget it is shown under

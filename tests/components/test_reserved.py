@@ -56,11 +56,6 @@ def test_fsdp2_side_streams_and_oversize_request():
     assert est.reserved_bytes_range[1] >= reserved.build_cache_bytes(spec, plan) + side
 
 
-def _high(est, expandable: bool = False) -> int:
-    peak = next(p for p in est.phases if p.name == est.peak_phase)
-    return reserved.reserved_bytes(est.spec, est.plan, est.phases, peak, expandable)
-
-
 @pytest.mark.parametrize("plan", [pytest.param({}, marks=pytest.mark.heavy), {"gpus": 8, "zero": 3}])
 def test_reserved_against_simulate_at_full_size(plan):
     """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: the category
@@ -70,8 +65,9 @@ def test_reserved_against_simulate_at_full_size(plan):
     p = TrainingPlan(batch_size=1, seq_len=1024, precision="bf16-mixed", **plan)
     sim = simulate(config, p)
     est = estimate(ModelSpec.from_config(config), p)
-    expandable = _high(est, expandable=True)
-    assert abs(expandable - sim.reserved_expandable_bytes) <= 0.02 * sim.reserved_expandable_bytes
+    expandable = estimate(ModelSpec.from_config(config), p.with_(alloc_conf="expandable-segments"))
+    high = expandable.reserved_bytes_range[1]  # --alloc-conf expandable-segments: its rules' figure
+    assert abs(high - sim.reserved_expandable_bytes) <= 0.02 * sim.reserved_expandable_bytes
     assert sim.reserved_bytes <= est.reserved_bytes_range[1] <= 1.12 * sim.reserved_bytes
     assert abs(reserved.build_cache_bytes(ModelSpec.from_config(config), p) - sim.reserved_at_reset_bytes) \
         <= 0.01 * sim.reserved_at_reset_bytes
