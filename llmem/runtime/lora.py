@@ -51,11 +51,13 @@ def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
     weights = {name: m.weight.data for name, m in model.named_modules() if type(m) is nn.Linear}
+    biases = {name: m.bias.data for name, m in model.named_modules() if type(m) is nn.Linear and m.bias is not None}
     skip = [n for n in weights if n.rsplit(".", 1)[-1] in NOT_CONVERTED]
-    if any(type(m) is nn.Linear and m.bias is not None for m in model.modules()):
-        raise NotImplementedError("Linear biases under qlora are not modelled")
     replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=bnb_config(plan))
     for name, module in model.named_modules():
+        if isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) and name in biases:
+            # the loader fills a quantized Linear's bias as any other tensor: the same values, the model's dtype
+            module.bias = nn.Parameter(biases.pop(name), requires_grad=False)
         if isinstance(module, bnb.nn.Linear4bit):
             value = weights.pop(name)
             meta = module.weight
@@ -69,6 +71,7 @@ def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
             module.weight = bnb.nn.Int8Params(value.to("cpu"), requires_grad=False, **kwargs).to(value.device)
             del value
     weights.clear()
+    biases.clear()
     # what transformers' quantizer sets; PEFT dispatches its bnb LoRA layers on it
     if plan.quant is Quant.INT8:
         model.is_loaded_in_8bit = True

@@ -10,7 +10,10 @@ from llmem.errors import InputError
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
-from tests.components.test_activations import CONFIGS
+from tests.components.test_activations import _LLAMA
+from tests.components.test_activations import CONFIGS as _CONFIGS
+
+CONFIGS = {**_CONFIGS, "qwen2": dict(model_type="qwen2", **_LLAMA)}  # q/k/v with biases: kept beside the codes
 
 
 def test_plan_validation_names_the_flag():
@@ -55,7 +58,8 @@ def test_storage_formula():
 
 @pytest.mark.parametrize("family,q,precision,dq", [("llama", "nf4", "bf16", False), ("qwen3", "fp4", "fp32", False),
                                                     ("llama", "nf4", "bf16", True), ("qwen3", "fp4", "fp32", True),
-                                                    ("llama", "int8", "bf16", False), ("qwen3", "int8", "fp32", False)])
+                                                    ("llama", "int8", "bf16", False), ("qwen3", "int8", "fp32", False),
+                                                    ("qwen2", "nf4", "bf16", False), ("qwen2", "int8", "bf16", False)])
 def test_parameter_bytes_equal_the_quantized_model(family, q, precision, dq):
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
@@ -111,6 +115,8 @@ def _error(family: str, **plan) -> float:
     ("llama", dict(batch_size=2, seq_len=16, grad_ckpt="full", lora_dropout=0.1)),
     ("llama", dict(double_quant=True)),  # nested block scales (--double-quant)
     ("qwen3", dict(double_quant=True, precision="bf16", grad_ckpt="full")),
+    ("qwen2", dict(precision="bf16")),  # biased q/k/v: each bias stays a plain tensor of the 4-bit Linear
+    ("qwen2", dict(grad_ckpt="full", quant="fp4")),
 ])
 def test_qlora_estimate_matches_cpu_run(family, plan):
     # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (docs/notes/2026-11-26-methods-lora-qlora.md)
@@ -162,6 +168,7 @@ def _int8_run(family: str, **plan):
     ("llama", dict(grad_ckpt="full", lora_dropout=0.1)),  # the recomputed q/k/v input stays alive too
     ("llama", dict(batch_size=1, seq_len=16)),  # few tokens: the dequantized weight sets the peak
     ("qwen3", dict(lora_targets="q_proj,v_proj", lora_dropout=0.1)),
+    ("qwen2", {}),  # biased q/k/v under the 8-bit base
 ])
 def test_int8_estimate_matches_cpu_run(family, plan):
     # 2 %: the project's single-rank bar; measured errors are 0.01-1.1 % (docs/notes/2026-11-26-methods-lora-qlora.md)
