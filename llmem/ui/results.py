@@ -141,6 +141,8 @@ def _table(result: Result, link: str, stale: bool) -> None:
     st.table(table.set_index("strategy").style.format(precision=2))
     st.caption("per-GPU peak = largest allocated tensor memory per GPU (torch max_memory_allocated); device total adds "
                "fragmentation and the CUDA context (what nvidia-smi shows); headroom = GPU memory − device total; "
+               "high end = the caching allocator's rules for a model built in full on the GPU; fits = yes at the high "
+               "end, risky at the low end only; "
                "max micro-batch = largest micro-batch per GPU that fits (0: none); tokens/step = micro-batch × "
                "grad-accum × sequence length × data-parallel ranks (0 where it does not fit).")
     if stale:
