@@ -161,7 +161,10 @@ SCHEME_LABELS = {
 
 
 class Engine(Choice):
-    """The training engine whose program is estimated (`--engine`): only PyTorch's is modelled."""
+    """The training engine whose program is estimated (`--engine`): PyTorch's own programs (torch), or PyTorch's
+    FullyShardedDataParallel (FSDP1) as accelerate and the HF Trainer configure it (fsdp1). DeepSpeed is refused (a
+    gap)."""
 
     TORCH = "torch"
+    FSDP1 = "fsdp1"
     DEEPSPEED = "deepspeed"

@@ -214,9 +214,14 @@ OPTIONS: tuple[Option, ...] = (
            plan=False, cli=COMMAND, parse=link_methods, link=WHEN_SET,
            widget=Widget("Also compare methods", "w_methods", SPECIAL)),
     Option("engine", c.Engine, c.Engine.TORCH,
-           "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
-           "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
-           plan=False, link=NEVER),
+           "The training engine whose program is estimated. torch: PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 "
+           "(fully_shard), DTensor TP. fsdp1: PyTorch's FullyShardedDataParallel as accelerate and the HF Trainer "
+           "configure it (each decoder layer and the root one FlatParameter, use_orig_params, limit_all_gathers, "
+           "BACKWARD_PRE prefetch; --zero 2 = SHARD_GRAD_OP, --zero 3 = FULL_SHARD; mixed precision = "
+           "MixedPrecision with half params, reduce and buffers): flat shards padded to the GPUs, the root kept "
+           "gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at once. "
+           "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
+           link=WHEN_SET, compared=False, widget=Widget("Training engine", "w_engine", SELECT)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
