@@ -64,7 +64,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{spec.name} ({spec.model_type}, {format_params(spec.total_params)} parameters) — from {origin}")
-    print(f"{plan.scheme.label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
+    print(f"{plan.strategy_label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
           f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
     print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
     width = max(len(str(c)) for c in est.breakdown)
@@ -155,7 +155,7 @@ def cmd_plan_ckpt(args: argparse.Namespace) -> int:
         print(json.dumps({"origin": origin, "gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes}
                          | result.to_dict() | importing.as_json(args), indent=2))
         return 0
-    print(f"{spec.name}: {plan.scheme.label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
+    print(f"{spec.name}: {plan.strategy_label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
           f"micro-batch {plan.batch_size} × {plan.seq_len}, {plan.precision}")
     print(f"{'checkpointing':<18} {'recomputed':>10} {'device total':>13} {'fits':>5}  {'extra fwd FLOPs':>15}")
     for o in result.options:

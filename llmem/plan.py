@@ -124,6 +124,13 @@ class TrainingPlan(_PlanFields):
         return (Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Scheme.ZERO3)[self.zero]
 
     @property
+    def strategy_label(self) -> str:
+        """The scheme's label, naming FSDP1 and its sharding strategy under `--engine fsdp1`."""
+        if self.engine is Engine.FSDP1 and self.scheme in (Scheme.ZERO2, Scheme.ZERO3):
+            return "ZeRO-2 (FSDP1 SHARD_GRAD_OP)" if self.scheme is Scheme.ZERO2 else "ZeRO-3 (FSDP1 FULL_SHARD)"
+        return self.scheme.label
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree: how many ranks see different data."""
         return self.gpus // self.tp
