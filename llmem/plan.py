@@ -16,6 +16,7 @@ from functools import cached_property
 
 from llmem import support
 from llmem.choices import (  # re-exported: the plan's enums have always been imported from here
+    FSDP1_LABELS,
     SCHEME_LABELS,
     Attention,
     Choice,
@@ -35,9 +36,9 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
 from llmem.errors import InputError
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
-__all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention", "Choice", "Device", "Engine",
-           "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl", "Precision", "Quant",
-           "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
+__all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "Attention", "Choice", "Device",
+           "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl", "Precision",
+           "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 
 MAX_GPUS = 65536
 
@@ -126,8 +127,8 @@ class TrainingPlan(_PlanFields):
     @property
     def strategy_label(self) -> str:
         """The scheme's label, naming FSDP1 and its sharding strategy under `--engine fsdp1`."""
-        if self.engine is Engine.FSDP1 and self.scheme in (Scheme.ZERO2, Scheme.ZERO3):
-            return "ZeRO-2 (FSDP1 SHARD_GRAD_OP)" if self.scheme is Scheme.ZERO2 else "ZeRO-3 (FSDP1 FULL_SHARD)"
+        if self.engine is Engine.FSDP1 and self.scheme in FSDP1_LABELS:
+            return FSDP1_LABELS[self.scheme]
         return self.scheme.label
 
     @property

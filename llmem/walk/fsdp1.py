@@ -24,7 +24,11 @@ from dataclasses import replace
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
-from llmem.components.gradients import embedding_gradient_accumulate_bytes, embedding_input_gradient_bytes
+from llmem.components.gradients import (
+    embedding_gradient_accumulate_bytes,
+    embedding_input_gradient_bytes,
+    layer_gradient_bytes,
+)
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -33,10 +37,10 @@ from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
 from llmem.walk.phase import Phase, moment
 
 
-def _gathered(w: FsdpTerms, layers_held: int) -> int:
-    """The root's unsharded flat parameter and `layers_held` layers' (all layers are the same size)."""
+def _gathered(w: FsdpTerms, layers: range | tuple[int, ...]) -> int:
+    """The root's unsharded flat parameter and those of the decoder layers `layers` (`_full_param_padded`)."""
     unsharded = fp.unsharded_bytes(w.spec, w.plan)
-    return unsharded[0] + layers_held * (unsharded[1] if len(unsharded) > 1 else 0)
+    return unsharded[0] + sum(unsharded[1 + layer] for layer in layers)
 
 
 def _zero2(w: FsdpTerms) -> bool:
@@ -48,13 +52,13 @@ def forward_moments(w: FsdpTerms) -> list[Phase]:
     with their transients (`flat_param.gather_transient_bytes`): SHARD_GRAD_OP keeps every earlier layer."""
     spec, cp, layers = w.spec, w.cp, w.layers
     phases = [moment("forward (root all-gather)", **w.persistent, activations=w.ids,
-                     communication=_gathered(w, 0) + fp.gather_transient_bytes(spec, w.plan, 0))]
+                     communication=_gathered(w, ()) + fp.gather_transient_bytes(spec, w.plan, 0))]
     embeds = 0  # the model's forward holds the embeddings' output through its layer loop (`fsdp.py`)
     if w.plan.grad_ckpt is not GradCkpt.FULL and not act.saves_layer_input(spec, cp):
         embeds = w.hidden
     for layer in sorted({0, layers - 1}):
         below = act.kept_layers_bytes(spec, cp, layer) + (embeds if layer else 0)
-        held = layer + 1 if _zero2(w) else 1
+        held = range(layer + 1) if _zero2(w) else (layer,)
         phases.append(moment(f"forward (layer {layer} all-gather)", **w.persistent,
                              activations=below + w.outer_act + w.hidden,
                              communication=_gathered(w, held) + fp.gather_transient_bytes(spec, w.plan, 1 + layer)))
@@ -66,10 +70,11 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     the lm_head's backward (the lm_head's view gradient waits in the root's `SplitWithSizesBackward`)."""
     spec, cp, layers = w.spec, w.cp, w.layers
     on = dict(**w.persistent, activations=w.forward_acts)
-    at_loss = _gathered(w, layers if _zero2(w) else 0)
-    backward = _gathered(w, layers if _zero2(w) else 1)
+    every, last = range(layers), (layers - 1,)
+    at_loss = _gathered(w, every if _zero2(w) else ())
+    backward = _gathered(w, every if _zero2(w) else last)
     phases = [
-        moment("forward (last layer)", **on, communication=_gathered(w, layers if _zero2(w) else 1)),
+        moment("forward (last layer)", **on, communication=backward),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=at_loss),
     ]
     if not _zero2(w):
@@ -89,10 +94,7 @@ def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     resharded first) and, under MixedPrecision, the cast of the new shard to the parameter dtype."""
     spec, plan = w.spec, w.plan
     below, own = _kept(w, layer)
-    if _zero2(w):
-        gathered = _gathered(w, layer + 1)
-    else:
-        gathered = _gathered(w, 2 if layer else 1)
+    gathered = _gathered(w, range(layer + 1) if _zero2(w) else range(max(0, layer - 1), layer + 1))
     phases = []
     if not _zero2(w) and layer:
         phases.append(_prebackward_moment(w, layer, later, 0, below, own,
@@ -101,8 +103,9 @@ def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     flat = fp.unsharded_grad_bytes(spec, plan, 1 + layer)
     earlier = dict(**w.persistent, activations=below + w.outer_act, logits=w.logits)
     base = w.root_grads_head + later + w.residual_grad
+    views = layer_gradient_bytes(spec, w.cp, layer)  # the views' gradients, waiting in SplitWithSizesBackward
     phases.append(moment(f"backward (layer {layer}, flat gradient)", **earlier,
-                         gradients=base + w.layer_grads + flat, communication=gathered))
+                         gradients=base + views + flat, communication=gathered))
     resharded = gathered - fp.unsharded_bytes(spec, plan)[1 + layer]
     phases.append(moment(f"reduce-scatter (layer {layer})", **earlier, gradients=base + flat,
                          communication=resharded + fp.reduce_scatter_bytes(spec, plan, 1 + layer)))
@@ -123,10 +126,10 @@ def end_moments(w: FsdpTerms) -> list[Phase]:
     flat = fp.unsharded_grad_bytes(spec, plan, 0)
     on = dict(**w.persistent, logits=w.logits)
     phases = [
-        moment("backward end", **on, gradients=layer_shards + root_views, communication=_gathered(w, 0),
+        moment("backward end", **on, gradients=layer_shards + root_views, communication=_gathered(w, ()),
                temporaries=embedding_gradient_accumulate_bytes(spec, cp) + embedding_input_gradient_bytes(spec, cp)),
         moment("backward end (root flat gradient)", **on, gradients=layer_shards + root_views + flat,
-               communication=_gathered(w, 0)),
+               communication=_gathered(w, ())),
         moment("backward end (root reduce-scatter)", **on, gradients=layer_shards + flat,
                communication=fp.reduce_scatter_bytes(spec, plan, 0)),
     ]
