@@ -38,6 +38,10 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if str(plan.loss) != "standard":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
+    if str(plan.engine) == "fsdp1" and plan.scheme is Scheme.ZERO2:
+        raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
+                         "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
+                         "have); measure it (measure --gpus N), or simulate --zero 3")
     if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
         raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")
