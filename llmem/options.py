@@ -221,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
            "MixedPrecision with half params, reduce and buffers): flat shards padded to the GPUs, the root kept "
            "gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at once. "
            "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
-           link=WHEN_SET, compared=False, widget=Widget("Training engine", "w_engine", SELECT)),
+           link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
