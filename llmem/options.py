@@ -62,8 +62,9 @@ OPTIONS: tuple[Option, ...] = (
            "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
            low=1, high=MAX_APP_GPUS, widget=Widget("Strategy", "w_strategy", SPECIAL)),
     Option("zero", int, 0,
-           "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 shards "
-           "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer. With "
+           "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 (FSDP1's "
+           "SHARD_GRAD_OP with --engine fsdp1) shards parameters, gradients and states, keeps gathered layers until "
+           "backward. 3: re-gathers each layer (FSDP1: FULL_SHARD). With "
            "lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's shards plus "
            "every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
            app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL)),
