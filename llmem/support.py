@@ -83,9 +83,10 @@ RULES: tuple[Rule, ...] = (
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.tp > 1,
        "FSDP1 with tensor parallelism is not modelled; use --tp 1, or --engine torch (TP x FSDP2)", GAP,
        engine="fsdp1", gpus=2, tp=2, zero=0),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.zero in (0, 1),
-       "fsdp1 is modelled for --zero 2 (SHARD_GRAD_OP) and --zero 3 (FULL_SHARD); NO_SHARD and ZeRO-1 are not; use "
-       "--zero 2 or 3, or --engine torch (DDP, ZeroRedundancyOptimizer)", GAP, engine="fsdp1", gpus=2, zero=0),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.zero == 1,
+       "fsdp1 runs --zero 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD); FSDP1 has no ZeRO-1 (its optimizer "
+       "states shard with the parameters); use --zero 0, 2 or 3, or --engine torch (ZeroRedundancyOptimizer)",
+       REFUSED, engine="fsdp1", gpus=2, zero=1),
     _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is not Method.FULL,
        "{p.method} under FSDP1 is not modelled (a frozen base and trainable adapters in one FlatParameter); use "
        "--method full, or --engine torch (FSDP2)", GAP, engine="fsdp1", method="lora", gpus=2, zero=3),

@@ -21,13 +21,17 @@ element size, and the whole padded to a multiple of the world size W. N = that p
                root pre-forward (`_reset_flat_param_grad_info_if_needed`).
   optimizer    the original parameters are views of the rank's part of the shard (`_use_sharded_views`): a tensor
                outside the shard is empty and gets no gradient, so no state.
+NO_SHARD (--zero 0): the flat parameter stays whole (S = N, still padded to W); nothing is all-gathered. Under
+MixedPrecision the `_mp_shard` (N elements, half) is the unsharded parameter: allocated in `pre_unshard`, freed in
+`post_reshard` (after forward, after backward), so it plays the gathered buffer's part. `_reduce_grad_no_shard`
+all-reduces the flat gradient in place and `_cast_grad_to_param_dtype` casts it whole to the parameter dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmem.plan import Device, TrainingPlan
+from llmem.plan import Device, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, per_spec
 
 ALIGNMENT_BYTES = 16  # `_get_aligned_numel`: "This alignment constraint comes from TorchInductor"
@@ -49,6 +53,16 @@ class FlatUnit:
         s = self.shard_numel(world)
         lo, hi = rank * s, (rank + 1) * s
         return [max(0, min(hi, off + n) - max(lo, off)) for off, n in self.params]
+
+
+def sharded(plan: TrainingPlan) -> bool:
+    """SHARD_GRAD_OP (ZeRO-2) and FULL_SHARD (ZeRO-3) shard; NO_SHARD (ZeRO-0) keeps the flat parameter whole."""
+    return plan.scheme in (Scheme.ZERO2, Scheme.ZERO3)
+
+
+def shard_world(plan: TrainingPlan) -> int:
+    """The ranks a flat parameter is split over: W when sharded, 1 under NO_SHARD (padded to W all the same)."""
+    return plan.dp if sharded(plan) else 1
 
 
 def aligned_numel(plan: TrainingPlan) -> int:
@@ -87,18 +101,23 @@ def reduce_bytes(plan: TrainingPlan) -> int:
 @per_spec("layout_key")
 def shard_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
     """Each unit's shard (root first), parameter dtype: the sharded parameters, and the sharded gradients."""
-    return tuple(u.shard_numel(plan.dp) * plan.precision.param_bytes for u in units(spec, plan))
+    return tuple(u.shard_numel(shard_world(plan)) * plan.precision.param_bytes for u in units(spec, plan))
 
 
 @per_spec("layout_key")
 def unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
-    """Each unit's `_full_param_padded` (root first): N elements in the gather dtype."""
+    """Each unit's `_full_param_padded` (root first): N elements in the gather dtype. NO_SHARD: its `_mp_shard`
+    under MixedPrecision (N half elements), nothing without (the flat parameter itself computes)."""
+    if not sharded(plan) and not plan.precision.is_mixed:
+        return tuple(0 for _ in units(spec, plan))
     return tuple(u.numel * gather_bytes(plan) for u in units(spec, plan))
 
 
 def gather_transient_bytes(spec: ModelSpec, plan: TrainingPlan, unit: int) -> int:
     """Inside unit `unit`'s all-gather, beside its new `_full_param_padded`: the `_mp_shard` under MixedPrecision
     and, on CPU, gloo's flat output (N elements, the gather dtype)."""
+    if not sharded(plan):  # NO_SHARD: the `_mp_shard` is the unsharded parameter, nothing is gathered
+        return 0
     u = units(spec, plan)[unit]
     mp = u.shard_numel(plan.dp) * plan.precision.compute_bytes if plan.precision.is_mixed else 0
     gloo = u.numel * gather_bytes(plan) if plan.device is Device.CPU else 0
@@ -109,16 +128,21 @@ def reduce_scatter_bytes(spec: ModelSpec, plan: TrainingPlan, unit: int) -> int:
     """Inside unit `unit`'s reduce-scatter, beside its unsharded gradient (`flat_param.grad`, N elements, the gather
     dtype): `new_sharded_grad` (S, reduce dtype) and, on CPU, gloo's clone of the input (N, reduce dtype:
     ProcessGroupGloo has no reduce-scatter, it all-reduces a copy); NCCL (CUDA profile) reduce-scatters in place."""
+    if not sharded(plan):  # NO_SHARD: `dist.all_reduce(flat_param.grad)` in place
+        return 0
     u = units(spec, plan)[unit]
     clone = u.numel * reduce_bytes(plan) if plan.device is Device.CPU else 0
     return u.shard_numel(plan.dp) * reduce_bytes(plan) + clone
 
 
 def cast_grad_bytes(spec: ModelSpec, plan: TrainingPlan, unit: int) -> int:
-    """`_cast_grad_to_param_dtype`: the new parameter-dtype shard beside the reduce-dtype one (MixedPrecision)."""
+    """`_cast_grad_to_param_dtype`: the new parameter-dtype shard beside the reduce-dtype one (MixedPrecision).
+    NO_SHARD casts the flat gradient itself (counted apart): only the new N elements."""
     if reduce_bytes(plan) == plan.precision.param_bytes:
         return 0
     u = units(spec, plan)[unit]
+    if not sharded(plan):
+        return u.numel * plan.precision.param_bytes
     return u.shard_numel(plan.dp) * (reduce_bytes(plan) + plan.precision.param_bytes)
 
 
@@ -133,8 +157,9 @@ def optimized_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Elements of each original parameter on the rank holding the most (the ranks differ only by padding), the
     root's tensors first: the tensors the optimizer steps (empty ones get no gradient and no state)."""
     best: list[int] = []
-    for rank in sorted({0, plan.dp - 1}):  # the padding sits at the tensors' ends and the flat end: rank 0 or last
-        sizes = [n for u in units(spec, plan) for n in u.in_shard(rank, plan.dp) if n]
+    world = shard_world(plan)
+    for rank in sorted({0, world - 1}):  # the padding sits at the tensors' ends and the flat end: rank 0 or last
+        sizes = [n for u in units(spec, plan) for n in u.in_shard(rank, world) if n]
         if sum(sizes) > sum(best):
             best = sizes
     return best

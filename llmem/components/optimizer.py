@@ -89,7 +89,7 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         if plan.scheme in FSDP_SCHEMES:
             return lora.sharded_adapter_sizes(spec, plan)
         return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
-    if plan.engine is Engine.FSDP1 and plan.scheme in FSDP_SCHEMES:  # the original parameters' views of the shards
+    if plan.engine is Engine.FSDP1 and plan.gpus > 1:  # the original parameters' views of the flat shards
         from llmem.components.flat_param import optimized_sizes
 
         return list(optimized_sizes(spec, plan))

@@ -121,13 +121,14 @@ def fsdp(r: Reader, cfg: str, version_default: int, version_key: str = "") -> st
     return version
 
 
+FSDP1_NAMES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FSDP1_MODELLED = {"use_orig_params": True, "backward_prefetch": "BACKWARD_PRE", "forward_prefetch": False}
 
 
 def _fsdp1(r: Reader, key, vkey: str, version: str) -> None:  # noqa: ANN001
-    """FSDP1: FULL_SHARD / SHARD_GRAD_OP are `--engine fsdp1 --zero 3 / 2` (llmem's FSDP1 program, with accelerate's
-    `use_orig_params`, BACKWARD_PRE, no forward prefetch: other values are reported, not modelled); with --engine
-    torch, and for NO_SHARD, the nearest PyTorch program as before."""
+    """FSDP1: FULL_SHARD / SHARD_GRAD_OP / NO_SHARD are `--engine fsdp1 --zero 3 / 2 / 0` (llmem's FSDP1 program,
+    with accelerate's `use_orig_params`, BACKWARD_PRE, no forward prefetch: other values are reported, not
+    modelled); with --engine torch, the nearest PyTorch program as before."""
     fsdp1 = "FSDP1 (FullyShardedDataParallel)"
     k = key("sharding_strategy") if r.has(key("sharding_strategy")) else key("reshard_after_forward")
     strategy = str(r.get(k) or "FULL_SHARD").strip().upper()
@@ -135,10 +136,10 @@ def _fsdp1(r: Reader, key, vkey: str, version: str) -> None:  # noqa: ANN001
         r.ignore(k, f"FSDP1 {strategy} is not modelled (hybrid sharding shards within a node only)", strategy)
         return
     zero = FSDP1_STRATEGY[strategy]
-    if r.engine_torch or zero == 0:
+    if r.engine_torch:
         r.engine(k, "zero", zero, fsdp1, f"--zero {zero}")
         return
-    r.set(k, "zero", zero, f"FSDP1 {'FULL_SHARD' if zero == 3 else 'SHARD_GRAD_OP'}", shown=strategy)
+    r.set(k, "zero", zero, f"FSDP1 {FSDP1_NAMES[zero]}", shown=strategy)
     if r.has(vkey):
         r.set(vkey, "engine", "fsdp1", f"{fsdp1}, as accelerate wraps it")
     else:

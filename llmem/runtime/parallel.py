@@ -11,7 +11,7 @@
 |           | (`base_model_tp_plan`, with the embeddings vocab-sharded and the lm_head `colwise_gather_output`) |
 |           | applied by transformers itself (`hf_tp_plan`, `apply_tensor_parallelism`)                     |
 | tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
-| fsdp1     | (`--engine fsdp1`, zero2/3) `FullyShardedDataParallel` as accelerate's FSDP plugin builds it: |
+| fsdp1     | (`--engine fsdp1`, zero0/2/3) `FullyShardedDataParallel` as accelerate's FSDP plugin builds it: |
 |           | `transformer_auto_wrap_policy` over the decoder layer classes plus the root, SHARD_GRAD_OP / |
 |           | FULL_SHARD, use_orig_params, limit_all_gathers, BACKWARD_PRE, no forward prefetch           |
 
@@ -39,7 +39,8 @@ FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
 
 
 def uses_fsdp(plan: TrainingPlan) -> bool:
-    return plan.scheme in FSDP_SCHEMES
+    """FSDP2, or FSDP1 (`--engine fsdp1`, NO_SHARD included): their mixed precision casts, no autocast runs."""
+    return plan.scheme in FSDP_SCHEMES or (plan.engine is Engine.FSDP1 and plan.gpus > 1)
 
 
 def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
@@ -165,8 +166,8 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
     """`--engine fsdp1`: `FullyShardedDataParallel` with accelerate's FSDP plugin settings
     (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` over the decoder layer classes, `fsdp_use_orig_params: true`,
     `limit_all_gathers=True`, `backward_prefetch=BACKWARD_PRE`, `forward_prefetch=False`): one FlatParameter per
-    decoder layer and one for the root (embeddings, final norm, lm_head). ZeRO-2 = SHARD_GRAD_OP, ZeRO-3 =
-    FULL_SHARD."""
+    decoder layer and one for the root (embeddings, final norm, lm_head). ZeRO-0 = NO_SHARD, ZeRO-2 =
+    SHARD_GRAD_OP, ZeRO-3 = FULL_SHARD."""
     import functools
 
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
@@ -179,7 +180,8 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
     if plan.precision.is_mixed:
         half = getattr(torch, plan.precision.compute_dtype_name)
         mixed = MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
-    strategy = ShardingStrategy.FULL_SHARD if plan.scheme is Scheme.ZERO3 else ShardingStrategy.SHARD_GRAD_OP
+    strategy = {Scheme.ZERO3: ShardingStrategy.FULL_SHARD, Scheme.ZERO2: ShardingStrategy.SHARD_GRAD_OP,
+                Scheme.DDP: ShardingStrategy.NO_SHARD}[plan.scheme]
     device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, torch.cuda.current_device())
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mixed,
                 device_id=device, use_orig_params=True, limit_all_gathers=True,

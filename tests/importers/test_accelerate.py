@@ -31,6 +31,9 @@ def test_fsdp1_is_engine_fsdp1_unless_engine_torch():
     r = import_bytes(text, "a.yaml")
     assert settings(r) == {"gpus": 4, "zero": 2, "engine": "fsdp1"}
     assert "BACKWARD_PRE" in ignored(r, "fsdp_config.fsdp_backward_prefetch").why
+    no_shard = import_bytes(b"distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: "
+                            b"NO_SHARD\n", "a.yaml")
+    assert settings(no_shard) == {"gpus": 2, "zero": 0, "engine": "fsdp1"}
     from llmem.plan import TrainingPlan
 
     assert TrainingPlan(**r.options).strategy_label == "ZeRO-2 (FSDP1 SHARD_GRAD_OP)"
