@@ -160,7 +160,8 @@ SCHEME_LABELS = {
 }
 
 
-FSDP1_LABELS = {Scheme.ZERO2: "ZeRO-2 (FSDP1 SHARD_GRAD_OP)", Scheme.ZERO3: "ZeRO-3 (FSDP1 FULL_SHARD)"}
+FSDP1_LABELS = {Scheme.DDP: "ZeRO-0 (FSDP1 NO_SHARD)", Scheme.ZERO2: "ZeRO-2 (FSDP1 SHARD_GRAD_OP)",
+                Scheme.ZERO3: "ZeRO-3 (FSDP1 FULL_SHARD)"}
 
 
 class Engine(Choice):

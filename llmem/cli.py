@@ -104,8 +104,6 @@ def _gpu(args):
 def cmd_compare(args: argparse.Namespace) -> int:
     from llmem.compare import compare, method_variants
 
-    if str(args.engine) == "fsdp1" and int(args.zero) < 2:  # compare varies the stage; FSDP1 runs ZeRO-2/3 only
-        args.zero = 3
     plan = plan_from_args(args)
     spec, origin = _spec_and_origin(args.model)
     gpu = _gpu(args)

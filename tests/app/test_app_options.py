@@ -78,7 +78,8 @@ def test_engine_fsdp1_reaches_the_strategies_the_link_and_the_estimate():
     assert not at.exception
     assert at.selectbox(key="w_engine").value == "fsdp1" and at.query_params["engine"] == "fsdp1"
     table = at.table[0].value
-    assert list(table.index) == ["ZeRO-2 (FSDP1 SHARD_GRAD_OP)", "ZeRO-3 (FSDP1 FULL_SHARD)"]
+    assert list(table.index) == ["ZeRO-0 (FSDP1 NO_SHARD)", "ZeRO-2 (FSDP1 SHARD_GRAD_OP)",
+                                 "ZeRO-3 (FSDP1 FULL_SHARD)"]
     from llmem.estimate import estimate
     from llmem.plan import TrainingPlan
     from llmem.presets import load_preset
