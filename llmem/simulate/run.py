@@ -47,6 +47,11 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")
 
 
+def _classic_ddp(plan: TrainingPlan) -> bool:
+    """DDP and ZeRO-1 (run as one rank, buckets in closed form); FSDP1's NO_SHARD runs under the fake group."""
+    return plan.scheme in DDP_SCHEMES and str(plan.engine) != "fsdp1"
+
+
 def default_rank(plan: TrainingPlan) -> int:
     """The rank whose memory is the per-GPU figure: rank 0 (FSDP2 pads the last shards; TP ranks are equal),
     except ZeRO-1 where it is the rank with the largest partition (simulate() resolves it)."""
@@ -55,7 +60,7 @@ def default_rank(plan: TrainingPlan) -> int:
 
 @contextlib.contextmanager
 def _fake_process_group(plan: TrainingPlan, rank: int):
-    if plan.gpus == 1 or plan.scheme in DDP_SCHEMES:
+    if plan.gpus == 1 or _classic_ddp(plan):
         yield
         return
     import torch.distributed as dist
@@ -174,7 +179,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
 
     _check(config, plan, rank, steps)
     t0 = time.perf_counter()
-    is_ddp = plan.scheme in DDP_SCHEMES
+    is_ddp = _classic_ddp(plan)
     run_plan = plan.with_(gpus=1, zero=0) if is_ddp else plan
     sim_rank = rank if rank is not None else default_rank(plan)
     topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus, device_type="cpu")
