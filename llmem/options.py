@@ -219,8 +219,9 @@ OPTIONS: tuple[Option, ...] = (
            "(fully_shard), DTensor TP. fsdp1: PyTorch's FullyShardedDataParallel as accelerate and the HF Trainer "
            "configure it (each decoder layer and the root one FlatParameter, use_orig_params, limit_all_gathers, "
            "BACKWARD_PRE prefetch; --zero 0 = NO_SHARD, 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; mixed precision = "
-           "MixedPrecision with half params, reduce and buffers): flat shards padded to the GPUs, the root kept "
-           "gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at once. "
+           "MixedPrecision with half params, reduce and buffers, no autocast): flat shards padded to the GPUs, the "
+           "root kept gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at "
+           "once. "
            "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT)),
 )
