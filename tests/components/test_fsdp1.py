@@ -15,10 +15,10 @@ from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
 
-LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 3,
+LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 256,
          "tie_word_embeddings": False}
-GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_layer": 3, "n_head": 4, "vocab_size": 210, "n_positions": 64}
+GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 210, "n_positions": 64}
 CONFIGS = {"llama": LLAMA, "gpt2": GPT2}
 CASES = [("llama", z, prec, ckpt) for z in (2, 3) for prec in ("fp32", "bf16-mixed") for ckpt in ("none", "full")]
 CASES += [("gpt2", 2, "bf16-mixed", "full"), ("gpt2", 3, "fp32", "none"),  # gpt2: each strategy and precision once
