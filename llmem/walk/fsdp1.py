@@ -1,8 +1,8 @@
-"""The walk of FSDP1 (`--engine fsdp1`: `FullyShardedDataParallel`, ZeRO-2 = SHARD_GRAD_OP, ZeRO-3 = FULL_SHARD, as
-accelerate configures it: `use_orig_params`, `limit_all_gathers`, BACKWARD_PRE, no forward prefetch), torch 2.13
-`torch/distributed/fsdp/_runtime_utils.py`. The compute (activations, logits, a layer's gradients of its views) is
-the FSDP2 walk's compute plan (`fsdp.compute_plan`: MixedPrecision runs the whole forward in the half dtype, no
-autocast); the buffers are FSDP1's flat ones (`llmem.components.flat_param`). In order:
+"""The walk of FSDP1 (`--engine fsdp1`: `FullyShardedDataParallel`, ZeRO-0 = NO_SHARD, ZeRO-2 = SHARD_GRAD_OP,
+ZeRO-3 = FULL_SHARD, as accelerate configures it: `use_orig_params`, `limit_all_gathers`, BACKWARD_PRE, no forward
+prefetch), torch 2.13 `torch/distributed/fsdp/_runtime_utils.py`. The compute (activations, logits, a layer's
+gradients of its views) is the FSDP2 walk's compute plan (`fsdp.compute_plan`: MixedPrecision runs the whole forward
+in the half dtype, no autocast); the buffers are FSDP1's flat ones (`llmem.components.flat_param`). In order:
   forward     `_root_pre_forward` gathers the root (R) and keeps it to the end of backward (`_post_forward_reshard`
               never frees the root's); each layer's `_pre_forward_unshard` gathers it (A), FULL_SHARD frees it in
               `_post_forward`, SHARD_GRAD_OP keeps it. No forward prefetch. The rate limiter
@@ -15,6 +15,9 @@ autocast); the buffers are FSDP1's flat ones (`llmem.components.flat_param`). In
               (`_post_backward_reshard`), then `_reduce_grad` reduce-scatters into the new shard.
   end         the root's flat gradient after the embedding's backward; its reduce-scatter; the optimizer step
               over the original parameters' views of the shards.
+NO_SHARD walks the same moments as FULL_SHARD with its own terms (`flat_param.sharded`): whole flat parameters,
+the `_mp_shard` in the gathered buffer's place (the root's freed after forward and made again by its pre-backward,
+with no moment between), an in-place all-reduce.
 """
 
 from __future__ import annotations
