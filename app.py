@@ -150,8 +150,8 @@ def _import_box() -> None:
                               accept_multiple_files=True, key="w_import",
                               help="Later files override earlier ones. Nothing in a file is run or opened.")
     engine = box.checkbox("Map DeepSpeed / FSDP1 settings to the nearest PyTorch program", key="w_import_torch",
-                          help="llmem models PyTorch's ZeRO (ZeroRedundancyOptimizer, FSDP2); without this, those "
-                               "settings are reported as ignored")
+                          help="llmem models PyTorch's ZeRO (ZeroRedundancyOptimizer, FSDP2) and FSDP1; without "
+                               "this, DeepSpeed settings are reported as ignored and FSDP1's set the fsdp1 engine")
     box.button("Apply these files", key="w_import_apply", disabled=not files, on_click=_import, args=(files, engine))
 
 

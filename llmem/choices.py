@@ -167,8 +167,15 @@ SCHEME_LABELS = {
 }
 
 
+FSDP1_LABELS = {Scheme.DDP: "ZeRO-0 (FSDP1 NO_SHARD)", Scheme.ZERO2: "ZeRO-2 (FSDP1 SHARD_GRAD_OP)",
+                Scheme.ZERO3: "ZeRO-3 (FSDP1 FULL_SHARD)"}
+
+
 class Engine(Choice):
-    """The training engine whose program is estimated (`--engine`): only PyTorch's is modelled."""
+    """The training engine whose program is estimated (`--engine`): PyTorch's own programs (torch), or PyTorch's
+    FullyShardedDataParallel (FSDP1) as accelerate and the HF Trainer configure it (fsdp1). DeepSpeed is refused (a
+    gap)."""
 
     TORCH = "torch"
+    FSDP1 = "fsdp1"
     DEEPSPEED = "deepspeed"

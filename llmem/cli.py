@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from llmem.errors import GAP, InputError
+from llmem.errors import InputError
 from llmem.help import HELP
 from llmem.importers import cli as importing
 from llmem.options import ARGUMENT, BY_NAME, OPTIONS, PLAN_OPTIONS
@@ -32,22 +32,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def check_engine(value: str) -> None:
-    """Only the PyTorch engine is modelled; DeepSpeed's programs differ (flat buffers, buckets), so a DeepSpeed
-    plan is refused with the torch-engine program closest to it rather than estimated wrongly."""
-    if str(value).strip().lower() == "torch":
-        return
-    if str(value).strip().lower() == "deepspeed":
-        raise InputError("engine", "the DeepSpeed engine is not modelled (its flat partitions and bucket sizes are "
-                         "its own program); the PyTorch programs closest to it: ZeRO-1 --zero 1, ZeRO-2 --zero 2, "
-                         "ZeRO-3 --zero 3, ZeRO-Offload --offload optimizer (1 GPU) or --offload optimizer+params "
-                         "(--zero 2/3). Use --engine torch", GAP)
-    raise InputError("engine", f"expected torch or deepspeed, got {value!r}")
-
-
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     importing.apply(args)  # --from files: fill what the flags left, print what each key set
-    check_engine(args.engine)
     try:
         return TrainingPlan(**{option.name: getattr(args, option.name) for option in PLAN_OPTIONS})
     except InputError as e:
@@ -78,7 +64,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{spec.name} ({spec.model_type}, {format_params(spec.total_params)} parameters) — from {origin}")
-    print(f"{plan.scheme.label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
+    print(f"{plan.strategy_label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
           f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
     print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
     width = max(len(str(c)) for c in est.breakdown)
@@ -182,7 +168,7 @@ def cmd_plan_ckpt(args: argparse.Namespace) -> int:
         print(json.dumps({"origin": origin, "gpu_type": gpu.key, "gpu_memory_bytes": gpu.memory_bytes}
                          | result.to_dict() | importing.as_json(args), indent=2))
         return 0
-    print(f"{spec.name}: {plan.scheme.label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
+    print(f"{spec.name}: {plan.strategy_label} on {plan.gpus} × {gpu.name} ({format_gib(gpu.memory_bytes)} each), "
           f"micro-batch {plan.batch_size} × {plan.seq_len}, {plan.precision}")
     print(f"{'checkpointing':<18} {'recomputed':>10} {'device total':>13} {'fits':>5}  {'extra fwd FLOPs':>15}")
     for o in result.options:

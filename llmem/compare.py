@@ -79,7 +79,7 @@ class Row(OnCapacity):
 
     @property
     def label(self) -> str:
-        strategy = self.plan.scheme.label if self.tp == 1 else f"{self.plan.scheme.label} (TP={self.tp})"
+        strategy = self.plan.strategy_label if self.tp == 1 else f"{self.plan.strategy_label} (TP={self.tp})"
         method = method_label(self.plan)
         return strategy if not method else f"{method} · {strategy}"
 

@@ -143,7 +143,7 @@ def _strategy(spec, plan, capacity, any_strategy):
     for other in others:
         found = fitting(spec, other, capacity, False)
         if found:
-            label = other.scheme.label if other.tp == 1 else f"{other.scheme.label} (TP={other.tp})"
+            label = other.strategy_label if other.tp == 1 else f"{other.strategy_label} (TP={other.tp})"
             return label, {"tp": other.tp, "zero": other.zero}, found, "more communication"
     return None
 
@@ -306,6 +306,6 @@ def fit_grid(spec: ModelSpec, plan: TrainingPlan, gpus: Iterable[GpuType] | None
         if best is None:
             continue
         total = best[1].device_total_bytes
-        rows.append({"gpus": n, "strategy": best[0].scheme.label, "device_total_bytes": total,
+        rows.append({"gpus": n, "strategy": best[0].strategy_label, "device_total_bytes": total,
                      "headroom": {g.key: g.memory_bytes - total for g in gpus}})
     return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, fsdp_shard_numel, tp_local_shape
-from llmem.plan import TrainingPlan
+from llmem.plan import Engine, TrainingPlan
 from llmem.spec import ModelSpec
 
 PADDING_NOTE_FRACTION = 0.05  # say it when padding adds at least 5% to the gathered parameters
@@ -16,7 +16,7 @@ def fsdp_padding_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
     (`FSDPParam._init_sharded_param`, torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so a tensor whose dim 0
     is smaller than the rank count (stacked experts: num_experts rows) is stored at 1/d0 of its size per rank, not
     1/dp, and all-gathered dp/d0 times its size. Returns a note naming those tensors and the fix, or None."""
-    if plan.scheme not in FSDP_SCHEMES or plan.dp == 1:
+    if plan.scheme not in FSDP_SCHEMES or plan.dp == 1 or plan.engine is Engine.FSDP1:  # FSDP1 pads the flat end
         return None
     shapes = [tp_local_shape(p, plan.tp) for p in spec.params]
     exact = sum(math.prod(s) for s in shapes)

@@ -62,8 +62,9 @@ OPTIONS: tuple[Option, ...] = (
            "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
            low=1, high=MAX_APP_GPUS, widget=Widget("Strategy", "w_strategy", SPECIAL)),
     Option("zero", int, 0,
-           "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 shards "
-           "parameters, gradients and states, keeps gathered layers until backward. 3: re-gathers each layer. With "
+           "ZeRO stage. 0: DDP (full replica + gradient buckets). 1: shards optimizer states. 2: FSDP2 (FSDP1's "
+           "SHARD_GRAD_OP with --engine fsdp1) shards parameters, gradients and states, keeps gathered layers until "
+           "backward. 3: re-gathers each layer (FSDP1: FULL_SHARD). With "
            "lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's shards plus "
            "every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
            app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL)),
@@ -220,9 +221,15 @@ OPTIONS: tuple[Option, ...] = (
            plan=False, cli=COMMAND, parse=link_methods, link=WHEN_SET,
            widget=Widget("Also compare methods", "w_methods", SPECIAL)),
     Option("engine", c.Engine, c.Engine.TORCH,
-           "The training engine whose program is estimated: torch (PyTorch DDP, ZeroRedundancyOptimizer, FSDP2, "
-           "DTensor TP). deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
-           plan=False, link=NEVER),
+           "The training engine whose program is estimated. torch: PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 "
+           "(fully_shard), DTensor TP. fsdp1: PyTorch's FullyShardedDataParallel as accelerate and the HF Trainer "
+           "configure it (each decoder layer and the root one FlatParameter, use_orig_params, limit_all_gathers, "
+           "BACKWARD_PRE prefetch; --zero 0 = NO_SHARD, 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; mixed precision = "
+           "MixedPrecision with half params, reduce and buffers, no autocast): flat shards padded to the GPUs, the "
+           "root kept gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at "
+           "once. "
+           "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
+           link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -16,6 +16,7 @@ from functools import cached_property
 
 from llmem import support
 from llmem.choices import (  # re-exported: the plan's enums have always been imported from here
+    FSDP1_LABELS,
     SCHEME_LABELS,
     AllocConf,
     Attention,
@@ -36,9 +37,9 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
 from llmem.errors import InputError
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
-__all__ = ["ALL_LINEAR", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice", "Device",
-           "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl", "Precision",
-           "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
+__all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice",
+           "Device", "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl",
+           "Precision", "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 
 MAX_GPUS = 65536
 
@@ -123,6 +124,13 @@ class TrainingPlan(_PlanFields):
         if self.gpus == 1:
             return Scheme.SINGLE
         return (Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Scheme.ZERO3)[self.zero]
+
+    @property
+    def strategy_label(self) -> str:
+        """The scheme's label, naming FSDP1 and its sharding strategy under `--engine fsdp1`."""
+        if self.engine is Engine.FSDP1 and self.scheme in FSDP1_LABELS:
+            return FSDP1_LABELS[self.scheme]
+        return self.scheme.label
 
     @property
     def dp(self) -> int:

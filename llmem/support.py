@@ -16,7 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from llmem.choices import Device, GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Quant, Scheme
+from llmem.choices import (
+    Device,
+    Engine,
+    FsdpShard,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Quant,
+    Scheme,
+)
 from llmem.errors import GAP, REFUSED, InputError
 
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
@@ -60,6 +72,42 @@ RULES: tuple[Rule, ...] = (
     # 2-D DDP over TP groups would run; the runtime and the estimate model FSDP2 across the TP groups only
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus > p.tp and p.zero != 3,
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
+    # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel) for ZeRO-2/3, DeepSpeed refused ------
+    _r("engine", "engine", lambda p: p.engine is Engine.DEEPSPEED,
+       "the DeepSpeed engine is not modelled (its flat partitions and bucket sizes are its own program); the PyTorch "
+       "programs closest to it: ZeRO-1 --zero 1, ZeRO-2 --zero 2, ZeRO-3 --zero 3, ZeRO-Offload --offload optimizer "
+       "(1 GPU) or --offload optimizer+params (--zero 2/3). Use --engine torch", GAP, engine="deepspeed"),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
+       "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
+       GAP, engine="fsdp1"),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.tp > 1,
+       "FSDP1 with tensor parallelism is not modelled; use --tp 1, or --engine torch (TP x FSDP2)", GAP,
+       engine="fsdp1", gpus=2, tp=2, zero=0),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.zero == 1,
+       "fsdp1 runs --zero 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD); FSDP1 has no ZeRO-1 (its optimizer "
+       "states shard with the parameters); use --zero 0, 2 or 3, or --engine torch (ZeroRedundancyOptimizer)",
+       REFUSED, engine="fsdp1", gpus=2, zero=1),
+    _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is not Method.FULL,
+       "{p.method} under FSDP1 is not modelled (a frozen base and trainable adapters in one FlatParameter); use "
+       "--method full, or --engine torch (FSDP2)", GAP, engine="fsdp1", method="lora", gpus=2, zero=3),
+    _r("engine offload", "engine", lambda p: p.engine is Engine.FSDP1 and p.offload is not Offload.NONE,
+       "FSDP1's CPUOffload(offload_params=True) is not modelled; use --offload none, or --engine torch (FSDP2's "
+       "CPUOffloadPolicy)", GAP, engine="fsdp1", offload="optimizer+params", gpus=2, zero=3),
+    _r("engine optimizer", "engine", lambda p: p.engine is Engine.FSDP1 and p.optimizer not in TORCH_OPTIMIZERS,
+       "{p.optimizer.value} on FSDP1's flat parameter shards is not modelled; use --optimizer adamw or sgd", GAP,
+       engine="fsdp1", optimizer="adamw8bit", gpus=2, zero=3),
+    _r("engine fsdp_shard", "fsdp-shard",
+       lambda p: p.engine is Engine.FSDP1 and p.fsdp_shard is not FsdpShard.DIM0,
+       "--fsdp-shard chooses FSDP2's shard dim; FSDP1 flattens each unit into one FlatParameter and shards that "
+       "flat; use --fsdp-shard dim0", REFUSED, engine="fsdp1", fsdp_shard="dim1-if-short", gpus=2, zero=3),
+    _r("engine grad_accum keep_grads", "engine",
+       lambda p: p.engine is Engine.FSDP1 and (p.grad_accum > 1 or p.keep_grads),
+       "gradients alive across micro-steps or steps under FSDP1 (its _saved_grad_shard accumulation) are not "
+       "modelled; use --grad-accum 1 without --keep-grads, or --engine torch", GAP, engine="fsdp1", grad_accum=2,
+       gpus=2, zero=3),
+    _r("engine loss", "engine", lambda p: p.engine is Engine.FSDP1 and p.loss is not Loss.STANDARD,
+       "fused-linear-ce under FSDP1 is not modelled; use --loss standard", GAP, engine="fsdp1",
+       loss="fused-linear-ce", gpus=2, zero=3),
     # --- the fine-tuning method and its quantized base -----------------------------------------------------------
     _r("method quant", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.NONE,
        "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8", REFUSED, method="qlora",

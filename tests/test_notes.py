@@ -65,3 +65,21 @@ def test_moe_estimates_say_routing_moves_nothing_and_give_a_one_point_range(plan
     for est in (moe, dense):
         assert est.peak_bytes_range == (est.peak_bytes, est.peak_bytes)
         assert est.to_dict()["peak_bytes_range"] == [est.peak_bytes, est.peak_bytes]
+
+
+def test_no_fsdp2_padding_note_under_fsdp1():
+    """FSDP1 flattens each unit and pads only its end to the GPUs (`flat_param.flatten`): the stacked experts that
+    FSDP2 pads per tensor cost nothing extra there, so the FSDP2 note does not apply."""
+    from llmem.components import flat_param as fp
+    from llmem.notes import fsdp_padding_note
+    from llmem.plan import TrainingPlan
+    from llmem.spec import ModelSpec
+    from llmem.sweep.models import models
+
+    spec = ModelSpec.from_config(models("small")["mixtral"])
+    plan = TrainingPlan(gpus=8, zero=3)
+    assert fsdp_padding_note(spec, plan) is not None
+    fsdp1 = plan.with_(engine="fsdp1")
+    assert fsdp_padding_note(spec, fsdp1) is None
+    real = sum(p.numel for p in spec.params)
+    assert sum(u.numel for u in fp.units(spec, fsdp1)) < real * 1.05  # alignment and end padding only

@@ -24,6 +24,7 @@ SAMPLES = {
     "ddp_bucket_view": ("true", {"gpus": "2"}),
     "keep_grads": ("true", {}),
     "alloc_conf": ("expandable-segments", {}),
+    "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

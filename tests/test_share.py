@@ -338,3 +338,16 @@ def test_double_quant_round_trips_and_is_dropped_without_a_4bit_base():
     decoded, warnings = decode({**query, "quant": "int8"})  # an 8-bit base has no 4-bit block scales
     assert decoded.double_quant is False and any(w.startswith("double-quant:") for w in warnings)
     decoded.to_plan()
+
+
+def test_engine_fsdp1_link_compares_its_strategies_and_falls_back_on_one_gpu():
+    """engine=fsdp1 with compare-all on 2 GPUs: the base plan is FSDP1 NO_SHARD, so the link keeps the engine; on
+    one GPU FSDP1 is refused and the link falls back to torch with a warning."""
+    from llmem.plan import Engine
+
+    two = AppInputs(model="gpt2", gpus=2, zero="all", engine=Engine.FSDP1)
+    assert two.to_plan().engine is Engine.FSDP1 and two.to_plan().strategy_label == "ZeRO-0 (FSDP1 NO_SHARD)"
+    kept, warnings = decode(encode(two))
+    assert kept.engine is Engine.FSDP1 and not warnings
+    one, warnings = decode(encode(two.with_(gpus=1)))
+    assert one.engine is Engine.TORCH and any(w.startswith("engine") for w in warnings)

@@ -47,7 +47,7 @@ import math
 
 from llmem.components import lora
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary, tp_local_shape
-from llmem.plan import Device, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
+from llmem.plan import Device, Engine, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
 
 STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
@@ -89,6 +89,10 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         if plan.scheme in FSDP_SCHEMES:
             return lora.sharded_adapter_sizes(spec, plan)
         return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
+    if plan.engine is Engine.FSDP1 and plan.gpus > 1:  # the original parameters' views of the flat shards
+        from llmem.components.flat_param import optimized_sizes
+
+        return list(optimized_sizes(spec, plan))
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
         return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]

@@ -1,6 +1,7 @@
 """accelerate config YAML (`accelerate config` / `--config_file`): the process count, mixed precision, and the FSDP or
-DeepSpeed plugin. FSDP2 (`fsdp_version: 2`) is the program llmem estimates; FSDP1 and DeepSpeed are other engines,
-mapped to their nearest PyTorch program only with --engine torch."""
+DeepSpeed plugin. FSDP2 (`fsdp_version: 2`) is llmem's torch program; FSDP1 sets --engine fsdp1
+(with --engine torch: the nearest FSDP2 plan); DeepSpeed is another engine, mapped to its nearest PyTorch program only
+with --engine torch."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from llmem.options import ARGUMENT, OPTIONS
 HELP = ("a training config to read the plan from: DeepSpeed JSON, accelerate YAML, HF TrainingArguments / TRL "
         "SFTConfig (JSON/YAML), PEFT adapter_config.json, axolotl, LLaMA-Factory or torchtune YAML. Repeatable: later "
         "files override earlier ones, flags override files; prints what each key set, ignored or left at its default "
-        "(docs/IMPORT.md). DeepSpeed ZeRO and FSDP1 settings map to the nearest PyTorch program only with --engine "
-        "torch")
+        "(docs/IMPORT.md). DeepSpeed ZeRO settings map to the nearest PyTorch program only with --engine torch; "
+        "FSDP1's set --engine fsdp1 (with --engine torch: the nearest FSDP2 plan)")
 _UNSET = object()
 
 

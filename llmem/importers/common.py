@@ -110,12 +110,7 @@ def fsdp(r: Reader, cfg: str, version_default: int, version_key: str = "") -> st
         r.set(k, "zero", 2 if reshard is False else 3, "FSDP2 fully_shard" + (
             "" if r.has(k) else f" ({vkey} = {version}; reshard_after_forward defaults to true)"), shown=reshard)
     else:
-        k = key("sharding_strategy") if r.has(key("sharding_strategy")) else key("reshard_after_forward")
-        strategy = str(r.get(k) or "FULL_SHARD").strip().upper()
-        if strategy in FSDP1_STRATEGY:
-            r.engine(k, "zero", FSDP1_STRATEGY[strategy], fsdp1, f"--zero {FSDP1_STRATEGY[strategy]}")
-        else:
-            r.ignore(k, f"FSDP1 {strategy} is not modelled (hybrid sharding shards within a node only)", strategy)
+        _fsdp1(r, key, vkey, version)
     if r.flag(key("offload_params")) is True:
         if version == "2":
             r.set(key("offload_params"), "offload", "optimizer+params", "FSDP2 CPUOffloadPolicy")
@@ -124,6 +119,35 @@ def fsdp(r: Reader, cfg: str, version_default: int, version_key: str = "") -> st
     if r.flag(key("activation_checkpointing")) is True:
         r.set(key("activation_checkpointing"), "grad_ckpt", "full", "every decoder layer: the wrapped layer class")
     return version
+
+
+FSDP1_NAMES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+FSDP1_MODELLED = {"use_orig_params": True, "backward_prefetch": "BACKWARD_PRE", "forward_prefetch": False}
+
+
+def _fsdp1(r: Reader, key, vkey: str, version: str) -> None:  # noqa: ANN001
+    """FSDP1: FULL_SHARD / SHARD_GRAD_OP / NO_SHARD are `--engine fsdp1 --zero 3 / 2 / 0` (llmem's FSDP1 program,
+    with accelerate's `use_orig_params`, BACKWARD_PRE, no forward prefetch: other values are reported, not
+    modelled); with --engine torch, the nearest PyTorch program as before."""
+    fsdp1 = "FSDP1 (FullyShardedDataParallel)"
+    k = key("sharding_strategy") if r.has(key("sharding_strategy")) else key("reshard_after_forward")
+    strategy = str(r.get(k) or "FULL_SHARD").strip().upper()
+    if strategy not in FSDP1_STRATEGY:
+        r.ignore(k, f"FSDP1 {strategy} is not modelled (hybrid sharding shards within a node only)", strategy)
+        return
+    zero = FSDP1_STRATEGY[strategy]
+    if r.engine_torch:
+        r.engine(k, "zero", zero, fsdp1, f"--zero {zero}")
+        return
+    r.set(k, "zero", zero, f"FSDP1 {FSDP1_NAMES[zero]}", shown=strategy)
+    if r.has(vkey):
+        r.set(vkey, "engine", "fsdp1", f"{fsdp1}, as accelerate wraps it")
+    else:
+        r.set(k, "engine", "fsdp1", f"{fsdp1}, as accelerate wraps it (FSDP version {version})", shown=strategy)
+    for name, modelled in FSDP1_MODELLED.items():
+        value = r.flag(key(name)) if isinstance(modelled, bool) else r.text(key(name))
+        if value is not None and str(value).upper() != str(modelled).upper():
+            r.ignore(key(name), f"llmem's FSDP1 program runs {name} = {modelled}; other values are not modelled")
 
 
 def model(r: Reader, path: str) -> None:

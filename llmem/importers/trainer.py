@@ -126,5 +126,7 @@ def distributed(r: Reader, version_default: int = 2, enabled: bool = False) -> N
         if on and version == "2":
             r.set(key, option, value, f"{what}: FSDP2" + (" without reshard after forward" if option == "zero" else
                                                             " CPUOffloadPolicy"))
+        elif on and version == "1" and option == "zero" and not r.engine_torch:  # --engine fsdp1 (common.fsdp)
+            r.set(key, "zero", 2, "shard_grad_op: FSDP1 SHARD_GRAD_OP", shown=what)
         elif on and version == "1":
             r.engine(key, option, value, "FSDP1 (FullyShardedDataParallel)", f"--{option} {value}")

@@ -107,9 +107,41 @@ def fenced_functional_all_reduce(original):
     return all_reduce
 
 
+def fsdp1_collectives(all_gather, reduce_scatter_single):
+    """FSDP1's two collectives on CPU, fenced: `FlatParamHandle._all_gather_flat_param` calls
+    `dist.all_gather(chunks, shard)` on CPU tensors (gloo's allgather copies through a flat output it allocates on the
+    calling thread), `_reduce_grad` calls `dist.reduce_scatter_single(shard, padded_grad)` (gloo: clone, all-reduce,
+    copy out). Each returns once gloo has released its tensors, as `FencedAllGather` / `FencedReduceScatter` do."""
+
+    def fenced_all_gather(tensor_list, tensor, group=None, async_op=False):
+        if async_op:
+            return all_gather(tensor_list, tensor, group=group, async_op=True)
+        chunks = [t.view(t.shape) for t in tensor_list]
+        view = tensor.view(tensor.shape)
+        refs = [weakref.ref(t) for t in (*chunks, view)]
+        work = all_gather(chunks, view, group=group, async_op=True)
+        del chunks, view
+        work.wait()
+        del work
+        wait_released(refs)
+        return None
+
+    def fenced_reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if async_op:
+            return reduce_scatter_single(output, input, op=op, group=group, async_op=True)
+        world = dist.get_world_size(group)
+        buffer = input.clone()
+        all_reduce_in_place(buffer, op, group)
+        output.copy_(buffer.chunk(world)[dist.get_rank(group)])
+        return None
+
+    return fenced_all_gather, fenced_reduce_scatter_single
+
+
 @contextlib.contextmanager
 def fenced(model):
-    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces."""
+    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces and
+    FSDP1's all-gather and reduce-scatter (`fsdp1_collectives`)."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.fsdp import FSDPModule
 
@@ -118,8 +150,11 @@ def fenced(model):
             module.set_custom_all_gather(FencedAllGather())
             module.set_custom_reduce_scatter(FencedReduceScatter())
     original = funcol.all_reduce
+    originals = dist.all_gather, dist.reduce_scatter_single
     funcol.all_reduce = fenced_functional_all_reduce(original)
+    dist.all_gather, dist.reduce_scatter_single = fsdp1_collectives(*originals)
     try:
         yield
     finally:
         funcol.all_reduce = original
+        dist.all_gather, dist.reduce_scatter_single = originals

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from llmem.errors import InputError
 from llmem.options import PLAN_OPTIONS
-from llmem.plan import Scheme, TrainingPlan
+from llmem.plan import FSDP1_LABELS, Scheme, TrainingPlan
 
 # what a suite row may set: the plan's options but the device (a column of its own) and those that need CUDA
 PLAN_FIELDS = tuple(o.name for o in PLAN_OPTIONS if o.name != "device" and not o.cuda_only)
@@ -280,12 +280,13 @@ def write_csv(records: list[dict], path: Path) -> None:
 def scheme_summary(records: list[dict]) -> list[dict]:
     """Per scheme: rows, rows compared, mean absolute and worst signed error (%)."""
     out = []
-    for scheme in Scheme:
-        rows = [r for r in records if r["scheme"] == scheme.value]
+    for scheme, engine in [(s, e) for s in Scheme for e in ("torch", "fsdp1")]:  # FSDP1 rows apart (--engine)
+        rows = [r for r in records if r["scheme"] == scheme.value and str(r.get("engine") or "torch") == engine]
         errs = [r["error_pct"] for r in rows if r["error_pct"] is not None]
         if not rows:
             continue
-        out.append({"scheme": scheme.value, "label": scheme.label, "rows": len(rows), "compared": len(errs),
+        label = FSDP1_LABELS.get(scheme, scheme.label) if engine == "fsdp1" else scheme.label
+        out.append({"scheme": scheme.value, "label": label, "rows": len(rows), "compared": len(errs),
                     "failed": sum(r["status"] == "failed" for r in rows),
                     "mae_pct": round(sum(map(abs, errs)) / len(errs), 3) if errs else None,
                     "worst_pct": max(errs, key=abs) if errs else None})

@@ -11,6 +11,9 @@
 |           | (`base_model_tp_plan`, with the embeddings vocab-sharded and the lm_head `colwise_gather_output`) |
 |           | applied by transformers itself (`hf_tp_plan`, `apply_tensor_parallelism`)                     |
 | tp+zero3  | 2-D mesh (dp, tp): the TP plan on "tp", then FSDP2 (reshard after forward) on "dp"        |
+| fsdp1     | (`--engine fsdp1`, zero0/2/3) `FullyShardedDataParallel` as accelerate's FSDP plugin builds it: |
+|           | `transformer_auto_wrap_policy` over the decoder layer classes plus the root, SHARD_GRAD_OP / |
+|           | FULL_SHARD, use_orig_params, limit_all_gathers, BACKWARD_PRE, no forward prefetch           |
 
 QLoRA (DDP, ZeRO-1, FSDP2 ZeRO-2/3; not TP): FSDP2 shards each `Params4bit`'s packed uint8 codes like any
 parameter (the `Linear4bit` module keeps the whole `quant_state` and gives it back to the gathered weight); DDP's
@@ -18,7 +21,9 @@ construction broadcasts the `Params4bit` packed codes like any parameter (their
 `quant_state` is not sent; every rank builds the same base, so nothing changes), and buckets only the adapters.
 
 Mixed precision is fp32 parameters + `torch.autocast` (session.py), except under FSDP2 where
-`MixedPrecisionPolicy(param_dtype=<half>, reduce_dtype=float32)` casts instead and no autocast runs.
+`MixedPrecisionPolicy(param_dtype=<half>, reduce_dtype=float32)` casts instead and no autocast runs; under FSDP1,
+`MixedPrecision(param_dtype=<half>, reduce_dtype=<half>, buffer_dtype=<half>)` (accelerate's
+`FullyShardedDataParallelPlugin.set_mixed_precision`), no autocast either.
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ import torch
 from torch import nn
 
 from llmem.errors import REFUSED, InputError
-from llmem.plan import Scheme, TrainingPlan
+from llmem.plan import Engine, Scheme, TrainingPlan
 from llmem.runtime.model import decoder_layers
 
 FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
 
 
 def uses_fsdp(plan: TrainingPlan) -> bool:
-    return plan.scheme in FSDP_SCHEMES
+    """FSDP2, or FSDP1 (`--engine fsdp1`, NO_SHARD included): their mixed precision casts, no autocast runs."""
+    return plan.scheme in FSDP_SCHEMES or (plan.engine is Engine.FSDP1 and plan.gpus > 1)
 
 
 def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
@@ -156,11 +162,39 @@ def _dim1_if_short(dp: int):
     return placement
 
 
+def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Module:
+    """`--engine fsdp1`: `FullyShardedDataParallel` with accelerate's FSDP plugin settings
+    (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` over the decoder layer classes, `fsdp_use_orig_params: true`,
+    `limit_all_gathers=True`, `backward_prefetch=BACKWARD_PRE`, `forward_prefetch=False`): one FlatParameter per
+    decoder layer and one for the root (embeddings, final norm, lm_head). ZeRO-0 = NO_SHARD, ZeRO-2 =
+    SHARD_GRAD_OP, ZeRO-3 = FULL_SHARD."""
+    import functools
+
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    layer_classes = {type(layer) for layer in decoder_layers(model)}
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
+    mixed = None
+    if plan.precision.is_mixed:
+        half = getattr(torch, plan.precision.compute_dtype_name)
+        mixed = MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
+    strategy = {Scheme.ZERO3: ShardingStrategy.FULL_SHARD, Scheme.ZERO2: ShardingStrategy.SHARD_GRAD_OP,
+                Scheme.DDP: ShardingStrategy.NO_SHARD}[plan.scheme]
+    device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, torch.cuda.current_device())
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mixed,
+                device_id=device, use_orig_params=True, limit_all_gathers=True,
+                backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=False)
+
+
 def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.Module:
     """The model wrapped for `plan.scheme`; the default process group must be initialised for multi-rank."""
     scheme = plan.scheme
     if scheme is Scheme.SINGLE:
         return model
+    if plan.engine is Engine.FSDP1:
+        return _wrap_fsdp1(model, plan, device_type)
     from torch.distributed.device_mesh import init_device_mesh
 
     if scheme in (Scheme.DDP, Scheme.ZERO1):

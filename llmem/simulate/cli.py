@@ -45,7 +45,7 @@ def _mib(n: int) -> str:
 
 def render(sim, top: int = 20) -> str:
     plan = sim.plan
-    lines = [f"{plan.scheme.label}, rank {sim.rank} of {plan.gpus}, micro-batch {plan.batch_size} × {plan.seq_len}, "
+    lines = [f"{plan.strategy_label}, rank {sim.rank} of {plan.gpus}, micro-batch {plan.batch_size} × {plan.seq_len}, "
              f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}",
              f"peak {sim.peak_bytes:,} B ({_mib(sim.peak_bytes)}) in {sim.peak_phase} of iteration "
              f"{sim.peak_iteration}, op {sim.peak_op_index}; at the reset {_mib(sim.live_at_reset)}",

@@ -38,9 +38,18 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if str(plan.loss) != "standard":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
+    if str(plan.engine) == "fsdp1" and plan.scheme is Scheme.ZERO2:
+        raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
+                         "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
+                         "have); measure it (measure --gpus N), or simulate --zero 3")
     if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
         raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")
+
+
+def _classic_ddp(plan: TrainingPlan) -> bool:
+    """DDP and ZeRO-1 (run as one rank, buckets in closed form); FSDP1's NO_SHARD runs under the fake group."""
+    return plan.scheme in DDP_SCHEMES and str(plan.engine) != "fsdp1"
 
 
 def default_rank(plan: TrainingPlan) -> int:
@@ -51,7 +60,7 @@ def default_rank(plan: TrainingPlan) -> int:
 
 @contextlib.contextmanager
 def _fake_process_group(plan: TrainingPlan, rank: int):
-    if plan.gpus == 1 or plan.scheme in DDP_SCHEMES:
+    if plan.gpus == 1 or _classic_ddp(plan):
         yield
         return
     import torch.distributed as dist
@@ -170,7 +179,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
 
     _check(config, plan, rank, steps)
     t0 = time.perf_counter()
-    is_ddp = plan.scheme in DDP_SCHEMES
+    is_ddp = _classic_ddp(plan)
     run_plan = plan.with_(gpus=1, zero=0) if is_ddp else plan
     sim_rank = rank if rank is not None else default_rank(plan)
     topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus, device_type="cpu")

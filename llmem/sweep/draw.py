@@ -125,7 +125,9 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
-    simulate oracle, the cuda profile's, does not run a Reducer), and --keep-grads (a stream of its own too)."""
+    simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too), and
+    `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
+    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -133,10 +135,26 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1) and device == "cpu":
         out["ddp_bucket_view"] = rng.random() < 0.5
     out["keep_grads"] = random.Random(f"{seed}:{index}:keep-grads").random() < KEEP_GRADS_SHARE
+    stages = (0, 2, 3) if device == "cpu" else (0, 3)  # the simulate oracle does not run SHARD_GRAD_OP
+    if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in stages and _fsdp1_runs(fields | out) \
+            and random.Random(f"{seed}:{index}:engine").random() < FSDP1_SHARE:
+        out.pop("fsdp_shard", None)
+        out.pop("ddp_bucket_view", None)
+        out |= {"engine": "fsdp1", "grad_accum": 1, "keep_grads": False}
     return out
 
 
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
+FSDP1_SHARE = 0.5  # --engine fsdp1 in half of the multi-GPU ZeRO-0/2/3 plans FSDP1 is modelled for
+
+
+def _fsdp1_runs(fields: dict) -> bool:
+    """Full fine-tuning with a torch optimizer, no offload, the standard loss: the plans `--engine fsdp1` is
+    modelled for (`llmem.support`; drawn with one micro-step and gradients freed); elsewhere it would only add
+    refusals."""
+    return (fields["method"] == Method.FULL.value and fields["offload"] == Offload.NONE.value
+            and fields["loss"] == Loss.STANDARD.value
+            and fields["optimizer"] in (Optimizer.ADAMW.value, Optimizer.SGD.value))
 
 
 def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:

@@ -26,7 +26,7 @@ STARTER = {"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero"
 # to compare. Every option with a widget is in exactly one group (tests/app/test_app_layout.py).
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Model", ("model",)),
-    ("Hardware", ("gpu_type", "gpus", "zero")),
+    ("Hardware", ("gpu_type", "gpus", "zero", "engine")),
     ("Batch", ("batch_size", "seq_len", "grad_accum")),
     ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl")),
     ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",

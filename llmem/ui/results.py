@@ -110,7 +110,7 @@ def make_fit_panel(result: Result, apply: Callable) -> None:
         right.button("Apply", key=f"fix_{i}", on_click=apply, args=(fix,), help=f"apply: {fix.label}")
     if fewest:
         n, fit_plan, est = fewest
-        st.markdown(f"Fewest **{plain(result.gpu.name)}** that fit this plan: **{n}** ({fit_plan.scheme.label}"
+        st.markdown(f"Fewest **{plain(result.gpu.name)}** that fit this plan: **{n}** ({fit_plan.strategy_label}"
                     f"{f', TP={fit_plan.tp}' if fit_plan.tp > 1 else ''}; {format_gib(est.device_total_bytes)} "
                     "per GPU).")
     else:

@@ -28,7 +28,7 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
-from llmem.plan import GradCkpt, Offload, Precision, Scheme, TrainingPlan
+from llmem.plan import Engine, GradCkpt, Offload, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.phase import Phase, moment, with_extra
@@ -42,7 +42,7 @@ def compute_plan(plan: TrainingPlan) -> TrainingPlan:
         precision = plan.precision
         if precision.is_mixed:
             precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
-        cp = plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE)
+        cp = plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE, engine=Engine.TORCH)
         if len(_COMPUTE_PLANS) >= 1024:
             _COMPUTE_PLANS.clear()
         _COMPUTE_PLANS[plan.key] = cp

@@ -26,7 +26,7 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import FSDP_SCHEMES
-from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.plan import Engine, GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, gradients_kept
 from llmem.walk.layer import layer_moments
@@ -221,6 +221,10 @@ def end_moments(t: Terms) -> list[Phase]:
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
     spec = program_spec(spec, plan)
+    if plan.engine is Engine.FSDP1 and plan.gpus > 1:
+        from llmem.walk.fsdp1 import fsdp1_phases
+
+        return fsdp1_phases(spec, plan)
     if plan.scheme in FSDP_SCHEMES:
         from llmem.walk.fsdp import fsdp_phases
 

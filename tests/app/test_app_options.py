@@ -67,3 +67,27 @@ def test_a_link_past_a_widget_bound_opens_with_a_warning_not_an_error():
     warned = [w.value.replace("\\", "") for w in at.warning if w.value.startswith("Share link")]
     assert any("lora-dropout" in w for w in warned) and any("lora-alpha" in w for w in warned)
     assert at.number_input(key="w_lora_dropout").value == pytest.approx(0.05)
+
+
+def test_engine_fsdp1_reaches_the_strategies_the_link_and_the_estimate():
+    """A link with engine=fsdp1 selects the widget, stays in the link, and every strategy row is FSDP1's, with the
+    library's FSDP1 estimate; without it the same link shows FSDP2's rows."""
+    query = {"model": "llama-3.2-1b-instruct", "gpus": "2", "zero": "3", "seq-len": "4096", "engine": "fsdp1",
+             "precision": "bf16-mixed"}
+    at = run(query)
+    assert not at.exception
+    assert at.selectbox(key="w_engine").value == "fsdp1" and at.query_params["engine"] == "fsdp1"
+    table = at.table[0].value
+    assert list(table.index) == ["ZeRO-0 (FSDP1 NO_SHARD)", "ZeRO-2 (FSDP1 SHARD_GRAD_OP)",
+                                 "ZeRO-3 (FSDP1 FULL_SHARD)"]
+    from llmem.estimate import estimate
+    from llmem.plan import TrainingPlan
+    from llmem.presets import load_preset
+    from llmem.spec import modelled_spec
+
+    spec = modelled_spec(load_preset("llama-3.2-1b-instruct"))
+    plan = TrainingPlan(gpus=2, zero=3, seq_len=4096, engine="fsdp1", precision="bf16-mixed")
+    shown = table["per-GPU peak (GiB)"].loc["ZeRO-3 (FSDP1 FULL_SHARD)"]
+    assert shown == pytest.approx(estimate(spec, plan).peak_bytes / 2**30, abs=0.006)
+    torch_engine = run({k: v for k, v in query.items() if k != "engine"})
+    assert not any("FSDP1" in s for s in torch_engine.table[0].value.index)

@@ -18,11 +18,25 @@ def test_fsdp2_without_resharding_is_zero2_and_offload_maps():
     assert settings(import_bytes(text, "a.yaml")) == {"gpus": 4, "zero": 2, "offload": "optimizer+params"}
 
 
-def test_fsdp1_is_another_engine_unless_engine_torch():
+def test_fsdp1_is_engine_fsdp1_unless_engine_torch():
+    """FULL_SHARD is llmem's FSDP1 program (--engine fsdp1 --zero 3); with --engine torch the nearest FSDP2 plan; a
+    setting the FSDP1 program does not run (BACKWARD_POST) is reported, not applied."""
     r = load("accelerate_fsdp1.yaml")
-    assert settings(r) == {"gpus": 2, "precision": "bf16-mixed"}
-    assert "FSDP1" in ignored(r, "fsdp_config.fsdp_sharding_strategy").why
-    assert settings(load("accelerate_fsdp1.yaml", engine_torch=True))["zero"] == 3
+    assert settings(r) == {"gpus": 2, "precision": "bf16-mixed", "zero": 3, "engine": "fsdp1"}
+    assert "FSDP1" in used(r, "fsdp_config.fsdp_sharding_strategy")[0].why
+    torch_engine = settings(load("accelerate_fsdp1.yaml", engine_torch=True))
+    assert torch_engine["zero"] == 3 and "engine" not in torch_engine
+    text = (b"distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n"
+            b"  fsdp_backward_prefetch: BACKWARD_POST\n")
+    r = import_bytes(text, "a.yaml")
+    assert settings(r) == {"gpus": 4, "zero": 2, "engine": "fsdp1"}
+    assert "BACKWARD_PRE" in ignored(r, "fsdp_config.fsdp_backward_prefetch").why
+    no_shard = import_bytes(b"distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: "
+                            b"NO_SHARD\n", "a.yaml")
+    assert settings(no_shard) == {"gpus": 2, "zero": 0, "engine": "fsdp1"}
+    from llmem.plan import TrainingPlan
+
+    assert TrainingPlan(**r.options).strategy_label == "ZeRO-2 (FSDP1 SHARD_GRAD_OP)"
 
 
 def test_deepspeed_plugin():

@@ -1,0 +1,162 @@
+"""The walk of FSDP1 (`--engine fsdp1`: `FullyShardedDataParallel`, ZeRO-0 = NO_SHARD, ZeRO-2 = SHARD_GRAD_OP,
+ZeRO-3 = FULL_SHARD, as accelerate configures it: `use_orig_params`, `limit_all_gathers`, BACKWARD_PRE, no forward
+prefetch), torch 2.13 `torch/distributed/fsdp/_runtime_utils.py`. The compute (activations, logits, a layer's
+gradients of its views) is the FSDP2 walk's compute plan (`fsdp.compute_plan`: MixedPrecision runs the whole forward
+in the half dtype, no autocast); the buffers are FSDP1's flat ones (`llmem.components.flat_param`). In order:
+  forward     `_root_pre_forward` gathers the root (R) and keeps it to the end of backward (`_post_forward_reshard`
+              never frees the root's); each layer's `_pre_forward_unshard` gathers it (A), FULL_SHARD frees it in
+              `_post_forward`, SHARD_GRAD_OP keeps it. No forward prefetch. The rate limiter
+              (`limit_all_gathers`) only makes the CPU wait for the stream; it allocates nothing.
+  backward    the root's pre-backward hook (on the loss) prefetches the last layer (`_prefetch_handle`,
+              BACKWARD_PRE); each layer's pre-backward prefetches the one before it, so FULL_SHARD holds R and two
+              layers while a layer's gradients are computed. A layer's views' gradients wait in
+              `SplitWithSizesBackward`'s input until the last arrives, then are concatenated into the unsharded
+              flat gradient (N elements); its post-backward hook frees the layer's unsharded parameters
+              (`_post_backward_reshard`), then `_reduce_grad` reduce-scatters into the new shard.
+  end         the root's flat gradient after the embedding's backward; its reduce-scatter; the optimizer step
+              over the original parameters' views of the shards.
+NO_SHARD walks the same moments as FULL_SHARD with its own terms (`flat_param.sharded`): whole flat parameters,
+the `_mp_shard` in the gathered buffer's place (the root's freed after forward and made again by its pre-backward,
+with no moment between), an in-place all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmem.components import activations as act
+from llmem.components import flat_param as fp
+from llmem.components import logits as lg
+from llmem.components.gradients import (
+    embedding_gradient_accumulate_bytes,
+    embedding_input_gradient_bytes,
+    layer_gradient_bytes,
+)
+from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.plan import GradCkpt, Scheme, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.walk.fsdp import FsdpTerms, fsdp_terms
+from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
+from llmem.walk.phase import Phase, moment
+
+
+def _gathered(w: FsdpTerms, layers: range | tuple[int, ...]) -> int:
+    """The root's unsharded flat parameter and those of the decoder layers `layers` (`_full_param_padded`)."""
+    unsharded = fp.unsharded_bytes(w.spec, w.plan)
+    return unsharded[0] + sum(unsharded[1 + layer] for layer in layers)
+
+
+def _zero2(w: FsdpTerms) -> bool:
+    return w.plan.scheme is Scheme.ZERO2
+
+
+def forward_moments(w: FsdpTerms) -> list[Phase]:
+    """The root's all-gather (input_ids alive), then layer 0's and the last layer's (activations grow linearly)
+    with their transients (`flat_param.gather_transient_bytes`): SHARD_GRAD_OP keeps every earlier layer."""
+    spec, cp, layers = w.spec, w.cp, w.layers
+    phases = [moment("forward (root all-gather)", **w.persistent, activations=w.ids,
+                     communication=_gathered(w, ()) + fp.gather_transient_bytes(spec, w.plan, 0))]
+    embeds = 0  # the model's forward holds the embeddings' output through its layer loop (`fsdp.py`)
+    if w.plan.grad_ckpt is not GradCkpt.FULL and not act.saves_layer_input(spec, cp):
+        embeds = w.hidden
+    for layer in sorted({0, layers - 1}):
+        below = act.kept_layers_bytes(spec, cp, layer) + (embeds if layer else 0)
+        held = range(layer + 1) if _zero2(w) else (layer,)
+        phases.append(moment(f"forward (layer {layer} all-gather)", **w.persistent,
+                             activations=below + w.outer_act + w.hidden,
+                             communication=_gathered(w, held) + fp.gather_transient_bytes(spec, w.plan, 1 + layer)))
+    return phases
+
+
+def head_moments(w: FsdpTerms) -> list[Phase]:
+    """The end of forward, the loss, the root's pre-backward prefetch of the last layer (FULL_SHARD), the loss's and
+    the lm_head's backward (the lm_head's view gradient waits in the root's `SplitWithSizesBackward`)."""
+    spec, cp, layers = w.spec, w.cp, w.layers
+    on = dict(**w.persistent, activations=w.forward_acts)
+    every, last = range(layers), (layers - 1,)
+    at_loss = _gathered(w, every if _zero2(w) else ())
+    backward = _gathered(w, every if _zero2(w) else last)
+    phases = [
+        moment("forward (last layer)", **on, communication=backward),
+        moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=at_loss),
+    ]
+    if not _zero2(w):
+        phases.append(moment(f"loss backward (prefetch of layer {layers - 1})", **on,
+                             logits=lg.loss_backward_start_bytes(spec, cp),
+                             communication=backward + fp.gather_transient_bytes(spec, w.plan, layers)))
+    return phases + [
+        moment("loss backward", **on, logits=lg.loss_backward_peak_bytes(spec, cp), communication=backward),
+        moment("lm_head backward", **on, gradients=w.root_grads_head, logits=lg.lm_head_backward_bytes(spec, cp),
+               communication=backward),
+    ]
+
+
+def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
+    """Layer `layer`'s backward: its pre-backward prefetch of layer - 1 (FULL_SHARD), the compute moments of the
+    FSDP2 walk with FSDP1's gathered parameters, the flat gradient's concatenation, the reduce-scatter (the layer
+    resharded first) and, under MixedPrecision, the cast of the new shard to the parameter dtype."""
+    spec, plan = w.spec, w.plan
+    below, own = _kept(w, layer)
+    gathered = _gathered(w, range(layer + 1) if _zero2(w) else range(max(0, layer - 1), layer + 1))
+    phases = []
+    if not _zero2(w) and layer:
+        phases.append(_prebackward_moment(w, layer, later, 0, below, own,
+                                          gathered + fp.gather_transient_bytes(spec, plan, layer)))
+    phases += _backward_moments(w, layer, later, 0, {}, below, gathered)
+    flat = fp.unsharded_grad_bytes(spec, plan, 1 + layer)
+    earlier = dict(**w.persistent, activations=below + w.outer_act, logits=w.logits)
+    base = w.root_grads_head + later + w.residual_grad
+    views = layer_gradient_bytes(spec, w.cp, layer)  # the views' gradients, waiting in SplitWithSizesBackward
+    phases.append(moment(f"backward (layer {layer}, flat gradient)", **earlier,
+                         gradients=base + views + flat, communication=gathered))
+    resharded = gathered - fp.unsharded_bytes(spec, plan)[1 + layer]
+    phases.append(moment(f"reduce-scatter (layer {layer})", **earlier, gradients=base + flat,
+                         communication=resharded + fp.reduce_scatter_bytes(spec, plan, 1 + layer)))
+    cast = fp.cast_grad_bytes(spec, plan, 1 + layer)
+    if cast:
+        phases.append(moment(f"reduce-scatter (layer {layer}, gradient cast)", **earlier,
+                             gradients=base + flat + cast, communication=resharded))
+    return phases
+
+
+def end_moments(w: FsdpTerms) -> list[Phase]:
+    """The embedding's backward (every layer's gradient sharded, the root gathered, its views' gradients waiting),
+    the root's flat gradient, its reduce-scatter (the root resharded first) and cast, the optimizer step."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    shards = fp.shard_bytes(spec, plan)
+    layer_shards = sum(shards[1:])
+    root_views = sum(p.numel for p in spec.outer_params) * cp.precision.param_bytes
+    flat = fp.unsharded_grad_bytes(spec, plan, 0)
+    on = dict(**w.persistent, logits=w.logits)
+    phases = [
+        moment("backward end", **on, gradients=layer_shards + root_views, communication=_gathered(w, ()),
+               temporaries=embedding_gradient_accumulate_bytes(spec, cp) + embedding_input_gradient_bytes(spec, cp)),
+        moment("backward end (root flat gradient)", **on, gradients=layer_shards + root_views + flat,
+               communication=_gathered(w, ())),
+        moment("backward end (root reduce-scatter)", **on, gradients=layer_shards + flat,
+               communication=fp.reduce_scatter_bytes(spec, plan, 0)),
+    ]
+    cast = fp.cast_grad_bytes(spec, plan, 0)
+    if cast:
+        phases.append(moment("backward end (root gradient cast)", **on, gradients=layer_shards + flat + cast))
+    phases.append(moment("optimizer step", **w.persistent, gradients=sum(shards), logits=w.logits,
+                         temporaries=optimizer_step_temporary_bytes(spec, plan)))
+    return phases
+
+
+def fsdp1_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
+    """The FSDP2 walk's compute terms with FSDP1's persistent bytes: the flat shards and the states over them."""
+    w = fsdp_terms(spec, plan)
+    persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)), optimizer=optimizer_state_bytes(spec, plan))
+    return replace(w, persistent=persistent)
+
+
+def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """FSDP1 (ZeRO-2/3): the candidate peak moments of one steady-state iteration on the largest rank."""
+    w = fsdp1_terms(spec, plan)
+    phases = forward_moments(w) + head_moments(w)
+    shards = fp.shard_bytes(spec, plan)
+    for layer in act.backward_layers(spec, w.cp, edge=2):
+        phases += layer_moments(w, layer, sum(shards[2 + layer:]))
+    return phases + end_moments(w)
+

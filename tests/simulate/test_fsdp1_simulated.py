@@ -1,0 +1,33 @@
+"""`--engine fsdp1` on the cuda profile: FULL_SHARD and NO_SHARD simulated (the real FSDP1 program under fake
+tensors and a fake process group: NCCL-like collectives that allocate nothing, the CUDA profile's kernels) against
+the estimate, within 1%; SHARD_GRAD_OP is refused by the simulator, naming the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmem.errors import InputError
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.simulate.run import check_simulable, simulate
+from llmem.spec import ModelSpec
+
+LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 256,
+         "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("zero,precision", [(3, "fp32"), (3, "bf16-mixed"), (0, "bf16-mixed")])
+def test_cuda_profile_estimate_matches_the_simulated_program(zero, precision):
+    plan = TrainingPlan(gpus=2, zero=zero, engine="fsdp1", precision=precision, batch_size=1, seq_len=16,
+                        device="cuda")
+    simulated = simulate(LLAMA, plan).peak_bytes
+    estimated = estimate(ModelSpec.from_config(LLAMA), plan).peak_bytes
+    assert abs(estimated - simulated) <= 0.01 * simulated, (estimated, simulated)
+
+
+def test_shard_grad_op_is_not_simulated():
+    plan = TrainingPlan(gpus=2, zero=2, engine="fsdp1", device="cuda")
+    with pytest.raises(InputError) as err:
+        check_simulable(LLAMA, plan)
+    assert err.value.field == "engine"
