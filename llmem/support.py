@@ -137,17 +137,27 @@ RULES: tuple[Rule, ...] = (
        _OFFLOAD_FSDP, REFUSED, offload="optimizer+params"),
     _r("offload tp", "offload", lambda p: p.offload is Offload.OPTIMIZER_PARAMS and p.tp > 1, _OFFLOAD_FSDP, GAP,
        offload="optimizer+params", gpus=4, tp=2, zero=3),
-    # --- the loss: Liger-Kernel's fused linear cross-entropy ------------------------------------------------------
-    _r("loss device", "loss", lambda p: p.loss is not Loss.STANDARD and p.device is Device.CPU,
+    # --- the loss: Liger-Kernel's fused linear cross-entropy, torchtune's chunked cross-entropy ------------------
+    _r("loss device", "loss", lambda p: p.loss is Loss.FUSED_LINEAR_CE and p.device is Device.CPU,
        "fused-linear-ce runs Liger-Kernel's Triton kernels, which need CUDA; use --device cuda or --loss standard",
        REFUSED, loss="fused-linear-ce", device="cpu"),
     _r("loss gpus tp zero", "loss",
-       lambda p: p.loss is not Loss.STANDARD and p.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1),
+       lambda p: p.loss is Loss.FUSED_LINEAR_CE and p.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1),
        "fused-linear-ce is modelled for a single GPU, DDP and ZeRO-1 (FSDP2 and TP gather or shard the lm_head); "
        "use --zero 0/1 and --tp 1, or --loss standard", GAP, loss="fused-linear-ce", gpus=2, zero=2),
-    _r("loss method", "loss", lambda p: p.loss is not Loss.STANDARD and p.method is not Method.FULL,
+    _r("loss method", "loss", lambda p: p.loss is Loss.FUSED_LINEAR_CE and p.method is not Method.FULL,
        "fused-linear-ce is modelled with --method full only so far; use --loss standard", GAP,
        loss="fused-linear-ce", method="lora"),
+    _r("loss_chunks loss", "loss-chunks", lambda p: p.loss_chunks != 8 and p.loss is not Loss.CHUNKED_CE,
+       "--loss-chunks {p.loss_chunks} splits torchtune's chunked cross-entropy; use --loss chunked-ce, or leave "
+       "--loss-chunks at 8", REFUSED, loss_chunks=4),
+    _r("loss tp", "loss", lambda p: p.loss is Loss.CHUNKED_CE and p.tp > 1,
+       "chunked-ce under tensor parallelism is not modelled (each chunk's lm_head output is gathered over the TP "
+       "group); use --tp 1, or --loss standard", GAP, loss="chunked-ce", gpus=2, tp=2),
+    _r("loss lora_modules_to_save", "loss", lambda p: p.loss is Loss.CHUNKED_CE and p.lora_modules_to_save,
+       "chunked-ce with PEFT's modules_to_save is not modelled (a trainable lm_head copy runs the chunks); leave "
+       "--lora-modules-to-save empty, or use --loss standard", GAP, loss="chunked-ce", method="lora",
+       lora_modules_to_save="lm_head"),
     # --- PEFT's modules_to_save -----------------------------------------------------------------------------------
     _r("lora_modules_to_save method", "lora-modules-to-save",
        lambda p: p.lora_modules_to_save and p.method not in LORA_METHODS,

@@ -31,8 +31,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl")),
     ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
                 "quant", "double_quant", "methods")),
-    ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "fsdp_shard", "ddp_bucket_view",
-                       "keep_grads")),
+    ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "loss_chunks", "fsdp_shard",
+                       "ddp_bucket_view", "keep_grads")),
 )
 
 # an error's field (the command-line name) -> the widget it is shown under
@@ -110,7 +110,8 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     strategy = state.get("w_strategy", ALL)
     if gpus == 1:
         return notes
-    fused = state.get("w_loss", Loss.STANDARD.value) != Loss.STANDARD.value
+    fused = state.get("w_loss", Loss.STANDARD.value) == Loss.FUSED_LINEAR_CE.value
+    chunked = state.get("w_loss", Loss.STANDARD.value) == Loss.CHUNKED_CE.value
     if key == "w_strategy":  # the strategy was chosen: what does not run on it goes
         if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
             state["w_offload"] = Offload.NONE.value
@@ -119,6 +120,10 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
         elif fused and strategy not in ("1:0", "1:1"):
             state["w_loss"] = Loss.STANDARD.value
             notes.append(f"loss fused-linear-ce → standard: it is modelled on DDP and ZeRO-1, one strategy, not "
+                         f"{_shown(strategy)}")
+        elif chunked and strategy != ALL and not str(strategy).startswith("1:"):
+            state["w_loss"] = Loss.STANDARD.value
+            notes.append(f"loss chunked-ce → standard: it is not modelled with tensor parallelism, "
                          f"{_shown(strategy)}")
         return notes
     if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
