@@ -45,6 +45,16 @@ def logits_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return 0
 
 
+def all_logits_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Every chunk's logits (compute dtype), the list `chunked_output` returns, until the loss returns."""
+    return sum(_elements(spec, plan)) * plan.precision.compute_bytes
+
+
+def head_backward_start_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """When the lm_head's backward starts (after every chunk's loss backward): every chunk's logits gradient."""
+    return all_logits_bytes(spec, plan)
+
+
 def label_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`torch.hstack((labels[..., 1:], ignore))` (int64), then each chunk's `reshape(-1)` copy saved by nll_loss."""
     return plan.batch_size * plan.seq_len * INT64
@@ -70,6 +80,14 @@ def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     e, cb = _elements(spec, plan), plan.precision.compute_bytes
     most = max(sum(e[:k + 1]) * FP32 + sum(e[k + 1:]) * cb + 2 * e[k] * FP32 for k in range(len(e)))
     return most + label_bytes(spec, plan)
+
+
+def head_weight_copies(plan: TrainingPlan) -> int:
+    """Autocast's half copies of the lm_head weight alive from the lm_head's forward to its backward: one (cached
+    for the chunks), except for a frozen lm_head (LoRA): autocast caches only the casts of leaves that require grad
+    (`aten/src/ATen/autocast_mode.cpp` `cached_cast`), so each chunk casts it anew and its MmBackward0 saves that copy
+    (all n chunks' until their backward)."""
+    return len(chunk_tokens(plan)) if is_chunked(plan) and lora.is_lora(plan) else 1
 
 
 def head_weight_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
