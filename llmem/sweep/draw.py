@@ -125,7 +125,8 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
-    simulate oracle, the cuda profile's, does not run a Reducer), and --keep-grads (a stream of its own too)."""
+    simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads and --loss chunked-ce (each a stream of
+    its own too)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -133,10 +134,15 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1) and device == "cpu":
         out["ddp_bucket_view"] = rng.random() < 0.5
     out["keep_grads"] = random.Random(f"{seed}:{index}:keep-grads").random() < KEEP_GRADS_SHARE
+    chunked = random.Random(f"{seed}:{index}:chunked-ce")
+    if fields["loss"] == Loss.STANDARD.value and chunked.random() < CHUNKED_CE_SHARE:
+        out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
     return out
 
 
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
+CHUNKED_CE_SHARE = 0.15  # --loss chunked-ce in about one standard-loss plan in seven, from a stream of its own
+LOSS_CHUNKS = (1, 2, 4, 8)
 
 
 def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:
