@@ -19,6 +19,8 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "nu
          "tie_word_embeddings": False}
 GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 600, "n_positions": 256}
 CONFIGS = {"llama": LLAMA, "gpt2": GPT2}
+SMALL_VOCAB = {**LLAMA, "vocab_size": 64}  # a loss too small to be the peak
+QLORA_FSDP = {"gpus": 2, "zero": 3, "method": "qlora", "quant": "nf4", "precision": "bf16"}
 BASE = {"batch_size": 2, "seq_len": 64, "precision": "fp32"}
 SINGLE = {"fp32": {}, "bf16": {"precision": "bf16"}, "bf16-mixed": {"precision": "bf16-mixed"},
           "ckpt": {"grad_ckpt": "full"}, "lora-bf16-mixed": {"method": "lora", "precision": "bf16-mixed"},
@@ -28,8 +30,8 @@ MULTI = {"zero3": {"zero": 3}, "zero3-bf16-mixed": {"zero": 3, "precision": "bf1
 ROWS = TwoRankRows(  # one 2-rank launch (-m heavy, as the project's 2-rank launches: ~30-80 s on 2 busy cores)
     {**BASE, "gpus": 2},
     {f"{m}-{p}-{loss}": {**MULTI[p], "loss": loss, **({"loss_chunks": 4} if loss == "chunked-ce" else {})}
-     for m in CONFIGS for p in MULTI for loss in ("standard", "chunked-ce")},
-    lambda name: CONFIGS[name.split("-", 1)[0]])
+     for m in CONFIGS for p in MULTI for loss in ("standard", "chunked-ce")} | {"small-vocab-qlora-zero3": QLORA_FSDP},
+    lambda name: SMALL_VOCAB if name.startswith("small-vocab") else CONFIGS[name.split("-", 1)[0]])
 TRACED = pytest.mark.heavy  # gpt2's LoRA is traced (`llmem.derive.lora`): seconds per estimate
 
 
@@ -86,3 +88,12 @@ def test_chunk_sizes_are_torchs(seq, chunks):
     plan = TrainingPlan(batch_size=2, seq_len=seq, loss="chunked-ce", loss_chunks=chunks)
     expected = [2 * c.shape[1] for c in torch.empty(2, seq).chunk(chunks, dim=1)]
     assert chunked_ce.chunk_tokens(plan) == expected
+
+
+@pytest.mark.heavy
+@pytest.mark.xfail(strict=True, reason="QLoRA under FSDP2 ZeRO-3 with a loss too small to peak: the 4-bit layers' "
+                   "forward measures 6.0% above the walk with the standard loss (why chunked-ce + qlora + FSDP2 is a "
+                   "gap in llmem.support)")
+def test_qlora_fsdp_forward_without_a_dominant_loss():
+    ROWS.check("small-vocab-qlora-zero3", tolerance=0.01)
+
