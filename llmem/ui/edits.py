@@ -123,8 +123,8 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
                          f"{_shown(strategy)}")
         elif chunked and strategy != ALL and not str(strategy).startswith("1:"):
             state["w_loss"] = Loss.STANDARD.value
-            notes.append(f"loss chunked-ce → standard: it is not modelled with tensor parallelism, "
-                         f"{_shown(strategy)}")
+            notes.append(f"loss chunked-ce → standard: it is not modelled with tensor parallelism "
+                         f"({_shown(strategy)})")
         return notes
     if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
         state["w_strategy"] = "1:3"
@@ -133,6 +133,10 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     elif offload == Offload.NONE.value and fused and strategy not in ("1:0", "1:1"):
         state["w_strategy"] = "1:1"
         notes.append(f"strategy {_shown(strategy)} → ZeRO-1: the fused loss is modelled on one GPU, DDP and ZeRO-1")
+    elif chunked and strategy != ALL and not str(strategy).startswith("1:"):
+        state["w_strategy"] = "1:" + str(strategy).split(":")[1]
+        notes.append(f"strategy {_shown(strategy)} → {_shown(state['w_strategy'])}: chunked-ce is not modelled with "
+                     "tensor parallelism")
     return notes
 
 
