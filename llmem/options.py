@@ -191,8 +191,9 @@ OPTIONS: tuple[Option, ...] = (
            "fp32 log_softmax output is still saved for backward.",
            fallback=True, compared=False, widget=Widget("Loss", "w_loss", SELECT)),
     Option("loss_chunks", int, 8,
-           "With --loss chunked-ce: the chunks of the sequence (torchtune's num_output_chunks); more chunks make "
-           "each chunk's transient fp32 logits copy and gradients smaller.",
+           "With --loss chunked-ce: the chunks of the sequence (torchtune's num_output_chunks); more chunks shrink "
+           "the one chunk's fp32 upcast and loss gradients alive at a time, but summing the chunks' lm_head weight "
+           "gradients briefly holds two more copies of it (2+ chunks).",
            low=1, high=MAX_APP_LOSS_CHUNKS, link=WHEN_SET,
            needs=Needs("loss", ("chunked-ce",), "{value} loss chunks go with --loss chunked-ce"),
            widget=Widget("Loss chunks (chunked-ce)", "w_loss_chunks", NUMBER)),
