@@ -71,6 +71,20 @@ def test_the_summed_chunk_weight_gradients_can_be_the_peak():
     assert abs(est.peak_bytes - measured) <= 0.01 * measured, (est.peak_bytes, measured)
 
 
+def test_chunks_can_cost_more_than_the_standard_loss():
+    """Few tokens against the hidden size (16 × 3 tokens, h = 64): the lm_head's summed chunk weight gradients (two more
+    V × h copies) outweigh the logits the chunks save; the estimate says chunked-ce costs more, by what is measured."""
+    from llmem.measure.run import measure_rank
+
+    est, measured = {}, {}
+    for loss, extra in (("standard", {}), ("chunked", {**CHUNKED, "loss_chunks": 8})):
+        plan = TrainingPlan(**{**BASE, "batch_size": 3, "seq_len": 16, **extra}, device="cpu")
+        est[loss], measured[loss] = _estimate("gpt2", plan), measure_rank(GPT2, plan)["peak_bytes"]
+    assert measured["chunked"] > measured["standard"] and est["chunked"] > est["standard"]
+    grown_est, grown_measured = est["chunked"] - est["standard"], measured["chunked"] - measured["standard"]
+    assert abs(grown_est - grown_measured) <= 0.01 * measured["chunked"], (grown_est, grown_measured)
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("model,plan", [(m, p) for m in CONFIGS for p in MULTI])
 def test_two_ranks_estimate_and_saving_match_real_runs(model, plan):
