@@ -154,7 +154,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     if plan.loss is Loss.CHUNKED_CE:
         from llmem.runtime.chunked import check_model
 
-        check_model(spec.model_type)
+        check_model(spec.model_type, plan.tp)
     if plan.tp == 1:
         return
     if not spec.supports_tp:

@@ -151,9 +151,6 @@ RULES: tuple[Rule, ...] = (
     _r("loss_chunks loss", "loss-chunks", lambda p: p.loss_chunks != 8 and p.loss is not Loss.CHUNKED_CE,
        "--loss-chunks {p.loss_chunks} splits torchtune's chunked cross-entropy; use --loss chunked-ce, or leave "
        "--loss-chunks at 8", REFUSED, loss_chunks=4),
-    _r("loss tp", "loss", lambda p: p.loss is Loss.CHUNKED_CE and p.tp > 1,
-       "chunked-ce under tensor parallelism is not modelled (each chunk's lm_head output is gathered over the TP "
-       "group); use --tp 1, or --loss standard", GAP, loss="chunked-ce", gpus=2, tp=2),
     # the loss's peak shrinks below FSDP2's QLoRA forward moments, which measure above the walk's (-6% with the
     # standard loss and a small vocabulary too): visible only once the loss no longer dominates
     _r("loss method gpus tp zero", "loss",

@@ -125,6 +125,7 @@ def test_a_gap_says_so_on_the_error():
     ("gpt2", dict(gpus=2, tp=2), "tp", REFUSED),  # its config carries no tensor-parallel plan
     ("gemma2", dict(loss="chunked-ce"), "loss", GAP),  # its forward softcaps the logits after the lm_head
     ("opt", dict(loss="chunked-ce"), "loss", GAP),  # its forward makes the lm_head's output .contiguous()
+    ("gpt_neox", dict(loss="chunked-ce", gpus=2, tp=2), "loss", GAP),  # transformers' TP plan gathers the lm_head
 ])
 def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     from llmem.estimate import validate_plan_for_model

@@ -80,15 +80,6 @@ def test_offload_or_the_fused_loss_on_a_strategy_they_do_not_run_on_move_to_one_
     assert edits.on_edit(s, "w_loss") == [] and s["w_strategy"] == "1:0"
 
 
-def test_the_chunked_loss_leaves_tensor_parallelism_and_a_tp_strategy_leaves_it():
-    s = state(w_gpus=8, w_strategy="2:3", w_loss="chunked-ce")
-    assert edits.on_edit(s, "w_loss") and s["w_strategy"] == "1:3"
-    s = state(w_gpus=8, w_strategy="1:2", w_loss="chunked-ce")
-    assert edits.on_edit(s, "w_loss") == [] and s["w_strategy"] == "1:2"  # FSDP2 runs it: kept
-    s = state(w_gpus=8, w_strategy="2:0", w_loss="chunked-ce")
-    assert edits.on_edit(s, "w_strategy") and s["w_loss"] == "standard"
-
-
 def test_a_chosen_strategy_wins_over_the_offload_or_loss_it_does_not_run():
     s = state(w_gpus=8, w_strategy="1:0", w_offload="optimizer+params")
     assert edits.on_edit(s, "w_strategy") and s["w_strategy"] == "1:0" and s["w_offload"] == "none"

@@ -50,13 +50,21 @@ def logit_edit(model_type: str) -> str | None:
     return "; ".join(line.strip() for line in block)[:160]
 
 
-def check_model(model_type: str) -> None:
+def check_model(model_type: str, tp: int = 1) -> None:
     """A family whose causal-LM forward edits the logits after the lm_head (`logit_edit`) is not modelled with the
-    chunks: a list of chunks has no such step, and torchtune's decoders have none."""
+    chunks: a list of chunks has no such step, and torchtune's decoders have none. Under TP only the hand-written
+    Megatron plans run it (their lm_head is replicated); transformers' own plan gathers the lm_head's output in a
+    hook that takes one tensor (`colwise_gather_output`)."""
     edit = logit_edit(model_type)
     if edit is not None:
         raise InputError("loss", f"chunked-ce is not modelled for {model_type!r}: its forward changes the logits after "
                          f"the lm_head ({edit}); use --loss standard", GAP)
+    from llmem.runtime.parallel import uses_hf_plan
+
+    if tp > 1 and uses_hf_plan(model_type):
+        raise InputError("loss", f"chunked-ce under {model_type!r}'s own tensor-parallel plan is not modelled (its "
+                         "lm_head's gathered output is one tensor, not a list of chunks); use --tp 1, or --loss "
+                         "standard", GAP)
 
 
 def chunk_output_head(model: nn.Module, chunks: int) -> None:

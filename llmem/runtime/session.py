@@ -77,7 +77,7 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         raise InputError("gpus", f"the plan needs {plan.gpus} processes, this launch has {topo.world_size}")
     check_supported(str(config.get("model_type")), plan, config)
     if plan.loss is Loss.CHUNKED_CE:
-        chunked.check_model(str(config.get("model_type")))
+        chunked.check_model(str(config.get("model_type")), plan.tp)
     seed_everything(SEED)
     mark("build")
     model = build_model(config, plan, topo.device)

@@ -111,7 +111,6 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     if gpus == 1:
         return notes
     fused = state.get("w_loss", Loss.STANDARD.value) == Loss.FUSED_LINEAR_CE.value
-    chunked = state.get("w_loss", Loss.STANDARD.value) == Loss.CHUNKED_CE.value
     if key == "w_strategy":  # the strategy was chosen: what does not run on it goes
         if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
             state["w_offload"] = Offload.NONE.value
@@ -121,10 +120,6 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
             state["w_loss"] = Loss.STANDARD.value
             notes.append(f"loss fused-linear-ce → standard: it is modelled on DDP and ZeRO-1, one strategy, not "
                          f"{_shown(strategy)}")
-        elif chunked and strategy != ALL and not str(strategy).startswith("1:"):
-            state["w_loss"] = Loss.STANDARD.value
-            notes.append(f"loss chunked-ce → standard: it is not modelled with tensor parallelism "
-                         f"({_shown(strategy)})")
         return notes
     if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
         state["w_strategy"] = "1:3"
@@ -133,10 +128,6 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     elif offload == Offload.NONE.value and fused and strategy not in ("1:0", "1:1"):
         state["w_strategy"] = "1:1"
         notes.append(f"strategy {_shown(strategy)} → ZeRO-1: the fused loss is modelled on one GPU, DDP and ZeRO-1")
-    elif chunked and strategy != ALL and not str(strategy).startswith("1:"):
-        state["w_strategy"] = "1:" + str(strategy).split(":")[1]
-        notes.append(f"strategy {_shown(strategy)} → {_shown(state['w_strategy'])}: chunked-ce is not modelled with "
-                     "tensor parallelism")
     return notes
 
 
