@@ -131,6 +131,7 @@ class Loss(Choice):
 
     STANDARD = "standard"  # transformers' ForCausalLMLoss on materialized logits
     FUSED_LINEAR_CE = "fused-linear-ce"  # Liger-Kernel's fused linear cross-entropy (no logits materialized)
+    CHUNKED_CE = "chunked-ce"  # torchtune's CEWithChunkedOutputLoss: the lm_head and the loss per chunk of tokens
 
 
 class AllocConf(Choice):

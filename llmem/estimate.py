@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmem.components import fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import AllocConf, Scheme, TrainingPlan
+from llmem.plan import AllocConf, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -183,6 +183,10 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     if fused_ce.is_fused(plan) and not spec.family.liger_kernel:
         raise InputError("loss", f"fused-linear-ce is modelled for the families {', '.join(fused_ce.LIGER_LISTED)} "
                          f"(Liger-Kernel patches them); {spec.model_type!r} is not one: use --loss standard", REFUSED)
+    if plan.loss is Loss.CHUNKED_CE:
+        from llmem.runtime.chunked import check_model
+
+        check_model(spec.model_type, plan.tp)
     if plan.tp == 1:
         return
     if not spec.supports_tp:

@@ -42,6 +42,7 @@ MAX_APP_CKPT_EVERY = 1024
 MAX_APP_LORA_RANK = 4096
 MAX_APP_LORA_ALPHA = 1 << 16
 MAX_APP_GRAD_ACCUM = 1024
+MAX_APP_LOSS_CHUNKS = 1024
 
 _LORA = Needs("method", ("lora", "qlora"))
 
@@ -184,8 +185,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("loss", c.Loss, c.Loss.STANDARD,
            "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the logits: "
            "chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden gradient and an "
-           "lm_head-sized weight gradient instead of tokens × vocab logits.",
-           fallback=True, compared=False, cuda_only=True, widget=Widget("Loss", "w_loss", SELECT)),
+           "lm_head-sized weight gradient instead of tokens × vocab logits. chunked-ce: torchtune's "
+           "CEWithChunkedOutputLoss in eager mode (no torch.compile, which would fuse each chunk's fp32 upcast and "
+           "log_softmax): the lm_head and the fp32 cross-entropy run per chunk of the sequence (--loss-chunks), so "
+           "only one chunk's fp32 upcast exists at a time and the logits are freed before backward; every chunk's "
+           "fp32 log_softmax output is still saved for backward.",
+           fallback=True, compared=False, widget=Widget("Loss", "w_loss", SELECT)),
+    Option("loss_chunks", int, 8,
+           "With --loss chunked-ce: the chunks of the sequence (torchtune's num_output_chunks); more chunks shrink "
+           "the one chunk's fp32 upcast and loss gradients alive at a time, but summing the chunks' lm_head weight "
+           "gradients briefly holds two more copies of it (2+ chunks).",
+           low=1, high=MAX_APP_LOSS_CHUNKS, link=WHEN_SET,
+           needs=Needs("loss", ("chunked-ce",), "{value} loss chunks go with --loss chunked-ce"),
+           widget=Widget("Loss chunks (chunked-ce)", "w_loss_chunks", NUMBER)),
     Option("fsdp_shard", c.FsdpShard, c.FsdpShard.DIM0,
            "Which dim FSDP2 (--zero 2/3) shards each tensor on. dim0 (FSDP2's default) pads dim 0 to a multiple of "
            "the GPUs, so a tensor with fewer rows than GPUs (a MoE's stacked experts: one row per expert) is stored "

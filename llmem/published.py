@@ -155,9 +155,9 @@ REFERENCE: dict[str, Claim] = {
 
 # Rows looked at and not claimed, with the reason (the rules in `unclaimed_reason` cover the rest).
 _NOT_CLAIMED: dict[str, str] = {
-    "torchtune_readme_013": "torchtune's chunked-output cross-entropy (CEWithChunkedOutputLoss) never holds the full "
-                            "fp32 logits; our program uses transformers' loss (--loss fused-linear-ce is Liger's "
-                            "fused kernel, a different program)",
+    "torchtune_readme_013": "torchtune's chunked-output cross-entropy (CEWithChunkedOutputLoss) under torch.compile "
+                            "(an earlier row of the same table adds compile), which fuses each chunk's fp32 upcast "
+                            "and log_softmax; --loss chunked-ce models the eager program only",
     "torchtune_readme_007": "torchtune of September 2024: torch.compile and the chunked-output cross-entropy "
                             "(CEWithChunkedOutputLoss; see torchtune_readme_013): neither is our program",
     "torchtune_readme_029": "bitsandbytes PagedAdamW (32-bit paged states) with optimizer_in_bwd (each gradient "

@@ -186,7 +186,8 @@ def _make_consistent(inputs: AppInputs, defaults: AppInputs, warnings: list[str]
     inputs = _consistent_method(inputs, warnings, method_implied, quant_given)
     inputs = _repair_needs(inputs, warnings)  # what a method's fall-back to full left without meaning
     inputs = _repair_fallbacks(inputs, defaults, warnings)
-    return _repair_strategy(inputs, defaults, warnings)
+    # what the strategy's repair left without meaning (a method fallen back to full keeps double-quant)
+    return _repair_needs(_repair_strategy(inputs, defaults, warnings), warnings)
 
 
 def _repair_needs(inputs: AppInputs, warnings: list[str]) -> AppInputs:

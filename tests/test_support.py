@@ -59,7 +59,8 @@ def _random_values(r: random.Random) -> dict:
                                                                                            "adamw8bit"]),
             "optimizer_impl": r.choice(["default", "foreach", "fused"]), "offload": r.choice(["none", "optimizer",
                                                                                            "optimizer+params"]),
-            "loss": r.choice(["standard", "fused-linear-ce"]), "device": r.choice(["cpu", "cuda"]),
+            "loss": r.choice(["standard", "fused-linear-ce", "chunked-ce"]), "loss_chunks": r.choice([8, 4]),
+            "device": r.choice(["cpu", "cuda"]),
             "grad_ckpt": r.choice(["none", "full"]), "ckpt_every": r.choice([1, 2]),
             "lora_modules_to_save": r.choice(["", "lm_head"]), "double_quant": r.choice([True, False])}
 
@@ -122,6 +123,9 @@ def test_a_gap_says_so_on_the_error():
     ("gpt2", dict(method="lora", grad_ckpt="full", ckpt_every=2), "ckpt-every", GAP),  # traced LoRA, every K-th
     ("gpt2", dict(loss="fused-linear-ce", device="cuda"), "loss", REFUSED),  # Liger-Kernel has no gpt2 patch
     ("gpt2", dict(gpus=2, tp=2), "tp", REFUSED),  # its config carries no tensor-parallel plan
+    ("gemma2", dict(loss="chunked-ce"), "loss", GAP),  # its forward softcaps the logits after the lm_head
+    ("opt", dict(loss="chunked-ce"), "loss", GAP),  # its forward makes the lm_head's output .contiguous()
+    ("gpt_neox", dict(loss="chunked-ce", gpus=2, tp=2), "loss", GAP),  # transformers' TP plan gathers the lm_head
 ])
 def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     from llmem.estimate import validate_plan_for_model
@@ -132,7 +136,7 @@ def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     assert (e.value.field, e.value.kind) == (field, kind)
 
 
-SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True}
+SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True, "loss_chunks": 4}
 
 
 @pytest.mark.parametrize("name", sorted(SET))

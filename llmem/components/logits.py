@@ -8,10 +8,13 @@ With T = micro-batch × seq tokens, V = vocab (local to the rank), Lc = T*V*comp
             its backward (right after the loss's)
   backward  nll_loss_backward L32 and _log_softmax_backward_data L32 while the log_softmax output lives
             lm_head: grad of logits (Lc), grad_weight V*h*compute_bytes (+ fp32 cast under mixed precision)
+`--loss chunked-ce` (torchtune's chunked program) has terms of its own (`llmem.components.chunked_ce`), which each
+function here returns for such a plan.
 """
 
 from __future__ import annotations
 
+from llmem.components import chunked_ce
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -26,11 +29,15 @@ def _sizes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
 
 def logits_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The model output's logits, alive from the lm_head forward to the end of the iteration."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.logits_bytes(spec, plan)
     return _sizes(spec, plan)[0]
 
 
 def label_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`nn.functional.pad(labels, (0, 1))` and `labels[..., 1:].contiguous()` (int64)."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.label_bytes(spec, plan)
     tokens = plan.batch_size * plan.seq_len
     return (tokens + plan.batch_size) * INT64 + tokens * INT64
 
@@ -42,6 +49,8 @@ def softcap_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes at the end of cross_entropy's forward."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.loss_forward_peak_bytes(spec, plan)
     lc, l32, _ = _sizes(spec, plan)
     upcast = l32 if plan.precision.compute_bytes != FP32 else 0
     return lc + upcast + l32 + label_bytes(spec, plan) + softcap_bytes(spec, plan)
@@ -49,6 +58,8 @@ def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.loss_backward_peak_bytes(spec, plan)
     lc, l32, tokens = _sizes(spec, plan)
     return lc + 3 * l32 + tokens * INT64 + softcap_bytes(spec, plan)
 
@@ -56,6 +67,8 @@ def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits and their gradient while the lm_head's backward runs (the weight gradient is counted with
     gradients, its half-precision copy under mixed precision as a temporary)."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.lm_head_backward_bytes(spec, plan)
     lc, _, _ = _sizes(spec, plan)
     return 2 * lc
 
@@ -63,5 +76,7 @@ def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def loss_backward_start_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Logits-related bytes when `loss.backward()` starts, before the loss's backward allocates its two fp32
     gradients: the logits, the log_softmax output and the shifted labels nll_loss saved."""
+    if chunked_ce.is_chunked(plan):
+        return chunked_ce.loss_backward_start_bytes(spec, plan)
     lc, l32, tokens = _sizes(spec, plan)
     return lc + l32 + tokens * INT64 + softcap_bytes(spec, plan)

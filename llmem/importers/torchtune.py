@@ -58,10 +58,24 @@ def read(r: Reader) -> None:
     if r.flag("fsdp_cpu_offload") is True:
         r.set("fsdp_cpu_offload", "offload", "optimizer+params", "FSDP2 CPUOffloadPolicy")
     common.not_modelled(r, ("enable_activation_offloading", "optimizer_in_bwd", "compile"))
-    if r.has("loss._component_") and "CrossEntropy" not in str(r.get("loss._component_")):
-        r.ignore("loss._component_", "chunked or fused losses of torchtune are not modelled; estimated with the "
-                 "standard loss")
+    _loss(r)
     r.finish(NO_EFFECT)
+
+
+def _loss(r: Reader) -> None:
+    """CEWithChunkedOutputLoss (eager: with `compile` its chunks' upcast and log_softmax fuse, not modelled) is
+    `--loss chunked-ce`, its `num_output_chunks` (default 8) `--loss-chunks`; other losses but plain cross-entropy
+    are not modelled."""
+    component = r.text("loss._component_")
+    if component is None:
+        return
+    if component.rsplit(".", 1)[-1] == "CEWithChunkedOutputLoss" and r.flag("compile") is not True:
+        r.set("loss._component_", "loss", "chunked-ce", "torchtune's chunked-output cross-entropy, eager")
+        if r.has("loss.num_output_chunks"):
+            r.set("loss.num_output_chunks", "loss_chunks", r.get("loss.num_output_chunks"))
+    elif "CrossEntropy" not in component:
+        r.ignore("loss._component_", "this loss of torchtune is not modelled (with compile: true, nor the chunked "
+                 "one); estimated with the standard loss")
 
 
 def _model(r: Reader) -> None:

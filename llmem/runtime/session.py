@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from llmem.errors import InputError
-from llmem.plan import Scheme, TrainingPlan
+from llmem.plan import Loss, Scheme, TrainingPlan
+from llmem.runtime import chunked
 from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
 from llmem.runtime.optim import make_optimizer
@@ -75,11 +76,15 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     if topo.world_size != plan.gpus:
         raise InputError("gpus", f"the plan needs {plan.gpus} processes, this launch has {topo.world_size}")
     check_supported(str(config.get("model_type")), plan, config)
+    if plan.loss is Loss.CHUNKED_CE:
+        chunked.check_model(str(config.get("model_type")), plan.tp)
     seed_everything(SEED)
     mark("build")
     model = build_model(config, plan, topo.device)
     if plan.grad_ckpt.value == "full":
         enable_checkpointing(model, plan)
+    if plan.loss is Loss.CHUNKED_CE:
+        chunked.chunk_output_head(model, plan.loss_chunks)
     model = apply_method(model, plan)
     mark("wrap")
     wrapped = wrap(model, plan, topo.device_type)
@@ -93,8 +98,18 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     return Session(plan, wrapped, optimizer, ids, topo.device_type)
 
 
+def _forward_loss(session: Session):
+    """The forward and the loss: the model output with transformers' ForCausalLMLoss on its logits (the output,
+    logits and all, kept by the caller), or with `--loss chunked-ce` the loss of torchtune's chunked program alone
+    (its logits dropped before backward, `llmem.runtime.chunked`)."""
+    if session.plan.loss is Loss.CHUNKED_CE:
+        return chunked.loss_step(session.model, session.input_ids, session.plan.loss_chunks)
+    return session.model(input_ids=session.input_ids, labels=session.input_ids)
+
+
 def train_step(session: Session, mark: Mark = _no_mark) -> None:
-    """One iteration exactly as DESIGN.md §1: forward with labels (HF loss), backward, step, zero_grad.
+    """One iteration exactly as DESIGN.md §1: forward with labels (HF loss; `--loss chunked-ce`: torchtune's chunked
+    loss), backward, step, zero_grad.
     With `--grad-accum K`: K micro-steps (forward + backward, outputs dropped in between; the gradients accumulate
     in `.grad`), then one step and zero_grad. Every micro-step uses the same micro-batch; the last micro-step's
     outputs live until after zero_grad, as with K = 1."""
@@ -104,9 +119,9 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
         del out  # the previous micro-step's outputs (logits, loss) are dropped before the next forward
         mark("forward" + suffix)
         with session.autocast():
-            out = session.model(input_ids=session.input_ids, labels=session.input_ids)
+            out = _forward_loss(session)
         mark("backward" + suffix)
-        out.loss.backward()
+        (out if isinstance(out, torch.Tensor) else out.loss).backward()
     mark("optimizer")
     session.optimizer.step()
     mark("zero_grad")

@@ -35,7 +35,7 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if str(plan.offload) != "none":
         raise InputError("offload", f"{plan.offload} pins host memory and copies between host and device, which a "
                          "CPU-only fake run cannot tell apart; measure it on a GPU (measure --device cuda)")
-    if str(plan.loss) != "standard":
+    if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
     if str(plan.engine) == "fsdp1" and plan.scheme is Scheme.ZERO2:

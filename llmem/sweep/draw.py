@@ -125,9 +125,10 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
-    simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too), and
+    simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too),
     `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
-    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed."""
+    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed, and
+    --loss chunked-ce where the engine is torch (a stream of its own)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -141,10 +142,15 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
         out.pop("fsdp_shard", None)
         out.pop("ddp_bucket_view", None)
         out |= {"engine": "fsdp1", "grad_accum": 1, "keep_grads": False}
+    chunked = random.Random(f"{seed}:{index}:chunked-ce")
+    if fields["loss"] == Loss.STANDARD.value and chunked.random() < CHUNKED_CE_SHARE and "engine" not in out:
+        out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
     return out
 
 
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
+CHUNKED_CE_SHARE = 0.15  # --loss chunked-ce in about one standard-loss plan in seven, from a stream of its own
+LOSS_CHUNKS = (1, 2, 4, 8)
 FSDP1_SHARE = 0.5  # --engine fsdp1 in half of the multi-GPU ZeRO-0/2/3 plans FSDP1 is modelled for
 
 

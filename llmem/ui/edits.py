@@ -31,8 +31,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl")),
     ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
                 "quant", "double_quant", "methods")),
-    ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "fsdp_shard", "ddp_bucket_view",
-                       "keep_grads", "alloc_conf")),
+    ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "loss_chunks", "fsdp_shard",
+                       "ddp_bucket_view", "keep_grads", "alloc_conf")),
 )
 
 # an error's field (the command-line name) -> the widget it is shown under
@@ -110,7 +110,7 @@ def _one_strategy_options(state: MutableMapping, key: str) -> list[str]:
     strategy = state.get("w_strategy", ALL)
     if gpus == 1:
         return notes
-    fused = state.get("w_loss", Loss.STANDARD.value) != Loss.STANDARD.value
+    fused = state.get("w_loss", Loss.STANDARD.value) == Loss.FUSED_LINEAR_CE.value
     if key == "w_strategy":  # the strategy was chosen: what does not run on it goes
         if offload == Offload.OPTIMIZER_PARAMS.value and strategy not in ("1:2", "1:3"):
             state["w_offload"] = Offload.NONE.value

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, lora, offload, quant
+from llmem.components import Category, chunked_ce, lora, offload, quant
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -31,6 +31,7 @@ from llmem.components.sharding import local_numel, shard_summary
 from llmem.plan import Engine, GradCkpt, Offload, Precision, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
+from llmem.walk.chunked import fsdp_head_moments
 from llmem.walk.phase import Phase, moment, with_extra
 
 
@@ -244,6 +245,8 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     """The end of forward, the loss's forward and backward, the lm_head's backward; ZeRO-3 inserts the root's
     pre-backward moments after the loss forward (`root_prebackward_moments`)."""
     spec, cp = w.spec, w.cp
+    if chunked_ce.is_chunked(cp):
+        return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
     phases = [
         moment("forward (last layer)", **on, communication=w.end_in_layer),
@@ -257,14 +260,16 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     ]
 
 
-def root_prebackward_moments(w: FsdpTerms) -> list[Phase]:
+def root_prebackward_moments(w: FsdpTerms, logits: int | None = None) -> list[Phase]:
     """ZeRO-3: the root's pre-backward (a hook on the loss, before its backward) all-gathers the root again, copies
     it out, and prefetches the last layer (`_backward_prefetch`); the forward's saved tensors and the loss's are
-    alive, the last layer's retained output was freed by the root's post-forward."""
+    alive (`logits`, by default the loss's at the start of backward), the last layer's retained output was freed by
+    the root's post-forward."""
     spec, plan = w.spec, w.plan
     if not comm.root_resharded_after_forward(plan):
         return []
-    at_start = dict(**w.persistent, activations=w.forward_acts, logits=lg.loss_backward_start_bytes(spec, w.cp))
+    logits = lg.loss_backward_start_bytes(spec, w.cp) if logits is None else logits
+    at_start = dict(**w.persistent, activations=w.forward_acts, logits=logits)
     return [
         moment("loss backward (root pre-backward all-gather)", **at_start, communication=w.root_all_gather),
         moment("loss backward (root pre-backward copy-out)", **at_start,

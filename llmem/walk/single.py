@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, autocast, fused_ce, lora, quant
+from llmem.components import Category, autocast, chunked_ce, fused_ce, lora, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -120,7 +120,7 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     if lora.is_lora(plan) and casts and spec.derived is not None:
         # traced LoRA: the copies mm saves are in the layer tables; the adapters' cached copies of the checkpointed
         # layers live until the forward's autocast region exits (`llmem.derive.lora`)
-        return dict(casts=0, head_cast=autocast.head_weight_copy_bytes(spec, plan), first_casts=0, base_casts=0,
+        return dict(casts=0, head_cast=_head_cast(spec, plan), first_casts=0, base_casts=0,
                     fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
     if lora.is_lora(plan) and casts:
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
@@ -129,8 +129,13 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         fwd_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0)) \
             + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan)
     base_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0))
-    return dict(casts=casts, head_cast=autocast.head_weight_copy_bytes(spec, plan), fwd_casts=fwd_casts,
+    return dict(casts=casts, head_cast=_head_cast(spec, plan), fwd_casts=fwd_casts,
                 first_casts=first_casts, base_casts=base_casts)
+
+
+def _head_cast(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Autocast's half copies of the lm_head weight: one, cached; with --loss chunked-ce a frozen head's per chunk."""
+    return autocast.head_weight_copy_bytes(spec, plan) * chunked_ce.head_weight_copies(plan)
 
 
 def _head_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:

@@ -162,7 +162,7 @@ def test_the_sidebar_is_grouped_with_the_strategy_beside_the_gpu_count():
     groups = [title for title, _ in GROUPS]
     assert titles == [groups[0], "Import training configs", *groups[1:]]  # the import box right under Model
     hardware = group(at, "Hardware")
-    assert [w.key for w in hardware.selectbox] == ["w_gpu", "w_strategy"]
+    assert [w.key for w in hardware.selectbox] == ["w_gpu", "w_strategy", "w_engine"]  # the engine runs the strategy
     assert [w.key for w in hardware.number_input] == ["w_gpus"]
     found = {}
     for box in at.sidebar.expander:

@@ -12,8 +12,14 @@ def test_lora_recipe():
     assert settings(r) == {
         "model": "llama-3.1-8b", "method": "lora", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
         "lora_targets": "q_proj,v_proj", "batch_size": 2, "grad_accum": 32, "precision": "bf16", "grad_ckpt": "none",
-        "optimizer": "adamw", "optimizer_impl": "fused"}
-    assert "not modelled" in ignored(r, "loss._component_").why
+        "optimizer": "adamw", "optimizer_impl": "fused", "loss": "chunked-ce"}
+
+
+def test_the_chunked_loss_is_read_eager_only():
+    text = (b"loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n  num_output_chunks: 4\n")
+    assert settings(import_bytes(text, "recipe.yaml")) == {"loss": "chunked-ce", "loss_chunks": 4}
+    r = import_bytes(text + b"compile: true\n", "recipe.yaml")
+    assert "loss" not in settings(r) and "not modelled" in ignored(r, "loss._component_").why
 
 
 def test_qlora_distributed_and_names_are_never_imported():

@@ -38,11 +38,13 @@ SMALL = dict(device="cpu", batch_size=2, seq_len=64, precision="fp32", optimizer
     (LLAMA, {"method": "qlora", "quant": "nf4", "precision": "fp16", "grad_ckpt": "full",
              "lora_targets": "all-linear"}),
     (LLAMA, {"method": "qlora", "quant": "int8", "precision": "bf16"}),
+    (LLAMA, {"loss": "chunked-ce", "loss_chunks": 4, "precision": "bf16-mixed"}),
 ], ids=["llama-fp32", "llama-bf16mix-foreach", "llama-ckpt-eager", "llama-bf16-fused", "gpt2-fp32",
         "lora", "lora-all-linear-bf16", "gpt2-lora-bf16mix", "lora-save-lm_head-ckpt", "adafactor",
         "adafactor-foreach-bf16mix", "adamw8bit", "sgd-fused-bf16-accum", "paged-adamw8bit-bf16mix",
         "mixtral-fp32", "mixtral-ckpt-bf16mix",
-        "mixtral-bf16", "qlora-nf4", "qlora-fp4-double-quant", "qlora-nf4-fp16-ckpt-all-linear", "qlora-int8"])
+        "mixtral-bf16", "qlora-nf4", "qlora-fp4-double-quant", "qlora-nf4-fp16-ckpt-all-linear", "qlora-int8",
+        "chunked-ce-bf16mix"])
 def test_single_rank_matches_real_cpu_run(config, plan):
     """Same runtime, real tensors vs fake: the peak agrees to within 0.1% (to the byte for most rows; a few
     bytes of 0-dim tensors made outside dispatch are the known difference, see docs/SIMULATION.md)."""
