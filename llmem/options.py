@@ -202,6 +202,11 @@ OPTIONS: tuple[Option, ...] = (
            "instead of freed, so they stay allocated through the next forward and backward, as in the later "
            "micro-steps of --grad-accum; the peak grows by about one gradient copy (per GPU: its share of them).",
            link=WHEN_SET, widget=Widget("Keep gradients between steps (set_to_none=False)", "w_keep_grads", CHECK)),
+    Option("optimizer_in_backward", bool, False,
+           "torchtune's optimizer-in-backward: one optimizer per parameter, stepped by its post-accumulate-grad hook "
+           "during backward and its gradient freed right after, so the gradients never coexist (the peak loses about "
+           "the gradients made before it) while one tensor's step temporaries join backward's peak.",
+           link=WHEN_SET, widget=Widget("Optimizer step in backward (per-parameter)", "w_optim_bwd", CHECK)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

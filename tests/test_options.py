@@ -23,6 +23,7 @@ SAMPLES = {
     "fsdp_shard": ("dim1-if-short", {"gpus": "2", "zero": "3"}),
     "ddp_bucket_view": ("true", {"gpus": "2"}),
     "keep_grads": ("true", {}),
+    "optimizer_in_backward": ("true", {}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

@@ -54,3 +54,25 @@ def make_optimizer(params, plan: TrainingPlan, zero1: bool = False):
 
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
     return cls(param_groups(params, plan), **kwargs)
+
+
+class InBackward:
+    """`--optimizer-in-backward`, as torchtune runs it (training/memory.py `create_optim_in_bwd_wrapper`,
+    `register_optim_in_bwd_hooks`): one optimizer per trainable parameter, `{p: Optimizer([p], ...)}`, and on each
+    parameter a post-accumulate-grad hook that calls its optimizer's `step()` then `zero_grad()` (set_to_none), so a
+    gradient is freed as soon as its step ran. FSDP2 calls the same hooks on the sharded parameters once their
+    reduce-scatter output is assigned (`_fsdp_collectives.py: foreach_reduce`). `step` and `zero_grad` of the
+    iteration have nothing left to do; `state` is every optimizer's, for the simulation's step counters."""
+
+    def __init__(self, params, plan: TrainingPlan) -> None:
+        self.optimizers = {p: make_optimizer([p], plan) for p in params}
+        self.handles = [p.register_post_accumulate_grad_hook(self._step) for p in self.optimizers]
+
+    def _step(self, param) -> None:
+        optimizer = self.optimizers[param]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def state(self) -> dict:
+        return {p: s for o in self.optimizers.values() for p, s in o.state.items()}
