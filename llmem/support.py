@@ -161,6 +161,11 @@ RULES: tuple[Rule, ...] = (
        "the optimizer step in backward is not modelled with offload (torchao's CPUOffloadOptimizer runs its own "
        "gradient hooks and host step; FSDP2's CPU offload steps on the host); use --offload none, or leave "
        "--optimizer-in-backward off", GAP, optimizer_in_backward=True, offload="optimizer"),
+    _r("optimizer_in_backward loss", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.loss is not Loss.STANDARD,
+       "the optimizer step in backward is not modelled with fused-linear-ce (its lm_head gradient is made in the "
+       "forward); use --loss standard, or leave --optimizer-in-backward off", GAP, optimizer_in_backward=True,
+       loss="fused-linear-ce"),
     _r("offload device", "offload", lambda p: p.offload is not Offload.NONE and p.device is Device.CPU,
        "offload moves tensors from the GPU to host memory; on the cpu profile they are the same memory (the pinned "
        "host copies need an accelerator). Use --device cuda or --offload none", REFUSED, offload="optimizer",
