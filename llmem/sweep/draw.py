@@ -125,7 +125,8 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
-    simulate oracle, the cuda profile's, does not run a Reducer), and --keep-grads (a stream of its own too)."""
+    simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads and --optimizer-in-backward (each from
+    a stream of its own too)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -133,10 +134,21 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (0, 1) and device == "cpu":
         out["ddp_bucket_view"] = rng.random() < 0.5
     out["keep_grads"] = random.Random(f"{seed}:{index}:keep-grads").random() < KEEP_GRADS_SHARE
+    if in_backward_runs({**fields, **out}):  # --optimizer-in-backward, where the plan runs it (its own stream)
+        out["optimizer_in_backward"] = random.Random(f"{seed}:{index}:in-backward").random() < IN_BACKWARD_SHARE
     return out
 
 
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
+IN_BACKWARD_SHARE = 0.5  # --optimizer-in-backward in half of the plans that can run it
+
+
+def in_backward_runs(fields: dict) -> bool:
+    """Whether `--optimizer-in-backward` is modelled for the drawn plan (`llmem.support`'s rows for it): one GPU,
+    no accumulation, no kept gradients, torch's adamw or sgd, no offload, the standard loss."""
+    return (fields["gpus"] == 1 and fields["grad_accum"] == 1 and not fields.get("keep_grads")
+            and fields["optimizer"] in ("adamw", "sgd") and fields["offload"] == "none"
+            and fields["loss"] == "standard")
 
 
 def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:
