@@ -295,10 +295,10 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
 
 
 def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan, accumulating: bool = False) -> int:
-    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`): each less
-    the weight gradients AccumulateGrad has already added into their `.grad`s there (`moe_held_gradient_bytes`)."""
+    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`; and under
+    `--optimizer-in-backward`, stepped and freed): each less the weight gradients AccumulateGrad has already taken."""
     moments = moe_layer_backward_moments(spec, plan)
-    held = moe_held_gradient_bytes(spec, plan) if accumulating else {}
+    held = moe_held_gradient_bytes(spec, plan) if accumulating or plan.optimizer_in_backward else {}
     return max(v - held.get(name, 0) for name, v in moments.items())
 
 

@@ -77,3 +77,30 @@ def layer_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return tensor_step_bytes(max(lora.adapter_sizes(spec, plan), default=0) * lora.ADAPTER_BYTES, plan)
     pb = plan.precision.param_bytes
     return max((tensor_step_bytes(local_numel(p, plan) * pb, plan) for p in spec.layer_params(0)), default=0)
+
+
+def moe_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """A grouped-experts MoE layer (mixtral, qwen2_moe) under full fine-tuning, in backward."""
+    return applies(plan) and spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan)
+
+
+def moe_step_moment_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int]:
+    """A grouped-experts MoE layer (`gradients.moe_layer_backward_moments`, symbols as there): (the moment's bytes,
+    its step) at the largest of its moments, each less the expert gradients already stepped and freed by their hooks
+    (`gradients.moe_held_gradient_bytes`). A hook runs once its node returned, the node's incoming gradient and saved
+    input released: experts.down_proj's step (E × h × i) after the down grouped mm (less r × h and r × i, eb),
+    experts.gate_up_proj's (E × 2i × h) after the gate_up one (less r × 2i and r × h, eb); the shared expert's
+    largest Linear's (si × h) at its backward (nothing released counted)."""
+    from llmem.components.gradients import moe_held_gradient_bytes, moe_layer_backward_moments
+
+    h, e, eb = spec.hidden_size, spec.num_experts, plan.precision.param_bytes
+    i = spec.moe_intermediate_size or spec.intermediate_size
+    r = plan.batch_size * plan.seq_len * spec.experts_per_token
+    steps = {"down grouped mm backward": (e * h * i * eb, r * h * eb + r * i * eb),  # (made, released)
+             "gate_up grouped mm backward": (e * 2 * i * h * eb, r * 2 * i * eb + r * h * eb),
+             "shared expert backward": ((spec.shared_expert_intermediate_size or 0) * h * eb, 0)}
+    held, bytes_at = moe_held_gradient_bytes(spec, plan), moe_layer_backward_moments(spec, plan)
+    moments = [(v - held.get(n, 0), 0) for n, v in bytes_at.items()]
+    moments += [(bytes_at[n] - held.get(n, 0) - released, tensor_step_bytes(made, plan))
+                for n, (made, released) in steps.items() if made]
+    return max(moments, key=sum)

@@ -83,10 +83,14 @@ def _step_moment(t: Terms, name: str, mlp: Phase, later: int) -> Phase:
     """`--optimizer-in-backward`: the last MLP Linear's hook steps it (the layer's largest tensor's step,
     `step_in_backward.layer_step_bytes`) once its MmBackward0 (under autocast the cast) returned — its saved input
     released, the weight gradient in the parameter dtype beside the input and layer output gradients
-    (`weight_gradient.stepped_gradient_bytes`). Where those moments are not modelled (LoRA, MoE, traced): the MLP
-    moment with the step on top."""
+    (`weight_gradient.stepped_gradient_bytes`). A grouped-experts MoE layer: its moment with the step of the expert
+    tensor it makes (`step_in_backward.moe_step_moment_bytes`). Elsewhere (LoRA, traced): the MLP moment with the
+    step on top."""
     step = sib.layer_step_bytes(t.spec, t.plan)
     b = dict(mlp.breakdown)
+    if sib.moe_applies(t.spec, t.plan):  # the step of the expert tensor each moment makes
+        grads, step = sib.moe_step_moment_bytes(t.spec, t.plan)
+        b[Category.GRADIENTS] = t.grads_outer + later + grads
     b[Category.TEMPORARIES] += step
     if wgrad.applies(t.spec, t.plan):
         b[Category.GRADIENTS] = t.grads_outer + later + wgrad.stepped_gradient_bytes(t.spec, t.plan)

@@ -16,7 +16,11 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "nu
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
          "tie_word_embeddings": False}
 GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 600, "n_positions": 256}
-CONFIGS = {"llama": LLAMA, "gpt2": GPT2}  # gpt2 ties its embeddings: the shared weight steps last
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "vocab_size": 512, "max_position_embeddings": 256}
+# gpt2 ties its embeddings: the shared weight steps last; mixtral's experts step after their grouped mm
+CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "mixtral": MIXTRAL}
 PLANS = {
     "adamw-fp32": {},
     "sgd-ckpt-bf16": {"optimizer": "sgd", "grad_ckpt": "full", "precision": "bf16", "seq_len": 32},
@@ -24,9 +28,10 @@ PLANS = {
     "adamw-ckpt-bf16mixed": {"grad_ckpt": "full", "precision": "bf16-mixed", "seq_len": 32},
     "lora-head-copy": {"method": "lora", "lora_modules_to_save": "lm_head"},
 }
-CASES = [(m, p) for m in CONFIGS for p in PLANS
+CASES = [(m, p) for m in ("llama", "gpt2") for p in PLANS
          if not (p.startswith("lora") and m == "gpt2")  # LoRA activations are not modelled for gpt2
          and not (m == "gpt2" and p == "adamw-foreach-bf16mixed")]  # (fewer runs: the file stays under 20 s)
+CASES += [("mixtral", "adamw-fp32"), ("mixtral", "adamw-ckpt-bf16mixed")]
 
 
 @pytest.mark.parametrize("model,plan", CASES)
@@ -57,3 +62,17 @@ def test_no_step_after_backward_and_no_gradients_held():
     names = [ph.name for ph in iteration_phases(spec, plan)]
     assert "optimizer step" not in names and any("step in backward" in n for n in names)
     assert gradient_bytes(spec, plan) == 0 < gradient_bytes(spec, TrainingPlan(batch_size=1, seq_len=16, device="cpu"))
+
+
+def test_simulate_runs_the_same_program():
+    """The simulation (fake tensors) runs the hooks too: its peak is the real run's, and the estimate's on the cuda
+    profile (AdamW foreach)."""
+    from llmem.measure.run import measure_rank
+    from llmem.simulate import simulate
+
+    plan = TrainingPlan(batch_size=1, seq_len=16, precision="bf16-mixed", device="cpu", optimizer_in_backward=True)
+    real = measure_rank(dict(GPT2), plan)["peak_bytes"]
+    assert abs(simulate(dict(GPT2), plan).peak_bytes - real) <= max(64, real // 1000)
+    cuda = plan.with_(device="cuda")
+    sim = simulate(dict(LLAMA), cuda).peak_bytes
+    assert abs(estimate(ModelSpec.from_config(LLAMA), cuda).peak_bytes - sim) <= 0.01 * sim
