@@ -13,7 +13,7 @@ then `zero_grad()` (set_to_none). So:
     tensor's gradient has just been made; no step or zero_grad phase after backward.
 The backward moments that take a step are where the largest tensors' gradients are made: the lm_head's
 (`head_step_bytes`), the embedding's at the end of backward (`embedding_step_bytes`), a decoder layer's last MLP
-Linear's (`layer_step_bytes`).
+Linear's (`layer_step_bytes`; not LoRA's adapters, see `llmem.walk.layer._step_moment`).
 """
 
 from __future__ import annotations
@@ -70,11 +70,9 @@ def embedding_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def layer_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A decoder layer's largest step: its largest trainable tensor's (LoRA: the largest adapter's, fp32)."""
+    """A decoder layer's largest step under full fine-tuning: its largest tensor's."""
     if not applies(plan):
         return 0
-    if lora.is_lora(plan):
-        return tensor_step_bytes(max(lora.adapter_sizes(spec, plan), default=0) * lora.ADAPTER_BYTES, plan)
     pb = plan.precision.param_bytes
     return max((tensor_step_bytes(local_numel(p, plan) * pb, plan) for p in spec.layer_params(0)), default=0)
 

@@ -27,6 +27,7 @@ PLANS = {
     "adamw-foreach-bf16mixed": {"optimizer_impl": "foreach", "precision": "bf16-mixed"},
     "adamw-ckpt-bf16mixed": {"grad_ckpt": "full", "precision": "bf16-mixed", "seq_len": 32},
     "lora-head-copy": {"method": "lora", "lora_modules_to_save": "lm_head"},
+    "lora-ckpt-bf16": {"method": "lora", "grad_ckpt": "full", "precision": "bf16"},
 }
 CASES = [(m, p) for m in ("llama", "gpt2") for p in PLANS
          if not (p.startswith("lora") and m == "gpt2")  # LoRA activations are not modelled for gpt2
