@@ -190,7 +190,7 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     phases = [_mlp_moment(t, layer, name, held, later)]
     if wgrad.applies(spec, plan):
         phases += _weight_gradient_moments(t, layer, name, held, later)
-    if sib.applies(plan) and not lora.is_lora(plan):
+    if sib.layer_step_bytes(spec, plan) and not lora.is_lora(plan):  # (SGD, fused: no step temporaries)
         phases.append(_step_moment(t, name, phases[0], later))
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
         phases.append(_post_norm_moment(t, layer, name, held, later))

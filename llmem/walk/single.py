@@ -218,10 +218,10 @@ def end_moments(t: Terms) -> list[Phase]:
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:
         phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
-    step = sib.embedding_step_bytes(spec, plan)
-    if step:  # --optimizer-in-backward: the embedding's hook steps it, the last of backward; no step after it
+    if sib.applies(plan):  # --optimizer-in-backward: the embedding's hook steps it, the last of backward; no step after
         stepped = dict(end, gradients=sib.embedding_gradient_bytes(spec, plan) + excess)
-        return phases + [moment("backward end, embedding step in backward", **stepped, temporaries=step)]
+        step = sib.embedding_step_bytes(spec, plan)
+        return phases + [moment("backward end, embedding step in backward", **stepped, temporaries=step)] * bool(step)
     phases.append(moment("optimizer step", **t.persistent, gradients=t.grads_all + excess, logits=t.logits,
                          activations=held_all, temporaries=optimizer_step_temporary_bytes(spec, plan)))
     return phases

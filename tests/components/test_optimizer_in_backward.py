@@ -62,6 +62,8 @@ def test_no_step_after_backward_and_no_gradients_held():
     plan = TrainingPlan(batch_size=1, seq_len=16, device="cpu", optimizer_in_backward=True)
     names = [ph.name for ph in iteration_phases(spec, plan)]
     assert "optimizer step" not in names and any("step in backward" in n for n in names)
+    sgd = [ph.name for ph in iteration_phases(spec, plan.with_(optimizer="sgd"))]  # in place: no step temporaries
+    assert "optimizer step" not in sgd and not any("step in backward" in n for n in sgd)
     assert gradient_bytes(spec, plan) == 0 < gradient_bytes(spec, TrainingPlan(batch_size=1, seq_len=16, device="cpu"))
 
 
