@@ -151,11 +151,10 @@ RULES: tuple[Rule, ...] = (
        "gradients, TP on DTensors: not modelled yet); use --gpus 1, or leave --optimizer-in-backward off", GAP,
        optimizer_in_backward=True, gpus=2, zero=3),
     _r("optimizer_in_backward optimizer", "optimizer-in-backward",
-       lambda p: p.optimizer_in_backward and p.optimizer not in TORCH_OPTIMIZERS,
-       "the optimizer step in backward is modelled for torch's adamw and sgd, not {p.optimizer.value} (per-parameter "
-       "instances of it are not modelled: bitsandbytes' quantization maps per optimizer, Adafactor's one-tensor "
-       "temporaries); use --optimizer adamw or sgd, or leave --optimizer-in-backward off", GAP,
-       optimizer_in_backward=True, optimizer="adafactor"),
+       lambda p: p.optimizer_in_backward and p.optimizer in BNB_OPTIMIZERS,
+       "the optimizer step in backward is modelled for torch's optimizers, not bitsandbytes' {p.optimizer.value} (one "
+       "instance per parameter, each with its own quantization maps: not modelled); use --optimizer adamw, sgd or "
+       "adafactor, or leave --optimizer-in-backward off", GAP, optimizer_in_backward=True, optimizer="adamw8bit"),
     _r("optimizer_in_backward offload", "optimizer-in-backward",
        lambda p: p.optimizer_in_backward and p.offload is not Offload.NONE,
        "the optimizer step in backward is not modelled with offload (torchao's CPUOffloadOptimizer runs its own "

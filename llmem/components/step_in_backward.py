@@ -18,8 +18,11 @@ Linear's (`layer_step_bytes`; not LoRA's adapters, see `llmem.walk.layer._step_m
 
 from __future__ import annotations
 
+import math
+
 from llmem.components import lora
-from llmem.components.sharding import local_numel
+from llmem.components.optimizer import adafactor_foreach_peak, adafactor_forloop_peak
+from llmem.components.sharding import local_numel, tp_local_shape
 from llmem.plan import Optimizer, OptimizerImpl, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -28,25 +31,32 @@ def applies(plan: TrainingPlan) -> bool:
     return plan.optimizer_in_backward
 
 
-def tensor_step_bytes(nbytes: int, plan: TrainingPlan) -> int:
-    """The temporaries of an optimizer that holds one tensor of `nbytes` (torch/optim/adam.py, torch 2.13), in its
-    dtype: AdamW for-loop `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`, the sqrt and the quotient (2 tensors;
-    no previous tensor's `denom`: the optimizer has no other); foreach `torch._foreach_sqrt(exp_avg_sqs)` (1); fused
-    none. SGD with momentum updates its buffer and the weight in place (torch/optim/sgd.py): none."""
+def tensor_step_bytes(shape: tuple[int, ...], elem_bytes: int, plan: TrainingPlan) -> int:
+    """The temporaries of an optimizer that holds one tensor of `shape` (elements of `elem_bytes`), torch 2.13:
+    AdamW (torch/optim/adam.py) for-loop `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`, the sqrt and the
+    quotient (2 tensors; no previous tensor's `denom`: the optimizer has no other), foreach
+    `torch._foreach_sqrt(exp_avg_sqs)` (1), fused none; Adafactor (torch/optim/_adafactor.py) its one-tensor walk
+    (`optimizer.adafactor_forloop_peak` / `adafactor_foreach_peak` of that tensor alone). SGD with momentum updates
+    its buffer and the weight in place (torch/optim/sgd.py): none."""
+    impl, n = plan.effective_optimizer_impl, math.prod(shape)
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        peak = adafactor_foreach_peak if impl is OptimizerImpl.FOREACH else adafactor_forloop_peak
+        return peak([shape]) * elem_bytes
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
-    return {OptimizerImpl.FORLOOP: 2, OptimizerImpl.FOREACH: 1}.get(plan.effective_optimizer_impl, 0) * nbytes
+    return {OptimizerImpl.FORLOOP: 2, OptimizerImpl.FOREACH: 1}.get(impl, 0) * n * elem_bytes
 
 
-def _outer_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str) -> int:
-    """The gradient bytes of the lm_head ("head") or the input embedding ("embed"): full fine-tuning's weight (tied:
-    the shared one, as "embed"); LoRA's trainable copy of it (`--lora-modules-to-save`), none without one."""
-    if lora.is_lora(plan):
-        return lora.copy_bytes(spec, plan, kind)
-    if kind == "embed":
-        return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
-    heads = [p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name]
-    return sum(local_numel(p, plan) for p in heads) * plan.precision.param_bytes
+def _outer_steps(spec: ModelSpec, plan: TrainingPlan, kind: str) -> int:
+    """The largest step of the lm_head ("head") or the input embedding ("embed"): full fine-tuning's weight (tied:
+    the shared one, as "embed"); LoRA's trainable copy of it (`--lora-modules-to-save`, same shape), none without
+    one."""
+    if lora.is_lora(plan) and not lora.trains_copy(spec, plan, kind):
+        return 0
+    params = [spec.outer_params[0]] if kind == "embed" else \
+        [p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name]
+    pb = plan.precision.param_bytes
+    return max((tensor_step_bytes(tp_local_shape(p, plan.tp), pb, plan) for p in params), default=0)
 
 
 def head_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -54,19 +64,21 @@ def head_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     backward)."""
     if not applies(plan) or spec.tie_word_embeddings:
         return 0
-    return tensor_step_bytes(_outer_bytes(spec, plan, "head"), plan)
+    return _outer_steps(spec, plan, "head")
 
 
 def embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The gradient its hook steps at the end of backward: the embedding's (tied: the InputBuffer's sum of the two,
     its addends freed); any other embedding's (GPT-2's positions) was made, stepped and freed before it (its
-    EmbeddingBackward0 comes later in forward: the engine runs it first)."""
-    return _outer_bytes(spec, plan, "embed")
+    EmbeddingBackward0 comes later in forward: the engine runs it first). LoRA: a trainable copy's, if any."""
+    if lora.is_lora(plan):
+        return lora.copy_bytes(spec, plan, "embed")
+    return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
 def embedding_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The input embedding's step (tied: the shared weight's), the last of backward."""
-    return tensor_step_bytes(embedding_gradient_bytes(spec, plan), plan) if applies(plan) else 0
+    return _outer_steps(spec, plan, "embed") if applies(plan) else 0
 
 
 def layer_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -74,7 +86,7 @@ def layer_step_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not applies(plan):
         return 0
     pb = plan.precision.param_bytes
-    return max((tensor_step_bytes(local_numel(p, plan) * pb, plan) for p in spec.layer_params(0)), default=0)
+    return max((tensor_step_bytes(tp_local_shape(p, plan.tp), pb, plan) for p in spec.layer_params(0)), default=0)
 
 
 def moe_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -94,11 +106,11 @@ def moe_step_moment_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int
     h, e, eb = spec.hidden_size, spec.num_experts, plan.precision.param_bytes
     i = spec.moe_intermediate_size or spec.intermediate_size
     r = plan.batch_size * plan.seq_len * spec.experts_per_token
-    steps = {"down grouped mm backward": (e * h * i * eb, r * h * eb + r * i * eb),  # (made, released)
-             "gate_up grouped mm backward": (e * 2 * i * h * eb, r * 2 * i * eb + r * h * eb),
-             "shared expert backward": ((spec.shared_expert_intermediate_size or 0) * h * eb, 0)}
+    steps = {"down grouped mm backward": ((e, h, i), r * h * eb + r * i * eb),  # (made, released)
+             "gate_up grouped mm backward": ((e, 2 * i, h), r * 2 * i * eb + r * h * eb),
+             "shared expert backward": ((spec.shared_expert_intermediate_size or 0, h), 0)}
     held, bytes_at = moe_held_gradient_bytes(spec, plan), moe_layer_backward_moments(spec, plan)
     moments = [(v - held.get(n, 0), 0) for n, v in bytes_at.items()]
-    moments += [(bytes_at[n] - held.get(n, 0) - released, tensor_step_bytes(made, plan))
-                for n, (made, released) in steps.items() if made]
+    moments += [(bytes_at[n] - held.get(n, 0) - released, tensor_step_bytes(made, eb, plan))
+                for n, (made, released) in steps.items() if math.prod(made)]
     return max(moments, key=sum)

@@ -145,9 +145,9 @@ IN_BACKWARD_SHARE = 0.5  # --optimizer-in-backward in half of the plans that can
 
 def in_backward_runs(fields: dict) -> bool:
     """Whether `--optimizer-in-backward` is modelled for the drawn plan (`llmem.support`'s rows for it): one GPU,
-    no accumulation, no kept gradients, torch's adamw or sgd, no offload, the standard loss."""
+    no accumulation, no kept gradients, torch's adamw, sgd or adafactor, no offload, the standard loss."""
     return (fields["gpus"] == 1 and fields["grad_accum"] == 1 and not fields.get("keep_grads")
-            and fields["optimizer"] in ("adamw", "sgd") and fields["offload"] == "none"
+            and fields["optimizer"] in ("adamw", "sgd", "adafactor") and fields["offload"] == "none"
             and fields["loss"] == "standard")
 
 
