@@ -70,13 +70,15 @@ def test_no_step_after_backward_and_no_gradients_held():
     assert gradient_bytes(spec, plan) == 0 < gradient_bytes(spec, TrainingPlan(batch_size=1, seq_len=16, device="cpu"))
 
 
-def test_simulate_runs_the_same_program():
-    """The simulation (fake tensors) runs the hooks too: its peak is the real run's, and the estimate's on the cuda
-    profile (AdamW foreach)."""
+@pytest.mark.parametrize("optimizer", ["adamw", "adafactor"])
+def test_simulate_runs_the_same_program(optimizer):
+    """The simulation (fake tensors) runs the hooks too (Adafactor's host scalars read in backward): its peak is the
+    real run's, and the estimate's on the cuda profile."""
     from llmem.measure.run import measure_rank
     from llmem.simulate import simulate
 
-    plan = TrainingPlan(batch_size=1, seq_len=16, precision="bf16-mixed", device="cpu", optimizer_in_backward=True)
+    plan = TrainingPlan(batch_size=1, seq_len=16, precision="bf16-mixed", device="cpu", optimizer=optimizer,
+                        optimizer_in_backward=True)
     real = measure_rank(dict(GPT2), plan)["peak_bytes"]
     assert abs(simulate(dict(GPT2), plan).peak_bytes - real) <= max(64, real // 1000)
     cuda = plan.with_(device="cuda")
