@@ -221,6 +221,11 @@ OPTIONS: tuple[Option, ...] = (
            "serves any later request), which lowers the high end of reserved memory and the device total. No effect "
            "on the peak (max_memory_allocated) or on the CPU profile.",
            link=WHEN_SET, widget=Widget("CUDA allocator (PYTORCH_CUDA_ALLOC_CONF)", "w_alloc_conf", SELECT)),
+    Option("optimizer_in_backward", bool, False,
+           "torchtune's optimizer-in-backward: one optimizer per parameter, stepped by its post-accumulate-grad hook "
+           "during backward and its gradient freed right after, so the gradients never coexist (the peak loses about "
+           "the gradients made before it) while one tensor's step temporaries join backward's peak.",
+           link=WHEN_SET, widget=Widget("Optimizer step in backward (per-parameter)", "w_optim_bwd", CHECK)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

@@ -168,14 +168,52 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.offload is Offload.OPTIMIZER and p.optimizer not in TORCH_OPTIMIZERS,
        "optimizer offload is modelled for torch's adamw and sgd, not {p.optimizer.value} (its states are already "
        "small); use --optimizer adamw or sgd", GAP, offload="optimizer", optimizer="adafactor"),
-    _r("keep_grads bucket_view", "keep-grads", lambda p: p.keep_grads and p.ddp_bucket_view and p.gpus > 1
-       and p.tp == 1 and p.zero in (0, 1),
+    _r("keep_grads ddp_bucket_view gpus tp zero", "keep-grads",
+       lambda p: p.keep_grads and p.ddp_bucket_view and p.gpus > 1 and p.tp == 1 and p.zero in (0, 1),
        "gradients kept between steps with --ddp-bucket-view are not modelled: the .grads still view DDP's first "
        "buckets when Reducer::rebuild_buckets makes the new ones in iteration 2; leave one of the two off", GAP,
        keep_grads=True, ddp_bucket_view=True, gpus=2),
     _r("keep_grads offload", "keep-grads", lambda p: p.keep_grads and p.offload is Offload.OPTIMIZER,
        "gradients kept between steps are not modelled with torchao's optimizer offload (it moves them to the host "
        "as they are made); use --offload none, or leave --keep-grads off", GAP, keep_grads=True, offload="optimizer"),
+    # --- the optimizer step in backward (torchtune's per-parameter optimizers, stepped by post-accumulate hooks) ---
+    _r("optimizer_in_backward grad_accum", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.grad_accum > 1,
+       "the optimizer step in backward steps each parameter as soon as its gradient is made, so gradients cannot "
+       "accumulate over micro-steps (torchtune refuses the two together); use --grad-accum 1, or leave "
+       "--optimizer-in-backward off", REFUSED, optimizer_in_backward=True, grad_accum=2),
+    _r("optimizer_in_backward keep_grads", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.keep_grads,
+       "the optimizer step in backward frees each gradient in its hook (zero_grad(set_to_none=True)); there is no "
+       "step-end zero_grad to keep them; leave --keep-grads or --optimizer-in-backward off", REFUSED,
+       optimizer_in_backward=True, keep_grads=True),
+    _r("optimizer_in_backward gpus tp zero", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.scheme in (Scheme.DDP, Scheme.ZERO1),
+       "the optimizer step in backward does not combine with DDP's Reducer (the hook would step the gradient before "
+       "its all-reduce and free it before the Reducer copies it) nor with ZeroRedundancyOptimizer (one optimizer over "
+       "a partition); use --gpus 1, or leave --optimizer-in-backward off", REFUSED, optimizer_in_backward=True,
+       gpus=2, zero=0),
+    _r("optimizer_in_backward gpus tp zero", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.scheme not in (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1),
+       "the optimizer step in backward is modelled on one GPU only so far (FSDP2 runs the hooks on its sharded "
+       "gradients, TP on DTensors: not modelled yet); use --gpus 1, or leave --optimizer-in-backward off", GAP,
+       optimizer_in_backward=True, gpus=2, zero=3),
+    _r("optimizer_in_backward optimizer", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.optimizer in BNB_OPTIMIZERS,
+       "the optimizer step in backward is modelled for torch's optimizers, not bitsandbytes' {p.optimizer.value} (one "
+       "instance per parameter, each with its own quantization maps: not modelled); use --optimizer adamw, sgd or "
+       "adafactor, or leave --optimizer-in-backward off", GAP, optimizer_in_backward=True, optimizer="adamw8bit"),
+    _r("optimizer_in_backward offload", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.offload is not Offload.NONE,
+       "the optimizer step in backward is not modelled with offload (torchao's CPUOffloadOptimizer runs its own "
+       "gradient hooks and host step; FSDP2's CPU offload steps on the host); use --offload none, or leave "
+       "--optimizer-in-backward off", GAP, optimizer_in_backward=True, offload="optimizer"),
+    _r("optimizer_in_backward loss", "optimizer-in-backward",
+       lambda p: p.optimizer_in_backward and p.loss is not Loss.STANDARD,
+       "the optimizer step in backward is not modelled with {p.loss.value} (fused-linear-ce makes the lm_head "
+       "gradient in the forward, chunked-ce sums it over chunks); use --loss standard, or leave "
+       "--optimizer-in-backward off", GAP, optimizer_in_backward=True,
+       loss="fused-linear-ce"),
     _r("offload device", "offload", lambda p: p.offload is not Offload.NONE and p.device is Device.CPU,
        "offload moves tensors from the GPU to host memory; on the cpu profile they are the same memory (the pinned "
        "host copies need an accelerator). Use --device cuda or --offload none", REFUSED, offload="optimizer",

@@ -26,6 +26,7 @@ SAMPLES = {
     "alloc_conf": ("expandable-segments", {}),
     "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),
     "loss_chunks": ("4", {"loss": "chunked-ce"}),
+    "optimizer_in_backward": ("true", {}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

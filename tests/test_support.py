@@ -62,7 +62,9 @@ def _random_values(r: random.Random) -> dict:
             "loss": r.choice(["standard", "fused-linear-ce", "chunked-ce"]), "loss_chunks": r.choice([8, 4]),
             "device": r.choice(["cpu", "cuda"]),
             "grad_ckpt": r.choice(["none", "full"]), "ckpt_every": r.choice([1, 2]),
-            "lora_modules_to_save": r.choice(["", "lm_head"]), "double_quant": r.choice([True, False])}
+            "lora_modules_to_save": r.choice(["", "lm_head"]), "double_quant": r.choice([True, False]),
+            "optimizer_in_backward": r.choice([True, False]), "keep_grads": r.choice([True, False]),
+            "grad_accum": r.choice([1, 2])}
 
 
 def test_conditions_read_only_the_fields_their_row_names():

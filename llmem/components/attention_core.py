@@ -112,12 +112,13 @@ def _after_core(name: str) -> bool:
 def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter_bytes: int | None = None) -> int:
     """The layer's weight gradients made before its attention core runs backward: those of every parameter but the
     pre-attention norm and the q/k/v projections (LoRA: of the adapters of the Linears after the core, fp32, or
-    `adapter_bytes` each: FSDP2's half unsharded adapter gradients). `--ddp-bucket-view`: none, each went into its
-    bucket view when its AccumulateGrad ran (`gradients.in_buckets`)."""
+    `adapter_bytes` each: FSDP2's half unsharded adapter gradients). `--ddp-bucket-view`, `--optimizer-in-backward`:
+    none, each went into its bucket view when its AccumulateGrad ran, or was stepped and freed
+    (`gradients.freed_at_hook`)."""
     from llmem.components import lora
-    from llmem.components.gradients import in_buckets
+    from llmem.components.gradients import freed_at_hook
 
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     if lora.is_lora(plan):
         after = [p for p in lora.layer0_targeted(spec, plan) if _after_core(p.name)]

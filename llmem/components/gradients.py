@@ -25,6 +25,15 @@ def in_buckets(plan: TrainingPlan) -> bool:
     return plan.ddp_bucket_view and plan.scheme in (Scheme.DDP, Scheme.ZERO1)
 
 
+def freed_at_hook(plan: TrainingPlan) -> bool:
+    """Whether a gradient has no bytes of its own once its AccumulateGrad and hooks ran: `--ddp-bucket-view`
+    (copied into its bucket view, `in_buckets`) or `--optimizer-in-backward` (its own optimizer steps it and sets
+    `.grad` to None in the post-accumulate-grad hook, `llmem.runtime.optim.InBackward`). The gradient terms treat the
+    two alike: only a gradient not yet through its hook counts — the one just made, a tied lm_head's waiting in the
+    InputBuffer (`bucket_view_pending_bytes`)."""
+    return in_buckets(plan) or plan.optimizer_in_backward
+
+
 @per_spec("layout_key")
 def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--ddp-bucket-view` with tied embeddings: the shared weight's AccumulateGrad (and so its bucket hook) runs
@@ -41,7 +50,7 @@ def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     only the ones not yet copied into their bucket — the embedding's (and GPT-2's position embedding's) just made,
     or, tied, the lm_head's still pending (the embedding's is `embedding_gradient_accumulate_bytes` then); LoRA: a
     trainable embedding copy's, just made (`lora.copy_bytes`, 0 without one)."""
-    if not in_buckets(plan):
+    if not freed_at_hook(plan):
         return gradient_bytes(spec, plan)
     if lora.is_lora(plan):
         return lora.copy_bytes(spec, plan, "embed")
@@ -53,7 +62,7 @@ def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 @per_spec("layout_key")
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     if lora.is_lora(plan) and plan.scheme in FSDP_SCHEMES:  # the adapters' reduce-scattered shards
         return sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
@@ -74,7 +83,7 @@ def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int
 @per_spec("layout_key")
 def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Gradients of the layers after `layer`, which backward has already produced."""
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     if lora.is_lora(plan):
         return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
@@ -89,7 +98,7 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     layers except the input embeddings (whose gradient comes last) — unless tied, then the shared weight's.
     LoRA: the adapters outside the decoder layers (none with all-linear on llama-like models) and a trainable
     lm_head copy's (`--lora-modules-to-save lm_head`)."""
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return bucket_view_pending_bytes(spec, plan)
     if lora.is_lora(plan):
         return lora.outer_adapter_bytes(spec, plan) + lora.copy_bytes(spec, plan, "head")
@@ -155,7 +164,7 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     # the last MLP Linear is the one registered last (down_proj, c_proj, fc2, dense_4h_to_h); phi3's fused
     # gate_up_proj is twice its size and has no gradient yet
     weight = local_numel(mlp[-1], plan) if mlp else 0
-    if in_buckets(plan):  # its AccumulateGrad copies it into its bucket before the next node runs
+    if freed_at_hook(plan):  # its hook copies it into its bucket (or steps and frees it) before the next node runs
         weight = 0
     tokens = plan.batch_size * plan.seq_len
     inter = spec.intermediate_size // plan.tp
@@ -286,10 +295,10 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
 
 
 def moe_layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan, accumulating: bool = False) -> int:
-    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`): each less
-    the weight gradients AccumulateGrad has already added into their `.grad`s there (`moe_held_gradient_bytes`)."""
+    """The largest of `moe_layer_backward_moments`; `accumulating` (micro-steps 2..K of `--grad-accum`; and under
+    `--optimizer-in-backward`, stepped and freed): each less the weight gradients AccumulateGrad has already taken."""
     moments = moe_layer_backward_moments(spec, plan)
-    held = moe_held_gradient_bytes(spec, plan) if accumulating else {}
+    held = moe_held_gradient_bytes(spec, plan) if accumulating or plan.optimizer_in_backward else {}
     return max(v - held.get(name, 0) for name, v in moments.items())
 
 
@@ -366,7 +375,7 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     `--ddp-bucket-view`: 0. Micro-step 1 held that gradient as a tensor of its own too (`backward_end_gradient_bytes`:
     the `.grad` AccumulateGrad stole is copied into its bucket view by the Reducer's hook, `mark_variable_ready_dense`,
     and then freed), and in micro-step 2 it is added into the `.grad` bucket view in place and freed: the same bytes."""
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     if lora.is_lora(plan):
         return lora.copy_bytes(spec, plan, "embed")
@@ -379,7 +388,7 @@ def attention_backward_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan)
     """Falcon (parallel attention): the weight gradients a layer has produced when its attention core runs
     backward — the MLP's (its backward ran first) and the attention output projection's (`dense`); in their buckets
     under `--ddp-bucket-view`."""
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     params = [p for p in spec.layer_params(0) if ".mlp." in p.name or "self_attention.dense" in p.name]
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes

@@ -134,9 +134,9 @@ def _before_q_norm(name: str) -> bool:
 def q_norm_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The layer's weight gradients made before q_norm's backward: every parameter's but q_proj's, q_norm's and
     the input norm's (none of its own under `--ddp-bucket-view`: each is in its bucket view)."""
-    from llmem.components.gradients import in_buckets
+    from llmem.components.gradients import freed_at_hook
 
-    if in_buckets(plan):
+    if freed_at_hook(plan):
         return 0
     params = spec.memo(("qnorm.after",), lambda: tuple(p for p in spec.layer_params(0) if not _before_q_norm(p.name)))
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes

@@ -20,7 +20,7 @@ derived architecture (its traced backward has every moment).
 
 from __future__ import annotations
 
-from llmem.components.gradients import in_buckets
+from llmem.components.gradients import freed_at_hook
 from llmem.components.sharding import local_numel
 from llmem.plan import Method, TrainingPlan
 from llmem.spec import ModelSpec
@@ -74,6 +74,14 @@ def cast_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return residual + inter + weight * (plan.precision.compute_bytes + plan.precision.param_bytes)
 
 
+def stepped_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """At the weight's AccumulateGrad (`--optimizer-in-backward`: its hook's step): the layer output's gradient, the
+    input gradient and the weight gradient in the parameter dtype (under autocast `ToCopyBackward0` has returned and
+    freed the half one)."""
+    weight, inter, residual = _terms(spec, plan)
+    return residual + inter + weight * plan.precision.param_bytes
+
+
 def cast_released_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The MLP's saved tensors MmBackward0 released before the cast: the activation's output (its input), unless the
     activation saves it too (`Family.mlp_activation` "relu": `ReluBackward0` keeps its result)."""
@@ -81,10 +89,15 @@ def cast_released_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def head_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """`--ddp-bucket-view`, untied: the lm_head's weight gradient from its MmBackward0 (fp32: its AccumulateGrad;
-    autocast: its `ToCopyBackward0`) until the Reducer's hook copies it into its bucket (tied: it waits in the
-    InputBuffer, `gradients.bucket_view_pending_bytes`)."""
-    if not in_buckets(plan) or spec.tie_word_embeddings or plan.method is not Method.FULL:
+    """`--ddp-bucket-view` or `--optimizer-in-backward` (`gradients.freed_at_hook`), untied: the lm_head's weight
+    gradient from its MmBackward0 (fp32: its AccumulateGrad; autocast: its `ToCopyBackward0`) until its hook copies
+    it into its bucket, or steps and frees it (tied: it waits in the InputBuffer,
+    `gradients.bucket_view_pending_bytes`)."""
+    if not freed_at_hook(plan) or spec.tie_word_embeddings:
         return 0
+    if plan.method is not Method.FULL:  # LoRA: a trainable lm_head copy's (`--lora-modules-to-save lm_head`)
+        from llmem.components import lora
+
+        return lora.copy_bytes(spec, plan, "head")
     head = [p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name]
     return sum(local_numel(p, plan) for p in head) * plan.precision.param_bytes

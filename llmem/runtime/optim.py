@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 
 from llmem.plan import Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
@@ -54,3 +57,30 @@ def make_optimizer(params, plan: TrainingPlan, zero1: bool = False):
 
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
     return cls(param_groups(params, plan), **kwargs)
+
+
+class InBackward:
+    """`--optimizer-in-backward`, as torchtune runs it (training/memory.py `create_optim_in_bwd_wrapper`,
+    `register_optim_in_bwd_hooks`): one optimizer per trainable parameter, `{p: Optimizer([p], ...)}`, and on each
+    parameter a post-accumulate-grad hook that calls its optimizer's `step()` then `zero_grad()` (set_to_none), so a
+    gradient is freed as soon as its step ran. FSDP2 calls the same hooks on the sharded parameters once their
+    reduce-scatter output is assigned (`_fsdp_collectives.py: foreach_reduce`). `step` and `zero_grad` of the
+    iteration have nothing left to do; `state` is every optimizer's, for the simulation's step counters. A hook
+    holds its optimizer by a weak reference: a parameter's hooks live in a dict the garbage collector does not walk,
+    so a strong one (parameter -> hook -> optimizer -> parameter) would keep the model and its states alive after
+    the session (the same allocations either way)."""
+
+    def __init__(self, params, plan: TrainingPlan) -> None:
+        self.optimizers = {p: make_optimizer([p], plan) for p in params}
+        self.handles = [p.register_post_accumulate_grad_hook(functools.partial(_step_and_zero, weakref.ref(o)))
+                        for p, o in self.optimizers.items()]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for o in self.optimizers.values() for p, s in o.state.items()}
+
+
+def _step_and_zero(optimizer_ref, _param) -> None:
+    optimizer = optimizer_ref()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from llmem.plan import Loss, Scheme, TrainingPlan
 from llmem.runtime import chunked
 from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
-from llmem.runtime.optim import make_optimizer
+from llmem.runtime.optim import InBackward, make_optimizer
 from llmem.runtime.parallel import check_supported, uses_fsdp, wrap
 from llmem.runtime.topology import Topology
 
@@ -34,7 +34,7 @@ class Session:
 
     plan: TrainingPlan
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | InBackward  # --optimizer-in-backward: stepped by hooks in backward
     input_ids: torch.Tensor
     device_type: str
 
@@ -89,7 +89,10 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     mark("wrap")
     wrapped = wrap(model, plan, topo.device_type)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
-    optimizer = make_optimizer(trainable, plan, zero1=plan.scheme is Scheme.ZERO1)
+    if plan.optimizer_in_backward:
+        optimizer = InBackward(trainable, plan)
+    else:
+        optimizer = make_optimizer(trainable, plan, zero1=plan.scheme is Scheme.ZERO1)
     dp_rank = topo.rank // plan.tp
     gen = torch.Generator().manual_seed(SEED + 1 + dp_rank)
     vocab = int(model.config.vocab_size)
@@ -112,7 +115,8 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
     loss), backward, step, zero_grad.
     With `--grad-accum K`: K micro-steps (forward + backward, outputs dropped in between; the gradients accumulate
     in `.grad`), then one step and zero_grad. Every micro-step uses the same micro-batch; the last micro-step's
-    outputs live until after zero_grad, as with K = 1."""
+    outputs live until after zero_grad, as with K = 1. `--optimizer-in-backward`: each parameter is stepped and its
+    gradient freed inside backward (`optim.InBackward`), no step or zero_grad after it."""
     out = None
     for micro in range(session.plan.grad_accum):
         suffix = f" (micro-step {micro + 1})" if micro else ""
@@ -122,9 +126,10 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
             out = _forward_loss(session)
         mark("backward" + suffix)
         (out if isinstance(out, torch.Tensor) else out.loss).backward()
-    mark("optimizer")
-    session.optimizer.step()
-    mark("zero_grad")
-    session.optimizer.zero_grad(set_to_none=not session.plan.keep_grads)  # --keep-grads
+    if not session.plan.optimizer_in_backward:  # else each parameter was stepped and zeroed in its hook
+        mark("optimizer")
+        session.optimizer.step()
+        mark("zero_grad")
+        session.optimizer.zero_grad(set_to_none=not session.plan.keep_grads)  # --keep-grads
     del out
     mark("end")

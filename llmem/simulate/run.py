@@ -140,14 +140,16 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
 
 def _phase_marks(plan, tracker, steps: int, buckets: list[int], progress) -> Callable[[str], None]:
     """The runtime's `mark`: the tracker's phase mark, the progress callback, DDP's bucket rebuild, and host scalars
-    allowed inside the step of an optimizer that reads them (`.item()`: Adafactor, bitsandbytes)."""
+    allowed inside the step of an optimizer that reads them (`.item()`: Adafactor, bitsandbytes) — with
+    `--optimizer-in-backward` the steps run in backward, so there."""
     from llmem.simulate import ddp
 
     reads_host = str(plan.optimizer) in HOST_SCALAR_OPTIMIZERS
+    step_phase = "backward" if plan.optimizer_in_backward else "optimizer"
 
     def mark(name: str) -> None:
         tracker.mark(name)
-        tracker.host_scalars = reads_host and name == "optimizer"
+        tracker.host_scalars = reads_host and name == step_phase
         if progress is not None and name in ("forward", "backward", "optimizer"):
             progress(f"iteration {tracker.phases[-1][1]} of {steps}: {name}")
         if name == "forward" and buckets and tracker.phases[-1][1] == 2:

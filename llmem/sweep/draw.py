@@ -127,8 +127,9 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
     simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too),
     `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
-    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed, and
-    --loss chunked-ce where the engine is torch (a stream of its own)."""
+    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed,
+    --loss chunked-ce where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a
+    stream of its own)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -145,6 +146,8 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     chunked = random.Random(f"{seed}:{index}:chunked-ce")
     if fields["loss"] == Loss.STANDARD.value and chunked.random() < CHUNKED_CE_SHARE and "engine" not in out:
         out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
+    if in_backward_runs({**fields, **out}):  # --optimizer-in-backward, where the plan runs it (its own stream)
+        out["optimizer_in_backward"] = random.Random(f"{seed}:{index}:in-backward").random() < IN_BACKWARD_SHARE
     return out
 
 
@@ -161,6 +164,15 @@ def _fsdp1_runs(fields: dict) -> bool:
     return (fields["method"] == Method.FULL.value and fields["offload"] == Offload.NONE.value
             and fields["loss"] == Loss.STANDARD.value
             and fields["optimizer"] in (Optimizer.ADAMW.value, Optimizer.SGD.value))
+IN_BACKWARD_SHARE = 0.5  # --optimizer-in-backward in half of the plans that can run it
+
+
+def in_backward_runs(fields: dict) -> bool:
+    """Whether `--optimizer-in-backward` is modelled for the drawn plan (`llmem.support`'s rows for it): one GPU,
+    no accumulation, no kept gradients, torch's adamw, sgd or adafactor, no offload, the standard loss."""
+    return (fields["gpus"] == 1 and fields["grad_accum"] == 1 and not fields.get("keep_grads")
+            and fields["optimizer"] in ("adamw", "sgd", "adafactor") and fields["offload"] == "none"
+            and fields["loss"] == "standard")
 
 
 def draw(n: int, seed: int, size: str = "small", device: str = "cpu", start: int = 0) -> list[Draw]:

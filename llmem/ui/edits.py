@@ -28,7 +28,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Model", ("model",)),
     ("Hardware", ("gpu_type", "gpus", "zero", "engine")),
     ("Batch", ("batch_size", "seq_len", "grad_accum")),
-    ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl")),
+    ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl", "optimizer_in_backward")),
     ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
                 "quant", "double_quant", "methods")),
     ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "loss_chunks", "fsdp_shard",

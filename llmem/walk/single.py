@@ -12,6 +12,7 @@ from llmem.components import Category, autocast, chunked_ce, fused_ce, lora, qua
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import step_in_backward as sib
 from llmem.components import weight_gradient as wgrad
 from llmem.components.gradients import (
     backward_end_gradient_bytes,
@@ -181,6 +182,10 @@ def head_moments(t: Terms) -> list[Phase]:
         phases.append(moment("lm_head backward, weight gradient cast to fp32", **on,
                              gradients=t.grads_outer + t.head_transient,
                              temporaries=t.base_casts + t.head_grad_copy, logits=t.logits))
+    step = sib.head_step_bytes(t.spec, t.plan)
+    if step:  # --optimizer-in-backward: its hook steps the lm_head once MmBackward0 (and the cast) returned
+        phases.append(moment("lm_head backward, its step in backward", **on, gradients=t.grads_outer + t.head_transient,
+                             temporaries=t.base_casts + step, logits=t.logits))
     return phases
 
 
@@ -218,6 +223,10 @@ def end_moments(t: Terms) -> list[Phase]:
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:
         phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
+    if sib.applies(plan):  # --optimizer-in-backward: the embedding's hook steps it, the last of backward; no step after
+        stepped = dict(end, gradients=sib.embedding_gradient_bytes(spec, plan) + excess)
+        step = sib.embedding_step_bytes(spec, plan)
+        return phases + [moment("backward end, embedding step in backward", **stepped, temporaries=step)] * bool(step)
     phases.append(moment("optimizer step", **t.persistent, gradients=t.grads_all + excess, logits=t.logits,
                          activations=held_all, temporaries=optimizer_step_temporary_bytes(spec, plan)))
     return phases
