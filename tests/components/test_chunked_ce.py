@@ -13,11 +13,8 @@ from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
+from tests.measure.conftest import GPT2, LLAMA
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
-         "tie_word_embeddings": False}
-GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 600, "n_positions": 256}
 CONFIGS = {"llama": LLAMA, "gpt2": GPT2}
 SMALL_VOCAB = {**LLAMA, "vocab_size": 64}  # a loss too small to be the peak
 QLORA_FSDP = {"gpus": 2, "zero": 3, "method": "qlora", "quant": "nf4", "precision": "bf16"}

@@ -12,13 +12,10 @@ from llmem.estimate import estimate
 from llmem.spec import ModelSpec
 from llmem.sweep.models import models
 from tests.components.multirank import TwoRankRows
+from tests.measure.conftest import GPT2, LLAMA
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
-         "tie_word_embeddings": False}
 TIED = dict(LLAMA, tie_word_embeddings=True, intermediate_size=128, num_hidden_layers=3, num_key_value_heads=4,
             vocab_size=1000)
-GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 600, "n_positions": 256}
 CONFIGS = {"llama": LLAMA, "tied": TIED, "gpt2": GPT2}
 PLANS = {
     "ckpt": {"grad_ckpt": "full"},

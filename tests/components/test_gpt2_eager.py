@@ -9,8 +9,8 @@ from llmem.estimate import estimate
 from llmem.measure.run import measure_rank
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.measure.conftest import GPT2
 
-GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 600, "n_positions": 256}
 CASES = {
     "bf16": dict(batch_size=4, seq_len=128, precision="bf16", optimizer_impl="forloop"),
     "bf16-mixed": dict(batch_size=2, seq_len=128, precision="bf16-mixed"),
