@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from llmem.components import outside
 from llmem.errors import InputError
 from llmem.estimate import FITS, RISK_FIX, Estimate, estimate, iteration_phases, validate_plan_for_model
-from llmem.plan import MAX_TOKENS, Device, Method, Offload, Scheme, TrainingPlan
+from llmem.plan import MAX_TOKENS, Device, Loss, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
@@ -140,6 +140,9 @@ METHOD_VARIANTS = {
     "offload-optimizer": {"method": Method.FULL, "quant": "none", "offload": Offload.OPTIMIZER},
     # ... and FSDP2's CPUOffloadPolicy (ZeRO-2/3 on 2+ GPUs; its ZeRO-2 row comes with it)
     "offload-params": {"method": Method.FULL, "quant": "none", "offload": Offload.OPTIMIZER_PARAMS, "zero": 3},
+    # the plan with one of torchtune's memory savers switched on: "with" beside the plan's own "without"
+    "chunked-ce": {"loss": Loss.CHUNKED_CE},
+    "optimizer-in-backward": {"optimizer_in_backward": True},
 }
 
 
@@ -153,7 +156,9 @@ def method_label(plan: TrainingPlan) -> str:
         return str(plan.method)
     if plan.offload is not Offload.NONE:
         return f"offload {plan.offload}"
-    return ""
+    savers = [f"chunked-ce ×{plan.loss_chunks}"] if plan.loss is Loss.CHUNKED_CE else []
+    savers += ["optimizer in backward"] if plan.optimizer_in_backward else []
+    return ", ".join(savers)
 
 
 def parse_methods(text: str) -> str:

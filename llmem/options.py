@@ -234,7 +234,8 @@ OPTIONS: tuple[Option, ...] = (
            "offload-optimizer, offload-params): each runs on the same GPU count where it can (qlora: DDP, ZeRO-1 and "
            "FSDP2 ZeRO-2/3), else on one GPU (qlora: nf4 base in bf16; offload-optimizer: full fine-tuning with "
            "torchao's optimizer offload on one GPU; offload-params: full fine-tuning with FSDP2 CPU offload, ZeRO-2/3"
-           " on 2+ GPUs). The recommendation stays with the chosen method.",
+           " on 2+ GPUs; chunked-ce and optimizer-in-backward: the plan with that memory saver on, beside it "
+           "without). The recommendation stays with the chosen method.",
            plan=False, cli=COMMAND, parse=link_methods, link=WHEN_SET,
            widget=Widget("Also compare methods", "w_methods", SPECIAL)),
     Option("engine", c.Engine, c.Engine.TORCH,

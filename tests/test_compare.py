@@ -164,3 +164,22 @@ def test_the_recommendation_prefers_rows_that_fit_at_the_high_end(gib):
     for r in own:
         low, high = r.estimate.device_total_bytes_range
         assert r.fits == (low <= gib << 30) and (r.verdict == "fits") == (high <= gib << 30)
+
+
+def test_memory_saver_variants_put_with_beside_without():
+    """`--methods chunked-ce,optimizer-in-backward`: each saver's rows are the plan with it on, estimated as that plan
+    (optimizer-in-backward runs on one GPU only, so its row is the one-GPU plan), labelled with the saver."""
+    from llmem.compare import method_variants
+
+    spec = ModelSpec.from_config(load_preset("llama-3.2-1b"))
+    plan = TrainingPlan(gpus=2, seq_len=1024)
+    result = compare(spec, plan, 40 << 30, variants=method_variants("chunked-ce,optimizer-in-backward"))
+    own = [r for r in result.rows if not r.variant]
+    chunked = [r for r in result.rows if r.variant and r.plan.loss.value == "chunked-ce"]
+    in_bwd = [r for r in result.rows if r.variant and r.plan.optimizer_in_backward]
+    assert {r.plan.with_(loss="standard") for r in chunked} == {r.plan for r in own}
+    assert [r.plan for r in in_bwd] == [plan.with_(gpus=1, optimizer_in_backward=True)]
+    for r in chunked + in_bwd:
+        assert r.peak_bytes == estimate(spec, r.plan).peak_bytes
+        assert r.label.startswith(("chunked-ce ×8 · ", "optimizer in backward · "))
+    assert result.recommended in own
