@@ -39,6 +39,19 @@ REPLACE_HISTORY = ("<script>(function(){var h=window.history;if(h.__llmemReplace
 # The drop zones print Streamlit's per-file limit ("1MB per file": `server.maxUploadSize` is whole megabytes), not
 # the app's (the labels say it: `MAX_CONFIG_BYTES`, 256 KiB); hide Streamlit's line.
 UPLOAD_CSS = "<style>[data-testid='stFileUploaderDropzoneInstructions']{display:none}</style>"
+# A phone (≤ 640 px): results first, the inputs' groups below them in the same scroll, instead of Streamlit's sidebar
+# drawer that hides them behind a toggle and covers the verdict after each change. The page's scroller
+# (stAppViewContainer) stacks the main column, then the sidebar at full width; its toggle and resize handle go.
+PHONE_CSS = ("<style>@media (max-width:640px){"
+             "[data-testid='stAppViewContainer']{flex-direction:column!important;overflow-y:auto!important}"
+             "[data-testid='stAppViewContainer']>div:has(>[data-testid='stMain'])"
+             "{order:1;height:auto!important;min-height:0!important;flex:none!important}"
+             "[data-testid='stMain']{position:relative!important;height:auto!important;overflow:visible!important}"
+             "[data-testid='stSidebar']{order:2;transform:none!important;width:100%!important;min-width:100%!important;"
+             "max-width:100%!important;height:auto!important;flex:none!important}"
+             "[data-testid='stSidebarContent']{width:100%!important;height:auto!important;overflow:visible!important}"
+             "[data-testid='stSidebarHeader'],[data-testid='stSidebarResizeHandle'],"
+             "[data-testid='stExpandSidebarButton']{display:none!important}}</style>")
 
 
 # ---------------------------------------------------------------- inputs: URL <-> widgets
@@ -281,7 +294,7 @@ def _messages() -> None:
 def main() -> None:
     started = time.perf_counter()
     st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
-    st.html(REPLACE_HISTORY + results.STALE_CSS + UPLOAD_CSS, unsafe_allow_javascript=True)
+    st.html(REPLACE_HISTORY + results.STALE_CSS + UPLOAD_CSS + PHONE_CSS, unsafe_allow_javascript=True)
     st.title("llmem: will it fit?")
     st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
                "All memory in GiB (2^30 bytes); parameter counts in SI (B = 10^9).")

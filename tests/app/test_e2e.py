@@ -247,7 +247,7 @@ def test_back_after_two_edits_leaves_the_page_and_a_bad_links_warning_box_goes_a
         assert page.url == "about:blank", page.url
 
 
-def test_on_a_phone_the_verdict_is_above_the_fold(server):
+def test_on_a_phone_the_verdict_is_above_the_fold_and_the_inputs_below_the_results(server):
     from playwright.sync_api import expect
 
     with browser_page(viewport=(390, 844)) as page:
@@ -262,3 +262,22 @@ def test_on_a_phone_the_verdict_is_above_the_fold(server):
         expect(zones.first).to_be_attached(timeout=UI_TIMEOUT)
         shown = zones.evaluate_all("els => els.map(e => getComputedStyle(e).display)")
         assert shown and set(shown) == {"none"}, shown  # Streamlit's "1MB per file", not the app's 256 KiB limit
+        # the inputs: below the results in the same scroll, full width, with no drawer toggle in front of them
+        expect(page.locator("[data-testid='stExpandSidebarButton']")).to_be_hidden()
+        count = page.locator("[data-testid='stNumberInput']").filter(has_text="GPU count").first
+        count.scroll_into_view_if_needed()
+        expect(count).to_be_visible()
+        assert count.bounding_box()["width"] >= 300 and _page_y(count) > _page_y(_wait_verdict(page, "Fits on"))
+        _number(page, "GPU count", 2)
+        expect(page).to_have_url(re.compile("gpus=2"), timeout=UI_TIMEOUT)
+        verdict = _wait_verdict(page, "Fits on")  # after the change nothing covers the verdict
+        verdict.scroll_into_view_if_needed()
+        on_top = verdict.evaluate("e => { const r = e.getBoundingClientRect();"
+                                  " return e.contains(document.elementFromPoint(r.x + r.width / 2, r.y + 8)); }")
+        assert on_top
+
+
+def _page_y(locator) -> float:
+    """The element's top in the page's scroll (the same whatever is scrolled now)."""
+    return locator.evaluate("e => { const s = document.querySelector('[data-testid=stAppViewContainer]');"
+                            " return e.getBoundingClientRect().top + s.scrollTop; }")
