@@ -46,18 +46,22 @@ MAX_APP_LOSS_CHUNKS = 1024
 
 _LORA = Needs("method", ("lora", "qlora"))
 
+# The app's sidebar groups, in order (`Widget.group`; `llmem.ui.edits.GROUPS` lists each one's options in table order)
+G_MODEL, G_HARDWARE, G_BATCH, G_PRECISION, G_METHOD, G_SAVERS = GROUP_TITLES = (
+    "Model", "Hardware", "Batch", "Precision & optimizer", "Method", "Memory savers")
+
 OPTIONS: tuple[Option, ...] = (
     Option("model", str, None,
            "A preset name (e.g. llama-3.1-8b), a path to a config.json, or a Hugging Face model id (online).",
            plan=False, cli=ARGUMENT, parse=link_model, app_default="llama-3.1-8b",
-           widget=Widget("Model", "w_source", SPECIAL)),
+           widget=Widget("Model", "w_source", SPECIAL, group=G_MODEL)),
     Option("gpu_type", str, None,
            "GPU model: sets the memory capacity for the fits/OOM verdict.",
            plan=False, cli=COMMAND, parse=link_gpu, app_default="a100-80gb",
-           widget=Widget("GPU type", "w_gpu", SPECIAL)),
+           widget=Widget("GPU type", "w_gpu", SPECIAL, group=G_HARDWARE)),
     Option("gpus", int, 1,
            "GPUs in the job. Data parallelism replicates the model; ZeRO/TP divide parts of it by this count.",
-           low=1, high=MAX_APP_GPUS, widget=Widget("GPU count", "w_gpus", NUMBER)),
+           low=1, high=MAX_APP_GPUS, widget=Widget("GPU count", "w_gpus", NUMBER, group=G_HARDWARE)),
     Option("tp", int, 1,
            "Tensor-parallel degree: splits attention heads and the MLP width over this many GPUs, dividing the "
            "layers' weights, gradients, optimizer states and most activations. Must divide the GPU count and heads.",
@@ -68,17 +72,17 @@ OPTIONS: tuple[Option, ...] = (
            "backward. 3: re-gathers each layer (FSDP1: FULL_SHARD). With "
            "lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's shards plus "
            "every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
-           app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL)),
+           app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL, group=G_HARDWARE)),
     Option("batch_size", int, 1,
            "Micro-batch per GPU. Activations and logits grow linearly with it.",
-           low=1, high=MAX_APP_BATCH, widget=Widget("Micro-batch per GPU", "w_batch", NUMBER)),
+           low=1, high=MAX_APP_BATCH, widget=Widget("Micro-batch per GPU", "w_batch", NUMBER, group=G_BATCH)),
     Option("seq_len", int, 2048,
            "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",
-           low=1, high=MAX_TOKENS, widget=Widget("Sequence length (tokens)", "w_seq", NUMBER, step=256)),
+           low=1, high=MAX_TOKENS, widget=Widget("Sequence length (tokens)", "w_seq", NUMBER, step=256, group=G_BATCH)),
     Option("precision", c.Precision, c.Precision.BF16_MIXED,
            "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
            "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
-           widget=Widget("Precision", "w_precision", SELECT)),
+           widget=Widget("Precision", "w_precision", SELECT, group=G_PRECISION)),
     Option("optimizer", c.Optimizer, c.Optimizer.ADAMW,
            "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one. adafactor (torch) keeps "
            "only a row and a column vector per weight matrix (a full vector for 1-D weights), no first moment; its "
@@ -87,26 +91,26 @@ OPTIONS: tuple[Option, ...] = (
            "paged-adamw8bit: the same, but on CUDA states of tensors with at least 100k elements live in unified "
            "memory outside PyTorch's allocator (shown apart; the driver can page them to host RAM). The three run on "
            "one GPU, DDP and ZeRO-1.",
-           fallback=True, widget=Widget("Optimizer", "w_optimizer", SELECT)),
+           fallback=True, widget=Widget("Optimizer", "w_optimizer", SELECT, group=G_PRECISION)),
     Option("optimizer_impl", c.OptimizerImpl, c.OptimizerImpl.DEFAULT,
            "default = what torch picks (foreach on CUDA, for-loop on CPU). foreach adds one temporary copy of all "
            "parameters during step(); for-loop two copies of one tensor beside the previous one's denominator; "
            "fused none.",
-           fallback=True, widget=Widget("Optimizer implementation", "w_impl", SELECT)),
+           fallback=True, widget=Widget("Optimizer implementation", "w_impl", SELECT, group=G_PRECISION)),
     Option("grad_ckpt", c.GradCkpt, c.GradCkpt.NONE,
            "full: keep only each layer's input and recompute the layer in backward (activations shrink to one "
            "hidden-size tensor per layer, at about one extra forward of compute).",
-           widget=Widget("Activation checkpointing", "w_ckpt", SELECT)),
+           widget=Widget("Activation checkpointing", "w_ckpt", SELECT, group=G_SAVERS)),
     Option("ckpt_every", int, 1,
            "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others keep all"
            " their activations. K = 1 checkpoints every layer. Larger K: more memory, less recompute.",
            low=1, high=MAX_APP_CKPT_EVERY, link=WHEN_SET,
            needs=Needs("grad_ckpt", ("full",), "{value} needs grad-ckpt full"),
-           widget=Widget("Checkpoint every K-th layer", "w_ckpt_every", NUMBER)),
+           widget=Widget("Checkpoint every K-th layer", "w_ckpt_every", NUMBER, group=G_SAVERS)),
     Option("attn", c.Attention, c.Attention.SDPA,
            "sdpa: fused attention keeps no seq×seq matrices. eager: keeps scores and probabilities, heads × seq² per "
            "sequence per layer.",
-           widget=Widget("Attention", "w_attn", SELECT)),
+           widget=Widget("Attention", "w_attn", SELECT, group=G_SAVERS)),
     Option("device", c.Device, c.Device.CUDA,
            "Kernel profile the estimate follows: cuda (default) or cpu (to check against CPU measurements).",
            link=NEVER),
@@ -120,30 +124,30 @@ OPTIONS: tuple[Option, ...] = (
            "one GPU, DDP (--zero 0) or ZeRO-1 (--zero 1), every GPU holding the whole base, or FSDP2 (--zero 2/3), "
            "which shards the packed 4-bit codes and all-gathers them as bytes with the adapters (the fp32 scales stay"
            " whole on every GPU); int8 on one GPU (TP with a quantized base is not modelled).",
-           link=WHEN_SET, widget=Widget("Fine-tuning method", "w_method", SELECT)),
+           link=WHEN_SET, widget=Widget("Fine-tuning method", "w_method", SELECT, group=G_METHOD)),
     Option("lora_rank", int, 16,
            "LoRA rank r: each adapted Linear (in → out) adds r × (in + out) trainable parameters.",
            low=1, high=MAX_APP_LORA_RANK, link=WHEN_SET,
            needs=_LORA,
-           widget=Widget("LoRA rank", "w_lora_rank", NUMBER)),
+           widget=Widget("LoRA rank", "w_lora_rank", NUMBER, group=G_METHOD)),
     Option("lora_alpha", int, 32,
            "LoRA alpha (scaling = alpha / r); no effect on memory.",
            low=1, high=MAX_APP_LORA_ALPHA, link=WHEN_SET,
            needs=_LORA,
-           widget=Widget("LoRA alpha", "w_lora_alpha", NUMBER)),
+           widget=Widget("LoRA alpha", "w_lora_alpha", NUMBER, group=G_METHOD)),
     Option("lora_dropout", float, 0.05,
            "Dropout on each adapted Linear's input: with p > 0 each keeps its own dropout output and mask for "
            "backward.",
            low=0.0, high=0.99, link=WHEN_SET,
            needs=_LORA,
-           widget=Widget("LoRA dropout", "w_lora_dropout", NUMBER, step=0.05)),
+           widget=Widget("LoRA dropout", "w_lora_dropout", NUMBER, step=0.05, group=G_METHOD)),
     Option("lora_targets", str, ALL_LINEAR,
            "all-linear (every Linear but the output layer) or PEFT module names, e.g. q_proj,v_proj or "
            "gate_proj,up_proj,down_proj (the same Linears in every layer). Layer 0 saves activations only from its "
            "first adapted Linear on.",
            parse=parse_lora_targets, link=WHEN_SET,
            needs=_LORA,
-           widget=Widget("LoRA target modules", "w_lora_targets", TEXT)),
+           widget=Widget("LoRA target modules", "w_lora_targets", TEXT, group=G_METHOD)),
     Option("lora_modules_to_save", str, "",
            "PEFT modules_to_save with lora/qlora: comma-separated module names (lm_head, embed_tokens) trained in "
            "full beside the adapters. Each gets a trainable copy in the model's dtype (the frozen original stays) "
@@ -152,7 +156,7 @@ OPTIONS: tuple[Option, ...] = (
            "FSDP2.",
            parse=parse_modules_to_save, link=WHEN_SET, fallback=True,
            needs=Needs("method", ("lora", "qlora"), "trainable module copies go with --method lora/qlora"),
-           widget=Widget("LoRA modules to save (trained in full)", "w_lora_mts", TEXT)),
+           widget=Widget("LoRA modules to save (trained in full)", "w_lora_mts", TEXT, group=G_METHOD)),
     Option("quant", c.Quant, c.Quant.NONE,
            "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a byte per"
            " weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype while it "
@@ -160,20 +164,20 @@ OPTIONS: tuple[Option, ...] = (
            "Linear also keeps its input until the step ends (more activation memory in backward), and on CUDA "
            "quantizes its input to int8 with an int32 product. none for full/lora.",
            needs=Needs("method", ("qlora",), "{value} is the quantized base of --method qlora, not of {other}"),
-           widget=Widget("QLoRA quantized base", "w_quant", SELECT)),
+           widget=Widget("QLoRA quantized base", "w_quant", SELECT, group=G_METHOD)),
     Option("double_quant", bool, False,
            "With --method qlora --quant nf4/fp4: bitsandbytes' double quantization (bnb_4bit_use_double_quant): each "
            "block of 64 weights keeps a 1-byte scale instead of a 4-byte one (plus one fp32 scale per 256 blocks): "
            "about 0.37 bits less per weight.",
            link=WHEN_SET,
            needs=Needs("quant", ("nf4", "fp4"), "double quantization goes with a 4-bit qlora base (--quant nf4/fp4)"),
-           widget=Widget("Double quantization (4-bit base)", "w_dq", CHECK)),
+           widget=Widget("Double quantization (4-bit base)", "w_dq", CHECK, group=G_METHOD)),
     Option("grad_accum", int, 1,
            "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward and backward,"
            " so the peak grows by about one gradient copy (per GPU: its share of them). On more GPUs every micro-step"
            " synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the sharded gradients; no no_sync).",
            low=1, high=MAX_APP_GRAD_ACCUM, link=WHEN_SET,
-           widget=Widget("Gradient accumulation (micro-steps)", "w_grad_accum", NUMBER)),
+           widget=Widget("Gradient accumulation (micro-steps)", "w_grad_accum", NUMBER, group=G_BATCH)),
     Option("offload", c.Offload, c.Offload.NONE,
            "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and optimizer "
            "states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only gathered layers, "
@@ -181,7 +185,8 @@ OPTIONS: tuple[Option, ...] = (
            "torchao's CPUOffloadOptimizer, the single-GPU form of DeepSpeed's ZeRO-Offload: AdamW/SGD states and a "
            "pinned copy of each weight and gradient live on the host and the step runs on the CPU; gradients leave "
            "the GPU as they are made (with --grad-accum 1). Tensors under 4096 elements stay on the GPU.",
-           fallback=True, compared=False, cuda_only=True, widget=Widget("Offload to host memory", "w_offload", SELECT)),
+           fallback=True, compared=False, cuda_only=True,
+           widget=Widget("Offload to host memory", "w_offload", SELECT, group=G_SAVERS)),
     Option("loss", c.Loss, c.Loss.STANDARD,
            "fused-linear-ce: Liger-Kernel's fused linear cross-entropy (CUDA only) never materializes the logits: "
            "chunks of tokens compute logits, loss and gradients in the forward, keeping the hidden gradient and an "
@@ -190,42 +195,45 @@ OPTIONS: tuple[Option, ...] = (
            "log_softmax): the lm_head and the fp32 cross-entropy run per chunk of the sequence (--loss-chunks), so "
            "only one chunk's fp32 upcast exists at a time and the logits are freed before backward; every chunk's "
            "fp32 log_softmax output is still saved for backward.",
-           fallback=True, compared=False, widget=Widget("Loss", "w_loss", SELECT)),
+           fallback=True, compared=False, widget=Widget("Loss", "w_loss", SELECT, group=G_SAVERS)),
     Option("loss_chunks", int, 8,
            "With --loss chunked-ce: the chunks of the sequence (torchtune's num_output_chunks); more chunks shrink "
            "the one chunk's fp32 upcast and loss gradients alive at a time, but summing the chunks' lm_head weight "
            "gradients briefly holds two more copies of it (2+ chunks).",
            low=1, high=MAX_APP_LOSS_CHUNKS, link=WHEN_SET,
            needs=Needs("loss", ("chunked-ce",), "{value} loss chunks go with --loss chunked-ce"),
-           widget=Widget("Loss chunks (chunked-ce)", "w_loss_chunks", NUMBER)),
+           widget=Widget("Loss chunks (chunked-ce)", "w_loss_chunks", NUMBER, group=G_SAVERS)),
     Option("fsdp_shard", c.FsdpShard, c.FsdpShard.DIM0,
            "Which dim FSDP2 (--zero 2/3) shards each tensor on. dim0 (FSDP2's default) pads dim 0 to a multiple of "
            "the GPUs, so a tensor with fewer rows than GPUs (a MoE's stacked experts: one row per expert) is stored "
            "at 1/rows instead of 1/GPUs and gathered padded. dim1-if-short passes fully_shard(shard_placement_fn=...)"
            " returning Shard(1) for such tensors when dim 1 divides evenly (FSDP2 requires it): exact 1/GPUs shards, "
            "at the cost of a copy of those tensors in each all-gather's copy-out. No effect on DDP, ZeRO-1 or TP.",
-           link=WHEN_SET, widget=Widget("FSDP2 shard dim (ZeRO-2/3)", "w_fsdp_shard", SELECT)),
+           link=WHEN_SET, widget=Widget("FSDP2 shard dim (ZeRO-2/3)", "w_fsdp_shard", SELECT, group=G_SAVERS)),
     Option("ddp_bucket_view", bool, False,
            "DDP and ZeRO-1 (--zero 0/1 on several GPUs): DistributedDataParallel(gradient_as_bucket_view=True). Each "
            ".grad becomes a view into the Reducer's gradient buckets instead of a tensor of its own, so the "
            "gradients stop costing a second copy beside the buckets. No effect on one GPU, ZeRO-2/3 or TP.",
-           link=WHEN_SET, widget=Widget("DDP gradients as bucket views", "w_bucket_view", CHECK)),
+           link=WHEN_SET, widget=Widget("DDP gradients as bucket views", "w_bucket_view", CHECK, group=G_SAVERS)),
     Option("keep_grads", bool, False,
            "optimizer.zero_grad(set_to_none=False) (torch's default before 2.0): the gradients are zeroed in place "
            "instead of freed, so they stay allocated through the next forward and backward, as in the later "
            "micro-steps of --grad-accum; the peak grows by about one gradient copy (per GPU: its share of them).",
-           link=WHEN_SET, widget=Widget("Keep gradients between steps (set_to_none=False)", "w_keep_grads", CHECK)),
+           link=WHEN_SET,
+           widget=Widget("Keep gradients between steps (set_to_none=False)", "w_keep_grads", CHECK, group=G_SAVERS)),
     Option("alloc_conf", c.AllocConf, c.AllocConf.DEFAULT,
            "The CUDA caching allocator's setting (PYTORCH_CUDA_ALLOC_CONF): default segments, or expandable-segments "
            "(expandable_segments:True: each stream's pool is one segment growing by 20 MiB pages, any freed page "
            "serves any later request), which lowers the high end of reserved memory and the device total. No effect "
            "on the peak (max_memory_allocated) or on the CPU profile.",
-           link=WHEN_SET, widget=Widget("CUDA allocator (PYTORCH_CUDA_ALLOC_CONF)", "w_alloc_conf", SELECT)),
+           link=WHEN_SET,
+           widget=Widget("CUDA allocator (PYTORCH_CUDA_ALLOC_CONF)", "w_alloc_conf", SELECT, group=G_SAVERS)),
     Option("optimizer_in_backward", bool, False,
            "torchtune's optimizer-in-backward: one optimizer per parameter, stepped by its post-accumulate-grad hook "
            "during backward and its gradient freed right after, so the gradients never coexist (the peak loses about "
            "the gradients made before it) while one tensor's step temporaries join backward's peak.",
-           link=WHEN_SET, widget=Widget("Optimizer step in backward (per-parameter)", "w_optim_bwd", CHECK)),
+           link=WHEN_SET,
+           widget=Widget("Optimizer step in backward (per-parameter)", "w_optim_bwd", CHECK, group=G_PRECISION)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),
@@ -237,7 +245,7 @@ OPTIONS: tuple[Option, ...] = (
            " on 2+ GPUs; chunked-ce and optimizer-in-backward: the plan with that memory saver on, beside it "
            "without). The recommendation stays with the chosen method.",
            plan=False, cli=COMMAND, parse=link_methods, link=WHEN_SET,
-           widget=Widget("Also compare methods", "w_methods", SPECIAL)),
+           widget=Widget("Also compare methods", "w_methods", SPECIAL, group=G_METHOD)),
     Option("engine", c.Engine, c.Engine.TORCH,
            "The training engine whose program is estimated. torch: PyTorch's DDP, ZeroRedundancyOptimizer, FSDP2 "
            "(fully_shard), DTensor TP. fsdp1: PyTorch's FullyShardedDataParallel as accelerate and the HF Trainer "
@@ -247,7 +255,7 @@ OPTIONS: tuple[Option, ...] = (
            "root kept gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at "
            "once. "
            "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
-           link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT)),
+           link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -44,6 +44,7 @@ class Widget:
     key: str  # its key in the app's session state
     kind: str
     step: int | float = 1
+    group: str = ""  # the app's sidebar group (`llmem.ui.edits.GROUP_TITLES`); "" = drawn by another option's widget
 
 
 _SAME = object()

@@ -73,3 +73,14 @@ def test_a_value_from_a_link_comes_back_through_the_widgets(option):
 def test_every_option_has_help_and_a_unique_key():
     assert all(len(o.help) > 20 for o in OPTIONS)
     assert len({o.key for o in OPTIONS}) == len(OPTIONS)
+
+
+def test_every_widget_names_its_sidebar_group():
+    """The app draws each option where its row says (`Widget.group`): a widget without a group is one another row's
+    widget already draws (tp and zero share the strategy box)."""
+    from llmem.options import GROUP_TITLES
+
+    grouped = {o.widget.key for o in OPTIONS if o.widget and o.widget.group}
+    for option in OPTIONS:
+        if option.widget:
+            assert option.widget.group in (*GROUP_TITLES, "") and option.widget.key in grouped, option.name

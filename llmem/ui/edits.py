@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, MutableMapping
 
 from llmem.makefit import pure_precision
-from llmem.options import ALL, BY_NAME, LINK_OPTIONS, SPECIAL
+from llmem.options import ALL, BY_NAME, GROUP_TITLES, LINK_OPTIONS, OPTIONS, SPECIAL
 from llmem.plan import Loss, Method, Offload, Precision, Quant
 from llmem.share import QLORA_BASE
 
@@ -22,18 +22,10 @@ from llmem.share import QLORA_BASE
 STARTER = {"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero": "all", "method": "lora",
            "precision": "bf16"}
 
-# The sidebar's groups, in order: (title, option names). "model" is the model source; "methods" the other methods
-# to compare. Every option with a widget is in exactly one group (tests/app/test_app_layout.py).
-GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Model", ("model",)),
-    ("Hardware", ("gpu_type", "gpus", "zero", "engine")),
-    ("Batch", ("batch_size", "seq_len", "grad_accum")),
-    ("Precision & optimizer", ("precision", "optimizer", "optimizer_impl", "optimizer_in_backward")),
-    ("Method", ("method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
-                "quant", "double_quant", "methods")),
-    ("Memory savers", ("grad_ckpt", "ckpt_every", "attn", "offload", "loss", "loss_chunks", "fsdp_shard",
-                       "ddp_bucket_view", "keep_grads", "alloc_conf")),
-)
+# The sidebar's groups, in order: (title, option names in the options table's order), from each widget's group
+# (`Widget.group`). "model" is the model source; "methods" the other methods to compare.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (title, tuple(o.name for o in OPTIONS if o.widget and o.widget.group == title)) for title in GROUP_TITLES)
 
 # an error's field (the command-line name) -> the widget it is shown under
 FIELD_WIDGET: dict[str, str] = {o.key: o.widget.key for o in LINK_OPTIONS if o.widget}
