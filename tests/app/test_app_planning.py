@@ -289,3 +289,13 @@ def test_an_imported_training_config_fills_the_inputs_and_reports_what_it_used()
     assert at.session_state.w_preset == "llama-3.1-8b" and at.session_state.w_method == "lora"
     assert "Imported recipe.yaml" in notes(at) and "used" in notes(at)
     assert at.query_params["model"] == "llama-3.1-8b"
+
+
+def test_the_page_carries_the_phone_layout_and_hides_streamlits_upload_limit():
+    """What only a browser can show is checked in tests/app/test_e2e.py; here, that every page carries the rules:
+    on a phone the sidebar's groups below the results (no drawer toggle), and no "1MB per file" in the drop zones."""
+    at = run(SMALL)
+    page_css = " ".join(e.proto.body for e in at.get("html"))
+    phone = page_css[page_css.index("@media (max-width:640px)"):]
+    assert "[data-testid='stSidebar']{order:2" in phone and "[data-testid='stExpandSidebarButton']" in phone
+    assert "[data-testid='stFileUploaderDropzoneInstructions']{display:none}" in page_css
