@@ -42,8 +42,6 @@ def test_two_ranks_estimate_and_growth_match_real_runs(model, plan):
 
 @pytest.mark.parametrize("model,plan", [(m, p) for m in CONFIGS for p in SINGLE])
 def test_one_gpu_estimate_and_growth_match_real_runs(model, plan):
-    if plan == "lora" and model == "gpt2":
-        pytest.skip("LoRA activations are not modelled for gpt2")
     from llmem.measure.run import measure_rank
 
     est, measured = {}, {}
