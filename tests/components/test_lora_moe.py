@@ -1,6 +1,7 @@
 """LoRA on the grouped-experts MoE families (mixtral, qwen2_moe) with the MoE block frozen: adapters on the attention
 Linears, the experts, router and shared expert without weight gradients (`lora_activations.frozen_moe_dropped`,
-`lora_moe.frozen_moe_backward_moments`). The estimate against a real CPU run (counting allocator), within 1 %.
+`lora_moe.frozen_moe_backward_moments`), and QLoRA's 4-bit attention Linears on top. The estimate against a real
+CPU run (counting allocator), within 1 %.
 Routing does not change these peaks (`test_moe_routing`: every tensor of the block has tokens × top_k rows).
 Before the frozen block was modelled (the full-fine-tuning MoE table and the dense LoRA backward) these rows missed
 by -5.7 % to +2.6 %; the gathered tokens and the down mm input, saved only for expert weight gradients, are what
@@ -33,18 +34,28 @@ CASES = [
 ]
 
 
-def _plan(targets: str, precision: str, ckpt: str, dropout: float) -> TrainingPlan:
-    return TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora",
+QLORA = [  # the attention Linears in 4 bits (the experts are not Linears; qwen2_moe's shared expert is)
+    ("mixtral", "q_proj,v_proj", "bf16", "none", 0.0, "nf4"),
+    ("mixtral", "q_proj,v_proj", "fp32", "full", 0.0, "nf4"),  # +0.46 %
+    ("qwen2_moe", "q_proj,v_proj", "bf16", "full", 0.0, "fp4"),
+    ("qwen2_moe", "q_proj,v_proj", "fp16", "none", 0.0, "nf4"),
+]
+
+
+def _plan(targets: str, precision: str, ckpt: str, dropout: float, quant: str = "none") -> TrainingPlan:
+    method = "lora" if quant == "none" else "qlora"
+    return TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method=method, quant=quant,
                         lora_targets=targets, lora_dropout=dropout, precision=precision, grad_ckpt=ckpt)
 
 
-@pytest.mark.parametrize("family,targets,precision,ckpt,dropout", CASES)
-def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt, dropout):
+@pytest.mark.parametrize("family,targets,precision,ckpt,dropout,quant",
+                         [(*c, "none") for c in CASES] + QLORA)
+def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt, dropout, quant):
     pytest.importorskip("torch")
     from llmem.measure.counting import CountingTracker
     from llmem.measure.run import measure_rank
 
-    plan = _plan(targets, precision, ckpt, dropout)
+    plan = _plan(targets, precision, ckpt, dropout, quant)
     measured = measure_rank(CONFIGS[family], plan, tracker=CountingTracker())["peak_bytes"]
     estimated = estimate(ModelSpec.from_config(CONFIGS[family]), plan).peak_bytes
     assert abs(estimated - measured) / measured < 0.01
@@ -68,8 +79,8 @@ def test_more_than_one_gpu_is_a_gap():
     assert err.value.field == "gpus" and err.value.gap
 
 
-def test_qlora_on_moe_is_a_gap():
-    plan = TrainingPlan(method="qlora", quant="nf4", precision="bf16", lora_targets="q_proj,v_proj")
+def test_qlora_with_the_8_bit_base_is_a_gap():  # measured +3.2 % on mixtral bf16, not pinned down
+    plan = TrainingPlan(method="qlora", quant="int8", precision="bf16", lora_targets="q_proj,v_proj")
     with pytest.raises(InputError) as err:
         estimate(ModelSpec.from_config(CONFIGS["mixtral"]), plan)
-    assert err.value.field == "method" and err.value.gap
+    assert err.value.field == "quant" and err.value.gap
