@@ -72,6 +72,13 @@ def test_adapters_in_the_moe_block_are_a_gap_naming_the_field(family, targets, f
     assert err.value.field == field and err.value.gap
 
 
+@pytest.mark.parametrize("dense", [dict(mlp_only_layers=[1]), dict(decoder_sparse_step=2)])
+def test_dense_layers_among_the_expert_layers_are_a_gap(dense):
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(dict(CONFIGS["qwen2_moe"], **dense)), _plan("q_proj,v_proj", "fp32", "none", 0))
+    assert err.value.field == "mlp_only_layers" and err.value.gap
+
+
 def test_more_than_one_gpu_is_a_gap():
     plan = TrainingPlan(method="lora", lora_targets="q_proj,v_proj", gpus=2)
     with pytest.raises(InputError) as err:
