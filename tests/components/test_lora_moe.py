@@ -32,6 +32,10 @@ CASES = [
     ("qwen2_moe", "q_proj,k_proj,v_proj,o_proj", "fp32", "none", 0.1),
     ("qwen2_moe", "q_proj,v_proj", "bf16-mixed", "full", 0.0),  # measured -0.6 % (not pinned down)
 ]
+OTHER = [  # with other options of the LoRA walk
+    ("mixtral", dict(lora_modules_to_save="lm_head")), ("qwen2_moe", dict(loss="chunked-ce")),
+    ("mixtral", dict(grad_accum=2, grad_ckpt="full")), ("qwen2_moe", dict(grad_ckpt="full", ckpt_every=2)),
+]
 
 
 QLORA = [  # the attention Linears in 4 bits (the experts are not Linears; qwen2_moe's shared expert is)
@@ -61,6 +65,19 @@ def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt
     assert abs(estimated - measured) / measured < 0.01
 
 
+@pytest.mark.parametrize("family,options", OTHER)
+def test_with_other_options_within_1_percent(family, options):
+    pytest.importorskip("torch")
+    from llmem.measure.counting import CountingTracker
+    from llmem.measure.run import measure_rank
+
+    cfg = dict(CONFIGS[family], num_hidden_layers=3)
+    plan = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora",
+                        lora_targets="q_proj,v_proj", lora_dropout=0.0, precision="fp32", **options)
+    measured = measure_rank(cfg, plan, tracker=CountingTracker())["peak_bytes"]
+    assert abs(estimate(ModelSpec.from_config(cfg), plan).peak_bytes - measured) / measured < 0.01
+
+
 @pytest.mark.parametrize("family,targets,field", [
     ("mixtral", "all-linear", "lora-targets"),  # PEFT adapts the router and the fused expert tensors
     ("qwen2_moe", "all-linear", "lora-targets"),  # and here the shared expert's Linears and its gate
@@ -79,11 +96,12 @@ def test_dense_layers_among_the_expert_layers_are_a_gap(dense):
     assert err.value.field == "mlp_only_layers" and err.value.gap
 
 
-def test_more_than_one_gpu_is_a_gap():
-    plan = TrainingPlan(method="lora", lora_targets="q_proj,v_proj", gpus=2)
+@pytest.mark.parametrize("field,plan", [("gpus", dict(gpus=2)), ("attn", dict(attn="eager"))])
+def test_unmeasured_plans_are_a_gap(field, plan):
+    plan = TrainingPlan(method="lora", lora_targets="q_proj,v_proj", **plan)
     with pytest.raises(InputError) as err:
         estimate(ModelSpec.from_config(CONFIGS["qwen2_moe"]), plan)
-    assert err.value.field == "gpus" and err.value.gap
+    assert err.value.field == field and err.value.gap
 
 
 def test_qlora_with_the_8_bit_base_is_a_gap():  # measured +3.2 % on mixtral bf16, not pinned down
