@@ -136,7 +136,8 @@ class Family:
     # What llmem models for the architecture (coverage, not structure):
     liger_kernel: bool = False  # Liger-Kernel 0.8.5 has `apply_liger_kernel_to_<model_type>` (fused linear CE)
     lora_activations: bool = False  # the LoRA activation table (`components.lora_activations`) covers its layer:
-    #   llama's decoder layer (separate q/k/v/o and gate/up/down Linears, two pre-norms, a dense MLP); without it
+    #   llama's decoder layer (separate q/k/v/o and gate/up/down Linears, two pre-norms, a dense MLP, or a
+    #   grouped-experts MoE block kept frozen: `lora_moe.moe_targets_refusal`); without it
     #   LoRA's tables are traced from the PEFT model (`lora_activations.traced_spec`)
 
     def build(self, raw: dict) -> ModelSpec:

@@ -120,9 +120,9 @@ def test_position_ids_held_where_the_model_passes_them_to_its_layers():
 
 
 def test_lora_table_covers_the_plain_llama_layer():
-    """The LoRA activation table is written for llama's layer: separate projections, no sandwich norms, no experts,
-    no per-head q/k norms beyond qwen3's (which the table has)."""
-    plain = {mt for mt, f in FAMILIES.items() if f.tp_plan and not f.sandwich_norms}
+    """The LoRA activation table is written for llama's layer: separate projections, no sandwich norms, no per-head
+    q/k norms beyond qwen3's (which the table has); and its grouped-experts MoE variants, their MoE block frozen."""
+    plain = {mt for mt, f in FAMILIES.items() if (f.tp_plan or f.grouped_experts) and not f.sandwich_norms}
     assert set(with_trait("lora_activations")) == plain
 
 

@@ -10,7 +10,7 @@ elements is dropped by its hook right after AccumulateGrad made it, so only the 
 """
 
 from llmem.components import activations as act
-from llmem.components import lora, offload
+from llmem.components import lora, lora_moe, offload
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
@@ -156,8 +156,9 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs,
     `Family.mlp_activation`), before the MLP's saved tensors are freed, plus the gradient of the layer output
     (tokens × h), which the residual add hands to the attention branch later."""
-    if spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan):
-        return moe_layer_backward_peak_extra_bytes(spec, plan)
+    if spec.is_moe and spec.family.grouped_experts:  # LoRA: the MoE block frozen (`lora_moe`)
+        return (lora_moe.frozen_moe_backward_peak_extra_bytes if lora.is_lora(plan)
+                else moe_layer_backward_peak_extra_bytes)(spec, plan)
     if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)
         return spec.derived.backward_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
@@ -209,8 +210,8 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
       `tokens_per_expert`), the product (r × h × ob; the CPU's TensorIterator also makes a promoted copy of the
       down output when eb != ob, inside the mul: kernel scratch, not in the CUDA program), and — mixtral, where the
       routed experts' `IndexBackward0` is the layer's first node to unpack a saved tensor — its input that
-      triggered the recompute (the reshaped sum gradient, r × h × ob). qwen2_moe's
-      recompute is triggered by the shared-expert gate's mul instead (its sigmoid is not yet recomputed).
+      triggered the recompute (the reshaped sum gradient, r × h × ob). qwen2_moe's recompute is triggered by the
+      shared-expert gate's mul instead (its sigmoid is not yet recomputed).
     - routing-weight mul backward (`MulBackward0` of `proj_out * weights`): `IndexBackward0`'s output (r × h × ob,
       the inverse permutation freed), grad × proj_out (the routing weights' gradient before its sum) and
       grad × weights (r × h × ob each); then the engine's `validate_outputs` converts the first output — the
@@ -249,7 +250,6 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     wb = act.moe_routing_weight_bytes(spec, plan)
     ob = max(eb, wb)
     ckpt = plan.grad_ckpt is GradCkpt.FULL
-    # saved tensors (activations.moe_saved) freed along the way
     inverse_permutation, down_output, gathered_weights = r * 8, r * h * eb, r * wb
     silu_times_up, silu_gate, gate_up_output = r * i * eb, r * i * eb, r * 2 * i * eb
     # gradients

@@ -136,6 +136,11 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan) -> None:
 
         raise InputError("method", f"LoRA activations are modelled for {', '.join(with_trait('lora_activations'))} "
                          f"so far; {spec.model_type!r} is not one of them (use --method full)", GAP)
+    from llmem.components.lora_moe import moe_targets_refusal
+
+    error = moe_targets_refusal(spec, plan) if is_lora(plan) and spec.derived is None else None
+    if error is not None:
+        raise error
     if is_lora(plan) and spec.num_layers > 1 and not spec.memo(("lora.uniform", plan.lora_targets),
                                                                 lambda: _uniform_targets(spec, plan)):
         raise InputError("lora-targets", f"{plan.lora_targets} adapts different Linears in different decoder "
@@ -223,21 +228,24 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     keeps (`_adapter_input_saved`, lora_A's output, the scaling, autocast weight casts)."""
     from llmem.components import activations as act
     from llmem.components.activations import Saved
+    from llmem.components.lora_moe import frozen_moe_dropped
 
     if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`): layer 0 is a kind of its own
         return list((spec.derived.at(0) if first else spec.derived).layer_saved(plan))
     tokens = plan.batch_size * plan.seq_len
     adapted, groups = _adapted_groups(spec, plan)
     grad = _requires_grad(adapted, first)
-    items, in_attention = [], False
+    items, in_attention, in_mlp = [], False, False
+    moe_dropped = frozen_moe_dropped(spec)
     for s in act.layer_saved(spec, plan):
         if s.name in ("q_embed (RoPE)", "eager q (bmm operand)", "math sdpa q*scale (fp32)"):
             in_attention = True  # attention_saved's entries, up to the residual after attention
         if s.name == _ATTENTION_LAST or s.name.startswith("post_attention_layernorm"):
-            in_attention = False
-        if s.name in _DROPPED or s.name.endswith(".normalized"):
+            in_attention, in_mlp = False, True  # the MLP's entries (a MoE block's) need the residual's grad
+        if s.name in _DROPPED or s.name in moe_dropped or s.name.endswith(".normalized"):
             continue
-        if not grad[_NEEDS.get(s.name, "attention" if in_attention else "input")]:
+        after = "attention" if in_attention else "residual" if in_mlp else "input"
+        if not grad[_NEEDS.get(s.name, after)]:
             continue
         items.append(s)
     # the o_proj input is the sdpa output itself (fused sdpa, which saves it when it records a node); after eager or

@@ -1,0 +1,110 @@
+"""LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the MoE block frozen (adapters on the attention
+Linears: `moe_targets_refusal`): the candidate peaks of its backward. The saved tensors are
+`lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved` without `frozen_moe_dropped`)."""
+
+from __future__ import annotations
+
+from llmem.components import activations as act
+from llmem.errors import GAP, InputError
+from llmem.plan import Attention, GradCkpt, Method, Quant, TrainingPlan
+from llmem.spec import ModelSpec
+
+_ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+# A grouped-experts MoE block with frozen experts, router and shared expert (transformers 5.23
+# `MixtralSparseMoeBlock` / `Qwen2MoeSparseMoeBlock`): the entries of `layer_tables.moe_saved` (and qwen2_moe's
+# shared expert) that only a weight gradient needed. `grouped_mm(x, w)` with a frozen `w` saves `w` alone (the input
+# gradient is `grad @ w`); a frozen Linear under autocast saves its weight's copy, not its input's cast.
+_FROZEN_MOE_DROPPED = frozenset({
+    "gathered tokens (tokens × top_k)",  # the experts' gate_up grouped mm input
+    "shared_expert silu(gate) * up",  # the shared expert's down_proj input
+    "autocast input cast router", "autocast input cast shared gate/up, shared_expert_gate",
+})
+
+
+def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
+    """The full-fine-tuning MoE entries LoRA does not save (`_FROZEN_MOE_DROPPED`); none without grouped experts.
+    Adapted MoE modules (router, experts, shared expert) are refused (`check_supported`)."""
+    return _FROZEN_MOE_DROPPED if spec.family.grouped_experts else frozenset()
+
+
+def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
+    """LoRA on a grouped-experts MoE family is modelled with the MoE block frozen: adapters on the attention
+    Linears only. Under transformers 5.23 and PEFT 0.21 `all-linear` adapts more: on mixtral the router and the
+    fused expert tensors (PEFT's `ParamWrapper`, which also refuses lora_dropout > 0), on qwen2_moe the shared
+    expert's Linears and its gate; those are not modelled yet, nor dense layers among the expert ones. QLoRA with
+    the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager attention and more than one GPU are not
+    modelled on these families."""
+    if not spec.family.grouped_experts:
+        return None
+    if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
+        return InputError("mlp_only_layers", f"lora on {spec.model_type!r} with dense MLP layers among the expert "
+                          "layers (mlp_only_layers, decoder_sparse_step > 1) is not modelled yet (+5 % on a tiny "
+                          "qwen2_moe); use --method full", GAP)
+    if plan.attn is Attention.EAGER:
+        return InputError("attn", f"lora on {spec.model_type!r} (mixture of experts) with eager attention is not "
+                          "modelled yet (+0.8 % to -1.1 % on tiny models, not pinned down); use --attn sdpa", GAP)
+    if plan.gpus > 1:
+        return InputError("gpus", f"lora on {spec.model_type!r} (mixture of experts) is modelled on one GPU so far; "
+                          "use --gpus 1 or --method full", GAP)
+    if plan.method is Method.QLORA and plan.quant is Quant.INT8:
+        return InputError("quant", f"qlora with --quant int8 on {spec.model_type!r} (mixture of experts) is not "
+                          "modelled yet; use --quant nf4 or fp4", GAP)
+    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in _ATTENTION_LINEARS})
+    if other:
+        return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on the attention "
+                          f"Linears only; {', '.join(other)} adapts (or may adapt) the mixture-of-experts block, which "
+                          "is not modelled yet; use e.g. q_proj,v_proj or q_proj,k_proj,v_proj,o_proj", GAP)
+    return None
+
+
+def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]:
+    """`gradients.moe_layer_backward_moments` (transformers 5.23 `integrations/moe.py:
+    grouped_mm_experts_forward`) with frozen expert, router and shared-expert weights, as bytes beyond the layer's
+    LoRA saved tensors plus the layer output's gradient. Each grouped mm's backward makes its input gradient only
+    (no grad_weight: E × h × i, E × 2i × h; none for the router or the shared expert's Linears), and the gathered
+    tokens (r × h) are not saved (only gate_up's weight gradient read them). qwen2_moe's frozen shared expert (a
+    dense MLP whose down_proj saved no input): at its `silu(gate) * up` backward the incoming gradient, d up and
+    d silu(gate) (3 × T × si × cb), after the routed part's saved tensors are freed. Symbols as there."""
+    T = plan.batch_size * plan.seq_len
+    h, k = spec.hidden_size, spec.experts_per_token
+    i = spec.moe_intermediate_size or spec.intermediate_size
+    r = T * k
+    cb, rb = act._bytes(plan)
+    eb = plan.precision.param_bytes
+    wb = act.moe_routing_weight_bytes(spec, plan)
+    ob = max(eb, wb)
+    inverse_permutation, down_output, gathered_weights = r * 8, r * h * eb, r * wb
+    silu_gate, gate_up_output = r * i * eb, r * 2 * i * eb  # (`silu(gate) * up`, the down mm input, is not saved)
+    routed_output_grad, routing_weights_grad = r * h * ob, r * wb
+    shared = spec.family.shared_expert and spec.shared_expert_intermediate_size
+    shared_gate = 0
+    if shared:  # the shared-expert gate branch: its output's gradient and the block input's, its mul's saves freed
+        shared_gate = T * h * rb - T * cb
+    moments = {}
+    if plan.grad_ckpt is GradCkpt.FULL:
+        residual_local = T * h * rb if rb == 2 else 0
+        forward_locals = residual_local + T * spec.num_experts * cb + r * wb + r * 8 + r * 4 + spec.num_experts * 4
+        trigger = routed_output_grad if not shared else -T * cb
+        moments["recompute end (routing-weight mul)"] = forward_locals - inverse_permutation + trigger + r * h * ob
+    converted = 0 if plan.grad_ckpt is GradCkpt.FULL else (r * h * eb if eb != ob else r * ob)
+    moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
+                                              + 2 * r * h * ob + converted)
+    freed = inverse_permutation + down_output + gathered_weights
+    moments["down grouped mm backward"] = shared_gate + routing_weights_grad - freed + r * h * eb + r * i * eb
+    moments["silu(gate) * up backward"] = shared_gate + routing_weights_grad - freed + 3 * r * i * eb
+    freed += silu_gate + gate_up_output
+    moments["gate_up grouped mm backward"] = shared_gate + routing_weights_grad - freed + r * 2 * i * eb + r * h * eb
+    if shared:
+        dropped = frozen_moe_dropped(spec)
+        routed_saved = sum(s.bytes for s in act.moe_saved(spec, plan, T) if s.name not in dropped)
+        si = spec.shared_expert_intermediate_size
+        moments["shared expert backward"] = shared_gate - routed_saved + 3 * T * si * cb
+    residual_grad = T * h * plan.precision.param_bytes
+    return {name: extra + residual_grad for name, extra in moments.items()}
+
+
+def frozen_moe_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The largest of `frozen_moe_backward_moments`."""
+    return max(frozen_moe_backward_moments(spec, plan).values())

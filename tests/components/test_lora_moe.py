@@ -1,0 +1,111 @@
+"""LoRA on the grouped-experts MoE families (mixtral, qwen2_moe) with the MoE block frozen: adapters on the attention
+Linears, the experts, router and shared expert without weight gradients (`lora_activations.frozen_moe_dropped`,
+`lora_moe.frozen_moe_backward_moments`), and QLoRA's 4-bit attention Linears on top. The estimate against a real
+CPU run (counting allocator), within 1 %.
+Routing does not change these peaks (`test_moe_routing`: every tensor of the block has tokens × top_k rows).
+Before the frozen block was modelled (the full-fine-tuning MoE table and the dense LoRA backward) these rows missed
+by -5.7 % to +2.6 %; the gathered tokens and the down mm input, saved only for expert weight gradients, are what
+separate the two."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmem.errors import InputError
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec
+from tests.components.test_activations import CONFIGS
+
+CASES = [
+    ("mixtral", "q_proj,v_proj", "fp32", "none", 0.0),
+    ("mixtral", "q_proj,v_proj", "bf16", "none", 0.0),
+    ("mixtral", "q_proj,v_proj", "bf16-mixed", "none", 0.0),
+    ("mixtral", "q_proj,v_proj", "fp32", "full", 0.0),
+    ("mixtral", "q_proj,v_proj", "bf16", "full", 0.0),
+    ("mixtral", "q_proj,k_proj,v_proj,o_proj", "bf16-mixed", "full", 0.1),
+    ("qwen2_moe", "q_proj,v_proj", "fp32", "none", 0.0),
+    ("qwen2_moe", "q_proj,v_proj", "bf16", "none", 0.0),
+    ("qwen2_moe", "q_proj,v_proj", "bf16-mixed", "none", 0.0),
+    ("qwen2_moe", "q_proj,v_proj", "fp32", "full", 0.0),
+    ("qwen2_moe", "q_proj,v_proj", "bf16", "full", 0.0),
+    ("qwen2_moe", "q_proj,k_proj,v_proj,o_proj", "fp32", "none", 0.1),
+    ("qwen2_moe", "q_proj,v_proj", "bf16-mixed", "full", 0.0),  # measured -0.6 % (not pinned down)
+]
+OTHER = [  # with other options of the LoRA walk
+    ("mixtral", dict(lora_modules_to_save="lm_head")), ("qwen2_moe", dict(loss="chunked-ce")),
+    ("mixtral", dict(grad_accum=2, grad_ckpt="full")), ("qwen2_moe", dict(grad_ckpt="full", ckpt_every=2)),
+]
+
+
+QLORA = [  # the attention Linears in 4 bits (the experts are not Linears; qwen2_moe's shared expert is)
+    ("mixtral", "q_proj,v_proj", "bf16", "none", 0.0, "nf4"),
+    ("mixtral", "q_proj,v_proj", "fp32", "full", 0.0, "nf4"),  # +0.46 %
+    ("qwen2_moe", "q_proj,v_proj", "bf16", "full", 0.0, "fp4"),
+    ("qwen2_moe", "q_proj,v_proj", "fp16", "none", 0.0, "nf4"),
+]
+
+
+def _plan(targets: str, precision: str, ckpt: str, dropout: float, quant: str = "none") -> TrainingPlan:
+    method = "lora" if quant == "none" else "qlora"
+    return TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method=method, quant=quant,
+                        lora_targets=targets, lora_dropout=dropout, precision=precision, grad_ckpt=ckpt)
+
+
+@pytest.mark.parametrize("family,targets,precision,ckpt,dropout,quant",
+                         [(*c, "none") for c in CASES] + QLORA)
+def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt, dropout, quant):
+    pytest.importorskip("torch")
+    from llmem.measure.counting import CountingTracker
+    from llmem.measure.run import measure_rank
+
+    plan = _plan(targets, precision, ckpt, dropout, quant)
+    measured = measure_rank(CONFIGS[family], plan, tracker=CountingTracker())["peak_bytes"]
+    estimated = estimate(ModelSpec.from_config(CONFIGS[family]), plan).peak_bytes
+    assert abs(estimated - measured) / measured < 0.01
+
+
+@pytest.mark.parametrize("family,options", OTHER)
+def test_with_other_options_within_1_percent(family, options):
+    pytest.importorskip("torch")
+    from llmem.measure.counting import CountingTracker
+    from llmem.measure.run import measure_rank
+
+    cfg = dict(CONFIGS[family], num_hidden_layers=3)
+    plan = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora",
+                        lora_targets="q_proj,v_proj", lora_dropout=0.0, precision="fp32", **options)
+    measured = measure_rank(cfg, plan, tracker=CountingTracker())["peak_bytes"]
+    assert abs(estimate(ModelSpec.from_config(cfg), plan).peak_bytes - measured) / measured < 0.01
+
+
+@pytest.mark.parametrize("family,targets,field", [
+    ("mixtral", "all-linear", "lora-targets"),  # PEFT adapts the router and the fused expert tensors
+    ("qwen2_moe", "all-linear", "lora-targets"),  # and here the shared expert's Linears and its gate
+    ("qwen2_moe", "gate_proj", "lora-targets"),
+])
+def test_adapters_in_the_moe_block_are_a_gap_naming_the_field(family, targets, field):
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(CONFIGS[family]), _plan(targets, "fp32", "none", 0.0))
+    assert err.value.field == field and err.value.gap
+
+
+@pytest.mark.parametrize("dense", [dict(mlp_only_layers=[1]), dict(decoder_sparse_step=2)])
+def test_dense_layers_among_the_expert_layers_are_a_gap(dense):
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(dict(CONFIGS["qwen2_moe"], **dense)), _plan("q_proj,v_proj", "fp32", "none", 0))
+    assert err.value.field == "mlp_only_layers" and err.value.gap
+
+
+@pytest.mark.parametrize("field,plan", [("gpus", dict(gpus=2)), ("attn", dict(attn="eager"))])
+def test_unmeasured_plans_are_a_gap(field, plan):
+    plan = TrainingPlan(method="lora", lora_targets="q_proj,v_proj", **plan)
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(CONFIGS["qwen2_moe"]), plan)
+    assert err.value.field == field and err.value.gap
+
+
+def test_qlora_with_the_8_bit_base_is_a_gap():  # measured +3.2 % on mixtral bf16, not pinned down
+    plan = TrainingPlan(method="qlora", quant="int8", precision="bf16", lora_targets="q_proj,v_proj")
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(CONFIGS["mixtral"]), plan)
+    assert err.value.field == "quant" and err.value.gap
