@@ -36,6 +36,10 @@ class SavedOutputs:
     extra: int
 
 
+class _LayerDone(Exception):
+    """Raised by layer 0's forward hook: the trace stops there."""
+
+
 def _record_mode():
     """A dispatch mode asking the runtime's policy about every op while `active`: the storages of the outputs it must
     save, their bytes and how many packs came before the op's dispatch."""
@@ -70,6 +74,17 @@ def _record_mode():
     return Record()
 
 
+def _one_layer(config: dict) -> dict:
+    """The config with one decoder layer (layer 0 is all the trace runs; its per-layer lists cut to match)."""
+    out = dict(config)
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if key in out:
+            out[key] = 1
+    if isinstance(out.get("layer_types"), list):
+        out["layer_types"] = out["layer_types"][:1]
+    return out
+
+
 def saved_outputs(config: dict, dtype_name: str, attn: str, mixed_dtype: str | None, batch: int,
                   seq: int) -> SavedOutputs:
     """Layer 0's saved outputs under the selective policy (see the module docstring)."""
@@ -80,13 +95,14 @@ def saved_outputs(config: dict, dtype_name: str, attn: str, mixed_dtype: str | N
 
     from llmem.derive.trace import build
 
-    mode, model, layers, _head = build(config, dtype_name, attn)
+    mode, model, layers, _head = build(_one_layer(config), dtype_name, attn)
     rec, autograd_saved = _record_mode(), set()
 
     def pack(t):
         if rec.active:
             autograd_saved.add(t.untyped_storage()._cdata)
             rec.packs += 1
+            rec.keep.append(t)  # alive to the end of the trace, as the graph would keep it
         return t
 
     def on(*_args, **_kw):
@@ -94,6 +110,7 @@ def saved_outputs(config: dict, dtype_name: str, attn: str, mixed_dtype: str | N
 
     def off(*_args, **_kw):
         rec.active = False
+        raise _LayerDone  # the layers above and the head are not needed
 
     handles = [layers[0].register_forward_pre_hook(on), layers[0].register_forward_hook(off)]
     autocast = torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype else contextlib.nullcontext()
@@ -101,10 +118,10 @@ def saved_outputs(config: dict, dtype_name: str, attn: str, mixed_dtype: str | N
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
-                out = model(input_ids=ids)  # alive below: the graph keeps the packed storages' addresses
+                with contextlib.suppress(_LayerDone):
+                    model(input_ids=ids)
     finally:
         for h in handles:
             h.remove()
     extra = sum(n for key, (n, packs) in rec.saved.items() if packs == rec.packs and key not in autograd_saved)
-    del out
     return SavedOutputs(sum(n for n, _ in rec.saved.values()), extra)
