@@ -86,7 +86,8 @@ def test_runtime_applies_torchtitans_policy(monkeypatch):
 
 
 @pytest.mark.parametrize("fields,kind", [
-    (dict(method="lora"), GAP), (dict(gpus=2), GAP), (dict(ckpt_every=2), REFUSED)])
+    (dict(method="lora"), GAP), (dict(gpus=2, tp=2, zero=0), GAP), (dict(gpus=2, zero=3, engine="fsdp1"), GAP),
+    (dict(ckpt_every=2), REFUSED)])
 def test_unmodelled_combinations_are_named(fields, kind):
     with pytest.raises(InputError, match="ckpt") as err:
         TrainingPlan(grad_ckpt="selective", **fields)
