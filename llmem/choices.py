@@ -78,6 +78,7 @@ class OptimizerImpl(Choice):
 class GradCkpt(Choice):
     NONE = "none"
     FULL = "full"
+    SELECTIVE = "selective"  # op-level selective checkpointing with torchtitan's save policy (runtime/selective.py)
 
 
 class Attention(Choice):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmem.components import fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import AllocConf, Loss, Scheme, TrainingPlan
+from llmem.plan import AllocConf, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -176,10 +176,13 @@ def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
 
 
 def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
-    from llmem.errors import REFUSED, InputError
+    from llmem.errors import GAP, REFUSED, InputError
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    if plan.grad_ckpt is GradCkpt.SELECTIVE and (spec.is_moe or spec.derived is not None):
+        raise InputError("grad-ckpt", "selective checkpointing is modelled for the hand-written dense families (not "
+                         f"measured on MoE or traced architectures, {spec.model_type!r}); use --grad-ckpt full", GAP)
     if fused_ce.is_fused(plan) and not spec.family.liger_kernel:
         raise InputError("loss", f"fused-linear-ce is modelled for the families {', '.join(fused_ce.LIGER_LISTED)} "
                          f"(Liger-Kernel patches them); {spec.model_type!r} is not one: use --loss standard", REFUSED)

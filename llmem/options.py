@@ -99,7 +99,9 @@ OPTIONS: tuple[Option, ...] = (
            fallback=True, widget=Widget("Optimizer implementation", "w_impl", SELECT, group=G_PRECISION)),
     Option("grad_ckpt", c.GradCkpt, c.GradCkpt.NONE,
            "full: keep only each layer's input and recompute the layer in backward (activations shrink to one "
-           "hidden-size tensor per layer, at about one extra forward of compute).",
+           "hidden-size tensor per layer, at about one extra forward of compute). selective: torchtitan's op-level "
+           "policy, each layer keeps its input, every other matmul's output and the attention output and recomputes "
+           "the rest (between none and full).",
            widget=Widget("Activation checkpointing", "w_ckpt", SELECT, group=G_SAVERS)),
     Option("ckpt_every", int, 1,
            "With --grad-ckpt full: checkpoint only every K-th decoder layer (layers 0, K, 2K, …); the others keep all"

@@ -88,7 +88,10 @@ class TrainingPlan(_PlanFields):
 
     def checkpointed(self, layer: int) -> bool:
         """Whether decoder layer `layer` (0-based) runs under activation checkpointing: with `--grad-ckpt full`
-        the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), none otherwise."""
+        the layers with index % ckpt_every == 0 (transformers' `every_n_layers`), with `selective` every layer, none
+        otherwise."""
+        if self.grad_ckpt is GradCkpt.SELECTIVE:
+            return True
         return self.grad_ckpt is GradCkpt.FULL and layer % self.ckpt_every == 0
 
     @cached_property

@@ -157,6 +157,15 @@ RULES: tuple[Rule, ...] = (
     _r("ckpt_every grad_ckpt", "ckpt-every", lambda p: p.ckpt_every > 1 and p.grad_ckpt is not GradCkpt.FULL,
        "checkpointing every {p.ckpt_every}-th layer needs --grad-ckpt full; use --grad-ckpt full, or --ckpt-every 1 "
        "for no checkpointing", REFUSED, ckpt_every=2),
+    _r("grad_ckpt method", "grad-ckpt", lambda p: p.grad_ckpt is GradCkpt.SELECTIVE and p.method is not Method.FULL,
+       "selective checkpointing is modelled for --method full (not measured with adapters); use --grad-ckpt full",
+       GAP, grad_ckpt="selective", method="lora"),
+    _r("grad_ckpt tp", "grad-ckpt", lambda p: p.grad_ckpt is GradCkpt.SELECTIVE and p.tp > 1,
+       "selective checkpointing is not modelled with tensor parallelism (its policy over DTensor ops, not "
+       "measured); use --tp 1, or --grad-ckpt full", GAP, grad_ckpt="selective", gpus=2, tp=2, zero=0),
+    _r("grad_ckpt engine", "grad-ckpt", lambda p: p.grad_ckpt is GradCkpt.SELECTIVE and p.engine is Engine.FSDP1,
+       "selective checkpointing is modelled with PyTorch's own programs (not measured under FSDP1); use --engine "
+       "torch, or --grad-ckpt full", GAP, grad_ckpt="selective", engine="fsdp1", gpus=2, zero=3),
     # --- offload: torchao's CPUOffloadOptimizer (one GPU), FSDP2's CPUOffloadPolicy ---------------------------------
     _r("offload gpus", "offload", lambda p: p.offload is Offload.OPTIMIZER and p.gpus > 1,
        "optimizer offload runs torchao's CPUOffloadOptimizer, which is single-GPU; on several GPUs use --offload "

@@ -72,7 +72,7 @@ def checkpointed_input_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Full checkpointing: the checkpoint keeps the layer's input (tokens × h × rb), alive through the layer's
     recompute and backward. `layer_saved` lists it where an op of the layer saves it too (the fp32 residual stream,
     a LayerNorm's input); in pure half precision an RMSNorm saves its fp32 copy instead, so the input is extra."""
-    if plan.grad_ckpt is not GradCkpt.FULL or saves_layer_input(spec, plan):
+    if not checkpoints_layers(plan) or saves_layer_input(spec, plan):
         return 0
     return checkpointed_layer_bytes(spec, plan)
 
@@ -110,7 +110,33 @@ def mlp_output_dropout_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in layer_saved(spec, plan) if s.name.startswith(_MLP_OUTPUT_DROPOUTS))
 
 
+def checkpoints_layers(plan: TrainingPlan) -> bool:
+    """Whether the decoder layers run under `torch.utils.checkpoint` (full, or selective: `llmem.runtime.selective`)."""
+    return plan.grad_ckpt in (GradCkpt.FULL, GradCkpt.SELECTIVE)
+
+
+def selective_saved(spec: ModelSpec, plan: TrainingPlan):
+    """`--grad-ckpt selective`: one layer's outputs the policy saves (`llmem.derive.selective.saved_outputs`, traced
+    at the plan's micro-batch, precision and attention)."""
+    from llmem.derive.selective import saved_outputs
+
+    def trace():
+        mixed = plan.precision.compute_dtype_name if plan.precision.is_mixed else None
+        return saved_outputs(spec.source_config, plan.precision.torch_dtype_name, _attn_name(spec, plan), mixed,
+                             plan.batch_size, plan.seq_len)
+
+    return spec.memo(("selective_saved", plan.key), trace, per_plan=True)
+
+
+def _attn_name(spec: ModelSpec, plan: TrainingPlan) -> str:
+    return "sdpa" if _sdpa(spec, plan) else "eager"
+
+
 def kept_per_layer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """What a layer keeps from forward to backward: checkpointed, its input (full: and its RNG state; selective: and
+    the outputs the policy saves, `selective_saved`); otherwise its saved tensors."""
+    if plan.grad_ckpt is GradCkpt.SELECTIVE:
+        return checkpointed_layer_bytes(spec, plan) + selective_saved(spec, plan).total
     if plan.grad_ckpt is GradCkpt.FULL:
         return checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)
     return layer_activation_bytes(spec, plan)
@@ -180,7 +206,7 @@ def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int
     saves again (`layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state
     (`checkpoint_rng_state_bytes`); otherwise its saved tensors. Of its kind (`layer_spec`)."""
     lp, spec = layer_plan(plan, layer), layer_spec(spec, plan, layer)
-    if lp.grad_ckpt is GradCkpt.FULL:
+    if checkpoints_layers(lp):
         return recompute_bytes(spec, lp)
     return layer_activation_bytes(spec, lp)
 
@@ -188,9 +214,12 @@ def current_layer_backward_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int
 @per_spec()
 def recompute_bytes(spec: ModelSpec, plan: TrainingPlan, saved: int | None = None) -> int:
     """A checkpointed layer during its backward: what its recompute saved (`saved`, default the layer's
-    `layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state, still held."""
+    `layer_activation_bytes` + `checkpointed_input_extra_bytes`) and its forward RNG state, still held; selective:
+    beside them the policy's saved outputs its recompute never reaches and no op saves (`selective_saved`)."""
     if saved is None:
         saved = layer_activation_bytes(spec, plan) + checkpointed_input_extra_bytes(spec, plan)
+    if plan.grad_ckpt is GradCkpt.SELECTIVE:
+        saved += selective_saved(spec, plan).extra
     return saved + checkpoint_rng_state_bytes(plan)
 
 
@@ -310,9 +339,9 @@ def checkpoint_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     checkpointing only RoPE's cos/sin derived from it survive the forward) lives until layer 0's backward — the
     first checkpointed layer. gpt2/opt save their position ids anyway (`outer_saved`). A derived architecture: the
     layers' tensor arguments no op saves, as traced."""
-    if plan.grad_ckpt is GradCkpt.FULL and spec.derived is not None:
+    if checkpoints_layers(plan) and spec.derived is not None:
         return spec.derived.held_saved(plan)
-    if plan.grad_ckpt is not GradCkpt.FULL:
+    if not checkpoints_layers(plan):
         return []
     items = eager_mask_held_saved(spec, plan)
     if spec.family.position_ids_held:
@@ -326,7 +355,7 @@ def eager_mask_held_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     The mask add saves nothing, so without checkpointing the mask dies with the model forward; a checkpointed layer
     keeps it as a kwarg of its recompute until layer 0's backward. A derived architecture's traced arguments
     (`checkpoint_held_saved`) include its masks."""
-    if plan.grad_ckpt is not GradCkpt.FULL or _sdpa(spec, plan) or spec.derived is not None:
+    if not checkpoints_layers(plan) or _sdpa(spec, plan) or spec.derived is not None:
         return []
     _, rb = _bytes(plan)
     size = plan.batch_size * plan.seq_len * plan.seq_len * rb

@@ -60,6 +60,8 @@ def forward_copy_layers(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
 
 def saved_layer_copies(plan: TrainingPlan, count: int) -> int:
     """Of decoder layers 0 .. count-1, how many keep their weight copies into backward: those not checkpointed."""
+    if plan.grad_ckpt is GradCkpt.SELECTIVE:  # every layer checkpointed; the policy saves no weight copy
+        return 0
     if plan.grad_ckpt is not GradCkpt.FULL:
         return count
     return count - -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... are checkpointed

@@ -17,6 +17,7 @@ from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
 from llmem.runtime.optim import InBackward, make_optimizer
 from llmem.runtime.parallel import check_supported, uses_fsdp, wrap
+from llmem.runtime.selective import enable_selective
 from llmem.runtime.topology import Topology
 
 SEED = 1234
@@ -83,6 +84,8 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     model = build_model(config, plan, topo.device)
     if plan.grad_ckpt.value == "full":
         enable_checkpointing(model, plan)
+    elif plan.grad_ckpt.value == "selective":
+        enable_selective(model)
     if plan.loss is Loss.CHUNKED_CE:
         chunked.chunk_output_head(model, plan.loss_chunks)
     model = apply_method(model, plan)

@@ -118,7 +118,7 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     kept = act.kept_per_layer_bytes(spec, cp)
     outer_act = act.outer_saved_bytes(spec, cp)
     forward_acts = act.kept_layers_bytes(spec, cp, layers) + outer_act + act.final_norm_bytes(spec, cp)
-    recompute = act.recompute_bytes(spec, cp) if plan.grad_ckpt is GradCkpt.FULL else 0
+    recompute = act.recompute_bytes(spec, cp) if act.checkpoints_layers(plan) else 0
     first_saving = 0
     # LoRA under a MixedPrecisionPolicy: the adapters are all-gathered in the half dtype too and compute in it
     half = lora.half_adapters(plan)
@@ -230,7 +230,7 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
     # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
     # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
     embeds = 0
-    if plan.grad_ckpt is not GradCkpt.FULL and (lora.is_lora(plan) or not act.saves_layer_input(spec, cp)):
+    if not act.checkpoints_layers(plan) and (lora.is_lora(plan) or not act.saves_layer_input(spec, cp)):
         embeds = w.hidden
     on = dict(**w.persistent, activations=earlier_layers + w.outer_act + embeds + w.hidden)
     return [

@@ -79,7 +79,7 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     kept = act.kept_per_layer_bytes(spec, plan)
     outer_act = act.outer_saved_bytes(spec, plan)
     final_norm = act.final_norm_bytes(spec, plan)
-    recompute = act.recompute_bytes(spec, plan) if plan.grad_ckpt is GradCkpt.FULL else 0
+    recompute = act.recompute_bytes(spec, plan) if act.checkpoints_layers(plan) else 0
     # (traced LoRA, `llmem.derive.lora`: the derived tables are LoRA's; layer 0 is a layer kind of its own)
     hand_lora = lora.is_lora(plan) and spec.derived is None
     if hand_lora:  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
