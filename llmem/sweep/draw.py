@@ -103,7 +103,9 @@ def draw_method(rng: random.Random, config: dict) -> dict:
 
 
 def draw_checkpointing(rng: random.Random) -> dict:
-    grad_ckpt = _enum(rng, "grad_ckpt")
+    """none or full (the draws of the first sweeps; `selective` replaces some of them from a stream of its own in
+    `draw_later_options`), and K given full."""
+    grad_ckpt = rng.choice((GradCkpt.NONE.value, GradCkpt.FULL.value))
     every = rng.choice(CKPT_EVERY) if grad_ckpt == GradCkpt.FULL.value else 1
     return {"grad_ckpt": grad_ckpt, "ckpt_every": every}
 
@@ -128,8 +130,8 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too),
     `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
     own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed,
-    --loss chunked-ce where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a
-    stream of its own)."""
+    --grad-ckpt selective in a third of the full fine-tunes checkpointing every layer without TP, --loss chunked-ce
+    where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a stream of its own)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -143,6 +145,10 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
         out.pop("fsdp_shard", None)
         out.pop("ddp_bucket_view", None)
         out |= {"engine": "fsdp1", "grad_accum": 1, "keep_grads": False}
+    if fields["grad_ckpt"] != GradCkpt.NONE.value and fields["ckpt_every"] == 1 and "engine" not in out \
+            and fields["method"] == Method.FULL.value and fields["tp"] == 1 \
+            and random.Random(f"{seed}:{index}:selective").random() < SELECTIVE_SHARE:
+        out["grad_ckpt"] = GradCkpt.SELECTIVE.value  # --grad-ckpt selective: a third of the fully checkpointed plans
     chunked = random.Random(f"{seed}:{index}:chunked-ce")
     if fields["loss"] == Loss.STANDARD.value and chunked.random() < CHUNKED_CE_SHARE and "engine" not in out:
         out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
@@ -151,6 +157,7 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     return out
 
 
+SELECTIVE_SHARE = 1 / 3
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
 CHUNKED_CE_SHARE = 0.15  # --loss chunked-ce in about one standard-loss plan in seven, from a stream of its own
 LOSS_CHUNKS = (1, 2, 4, 8)
