@@ -196,9 +196,11 @@ def _compute(model: str, upload: str, spec, spec_key: str, origin: str, title: s
     inputs = _inputs(model, upload)
     gpu = get_gpu(inputs.gpu_type)
     # one GPU, or one strategy: the table has the plan's offload and loss (rows that refuse them drop out);
-    # "compare all" on several GPUs varies the strategy without them (`edits` picks a strategy when they are set)
+    # "compare all" on several GPUs varies the strategy without offload and the fused loss (`edits` picks a strategy
+    # when they are set); chunked-ce runs on every strategy that allows it (`Option.compared`: rows that refuse drop)
     varied = inputs.compare_all and inputs.gpus > 1
-    plan = (inputs.with_(offload=share.AppInputs().offload, loss=Loss.STANDARD) if varied else inputs).to_plan()
+    loss = inputs.loss if BY_NAME["loss"].compared_with(inputs.loss) else Loss.STANDARD
+    plan = (inputs.with_(offload=share.AppInputs().offload, loss=loss) if varied else inputs).to_plan()
     comparison = cache.compare(spec_key, cache.plan_key(plan), gpu.memory_bytes, inputs.methods, spec, plan)
     own = [r for r in comparison.rows if not r.variant]
     valid = {f"{r.tp}:{r.zero}": r for r in own}

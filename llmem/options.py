@@ -197,7 +197,8 @@ OPTIONS: tuple[Option, ...] = (
            "log_softmax): the lm_head and the fp32 cross-entropy run per chunk of the sequence (--loss-chunks), so "
            "only one chunk's fp32 upcast exists at a time and the logits are freed before backward; every chunk's "
            "fp32 log_softmax output is still saved for backward.",
-           fallback=True, compared=False, widget=Widget("Loss", "w_loss", SELECT, group=G_SAVERS)),
+           fallback=True, compared=("standard", "chunked-ce"),
+           widget=Widget("Loss", "w_loss", SELECT, group=G_SAVERS)),
     Option("loss_chunks", int, 8,
            "With --loss chunked-ce: the chunks of the sequence (torchtune's num_output_chunks); more chunks shrink "
            "the one chunk's fp32 upcast and loss gradients alive at a time, but summing the chunks' lm_head weight "

@@ -66,13 +66,19 @@ class Option:
     widget: Widget | None = None
     needs: Needs | None = None
     fallback: bool = False  # a link whose plan refuses it falls back to its default, never to another strategy
-    compared: bool = True  # False: valid for some strategies only, left out of the app's strategy comparison
+    # False: valid for some strategies only, left out of the app's strategy comparison; a tuple: the values that are
+    # compared (the others are left out)
+    compared: bool | tuple[str, ...] = True
     cuda_only: bool = False  # needs CUDA kernels or pinned host memory: not in the CPU validation suite
 
     @cached_property
     def key(self) -> str:
         """`--key` on the command line, `key=` in a link, the field an error names."""
         return self.name.replace("_", "-")
+
+    def compared_with(self, value: object) -> bool:
+        """Whether the app's "compare all" keeps this value (`compared`): it runs on every strategy the plan allows."""
+        return self.compared if isinstance(self.compared, bool) else str(value) in self.compared
 
     @cached_property
     def choice(self) -> bool:

@@ -216,7 +216,7 @@ def _repair_fallbacks(inputs: AppInputs, defaults: AppInputs, warnings: list[str
                 break
             inputs = _fall_back(inputs, option, err, defaults, warnings)
     for option in _FALLBACK:
-        if inputs.compare_all and inputs.gpus > 1 and not option.compared \
+        if inputs.compare_all and inputs.gpus > 1 and not option.compared_with(getattr(inputs, option.name)) \
                 and getattr(inputs, option.name) is not getattr(defaults, option.name):
             err = InputError(option.key, "compare-all varies the strategy; pick one strategy for this option")
             inputs = _fall_back(inputs, option, err, defaults, warnings)

@@ -146,6 +146,22 @@ def test_offload_under_compare_all_picks_zero3_and_the_link_reopens_without_warn
     assert verdicts(reopened) == verdicts(at)
 
 
+def test_chunked_ce_under_compare_all_is_compared_on_every_strategy_and_the_link_reopens_without_warnings():
+    """chunked-ce runs on every strategy (unlike offload or the fused loss): "compare all" keeps it, each row is
+    the plan with it (the table's figures are those of that plan), and the link holds what is shown."""
+    at = run({"model": "llama-3.2-1b-instruct", "gpus": "8", "zero": "all"})
+    standard = at.table[0].value["device total (GiB)"]
+    at.selectbox(key="w_loss").set_value("chunked-ce").run()
+    assert not at.exception and not at.error
+    assert at.selectbox(key="w_strategy").value == "all" and at.query_params["loss"] == "chunked-ce"
+    chunked = at.table[0].value["device total (GiB)"]
+    assert [f"chunked-ce ×8 · {label}" for label in standard.index] == list(chunked.index)  # every strategy, with it
+    assert (chunked.to_numpy() != standard.to_numpy()).any()
+    reopened = run(dict(at.query_params))
+    assert not [w for w in reopened.warning if w.value.startswith("Share link")]
+    assert verdicts(reopened) == verdicts(at)
+
+
 def test_a_bad_link_shows_one_warning_box_that_goes_away_after_an_edit():
     at = run({"gpus": "-4", "batch-size": "lots", "precision": "fp8", "colour": "blue", "zero": "9"})
     boxes = [e for e in at.main.expander if e.label.startswith("⚠️ Share link")]
