@@ -23,6 +23,9 @@ PLANS = {
     "zero1-ckpt-bf16": {"zero": 1, "grad_ckpt": "full", "precision": "bf16"},
     "lora-ckpt": {"method": "lora", "grad_ckpt": "full"},
 }
+# DDP and ZeRO-1 peaks repeat to within a few dozen bytes (docs/MEASURING-NOTES.md, "Repeatability"): where the
+# view saves nothing (a tied, checkpointed model) the measured saving may read a few bytes either side of zero
+DDP_REPEAT_BYTES = 64
 CASES = [(m, p) for m in CONFIGS for p in PLANS if not (p.startswith("lora") and m == "gpt2")]
 # LoRA with a trainable lm_head copy: its weight gradient lives from its MmBackward0 to its bucket hook, counted at
 # the lm_head's backward (`weight_gradient.head_transient_bytes`; estimated -3.1% / -1.2% before)
@@ -48,7 +51,7 @@ def test_estimate_and_saving_match_real_runs(model, plan):
     est = {n: estimate(ModelSpec.from_config(CONFIGS[model]), ROWS.plan(n)).peak_bytes for n in (off, on)}
     measured = {n: ROWS.measured()[n]["peak_bytes"] for n in (off, on)}
     saved_est, saved_measured = est[off] - est[on], measured[off] - measured[on]
-    assert saved_measured >= 0
+    assert saved_measured >= -DDP_REPEAT_BYTES
     assert abs(saved_est - saved_measured) <= 0.01 * measured[off], (saved_est, saved_measured)
 
 
