@@ -22,7 +22,6 @@ from llmem.errors import InputError
 from llmem.gpus import get_gpu, list_gpus
 from llmem.help import HELP
 from llmem.options import ALL, BY_NAME, CHECK, NUMBER, SELECT, TEXT
-from llmem.plan import Loss
 from llmem.sources import MAX_CONFIG_BYTES
 from llmem.ui import cache, edits, importbox, results, simulate
 from llmem.units import format_gib
@@ -196,11 +195,9 @@ def _compute(model: str, upload: str, spec, spec_key: str, origin: str, title: s
     inputs = _inputs(model, upload)
     gpu = get_gpu(inputs.gpu_type)
     # one GPU, or one strategy: the table has the plan's offload and loss (rows that refuse them drop out);
-    # "compare all" on several GPUs varies the strategy without offload and the fused loss (`edits` picks a strategy
-    # when they are set); chunked-ce runs on every strategy that allows it (`Option.compared`: rows that refuse drop)
-    varied = inputs.compare_all and inputs.gpus > 1
-    loss = inputs.loss if BY_NAME["loss"].compared_with(inputs.loss) else Loss.STANDARD
-    plan = (inputs.with_(offload=share.AppInputs().offload, loss=loss) if varied else inputs).to_plan()
+    # "compare all" on several GPUs varies the strategy without what it leaves out (`share.compared`: offload, the
+    # fused loss; `edits` picks a strategy when they are set)
+    plan = share.compared(inputs).to_plan()
     comparison = cache.compare(spec_key, cache.plan_key(plan), gpu.memory_bytes, inputs.methods, spec, plan)
     own = [r for r in comparison.rows if not r.variant]
     valid = {f"{r.tp}:{r.zero}": r for r in own}

@@ -223,6 +223,15 @@ def _repair_fallbacks(inputs: AppInputs, defaults: AppInputs, warnings: list[str
     return inputs
 
 
+def compared(inputs: AppInputs) -> AppInputs:
+    """The inputs "compare all" on several GPUs varies the strategy over: each option it leaves out for its value
+    (`Option.compared`: offload, the fused loss) at its default; the others as they are."""
+    if not (inputs.compare_all and inputs.gpus > 1):
+        return inputs
+    left_out = {o.name: getattr(AppInputs(), o.name) for o in _FALLBACK if not o.compared_with(getattr(inputs, o.name))}
+    return replace(inputs, **left_out) if left_out else inputs
+
+
 def _fall_back(inputs: AppInputs, option: Option, err: InputError, defaults: AppInputs,
                warnings: list[str]) -> AppInputs:
     fallback = getattr(defaults, option.name)
