@@ -1,4 +1,4 @@
-"""The `sweep` verb: `python -m llmem sweep --random N --seed S [--oracle measure|simulate] [--size small|full]
+"""The `sweep` verb: `python -m llmem sweep --random N --seed S [--oracle measure|simulate] [--size small|derived|full]
 [--out F.jsonl] [--markdown docs/SWEEP.md] [--resume] [--report]`. `llmem/cli.py` calls `register()`."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--oracle", default="measure", metavar="|".join(ORACLES),
                    help="measure: the real step on CPU (cpu profile); simulate: fake tensors (cuda profile)")
     p.add_argument("--size", default="small", metavar="|".join(SIZES),
-                   help="small: tiny configs (1-4 ranks); full: the families' default configs (simulate only)")
+                   help="small: tiny configs (1-4 ranks); derived: tiny configs of the architectures traced from "
+                   "transformers (1-4 ranks); full: the families' default configs (simulate only)")
     p.add_argument("--out", default="out/sweep.jsonl", help="JSONL of the rows (default out/sweep.jsonl)")
     p.add_argument("--markdown", default=None, help="also write the report page to this markdown file")
     p.add_argument("--block", default="8", help="plans estimated and measured per batch (default 8)")

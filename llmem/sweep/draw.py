@@ -17,10 +17,10 @@ from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Quant, TrainingPlan
 from llmem.sweep.models import lora_targets, models, tp_capable
 
-MAX_GPUS = {"small": 4, "full": 16}
-BATCH = {"small": (1, 2, 4), "full": (1, 2, 4, 8)}
-SEQ = {"small": (32, 64, 128), "full": (512, 1024, 2048, 4096)}
-GPU_COUNTS = {"small": (1, 2, 3, 4), "full": (1, 2, 4, 8, 16)}
+MAX_GPUS = {"small": 4, "derived": 4, "full": 16}
+BATCH = {"small": (1, 2, 4), "derived": (1, 2, 4), "full": (1, 2, 4, 8)}
+SEQ = {"small": (32, 64, 128), "derived": (32, 64, 128), "full": (512, 1024, 2048, 4096)}
+GPU_COUNTS = {"small": (1, 2, 3, 4), "derived": (1, 2, 3, 4), "full": (1, 2, 4, 8, 16)}
 CKPT_EVERY = (1, 2, 3)
 GRAD_ACCUM = (1, 2, 3)
 LORA_RANK = (4, 8, 16)

@@ -1,7 +1,10 @@
 """The models a sweep draws from, one per supported family (torch-free).
 
 `small`: tiny configs as the CPU accuracy suite builds them (hidden 64, 2-3 layers, 4 heads; the rest is filled in
-by transformers' config class of the family), a training step in a second or two on CPU. `full`: the bare
+by transformers' config class of the family), a training step in a second or two on CPU. `derived`: tiny configs
+of architectures outside the hand-written families, whose layers the estimate traces from transformers
+(`llmem.derive`), drawn apart so that the catalogue of the earlier sweeps (and so their draws) stays as it was.
+`full`: the bare
 `{"model_type": ...}`, i.e. the defaults of transformers' config class of the family (Llama-2-7B for llama, ...),
 for fake-tensor simulation.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from llmem.errors import InputError
 
-SIZES = ("small", "full")
+SIZES = ("small", "derived", "full")
 
 SMALL: dict[str, dict] = {
     "llama-gqa": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
@@ -57,6 +60,26 @@ SMALL: dict[str, dict] = {
 }
 
 
+_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256}
+_MLA = {"num_key_value_heads": 4, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+        "n_shared_experts": 1, "first_k_dense_replace": 0, "moe_intermediate_size": 48, "n_routed_experts": 4,
+        "num_experts_per_tok": 2}
+_NO_SPECIAL_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+DERIVED: dict[str, dict] = {name: {"model_type": name.split("-")[0], **_TINY, **extra} for name, extra in {
+    "olmo2": {}, "granite": {}, "starcoder2": {}, "stablelm": {}, "phi": {}, "cohere": {},
+    "smollm3": _NO_SPECIAL_TOKENS, "glm4": {"pad_token_id": None},
+    "gemma3_text": {"head_dim": 16, "sliding_window": 32},  # sequences above the window: local and global layers
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": None, "eos_token_id": None},
+    "granitemoeshared": {"num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 96},
+    "deepseek_v3": {**_MLA, "q_lora_rank": 32, "n_group": 2, "topk_group": 1},
+    "glm4_moe": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "n_shared_experts": 1,
+                 "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "pad_token_id": None},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "sliding_window": 32},
+}.items()}
+
+
 def full_models() -> dict[str, dict]:
     """Every supported family at the defaults of its transformers config class."""
     from llmem.families import FAMILIES
@@ -67,7 +90,7 @@ def full_models() -> dict[str, dict]:
 def models(size: str) -> dict[str, dict]:
     if size not in SIZES:
         raise InputError("size", f"{size!r} is not one of: {', '.join(SIZES)}")
-    return dict(SMALL) if size == "small" else full_models()
+    return dict(SMALL) if size == "small" else dict(DERIVED) if size == "derived" else full_models()
 
 
 def tp_capable(config: dict) -> bool:
@@ -88,6 +111,11 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "phi3": ("qkv_proj", "gate_up_proj,down_proj"),
     "mixtral": ("q_proj,v_proj", "o_proj"),
     "qwen2_moe": ("q_proj,v_proj", "o_proj"),
+    "phi": ("q_proj,v_proj", "fc1,fc2"),
+    "starcoder2": ("q_proj,v_proj", "c_fc,c_proj"),
+    "glm4": ("q_proj,v_proj", "gate_up_proj,down_proj"),
+    "deepseek_v3": ("q_b_proj,kv_b_proj", "o_proj"),
+    **{moe: ("q_proj,v_proj", "o_proj") for moe in ("qwen3_moe", "olmoe", "granitemoeshared", "gpt_oss")},
 }
 LLAMA_LIKE_TARGETS = ("q_proj,v_proj", "gate_proj,up_proj,down_proj")
 

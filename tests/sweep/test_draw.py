@@ -101,3 +101,26 @@ def test_full_size_draws_every_family_on_the_cuda_profile():
     drawn = draw(600, seed=2, size="full", device="cuda")
     assert {d.model for d in drawn} == set(FAMILIES)
     assert {d.fields["device"] for d in drawn} == {"cuda"} and max(d.fields["gpus"] for d in drawn) > 4
+
+
+def test_the_derived_catalogue_is_traced_and_every_lora_target_names_linears_of_its_model():
+    """`--size derived`: architectures outside the hand-written families (their layers traced from transformers),
+    and each LoRA target set the draw picks from matches a Linear of the model (else every LoRA draw of that
+    model would only record the same refusal)."""
+    from llmem.components.lora import validate
+    from llmem.spec import ModelSpec
+    from llmem.sweep.models import DERIVED, lora_targets
+
+    assert DERIVED and not {c["model_type"] for c in DERIVED.values()} & set(FAMILIES)
+    for config in DERIVED.values():
+        spec = ModelSpec.from_config(config)
+        for targets in lora_targets(config):
+            validate(spec, TrainingPlan(method="lora", lora_targets=targets))
+
+
+def test_derived_draws_cover_the_catalogue_and_leave_the_small_draws_alone():
+    from llmem.sweep.models import DERIVED
+
+    drawn = draw(300, seed=14, size="derived")
+    assert {d.model for d in drawn} == set(DERIVED)
+    assert {d.model for d in draw(300, seed=14)} <= set(SMALL)
