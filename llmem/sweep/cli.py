@@ -30,7 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="out/sweep.jsonl", help="JSONL of the rows (default out/sweep.jsonl)")
     p.add_argument("--markdown", default=None, help="also write the report page to this markdown file")
     p.add_argument("--block", default="8", help="plans estimated and measured per batch (default 8)")
-    p.add_argument("--resume", action="store_true", help="keep the rows already in --out and draw only the rest")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in --out and draw only the rest (and the plans refused then that the "
+                   "estimator accepts now)")
     p.add_argument("--report", action="store_true", help="run nothing: render --markdown from the rows in --out")
     p.add_argument("--reestimate", action="store_true",
                    help="with --report: estimate every compared plan again with this estimator against its recorded "

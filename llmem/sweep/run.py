@@ -144,6 +144,19 @@ def describe(r: dict) -> str:
     return f"{r['id']:<10} {r['model']:<15} {r.get('scheme', ''):<9} {what}"
 
 
+def _drop_accepted_since(out: Path, seed: int, size: str, device: str) -> None:
+    """Resuming: the rows of plans the estimator refused when the sweep ran but accepts now leave `out`, so that the
+    sweep draws them again (as the draw reads today) and runs the oracle on them."""
+    if not out.is_file():
+        return
+    rows = read_rows(out)
+    stale = {r["index"] for r in rows if r.get("seed") == seed and r.get("outcome") == REFUSED_ESTIMATOR
+             and "outcome" not in estimate_draw(d := draw_one(seed, r["index"], size, device),
+                                                 base_record(d, seed, size, "measure"))}
+    if stale:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("seed") != seed or r["index"] not in stale))
+
+
 def sweep(n: int, seed: int, oracle: str, size: str, out: Path, resume: bool = False, block: int = 8,
           log: Callable[[str], None] = print) -> list[dict]:
     """Draw plans 0..n-1 of `seed`, estimate, run the oracle; every record appended to `out` as it finishes."""
@@ -152,6 +165,8 @@ def sweep(n: int, seed: int, oracle: str, size: str, out: Path, resume: bool = F
     if not resume:
         out.unlink(missing_ok=True)
         raw.unlink(missing_ok=True)
+    if resume:
+        _drop_accepted_since(out, seed, size, DEVICE[oracle])
     done = {r["index"] for r in read_rows(out) if r.get("seed") == seed}
     for start in range(0, n, block):
         draws = [draw_one(seed, i, size, DEVICE[oracle]) for i in range(start, min(n, start + block))

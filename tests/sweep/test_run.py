@@ -118,3 +118,26 @@ def test_reestimate_asks_a_refused_plan_again(tmp_path, fake_measure):
     stale |= {"outcome": run.REFUSED_ESTIMATOR, "field": "method", "reason": "method: not modelled yet"}
     (again,) = run.reestimate([stale])
     assert again["outcome"] == run.ACCEPTED_SINCE and again["estimate_bytes"] == cmp_row["estimate_bytes"]
+
+
+def test_resuming_draws_again_the_plans_refused_then_and_accepted_now(tmp_path):
+    """A row recorded as the estimator's refusal leaves the file on resume when this estimator accepts its plan (so
+    the oracle runs it); a plan still refused keeps its row."""
+    import json
+
+    from llmem.sweep.draw import draw_one
+    from llmem.sweep.run import REFUSED_ESTIMATOR, _drop_accepted_since, base_record, estimate_draw
+
+    found = {}
+    for i in range(40):  # the first accepted and the first refused plan of the seed
+        d = draw_one(11, i, "small", "cpu")
+        rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
+        found.setdefault(rec.get("outcome", "accepted"), rec)
+        if len(found) == 2:
+            break
+    accepted, refused = found["accepted"], found[REFUSED_ESTIMATOR]
+    out = tmp_path / "sweep.jsonl"
+    as_refused = accepted | {"outcome": REFUSED_ESTIMATOR, "field": "method", "reason": "method: not then"}
+    out.write_text("".join(json.dumps(r) + "\n" for r in (as_refused, refused)))
+    _drop_accepted_since(out, 11, "small", "cpu")
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [refused["index"]]
