@@ -90,7 +90,8 @@ CLAIMS: dict[str, Claim] = {
     "litgpt_config_hub_024": Claim(
         "phi-2", ALLOCATED,
         "Phi-2 full fine-tune with LitGPT's finetune_full on 2 GPUs (the config's devices: 2; the table names a "
-        "4xA10G machine): Lightning Fabric's FSDPStrategy is FSDP1 FULL_SHARD wrapping each Block, bf16-true (bf16 "
+        "4xA10G machine, but on 4 this estimate reads about half the measured peak): Lightning Fabric's "
+        "FSDPStrategy is FSDP1 FULL_SHARD wrapping each Block, bf16-true (bf16 "
         "weights, gradients and AdamW states) = our --engine fsdp1 --zero 3 --precision bf16, torch AdamW, "
         "micro-batch 4 padded to the longest Alpaca2k sample (max_seq_length 512: the upper end), activation "
         "checkpointing per Block (--grad-ckpt full), max_memory_allocated. LitGPT's Phi computes its tanh GELU "
