@@ -83,9 +83,12 @@ CLAIMS: dict[str, Claim] = {
         "wrapping of April 2024 (the full model loaded on rank 0's CPU and broadcast with sync_module_states, the "
         "other ranks built on the meta device) where ours is accelerate's configuration; torchtune's own Llama code; "
         "the figure is an average over several runs. The measured figure lies above even the high end of the "
-        "reserved range: a gap this table shows but does not explain (torchtune_readme_027, the LoRA run of the "
-        "same table, lies further still above our FSDP2 estimate), the first thing to check on a GPU with "
-        "--engine fsdp1.",
+        "reserved range. The estimated peak is the optimizer step (shards of the weights, gradients and both "
+        "AdamW states, and foreach's one temporary copy), where FSDP1 and FSDP2 hold the same bytes: the FSDP2 "
+        "estimate this row had as a reference row is unchanged, to the byte. A gap this table shows but does not "
+        "explain (torchtune_readme_027, the LoRA run of the same table, lies further still above our FSDP2 "
+        "estimate), the first thing to check on a GPU with --engine fsdp1 (the recipe's step: foreach AdamW over "
+        "FSDP1's flat shards, use_orig_params off).",
         dict(precision="bf16", zero=3, seq_len=512, engine="fsdp1")),
     "litgpt_config_hub_024": Claim(
         "phi-2", ALLOCATED,
