@@ -136,10 +136,11 @@ CLAIMS: dict[str, Claim] = {
         "bf16, reduce fp32) over fp32 weights = our --zero 3 --precision bf16-mixed on 8 GPUs, torch AdamW (foreach, "
         "fp32 states), local batch 2 x 8192 tokens of C4 (no padding), torchtitan's op-level selective activation "
         "checkpointing (--grad-ckpt selective: the same save list of mm, flash/efficient attention, reduce_scatter "
-        "and max), torch.cuda max_memory_reserved in "
+        "and max), torch.cuda max_memory_reserved (the largest over the ranks) in "
         "GiB (converted to GB). A full training step: pre-training and fine-tuning hold the same memory. Differs: "
-        "torchtitan's own Llama code (complex-number RoPE, its own loss on the fp32-cast logits), its last block "
-        "not resharded after forward (one bf16 layer gathered through to backward), and the figure is rank 0's.",
+        "torchtitan's own Llama code (complex-number RoPE; the output cast to fp32 in the model and deleted by the "
+        "loop before backward, del pred, where transformers' logits live through it), its last block not "
+        "resharded after forward (one bf16 layer gathered through to backward), clip_grad_norm_ (foreach norms).",
         dict(method="full", zero=3, precision="bf16-mixed", grad_ckpt="selective")),
 }
 
