@@ -150,7 +150,12 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
-    phases = iteration_phases(spec, plan)
+    if plan.pp > 1:
+        from llmem.walk.pipeline import pipeline_phases
+
+        phases = pipeline_phases(spec, plan)
+    else:
+        phases = iteration_phases(spec, plan)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,
@@ -180,6 +185,10 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    if plan.pp > 1:
+        from llmem.components import pipeline
+
+        pipeline.check(spec, plan)
     if plan.grad_ckpt is GradCkpt.SELECTIVE and (spec.is_moe or spec.derived is not None):
         raise InputError("grad-ckpt", "selective checkpointing is modelled for the hand-written dense families (not "
                          f"measured on MoE or traced architectures, {spec.model_type!r}); use --grad-ckpt full", GAP)
