@@ -116,14 +116,14 @@ def _outside_layers(spec, q: TrainingPlan) -> int:
 
 def head_held_bytes(spec, plan: TrainingPlan) -> int:
     """What the last stage holds per microbatch from its forward to its backward beyond the layers: the final norm's
-    and lm_head's saved tensors and the loss's (logits, their log-softmax, the shifted labels): the one-GPU walk's
-    loss forward (`logits.loss_forward_peak_bytes`). The schedule keeps the loss (S:299-304) and the output in
-    `fwd_cache` (T:916-919) until that microbatch's backward."""
+    and lm_head's saved tensors, the logits (the stage output, kept in `fwd_cache`, T:916-919) and what the loss
+    saved (its log-softmax output and shifted labels: `logits.loss_backward_start_bytes`, the one-GPU walk's state
+    when `loss.backward()` starts); the schedule keeps the loss until that microbatch's backward (S:299-304)."""
     from llmem.components import activations as act
     from llmem.components import logits as lg
 
     q = microbatch_plan(plan)
-    return act.final_norm_bytes(spec, q) + lg.loss_forward_peak_bytes(spec, q)
+    return act.final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
 
 
 def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
@@ -138,7 +138,7 @@ def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     x = hidden_bytes(spec, plan)
     held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) if n else 0)
     held += head_held_bytes(spec, plan) if stage == plan.pp - 1 else x
-    return held - (x if stage > 0 else 0)
+    return held - (x if stage > 0 else 0) + saved_copy_bytes(spec, plan, stage)
 
 
 def layer_free_bytes(spec, plan: TrainingPlan, stage: int) -> int:
@@ -148,14 +148,33 @@ def layer_free_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 else 0)
 
 
-def autocast_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
-    """bf16-mixed: the whole `step` runs in one autocast region, so the half copy autocast caches of each weight
-    (`autocast.layer_weight_copy_bytes`, the lm_head's `head_weight_copy_bytes`) is made in the first microbatch's
-    forward and kept through every backward (the cache is cleared when the outermost region exits; a checkpointed
-    layer's recompute, inside it, finds its copies cached)."""
+
+def saved_copy_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """bf16-mixed: autocast runs each stage forward (`runtime.pipeline.Stage`) and its cache of half weight copies is
+    cleared when that forward returns, so a microbatch keeps the copies its mm saved: each layer not checkpointed
+    (`autocast.saved_layer_copies`) and, on the last stage, the lm_head's (`head_weight_copy_bytes`)."""
     from llmem.components import autocast
 
     q = microbatch_plan(plan)
     n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
     head = autocast.head_weight_copy_bytes(spec, q) if stage == plan.pp - 1 else 0
-    return n * autocast.layer_weight_copy_bytes(spec, q) + head
+    return autocast.saved_layer_copies(q, n) * autocast.layer_weight_copy_bytes(spec, q) + head
+
+
+def head_freed_bytes(spec, plan: TrainingPlan) -> int:
+    """On the last stage, what a microbatch's backward has freed before its layers' backward: the head's held tensors
+    (`head_held_bytes`) and the lm_head's saved half weight copy (bf16-mixed)."""
+    from llmem.components import autocast
+
+    return head_held_bytes(spec, plan) + autocast.head_weight_copy_bytes(spec, microbatch_plan(plan))
+
+
+def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """bf16-mixed: at the end of a stage forward, autocast's cache still holds the copies no mm saved (those of the
+    checkpointed layers: `autocast.forward_copy_layers` less `saved_layer_copies`), freed as the forward returns."""
+    from llmem.components import autocast
+
+    q = microbatch_plan(plan)
+    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
+    return unsaved * autocast.layer_weight_copy_bytes(spec, q)

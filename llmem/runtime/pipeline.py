@@ -15,11 +15,15 @@
 - One iteration: stage 0 `step(ids)`, the last stage `step(target=ids, losses=[])`, the others `step()`, all with
   `return_outputs=False` (torchtitan's train loop); then `optimizer.step()`, `zero_grad(set_to_none=True)`.
   `--batch-size` is the step's batch (torchtitan's `local_batch_size`), split into M microbatches along dim 0.
-- Mixed precision: the step runs under `torch.autocast` (the project's bf16-mixed; torchtitan itself turns mixed
-  precision off for PP without FSDP), so forward and backward of all microbatches share one autocast region.
+- Mixed precision (bf16-mixed): each stage forward and each loss runs under `torch.autocast`, the backward outside
+  it, as in the one-GPU program (DESIGN.md section 2: the forward and the loss under autocast, `backward()` after
+  the region). torchtitan itself turns mixed precision off for PP without FSDP (`maybe_enable_amp`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -44,8 +48,9 @@ class Stage(nn.Module):
     embedding (stage 0), positions and rotary embedding, the stage's decoder layers, final norm and lm_head (last
     stage). sdpa only: `create_causal_mask` is None and the attention runs `is_causal`."""
 
-    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool) -> None:
+    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool, autocast=None) -> None:
         super().__init__()
+        self.autocast = autocast or contextlib.nullcontext
         inner = model.model
         self.config = model.config
         self.embed_tokens = inner.embed_tokens if first else None
@@ -55,6 +60,10 @@ class Stage(nn.Module):
         self.lm_head = model.lm_head if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
 
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
@@ -69,10 +78,18 @@ class Stage(nn.Module):
         return h
 
 
-def split(model: nn.Module, plan: TrainingPlan, rank: int) -> Stage:
+def split(model: nn.Module, plan: TrainingPlan, rank: int, device: str = "cpu") -> Stage:
     """This rank's stage of `model` (rank = stage index)."""
     layers = stage_layers(int(model.config.num_hidden_layers), plan.pp)
-    return Stage(model, layers[rank], first=rank == 0, last=rank == plan.pp - 1)
+    return Stage(model, layers[rank], first=rank == 0, last=rank == plan.pp - 1, autocast=autocast_of(plan, device))
+
+
+def autocast_of(plan: TrainingPlan, device: str):
+    """The forward's autocast context (bf16-mixed / fp16-mixed), else a null context."""
+    if not plan.precision.is_mixed:
+        return contextlib.nullcontext
+    half = getattr(torch, plan.precision.compute_dtype_name)
+    return functools.partial(torch.autocast, device.split(":")[0], dtype=half)
 
 
 def make_schedule(stage_module: Stage, plan: TrainingPlan, rank: int, device):
@@ -84,7 +101,8 @@ def make_schedule(stage_module: Stage, plan: TrainingPlan, rank: int, device):
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     def loss_fn(logits, labels):
-        return ForCausalLMLoss(logits, labels, vocab_size=vocab) / m
+        with stage_module.autocast():
+            return ForCausalLMLoss(logits, labels, vocab_size=vocab) / m
 
     cls = ScheduleGPipe if plan.pp_schedule is PpSchedule.GPIPE else Schedule1F1B
     return cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)

@@ -113,7 +113,7 @@ def _prepare_pipeline(model: nn.Module, plan: TrainingPlan, topo: Topology) -> S
     step batch (stage 0 reads it as inputs, the last stage as labels)."""
     from llmem.runtime import pipeline
 
-    stage = pipeline.split(model, plan, topo.rank)
+    stage = pipeline.split(model, plan, topo.rank, topo.device)
     vocab = int(model.config.vocab_size)
     del model
     schedule = pipeline.make_schedule(stage, plan, topo.rank, topo.device)
@@ -143,9 +143,8 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
     if session.schedule is not None:  # --pp: the schedule runs every microbatch's forward and backward
         from llmem.runtime.pipeline import pipeline_step
 
-        mark("pipeline")
-        with session.autocast():
-            pipeline_step(session.schedule, session.rank, session.plan.pp, session.input_ids)
+        mark("pipeline")  # autocast: inside each stage forward and loss (`runtime.pipeline.Stage`)
+        pipeline_step(session.schedule, session.rank, session.plan.pp, session.input_ids)
         mark("optimizer")
         session.optimizer.step()
         mark("zero_grad")

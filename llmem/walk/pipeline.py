@@ -40,14 +40,13 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
     out: dict[str, int] = {}
     for ph in iteration_phases(spec, q2):
         step = 2 if _ALIVE in ph.name else 1
-        # the weight copies autocast made (a layer moment's temporaries, the head's beside its gradient's cast) are
-        # the stage's cache, held all step (`components.pipeline.autocast_cache_bytes`)
+        # the weight copies autocast made that the layers' and the head's mm saved are a microbatch's own
+        # (`components.pipeline.saved_copy_bytes`, in `microbatch_bytes`)
         if ph.name.startswith(_LAST):
-            key, before, held = "last", (grads if step == 2 else head), kept_all
-            held += ph.breakdown[Category.TEMPORARIES]
+            key, before, held = "last", (grads if step == 2 else head), kept_all + t.base_casts
         elif ph.name.startswith(_FIRST):
             key, before = "first", (grads if step == 2 else head + later_layers_gradient_bytes(spec, q2, 0))
-            held = act.outer_saved_bytes(spec, q2) + ph.breakdown[Category.TEMPORARIES]
+            held = act.outer_saved_bytes(spec, q2)
         elif ph.name.startswith(("loss backward", "lm_head backward")):
             key, before, held = "head", (grads if step == 2 else 0), kept_all - act.final_norm_bytes(spec, q2)
             held += t.base_casts + t.head_cast
@@ -72,14 +71,13 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     ex = _excess(spec, q)
     x = pl.hidden_bytes(spec, plan)
     # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
-    incoming = pl.head_held_bytes(spec, plan) if last else x
+    incoming = pl.head_freed_bytes(spec, plan) if last else x
     sent = x * (not first)  # the previous microbatch's input gradient, still referenced by its send
     head = head_gradient_bytes(spec, q) if last else 0
-    act += pl.autocast_cache_bytes(spec, plan, stage)
     name = f"stage {stage}: "
     fwd_grads = grads if plan.pp_schedule is PpSchedule.ONE_F_ONE_B and m > k else 0
     phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
-                     activations=act + k * one)]
+                     activations=act + k * one, temporaries=pl.forward_cache_bytes(spec, plan, stage))]
     layers = s.num_layers
     if layers:
         phases.append(moment(name + "first backward, last layer", **on, gradients=head,
@@ -90,19 +88,21 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     if m > 1 and layers:
         phases.append(moment(name + "later backward, last layer", **on, gradients=grads,
                              activations=act + later * one, temporaries=ex["m2-last"] - incoming + sent))
+        phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
+                             activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
+                             temporaries=ex["m2-first"] + sent))
     if last:
         phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
-                             temporaries=ex["m1-head"] - pl.head_held_bytes(spec, plan)))
+                             temporaries=ex["m1-head"] - pl.head_freed_bytes(spec, plan)))
         if m > 1:
             phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
                                  activations=act + later * one,
-                                 temporaries=ex["m2-head"] - pl.head_held_bytes(spec, plan)))
+                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan)))
     if plan.pp_schedule is PpSchedule.GPIPE:
         phases.append(moment(name + "backward end", **on, gradients=grads,
-                             activations=act - pl.autocast_cache_bytes(spec, plan, stage)
-                             + pl.input_gradient_bytes(spec, plan, stage)))
+                             activations=act + pl.input_gradient_bytes(spec, plan, stage)))
     phases.append(moment(name + "optimizer step", **on, gradients=grads,
-                         activations=act - pl.autocast_cache_bytes(spec, plan, stage),
+                         activations=act,
                          temporaries=optimizer_step_temporary_bytes(s, q)))
     return phases
 
