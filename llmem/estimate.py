@@ -59,6 +59,15 @@ class Estimate:
         return sum(self.breakdown.values())
 
     @property
+    def stage_peaks(self) -> list[int]:
+        """`--pp`: each pipeline stage's peak (stage i runs on rank i; `peak_bytes` is the worst); else []."""
+        if self.plan.pp == 1:
+            return []
+        from llmem.walk.pipeline import stage_peaks
+
+        return stage_peaks(self.phases, self.plan.pp)
+
+    @property
     def peak_bytes_range(self) -> tuple[int, int]:
         """(lowest, highest) peak over what the user did not say. MoE routing is the one such input, and it moves
         nothing: transformers runs the experts as grouped matmuls over tokens × top_k rows whichever experts the
@@ -142,6 +151,7 @@ class Estimate:
             "host_node_bytes": self.host_node_bytes,
             "host_ranks_per_node": offload.ranks_per_node(self.plan),
             "phases": {p.name: p.total for p in self.phases},
+            "stage_peaks": self.stage_peaks,  # --pp: per stage (= rank); the worst is peak_bytes
             "notes": list(self.notes),
         }
 
