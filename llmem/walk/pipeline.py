@@ -48,8 +48,7 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
             key, before = "first", (grads if step == 2 else head + later_layers_gradient_bytes(spec, q2, 0))
             held = act.outer_saved_bytes(spec, q2)
         elif ph.name.startswith(("loss backward", "lm_head backward")):
-            key, before, held = "head", (grads if step == 2 else 0), kept_all - act.final_norm_bytes(spec, q2)
-            held += t.base_casts + t.head_cast
+            key, before, held = "head", (grads if step == 2 else 0), kept_all + t.base_casts + t.head_cast
         else:
             continue
         k = f"m{step}-{key}"
@@ -97,7 +96,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         if m > 1:
             phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
                                  activations=act + later * one,
-                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan)))
+                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan) + sent))
     if plan.pp_schedule is PpSchedule.GPIPE:
         phases.append(moment(name + "backward end", **on, gradients=grads,
                              activations=act + pl.input_gradient_bytes(spec, plan, stage)))
