@@ -47,11 +47,25 @@ def check(spec, plan: TrainingPlan) -> None:
 
 def in_flight(plan: TrainingPlan, stage: int) -> int:
     """Microbatches whose activations a stage holds at once. GPipe: all M forwards run before the first backward
-    (S:906-926 forward loop, S:935 backward loop). 1F1B: `warmup_chunks = min(M, pp - stage)` forwards
-    (S:1050-1053), then each backward is followed by one forward (S:1097-1143), so never more than that."""
+    (S:905-928 forward loop, S:930-951 backward loop). 1F1B: `warmup_chunks = min(M, pp - stage)` forwards
+    (S:1050-1053), then each backward is followed by one forward (S:1099-1146), so never more than that."""
     if plan.pp_schedule is PpSchedule.GPIPE:
         return plan.microbatches
     return min(plan.microbatches, plan.pp - stage)
+
+
+def forward_after_backward(plan: TrainingPlan, stage: int) -> bool:
+    """Whether a forward runs once gradients exist: 1F1B with more microbatches than its warm-up forwards (the
+    steady state's forward after each backward, S:1123-1146); GPipe never (S:905-928 before S:930)."""
+    return plan.pp_schedule is PpSchedule.ONE_F_ONE_B and plan.microbatches > in_flight(plan, stage)
+
+
+def later_in_flight(plan: TrainingPlan, stage: int) -> int:
+    """Microbatches held (the one running backward included) at the second backward, every gradient alive: GPipe
+    M - 1 (the first one's freed); 1F1B k when a forward refilled the window (`forward_after_backward`), else
+    k - 1."""
+    k = in_flight(plan, stage)
+    return k if forward_after_backward(plan, stage) else k - 1
 
 
 def microbatch_plan(plan: TrainingPlan) -> TrainingPlan:
@@ -88,15 +102,15 @@ def hidden_bytes(spec, plan: TrainingPlan) -> int:
 
 def buffer_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """The pipeline's own buffers, made in the first step and kept: every stage after the first one receive buffer
-    per microbatch (T:2258-2270 `_setup_forward_recv_info`, `_make_tensor_from_meta` per chunk), every stage before
-    the last one gradient receive buffer per microbatch (T:2296-2318 `_create_grad_recv_info`)."""
+    per microbatch (T:2243-2273 `_setup_forward_recv_info`, `_make_tensor_from_meta` per chunk), every stage before
+    the last one gradient receive buffer per microbatch (T:2286-2318 `_create_grad_recv_info`)."""
     return plan.microbatches * hidden_bytes(spec, plan) * ((stage > 0) + (stage < plan.pp - 1))
 
 
 def input_gradient_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """A stage after the first sends each microbatch's input gradient back (`stage_backward` drops the receive
-    buffer's `.grad`, _backward.py:440-450; `get_bwd_send_ops` pops it, T:529-541); the send's work keeps it until
-    waited. GPipe waits for all of them after the last backward (S:928-947): M at the end of backward."""
+    buffer's `.grad`, _backward.py:440-450; `get_bwd_send_ops` pops it, T:529-547); the send's work keeps it until
+    waited. GPipe waits for all of them after the last backward (S:953-955): M at the end of backward."""
     return plan.microbatches * hidden_bytes(spec, plan) * (stage > 0)
 
 
@@ -116,7 +130,7 @@ def _outside_layers(spec, q: TrainingPlan) -> int:
 
 def head_held_bytes(spec, plan: TrainingPlan) -> int:
     """What the last stage holds per microbatch from its forward to its backward beyond the layers: the final norm's
-    and lm_head's saved tensors, the logits (the stage output, kept in `fwd_cache`, T:916-919) and what the loss
+    and lm_head's saved tensors, the logits (the stage output, kept in `fwd_cache`, T:913-916) and what the loss
     saved (its log-softmax output and shifted labels: `logits.loss_backward_start_bytes`, the one-GPU walk's state
     when `loss.backward()` starts); the schedule keeps the loss until that microbatch's backward (S:299-304)."""
     from llmem.components import activations as act
@@ -129,7 +143,7 @@ def head_held_bytes(spec, plan: TrainingPlan) -> int:
 def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """One microbatch's activations held on a stage between its forward and backward: its layers' kept tensors
     (`activations.kept_per_layer_bytes`) and RoPE's; not the first stage's input (a receive buffer,
-    `buffer_bytes`); before the last stage the output, kept in `fwd_cache` for backward (T:916-919); on the last
+    `buffer_bytes`); before the last stage the output, kept in `fwd_cache` for backward (T:913-916); on the last
     stage the head's (`head_held_bytes`)."""
     from llmem.components.activations import kept_per_layer_bytes
 

@@ -11,7 +11,6 @@ buffers (`components.pipeline.buffer_bytes`).
 
 from __future__ import annotations
 
-from llmem.components import Category
 from llmem.components import pipeline as pl
 from llmem.components.gradients import gradient_bytes, head_gradient_bytes, later_layers_gradient_bytes
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
@@ -63,7 +62,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     first, last = stage == 0, stage == plan.pp - 1
     k, m = pl.in_flight(plan, stage), plan.microbatches
     one = pl.microbatch_bytes(spec, plan, stage)  # one microbatch's activations held on this stage
-    later = k if plan.pp_schedule is PpSchedule.ONE_F_ONE_B and m > k else k - 1  # in flight at backward 2
+    later = pl.later_in_flight(plan, stage)
     on = dict(parameters=parameter_bytes(s, q), optimizer=optimizer_state_bytes(s, q),
               standing=pl.buffer_bytes(spec, plan, stage), activations=pl.step_input_bytes(spec, plan, stage))
     act, grads = on.pop("activations"), gradient_bytes(s, q)
@@ -74,7 +73,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     sent = x * (not first)  # the previous microbatch's input gradient, still referenced by its send
     head = head_gradient_bytes(spec, q) if last else 0
     name = f"stage {stage}: "
-    fwd_grads = grads if plan.pp_schedule is PpSchedule.ONE_F_ONE_B and m > k else 0
+    fwd_grads = grads if pl.forward_after_backward(plan, stage) else 0
     phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
                      activations=act + k * one, temporaries=pl.forward_cache_bytes(spec, plan, stage))]
     layers = s.num_layers
@@ -120,5 +119,3 @@ def stage_peaks(phases: list[Phase] | tuple[Phase, ...], pp: int) -> list[int]:
     """Each stage's peak (its largest moment), from the moments' names."""
     return [max(ph.total for ph in phases if ph.name.startswith(f"stage {s}: ")) for s in range(pp)]
 
-
-__all__ = ["Category", "pipeline_phases", "stage_peaks", "stage_phases"]
