@@ -9,7 +9,8 @@ from __future__ import annotations
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.plan import PpSchedule, TrainingPlan
 
-PP_FAMILIES = ("llama",)  # the stage forward (runtime.pipeline.Stage) is transformers' llama-like Model.forward
+# the stage forward (runtime.pipeline.Stage) is transformers' llama-like Model.forward; measured for these
+PP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def stage_layer_counts(layers: int, pp: int) -> list[int]:
@@ -38,7 +39,7 @@ def check(spec, plan: TrainingPlan) -> None:
     the embeddings untied (a weight cannot be shared by two ranks' stages)."""
     stage_layer_counts(spec.num_layers, plan.pp)
     if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
-        raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)}; "
+        raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
     if spec.tie_word_embeddings:
         raise InputError("pp", "tied embeddings put one weight on the first and the last stage, which the pipeline "

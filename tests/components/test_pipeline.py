@@ -38,14 +38,24 @@ FOUR_ROWS = {  # 4 stages of 1, 2, 1 and 0 decoder layers (torchtitan's split of
     "pp4-1f1b-bf16-mixed-full": dict(pp_schedule="1f1b", precision="bf16-mixed", grad_ckpt="full", batch_size=6,
                                      microbatches=6),
 }
+FAMILIES = {  # the other llama-like families the stage forward runs (untied)
+    "mistral": {**CONFIG, "model_type": "mistral", "intermediate_size": 320, "vocab_size": 256, "sliding_window": None},
+    "qwen2": {**CONFIG, "model_type": "qwen2", "intermediate_size": 320, "vocab_size": 256},
+    "qwen3": {**CONFIG, "model_type": "qwen3", "intermediate_size": 256, "vocab_size": 256, "head_dim": 32},
+}
+FAMILY_ROWS = {f"{f}-{row}": plan for f in FAMILIES for row, plan in (
+    ("gpipe-fp32", dict(pp_schedule="gpipe", precision="fp32")),
+    ("1f1b-bf16-mixed-full", dict(pp_schedule="1f1b", precision="bf16-mixed", grad_ckpt="full")))}
 RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG))
+FAMILY_RUNS = TwoRankRows(BASE, FAMILY_ROWS, lambda name: dict(FAMILIES[name.split("-")[0]]))
 HEAVY = TwoRankRows(BASE, HEAVY_ROWS, lambda _name: dict(CONFIG))
 FOUR = TwoRankRows({**BASE, "gpus": 4, "pp": 4}, FOUR_ROWS, lambda _name: dict(CONFIG))
 
 
 def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: dict | None = None) -> None:
     """Each stage within `tolerance` of its rank's peak (`worse`: stage -> a wider bar where one is known)."""
-    est = estimate(SPEC, runs.plan(name)).stage_peaks
+    spec = ModelSpec.from_config(runs.config_of(name))
+    est = estimate(spec, runs.plan(name)).stage_peaks
     res = runs.measured()[name]
     assert "error" not in res, res.get("error")
     if any(e < m * (1 - tolerance) for e, m in zip(est, res["per_rank"], strict=True)):  # read high: once more, alone
@@ -53,7 +63,7 @@ def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: 
     for stage, (e, m) in enumerate(zip(est, res["per_rank"], strict=True)):
         bar = (worse or {}).get(stage, tolerance)
         assert abs(e - m) <= bar * m, f"{name} stage {stage}: estimate {e:,} vs measured {m:,}"
-    assert max(est) == estimate(SPEC, runs.plan(name)).peak_bytes
+    assert max(est) == estimate(spec, runs.plan(name)).peak_bytes
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -65,6 +75,12 @@ def test_each_stage_within_1_percent(name):
 @pytest.mark.parametrize("name", sorted(HEAVY_ROWS))
 def test_each_stage_within_1_percent_more_rows(name):
     _check_stages(HEAVY, name)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", sorted(FAMILY_ROWS))
+def test_each_stage_within_1_percent_other_families(name):
+    _check_stages(FAMILY_RUNS, name)
 
 
 @pytest.mark.heavy
