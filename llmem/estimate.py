@@ -160,12 +160,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
-    if plan.pp > 1:
-        from llmem.walk.pipeline import pipeline_phases
-
-        phases = pipeline_phases(spec, plan)
-    else:
-        phases = iteration_phases(spec, plan)
+    phases = plan_phases(spec, plan)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,
@@ -182,6 +177,16 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 
 
 _TOTAL = operator.attrgetter("total")
+
+
+def plan_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The walk of the plan's program: every pipeline stage's moments under `--pp` (`walk.pipeline`), else the one
+    rank's (`walk.single.iteration_phases`, which dispatches FSDP2 and FSDP1)."""
+    if plan.pp > 1:
+        from llmem.walk.pipeline import pipeline_phases
+
+        return pipeline_phases(program_spec(spec, plan), plan)
+    return iteration_phases(spec, plan)
 
 
 def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:

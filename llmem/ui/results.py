@@ -162,7 +162,9 @@ def _table(result: Result, link: str, stale: bool) -> None:
 def _curves(result: Result, left, right) -> None:
     row, spec, key = result.row, result.spec, result.spec_key
     plan, cap = row.plan, result.gpu.memory_bytes
-    batches = sorted({b for b in BATCH_POINTS if b * plan.seq_len <= share.MAX_TOKENS} | {plan.batch_size})
+    unit = plan.microbatches if plan.pp > 1 else 1  # --pp: the step batch is M microbatches of equal size
+    batches = sorted({b * unit for b in BATCH_POINTS if b * unit * plan.seq_len <= share.MAX_TOKENS}
+                     | {plan.batch_size})
     seqs = sorted({s for s in SEQ_POINTS if s * plan.batch_size <= share.MAX_TOKENS} | {plan.seq_len})
     by_batch = [cache.estimate(key, cache.plan_key(p), spec, p) for p in (plan.with_(batch_size=b) for b in batches)]
     left.plotly_chart(Checked(figures.curve_figure(batches, by_batch, cap, f"vs micro-batch (seq-len {plan.seq_len})",

@@ -149,3 +149,16 @@ def test_bad_pipeline_settings_exit_2_without_traceback(fields, blame, capsys, t
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"{blame}:" in err
+
+
+def test_largest_step_batch_is_whole_microbatches_and_the_largest_that_fits():
+    """compare's solve over the microbatch size: the answer is M microbatches of some size, fits, and one more
+    sequence per microbatch does not (checked by estimating both)."""
+    from llmem.compare import _device_total, max_batch_size
+
+    plan = TrainingPlan(gpus=2, pp=2, microbatches=4, batch_size=4, seq_len=16, device="cpu", precision="fp32")
+    cap = estimate(SPEC, plan.with_(batch_size=40)).peak_bytes + 1000  # room for 10 sequences per microbatch
+    best = max_batch_size(SPEC, plan, cap)
+    assert best % 4 == 0 and best >= 40
+    assert _device_total(estimate(SPEC, plan.with_(batch_size=best)).peak_bytes, plan) <= cap
+    assert _device_total(estimate(SPEC, plan.with_(batch_size=best + 4)).peak_bytes, plan) > cap
