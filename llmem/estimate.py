@@ -152,6 +152,7 @@ class Estimate:
             "host_ranks_per_node": offload.ranks_per_node(self.plan),
             "phases": {p.name: p.total for p in self.phases},
             "stage_peaks": self.stage_peaks,  # --pp: per stage (= rank); the worst is peak_bytes
+            "worst_stage": self.stage_peaks.index(self.peak_bytes) if self.stage_peaks else None,
             "notes": list(self.notes),
         }
 
