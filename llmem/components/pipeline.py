@@ -177,11 +177,24 @@ def saved_copy_bytes(spec, plan: TrainingPlan, stage: int) -> int:
 
 
 def head_freed_bytes(spec, plan: TrainingPlan) -> int:
-    """On the last stage, what a microbatch's backward has freed before its layers' backward: the head's held tensors
-    (`head_held_bytes`) and the lm_head's saved half weight copy (bf16-mixed)."""
+    """On the last stage, what a microbatch's backward frees in its loss and lm_head backward: the head's held
+    tensors (`head_held_bytes`) and the lm_head's saved half weight copy (bf16-mixed)."""
     from llmem.components import autocast
 
     return head_held_bytes(spec, plan) + autocast.head_weight_copy_bytes(spec, microbatch_plan(plan))
+
+
+def held_output_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """Before the last stage, the output of a microbatch already backwarded, still referenced by its forward send's
+    work: GPipe keeps every forward send's work in `fwd_sends_to_wait` until the step returns (S:902-928), so one
+    at its second backward. 1F1B keeps its last fired warm-up send (microbatch k - 2) in `send_work` until the
+    cooldown reassigns it (S:1062-1093, S:1147): beside k in flight only if a steady-state backward comes after
+    microbatch k - 2's, i.e. k >= 2 and M >= 2k - 1 (the 1B1F loop runs backwards 0 .. M - k)."""
+    k = in_flight(plan, stage)
+    if stage == plan.pp - 1:
+        return 0
+    held = plan.pp_schedule is PpSchedule.GPIPE or (k >= 2 and plan.microbatches >= 2 * k - 1)
+    return hidden_bytes(spec, plan) * held
 
 
 def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:

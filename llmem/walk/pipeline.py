@@ -11,6 +11,8 @@ buffers (`components.pipeline.buffer_bytes`).
 
 from __future__ import annotations
 
+from llmem.components import Category
+from llmem.components import logits as lg
 from llmem.components import pipeline as pl
 from llmem.components.gradients import gradient_bytes, head_gradient_bytes, later_layers_gradient_bytes
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
@@ -41,11 +43,13 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
         step = 2 if _ALIVE in ph.name else 1
         # the weight copies autocast made that the layers' and the head's mm saved are a microbatch's own
         # (`components.pipeline.saved_copy_bytes`, in `microbatch_bytes`)
+        # in a layer's backward the one-GPU output's logits are alive; a stage's are its own (`head_freed_bytes`)
         if ph.name.startswith(_LAST):
             key, before, held = "last", (grads if step == 2 else head), kept_all + t.base_casts
+            held += ph.breakdown[Category.LOGITS]
         elif ph.name.startswith(_FIRST):
             key, before = "first", (grads if step == 2 else head + later_layers_gradient_bytes(spec, q2, 0))
-            held = act.outer_saved_bytes(spec, q2)
+            held = act.outer_saved_bytes(spec, q2) + ph.breakdown[Category.LOGITS]
         elif ph.name.startswith(("loss backward", "lm_head backward")):
             key, before, held = "head", (grads if step == 2 else 0), kept_all + t.base_casts + t.head_cast
         else:
@@ -69,8 +73,10 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     ex = _excess(spec, q)
     x = pl.hidden_bytes(spec, plan)
     # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
-    incoming = pl.head_freed_bytes(spec, plan) if last else x
-    sent = x * (not first)  # the previous microbatch's input gradient, still referenced by its send
+    # (on the last stage less the logits, which `backward_one_chunk` holds until it returns, T:958-1062)
+    incoming = pl.head_freed_bytes(spec, plan) - lg.logits_bytes(spec, q) if last else x
+    # the previous microbatch's input gradient, still referenced by its send; an output by its forward send
+    sent = x * (not first) + pl.held_output_bytes(spec, plan, stage)
     head = head_gradient_bytes(spec, q) if last else 0
     name = f"stage {stage}: "
     fwd_grads = grads if pl.forward_after_backward(plan, stage) else 0
