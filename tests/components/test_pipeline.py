@@ -31,6 +31,7 @@ HEAVY_ROWS = {
     "1f1b-bf16-mixed-none": dict(pp_schedule="1f1b", precision="bf16-mixed"),
     "1f1b-m2-batch4": dict(pp_schedule="1f1b", precision="bf16-mixed", microbatches=2),
     "gpipe-m1-batch2": dict(pp_schedule="gpipe", precision="fp32", microbatches=1, batch_size=2),
+    "seq256-1f1b-bf16-mixed": dict(pp_schedule="1f1b", precision="bf16-mixed", seq_len=256, batch_size=8),
 }
 FOUR_ROWS = {  # 4 stages of 1, 2, 1 and 0 decoder layers (torchtitan's split of 4 layers)
     "pp4-gpipe-fp32": dict(pp_schedule="gpipe", precision="fp32"),
