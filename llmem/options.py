@@ -43,6 +43,8 @@ MAX_APP_LORA_RANK = 4096
 MAX_APP_LORA_ALPHA = 1 << 16
 MAX_APP_GRAD_ACCUM = 1024
 MAX_APP_LOSS_CHUNKS = 1024
+DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (runtime/zero/config.py)
+MAX_DS_BUCKET = 1 << 40
 
 _LORA = Needs("method", ("lora", "qlora"))
 
@@ -276,9 +278,20 @@ OPTIONS: tuple[Option, ...] = (
            "BACKWARD_PRE prefetch; --zero 0 = NO_SHARD, 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; mixed precision = "
            "MixedPrecision with half params, reduce and buffers, no autocast): flat shards padded to the GPUs, the "
            "root kept gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at "
-           "once. "
-           "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
+           "once. deepspeed: DeepSpeed 0.19's engine as the HF Trainer builds it (--zero 1/2: DeepSpeedZeroOptimizer "
+           "with the torch optimizer as client; bf16-mixed = its bf16 section: bf16 weights, no autocast, fp32 master "
+           "partition), stepped by engine.backward/engine.step: one flat parameter tensor, this GPU's fp32 master "
+           "partition and its states, a contiguous gradient bucket of --ds-reduce-bucket elements through backward, "
+           "the partition's gradients. ZeRO-0/3 under deepspeed are not modelled yet.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
+    Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
+           "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
+           "allocate one contiguous gradient bucket of this many elements in the gradient dtype for the whole "
+           "backward (2 GB in fp32 at the default, whatever the model's size), copy each gradient into it and "
+           "reduce it when full; the HF Trainer's \"auto\" sets hidden_size².",
+           low=1, high=MAX_DS_BUCKET, link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "a reduce bucket of {value} elements goes with --engine deepspeed"),
+           widget=Widget("DeepSpeed reduce_bucket_size (elements)", "w_ds_bucket", NUMBER, group=G_SAVERS)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -117,11 +117,44 @@ RULES: tuple[Rule, ...] = (
        "pipeline parallelism is modelled with the standard loss, one micro-step, the step after backward, no "
        "offload and gradients freed by zero_grad; use --pp 1, or drop --loss/--grad-accum/--optimizer-in-backward/"
        "--offload/--keep-grads", GAP, pp=2, gpus=2, microbatches=2, batch_size=2, grad_accum=2),
-    # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel) for ZeRO-2/3, DeepSpeed refused ------
-    _r("engine", "engine", lambda p: p.engine is Engine.DEEPSPEED,
-       "the DeepSpeed engine is not modelled (its flat partitions and bucket sizes are its own program); the PyTorch "
-       "programs closest to it: ZeRO-1 --zero 1, ZeRO-2 --zero 2, ZeRO-3 --zero 3, ZeRO-Offload --offload optimizer "
-       "(1 GPU) or --offload optimizer+params (--zero 2/3). Use --engine torch", GAP, engine="deepspeed"),
+    # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-1/2 ---------------
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
+       "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
+       GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and (p.gpus == 1 or p.zero in (0, 3)),
+       "deepspeed is modelled for ZeRO-1 and ZeRO-2 on 2+ GPUs (ZeRO-0 and ZeRO-3 are not yet); use --gpus 2+ "
+       "with --zero 1 or 2, or --engine torch (DDP, FSDP2) or fsdp1", GAP, engine="deepspeed"),
+    _r("engine precision", "precision",
+       lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
+       "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "
+       "its fp16 loss-scaled optimizer and pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
+       engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
+    _r("engine method", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is not Method.FULL,
+       "{p.method} under DeepSpeed is not modelled; use --method full, or --engine torch", GAP,
+       engine="deepspeed", method="lora", gpus=2, zero=2),
+    _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
+       "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
+       "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2,
+       zero=2),
+    _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer not in TORCH_OPTIMIZERS,
+       "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw or sgd", GAP,
+       engine="deepspeed", optimizer="adamw8bit", gpus=2, zero=2),
+    _r("engine fsdp_shard", "fsdp-shard",
+       lambda p: p.engine is Engine.DEEPSPEED and p.fsdp_shard is not FsdpShard.DIM0,
+       "--fsdp-shard chooses FSDP2's shard dim; DeepSpeed partitions one flat buffer per parameter group; use "
+       "--fsdp-shard dim0", REFUSED, engine="deepspeed", fsdp_shard="dim1-if-short", gpus=2, zero=2),
+    _r("engine grad_accum keep_grads optimizer_in_backward", "engine",
+       lambda p: p.engine is Engine.DEEPSPEED and (p.grad_accum > 1 or p.keep_grads or p.optimizer_in_backward),
+       "gradient accumulation, kept gradients and an optimizer in backward under DeepSpeed are not modelled; use "
+       "--grad-accum 1 without --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
+       grad_accum=2, gpus=2, zero=2),
+    _r("engine loss", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.loss is not Loss.STANDARD,
+       "{p.loss.value} under DeepSpeed is not modelled; use --loss standard", GAP, engine="deepspeed",
+       loss="fused-linear-ce", gpus=2, zero=2),
+    _r("ds_reduce_bucket engine", "ds-reduce-bucket",
+       lambda p: p.ds_reduce_bucket != 500_000_000 and p.engine is not Engine.DEEPSPEED,
+       "--ds-reduce-bucket {p.ds_reduce_bucket} sets DeepSpeed ZeRO's reduce_bucket_size; use --engine deepspeed, or "
+       "leave it at 500000000", REFUSED, ds_reduce_bucket=1000),
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
        "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
        GAP, engine="fsdp1"),

@@ -141,7 +141,8 @@ def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
     assert (e.value.field, e.value.kind) == (field, kind)
 
 
-SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True, "loss_chunks": 4}
+SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True, "loss_chunks": 4,
+       "ds_reduce_bucket": 1000}
 
 
 @pytest.mark.parametrize("name", sorted(SET))

@@ -138,10 +138,73 @@ def fsdp1_collectives(all_gather, reduce_scatter_single):
     return fenced_all_gather, fenced_reduce_scatter_single
 
 
+def fenced_reduction(collective):
+    """`dist.all_reduce(tensor, ...)` or `dist.reduce(tensor, dst, ...)` called synchronously (DeepSpeed ZeRO-1/2's
+    `allreduce_bucket`: the flattened slices of a gradient bucket), returning once gloo has released the view of
+    `tensor` it was given."""
+
+    def fenced(tensor, *args, async_op=False, **kwargs):
+        if async_op:
+            return collective(tensor, *args, async_op=True, **kwargs)
+        view = tensor.view(tensor.shape)
+        refs = [weakref.ref(view)]
+        work = collective(view, *args, async_op=True, **kwargs)
+        del view
+        work.wait()
+        del work
+        wait_released(refs)
+        return None
+
+    return fenced
+
+
+def fenced_all_gather_into_tensor(all_gather):
+    """DeepSpeed's `all_gather_into_tensor` (ZeRO-1/2's step gathers the new flat partitions into the flat
+    parameters, `runtime/utils.py: all_gather_into_tensor_dp_groups`), as `FencedAllGather` runs FSDP2's."""
+
+    def fenced(output_tensor, input_tensor, group=None, async_op=False):
+        world = dist.get_world_size(group)
+        chunks = list(output_tensor.chunk(world))
+        view = input_tensor.view(input_tensor.shape)
+        refs = [weakref.ref(t) for t in (*chunks, view)]
+        work = all_gather(chunks, view, group=group, async_op=True)
+        del chunks, view
+        if async_op:
+            return work
+        work.wait()
+        del work
+        wait_released(refs)
+        return None
+
+    return fenced
+
+
+@contextlib.contextmanager
+def _deepspeed_fenced(all_gather):
+    """When DeepSpeed is in use: its all-gather, all-reduce and reduce. Its communication backend keeps the
+    all-gather function it found at its start (`deepspeed/comm/torch.py: TorchBackend.get_all_gather_function`), so
+    it is fenced there; the reductions it looks up in torch.distributed at each call."""
+    import sys
+
+    comm = sys.modules.get("deepspeed.comm.comm")
+    cdb = getattr(comm, "cdb", None)
+    if cdb is None or not hasattr(cdb, "all_gather_function"):
+        yield
+        return
+    originals = cdb.all_gather_function, dist.all_reduce, dist.reduce
+    cdb.all_gather_function = fenced_all_gather_into_tensor(all_gather)
+    dist.all_reduce, dist.reduce = fenced_reduction(originals[1]), fenced_reduction(originals[2])
+    try:
+        yield
+    finally:
+        cdb.all_gather_function, dist.all_reduce, dist.reduce = originals
+
+
 @contextlib.contextmanager
 def fenced(model):
-    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces and
-    FSDP1's all-gather and reduce-scatter (`fsdp1_collectives`)."""
+    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces,
+    FSDP1's all-gather and reduce-scatter (`fsdp1_collectives`), and DeepSpeed's reduce and all-gather
+    (`_deepspeed_fenced`)."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.fsdp import FSDPModule
 
@@ -154,7 +217,8 @@ def fenced(model):
     funcol.all_reduce = fenced_functional_all_reduce(original)
     dist.all_gather, dist.reduce_scatter_single = fsdp1_collectives(*originals)
     try:
-        yield
+        with _deepspeed_fenced(originals[0]):
+            yield
     finally:
         funcol.all_reduce = original
         dist.all_gather, dist.reduce_scatter_single = originals

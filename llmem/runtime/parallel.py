@@ -191,7 +191,7 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
 def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.Module:
     """The model wrapped for `plan.scheme`; the default process group must be initialised for multi-rank."""
     scheme = plan.scheme
-    if scheme is Scheme.SINGLE:
+    if scheme is Scheme.SINGLE or plan.engine is Engine.DEEPSPEED:  # DeepSpeed wraps in its own engine
         return model
     if plan.engine is Engine.FSDP1:
         return _wrap_fsdp1(model, plan, device_type)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from llmem.errors import InputError
-from llmem.plan import Loss, Scheme, TrainingPlan
+from llmem.plan import Engine, Loss, Scheme, TrainingPlan
 from llmem.runtime import chunked
 from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
@@ -42,8 +42,9 @@ class Session:
     rank: int = 0
 
     def autocast(self):
-        """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead."""
-        if not self.plan.precision.is_mixed or uses_fsdp(self.plan):
+        """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead, and under
+        DeepSpeed, whose engine casts the module to bf16 (`engine.py`: `_configure_distributed_model`)."""
+        if not self.plan.precision.is_mixed or uses_fsdp(self.plan) or self.plan.engine is Engine.DEEPSPEED:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=getattr(torch, self.plan.precision.compute_dtype_name))
 
@@ -98,6 +99,10 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     if plan.optimizer_in_backward:
         optimizer = InBackward(trainable, plan)
+    elif plan.engine is Engine.DEEPSPEED:
+        from llmem.runtime import deepspeed
+
+        wrapped, optimizer = deepspeed.initialize(wrapped, make_optimizer(trainable, plan), plan)
     else:
         optimizer = make_optimizer(trainable, plan, zero1=plan.scheme is Scheme.ZERO1)
     dp_rank = topo.rank // plan.tp
@@ -159,8 +164,16 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
         with session.autocast():
             out = _forward_loss(session)
         mark("backward" + suffix)
-        (out if isinstance(out, torch.Tensor) else out.loss).backward()
-    if not session.plan.optimizer_in_backward:  # else each parameter was stepped and zeroed in its hook
+        loss = out if isinstance(out, torch.Tensor) else out.loss
+        if session.plan.engine is Engine.DEEPSPEED:  # accelerate's DeepSpeedEngineWrapper.backward
+            session.model.backward(loss)
+        else:
+            loss.backward()
+        del loss
+    if session.plan.engine is Engine.DEEPSPEED:
+        mark("optimizer")
+        session.model.step()  # the step, zero_grad and the all-gather of the new partitions
+    elif not session.plan.optimizer_in_backward:  # else each parameter was stepped and zeroed in its hook
         mark("optimizer")
         session.optimizer.step()
         mark("zero_grad")

@@ -235,6 +235,10 @@ def end_moments(t: Terms) -> list[Phase]:
 def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """The candidate peak moments of one steady-state iteration on the largest rank."""
     spec = program_spec(spec, plan)
+    if plan.engine is Engine.DEEPSPEED:
+        from llmem.walk.deepspeed import deepspeed_phases
+
+        return deepspeed_phases(spec, plan)
     if plan.engine is Engine.FSDP1 and plan.gpus > 1:
         from llmem.walk.fsdp1 import fsdp1_phases
 

@@ -1,0 +1,155 @@
+"""DeepSpeed ZeRO-1/2 (`--engine deepspeed`, deepspeed 0.19.0 `runtime/zero/stage_1_and_2.py`,
+`DeepSpeedZeroOptimizer`): the sizes of one rank's tensors, each a small function with its source line.
+
+The module's parameters are views into one flat tensor per parameter group; llmem's client optimizer has one group.
+b = bytes per element of the module: 2 under bf16 (the engine casts the module, `engine.py`
+`_configure_distributed_model`), 4 in fp32. W = data-parallel ranks. P = trainable elements in registration order.
+  flat         `flatten_dense_tensors_aligned` (:421): P padded at its end to a multiple of
+               `nccl_start_alignment_factor` (2, :328) x W (:373): P_pad elements of b bytes, persistent.
+  partition    `get_data_parallel_partitions` (:1820): rank r owns [r.S, (r+1).S), S = P_pad / W.
+  master       `single_partition_of_fp32_groups` (:473): `.clone().to(float32)` of the rank's partition, S x 4,
+               even in fp32 (a clone).
+  states       the client optimizer steps the fp32 partition: AdamW 2 x S x 4 (+ its step tensor), SGD S x 4.
+  bucket       `setup_buckets` (:2326) at the first gradient hook: `torch.empty(reduce_bucket_size)`, B x b, whatever
+               the model's size; each gradient is copied into it (:1118) and its own storage freed; released at
+               the epilogue (`_release_ipg_buffers`, :789).
+  flatten      `allreduce_bucket` (:1695): the bucket's slices flattened into a new tensor (its e elements, b) for
+               the all-reduce (`use_multi_rank_bucket_allreduce`), freed after the copy back.
+  partition grads `copy_grads_in_partition` (:1534): at the first reduce that holds a parameter of the rank's
+               partition, one tensor of the summed numel of every parameter that touches the partition, b bytes.
+  step         `step` (:2184): `flatten(averaged_gradients)` (S x b) then `.to(float32)` (S x 4 more under bf16),
+               while the partition gradients live; then the fp32 gradient alone beside the optimizer's temporaries;
+               then `all_gather_into_tensor` of the new partitions into the flat (`runtime/utils.py:1013`): gloo
+               gathers through an output it allocates (P_pad x b, CPU only; NCCL writes in place).
+"""
+
+from __future__ import annotations
+
+import re
+
+from llmem.components.optimizer import STEP_TENSOR_BYTES
+from llmem.plan import Device, Optimizer, OptimizerImpl, Precision, TrainingPlan
+from llmem.spec import ModelSpec
+
+ALIGNMENT = 2  # `nccl_start_alignment_factor`: 4-byte alignment / sizeof(fp16) (stage_1_and_2.py:328)
+EMBEDDING = re.compile(r"embed|wte|wpe|word_embeddings")
+
+
+def module_bytes(plan: TrainingPlan) -> int:
+    """b: bf16 when the ds_config enables it (`--precision bf16-mixed`), else the fp32 module."""
+    return 2 if plan.precision is Precision.BF16_MIXED else 4
+
+
+def ordered_numels(spec: ModelSpec) -> tuple[int, ...]:
+    """The trainable tensors in `model.parameters()` order: the input embeddings, the decoder layers, then the rest
+    (final norm, an untied lm_head): the order `bit16_groups` keeps (`round_robin_gradients` off)."""
+    outer = spec.outer_params
+    first = [p.numel for p in outer if EMBEDDING.search(p.name)]
+    last = [p.numel for p in outer if not EMBEDDING.search(p.name)]
+    layers = [p.numel for layer in range(spec.num_layers) for p in spec.layer_params(layer)]
+    return tuple(first + layers + last)
+
+
+def flat_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """P_pad: P rounded up to a multiple of 2 W (`flatten_dense_tensors_aligned`, :421 with :373)."""
+    total, align = sum(ordered_numels(spec)), ALIGNMENT * plan.dp
+    return total + (-total % align)
+
+
+def partition_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """S = P_pad / W (`get_data_parallel_partitions`, :1828: P_pad divides evenly)."""
+    return flat_numel(spec, plan) // plan.dp
+
+
+def flat_param_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`bit16_groups_flat`: the module's parameters, P_pad x b."""
+    return flat_numel(spec, plan) * module_bytes(plan)
+
+
+def master_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`single_partition_of_fp32_groups` (:473): S x 4."""
+    return partition_numel(spec, plan) * 4
+
+
+def state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The client optimizer's states over the one fp32 partition tensor: AdamW exp_avg + exp_avg_sq (and the step
+    tensor where torch keeps it as a tensor on the device), SGD its momentum buffer."""
+    s = partition_numel(spec, plan) * 4
+    if plan.optimizer is Optimizer.SGD:
+        return s
+    on_device = plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
+    return 2 * s + (STEP_TENSOR_BYTES if on_device else 0)
+
+
+def step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The client AdamW's temporaries on the one fp32 partition: for-loop `denom = (exp_avg_sq.sqrt() / c)` makes
+    two tensors of S (torch/optim/adam.py `_single_tensor_adam`), foreach one (`_multi_tensor_adam`), fused none."""
+    if plan.optimizer is not Optimizer.ADAMW:
+        return 0
+    impl = plan.effective_optimizer_impl
+    count = {OptimizerImpl.FORLOOP: 2, OptimizerImpl.FOREACH: 1}.get(impl, 0)
+    return count * partition_numel(spec, plan) * 4
+
+
+def bucket_bytes(plan: TrainingPlan) -> int:
+    """The contiguous gradient bucket (`setup_buckets`, :2326): reduce_bucket_size elements of b, from the first
+    gradient hook to the epilogue."""
+    return plan.ds_reduce_bucket * module_bytes(plan)
+
+
+def partition_grad_numel(spec: ModelSpec, plan: TrainingPlan, rank: int) -> int:
+    """`copy_grads_in_partition` (:1529): the summed numel of every tensor that touches rank `rank`'s partition
+    (`get_partition_info`, :1840: a tensor across a boundary counts whole)."""
+    s = partition_numel(spec, plan)
+    lo, hi, start, total = rank * s, (rank + 1) * s, 0, 0
+    for n in ordered_numels(spec):
+        if start < hi and start + n > lo:
+            total += n
+        start += n
+    return total
+
+
+def buckets(spec: ModelSpec, plan: TrainingPlan, reverse: bool) -> list[tuple[int, ...]]:
+    """The tensors (indices in registration order) of each bucket as `reduce_independent_p_g_buckets_and_remove_grads`
+    fills it (:1091: reduce first when the next tensor would overflow B), in registration order (ZeRO-1's
+    `reduce_gradients`, :827) or in reverse (ZeRO-2's hooks in backward, roughly the backward's order)."""
+    numels = ordered_numels(spec)
+    order = range(len(numels) - 1, -1, -1) if reverse else range(len(numels))
+    out: list[list[int]] = [[]]
+    filled = 0
+    for i in order:
+        if filled + numels[i] > plan.ds_reduce_bucket and out[-1]:
+            out.append([])
+            filled = 0
+        out[-1].append(i)
+        filled += numels[i]
+    return [tuple(b) for b in out if b]
+
+
+def owner_ranks(spec: ModelSpec, plan: TrainingPlan) -> list[range]:
+    """The ranks whose partition each tensor touches (`param_to_partition_ids`), as a range."""
+    s, start, out = partition_numel(spec, plan), 0, []
+    for n in ordered_numels(spec):
+        out.append(range(start // s, (start + max(n, 1) - 1) // s + 1))
+        start += n
+    return out
+
+
+def candidate_ranks(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
+    """The ranks whose moments are evaluated: the first and the last (their partitions are reduced first in one
+    order or the other) and the one with the most partition gradients."""
+    most = max(range(plan.dp), key=lambda r: partition_grad_numel(spec, plan, r)) if plan.dp <= 64 else 0
+    return tuple(sorted({0, plan.dp - 1, most}))
+
+
+def step_grad_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """`step` (:2184): the flattened partition gradient (S x b) and, under bf16, its fp32 copy (S x 4)."""
+    s = partition_numel(spec, plan)
+    b = module_bytes(plan)
+    return s * b + (s * 4 if b != 4 else 0)
+
+
+def gather_output_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The step's all-gather of the new partitions: gloo (CPU) gathers through an output of P_pad x b it allocates;
+    NCCL (CUDA) gathers into the flat in place."""
+    return flat_param_bytes(spec, plan) if plan.device is Device.CPU else 0

@@ -1,0 +1,41 @@
+"""`--engine deepspeed`: DeepSpeed 0.19.0's engine as the HF Trainer builds it (`deepspeed.initialize` with the
+Trainer's model and its torch AdamW/SGD as the client optimizer, a ds_config with ZeRO's stage, bf16 when the plan
+is bf16-mixed, every other ZeRO field at DeepSpeed's default), stepped as accelerate steps it
+(`engine.backward(loss)`, then `engine.step()`, which steps, zeroes the gradients and all-gathers the new partitions).
+
+On CPU DeepSpeed picks its CPU accelerator itself (`accelerator/real_accelerator.py`: the catch-all when no other
+is found) and joins the gloo process group the launch already made (`deepspeed.init_distributed` keeps an
+initialized torch.distributed)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmem.plan import Precision, TrainingPlan
+
+
+def ds_config(plan: TrainingPlan) -> dict:
+    """The ds_config the Trainer hands DeepSpeed for `plan`: only what the plan sets, DeepSpeed's defaults for the
+    rest (`runtime/zero/config.py`: reduce/allgather buckets 5e8 elements, contiguous gradients on, overlap_comm
+    off for stages 1-2)."""
+    return {
+        "train_micro_batch_size_per_gpu": plan.batch_size,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "zero_optimization": {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket},
+        "bf16": {"enabled": plan.precision is Precision.BF16_MIXED},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, plan: TrainingPlan):
+    """The DeepSpeed engine over `model` (fp32; cast to bf16 by the engine under bf16) and its ZeRO optimizer."""
+    import logging
+
+    import deepspeed
+    from deepspeed.utils import logger
+
+    logger.setLevel(logging.WARNING)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(plan))
+    return engine, ds_optimizer

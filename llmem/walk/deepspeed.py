@@ -1,0 +1,142 @@
+"""The walk of DeepSpeed ZeRO-1/2 (`--engine deepspeed`, `DeepSpeedZeroOptimizer`): the one-device walk's compute
+moments of the module DeepSpeed runs (bf16 or fp32 weights, no autocast), with DeepSpeed's own parameters, master
+partition, states and gradient buffers in place of the one-device ones (`llmem.components.zero_ds`), then the
+reductions, the step and the all-gather of the partitions, on the rank where they peak.
+
+Gradients in backward: ZeRO-1 keeps every `.grad` whole until `engine.backward` ends (its hooks only open the
+bucket: `process_gradients` reduces under `partition_gradients or overlap_comm`, stage_1_and_2.py:1617), then
+`reduce_gradients` (:827) moves them through the bucket in registration order; ZeRO-2 copies each gradient into
+the bucket as its hook runs (:1118) and frees its own storage, so backward holds the bucket and, once a bucket with
+a tensor of this rank's partition was reduced, the partition gradients.
+"""
+
+from __future__ import annotations
+
+import re
+
+from llmem.components import Category
+from llmem.components import zero_ds as z
+from llmem.plan import Engine, Precision, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.walk.phase import Phase, moment
+
+DEFAULT_BUCKET = 500_000_000
+
+
+def compute_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The one-device plan of the module DeepSpeed computes with: bf16 weights and gradients without autocast
+    under bf16 (the engine casts the module), fp32 otherwise."""
+    precision = Precision.BF16 if plan.precision is Precision.BF16_MIXED else Precision.FP32
+    return plan.with_(gpus=1, zero=0, engine=Engine.TORCH, precision=precision, ds_reduce_bucket=DEFAULT_BUCKET)
+
+
+def _persistent(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    return {Category.PARAMETERS: z.flat_param_bytes(spec, plan),
+            Category.OPTIMIZER: z.master_bytes(spec, plan) + z.state_bytes(spec, plan)}
+
+
+def _partition_grads(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The largest rank's partition gradients (`copy_grads_in_partition`), bytes."""
+    return max(z.partition_grad_numel(spec, plan, r) for r in z.candidate_ranks(spec, plan)) * z.module_bytes(plan)
+
+
+def _layer_of(name: str, layers: int) -> int | None:
+    """The decoder layer a one-device backward moment is in (`single.backward_edges` names), None for the others."""
+    match = re.match(r"backward \((last layer|first layer|layer (\d+))", name)
+    if match is None:
+        return None
+    return layers - 1 if match[1] == "last layer" else 0 if match[1] == "first layer" else int(match[2])
+
+
+def _earlier_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """The gradients made before layer `layer`'s backward (the final norm, an untied lm_head, the later layers): in
+    the bucket or reduced under ZeRO-2, no more tensors of their own."""
+    outer = sum(p.numel for p in spec.outer_params if not z.EMBEDDING.search(p.name))
+    later = sum(p.numel for k in range(layer + 1, spec.num_layers) for p in spec.layer_params(k))
+    return (outer + later) * z.module_bytes(plan)
+
+
+def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
+    """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. The bucket
+    opens at the first gradient hook, once the loss's and the lm_head's backward returned: from the decoder layers'
+    backward on, ZeRO-1 holds it beside the whole gradients; ZeRO-2 holds it (with the partition gradients once a
+    bucket was reduced: more than one bucket) and the gradients of the layer being differentiated, the earlier ones
+    moved into it."""
+    persistent, bucket = _persistent(spec, plan), z.bucket_bytes(plan)
+    held = bucket + (_partition_grads(spec, plan) if len(z.buckets(spec, plan, reverse=True)) > 1 else 0)
+    out = []
+    for ph in single:
+        if ph.name == "optimizer step":
+            continue
+        b = dict(ph.breakdown)
+        b.update(persistent)
+        if ph.name.startswith("backward"):
+            grads, layer = b[Category.GRADIENTS], _layer_of(ph.name, spec.num_layers)
+            if plan.zero == 1:
+                b[Category.GRADIENTS] = grads + bucket
+            else:
+                own = grads - _earlier_gradient_bytes(spec, plan, layer) if layer is not None else 0
+                b[Category.GRADIENTS] = held + max(own, 0)
+        out.append(Phase(ph.name, b))
+    return out
+
+
+def _zero1_reduce(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) -> list[Phase]:
+    """`reduce_gradients` (:827) on `rank`: each bucket's flatten beside the gradients not yet moved, then its
+    partition gradients allocated (:1534) once a tensor of the partition was reduced."""
+    b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
+    remaining, allocated = sum(numels), False
+    own = z.partition_grad_numel(spec, plan, rank) * b
+    phases = []
+    for k, bucket in enumerate(z.buckets(spec, plan, reverse=False)):
+        e = sum(numels[i] for i in bucket)
+        remaining -= e
+        held = z.bucket_bytes(plan) + remaining * b + (own if allocated else 0)
+        phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank})", **base, gradients=held,
+                             communication=e * b))
+        if any(rank in owners[i] for i in bucket):
+            allocated = True
+            phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank}, partition gradients)", **base,
+                                 gradients=z.bucket_bytes(plan) + remaining * b + own))
+    return phases
+
+
+def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) -> list[Phase]:
+    """The epilogue's reduce of the last bucket (`independent_gradient_partition_epilogue`, :880) on `rank`."""
+    b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
+    order = z.buckets(spec, plan, reverse=True)
+    before = any(rank in owners[i] for bucket in order[:-1] for i in bucket)
+    own = z.partition_grad_numel(spec, plan, rank) * b
+    e = sum(numels[i] for i in order[-1])
+    held = z.bucket_bytes(plan) + (own if before else 0)
+    return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=e * b),
+            moment(f"ZeRO-2 epilogue reduce (rank {rank}, partition gradients)", **base,
+                   gradients=z.bucket_bytes(plan) + own)]
+
+
+def _step_moments(spec: ModelSpec, plan: TrainingPlan, base: dict) -> list[Phase]:
+    """`step` (:2113): the flat partition gradient beside the partition gradients, the optimizer's step on the fp32
+    partition, the all-gather of the new partitions (runtime/utils.py:1013)."""
+    s4 = z.partition_numel(spec, plan) * 4
+    return [
+        moment("optimizer step (flat partition gradient)", **base,
+               gradients=_partition_grads(spec, plan) + z.step_grad_bytes(spec, plan)),
+        moment("optimizer step", **base, gradients=s4, temporaries=z.step_temporary_bytes(spec, plan)),
+        moment("all-gather of the updated partitions", **base, communication=z.gather_output_bytes(spec, plan)),
+    ]
+
+
+def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """DeepSpeed ZeRO-1/2: the candidate peak moments of one steady-state iteration on the largest rank."""
+    from llmem.walk.single import iteration_phases
+
+    single = iteration_phases(spec, compute_plan(plan))
+    step = next(ph for ph in single if ph.name == "optimizer step")
+    held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
+    persistent = _persistent(spec, plan)
+    base = {"parameters": persistent[Category.PARAMETERS], "optimizer": persistent[Category.OPTIMIZER], **held}
+    phases = _compute_moments(spec, plan, single)
+    reduce = _zero1_reduce if plan.zero == 1 else _zero2_epilogue
+    for rank in z.candidate_ranks(spec, plan):
+        phases += reduce(spec, plan, base, rank)
+    return phases + _step_moments(spec, plan, base)
