@@ -126,6 +126,11 @@ def buckets(spec: ModelSpec, plan: TrainingPlan, reverse: bool) -> list[tuple[in
     return [tuple(b) for b in out if b]
 
 
+def extra_large(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> bool:
+    """A bucket of one tensor larger than reduce_bucket_size: reduced in its own gradient, not copied (:1116)."""
+    return len(tensors) == 1 and ordered_numels(spec)[tensors[0]] > plan.ds_reduce_bucket
+
+
 def owner_ranks(spec: ModelSpec, plan: TrainingPlan) -> list[range]:
     """The ranks whose partition each tensor touches (`param_to_partition_ids`), as a range."""
     s, start, out = partition_numel(spec, plan), 0, []

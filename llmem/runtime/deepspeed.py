@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llmem.errors import InputError
 from llmem.plan import Precision, TrainingPlan
 
 
@@ -24,6 +25,7 @@ def ds_config(plan: TrainingPlan) -> dict:
         "gradient_accumulation_steps": plan.grad_accum,
         "zero_optimization": {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket},
         "bf16": {"enabled": plan.precision is Precision.BF16_MIXED},
+        "zero_allow_untested_optimizer": True,  # transformers' deepspeed_optim_sched sets it for its own optimizer
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
@@ -33,7 +35,11 @@ def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Trainin
     """The DeepSpeed engine over `model` (fp32; cast to bf16 by the engine under bf16) and its ZeRO optimizer."""
     import logging
 
-    import deepspeed
+    try:
+        import deepspeed
+    except ImportError:
+        raise InputError("engine", "running --engine deepspeed needs the deepspeed package (scripts/setup.sh installs "
+                         "it with the dev requirements); the estimate itself needs nothing more") from None
     from deepspeed.utils import logger
 
     logger.setLevel(logging.WARNING)

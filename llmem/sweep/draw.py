@@ -131,7 +131,8 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
     `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
     own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed,
     --grad-ckpt selective in a third of the full fine-tunes checkpointing every layer without TP, --loss chunked-ce
-    where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a stream of its own)."""
+    where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a stream of its own);
+    `--engine deepspeed` in half of the cpu profile's other ZeRO-1/2 plans it is modelled for (`_draw_deepspeed`)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -145,6 +146,7 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
         out.pop("fsdp_shard", None)
         out.pop("ddp_bucket_view", None)
         out |= {"engine": "fsdp1", "grad_accum": 1, "keep_grads": False}
+    out |= _draw_deepspeed(seed, index, fields | out, device)
     if fields["grad_ckpt"] != GradCkpt.NONE.value and fields["ckpt_every"] == 1 and "engine" not in out \
             and fields["method"] == Method.FULL.value and fields["tp"] == 1 \
             and random.Random(f"{seed}:{index}:selective").random() < SELECTIVE_SHARE:
@@ -177,6 +179,22 @@ KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quar
 CHUNKED_CE_SHARE = 0.15  # --loss chunked-ce in about one standard-loss plan in seven, from a stream of its own
 LOSS_CHUNKS = (1, 2, 4, 8)
 FSDP1_SHARE = 0.5  # --engine fsdp1 in half of the multi-GPU ZeRO-0/2/3 plans FSDP1 is modelled for
+DEEPSPEED_SHARE = 0.5
+DS_BUCKETS = (500_000_000, 1_000_000, 100_000, 20_000)  # DeepSpeed's default, then buckets below the models' size
+
+
+def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
+    """`--engine deepspeed` (ZeRO-1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, no offload, the
+    standard loss, one micro-step, gradients freed) in half of the cpu profile's plans it is modelled for that did
+    not draw fsdp1, with a reduce bucket from DS_BUCKETS; from a stream of its own. The cuda profile's oracle (the
+    simulator) does not run DeepSpeed."""
+    rng = random.Random(f"{seed}:{index}:deepspeed")
+    if device != "cpu" or "engine" in fields or fields["gpus"] == 1 or fields["tp"] > 1 \
+            or fields["zero"] not in (1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
+            or not _fsdp1_runs(fields) or rng.random() >= DEEPSPEED_SHARE:
+        return {}
+    return {"engine": "deepspeed", "grad_accum": 1, "keep_grads": False, "ds_reduce_bucket": rng.choice(DS_BUCKETS),
+            "fsdp_shard": "dim0", "ddp_bucket_view": False}
 
 
 def _fsdp1_runs(fields: dict) -> bool:

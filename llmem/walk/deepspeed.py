@@ -82,34 +82,38 @@ def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -
 
 
 def _zero1_reduce(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) -> list[Phase]:
-    """`reduce_gradients` (:827) on `rank`: each bucket's flatten beside the gradients not yet moved, then its
-    partition gradients allocated (:1534) once a tensor of the partition was reduced."""
+    """`reduce_gradients` (:827) on `rank`, in registration order: each bucket's gradients copied into it (their own
+    storage freed), its flatten beside the gradients not yet moved, then the partition gradients (:1534) once a
+    tensor of the partition was reduced. A tensor larger than the bucket is reduced in its own gradient (:1116,
+    `extra_large_param_to_reduce`), which stays until the step unless the partition copies it."""
     b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
-    remaining, allocated = sum(numels), False
+    alive, allocated, bucket = sum(numels) * b, False, z.bucket_bytes(plan)
     own = z.partition_grad_numel(spec, plan, rank) * b
     phases = []
-    for k, bucket in enumerate(z.buckets(spec, plan, reverse=False)):
-        e = sum(numels[i] for i in bucket)
-        remaining -= e
-        held = z.bucket_bytes(plan) + remaining * b + (own if allocated else 0)
-        phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank})", **base, gradients=held,
-                             communication=e * b))
-        if any(rank in owners[i] for i in bucket):
+    for k, tensors in enumerate(z.buckets(spec, plan, reverse=False)):
+        e = sum(numels[i] for i in tensors) * b
+        extra = z.extra_large(spec, plan, tensors)
+        alive -= 0 if extra else e
+        phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank})", **base,
+                             gradients=bucket + alive + (own if allocated else 0), communication=e))
+        if any(rank in owners[i] for i in tensors):
             allocated = True
+            alive -= e if extra else 0
             phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank}, partition gradients)", **base,
-                                 gradients=z.bucket_bytes(plan) + remaining * b + own))
+                                 gradients=bucket + alive + own))
     return phases
 
 
 def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) -> list[Phase]:
-    """The epilogue's reduce of the last bucket (`independent_gradient_partition_epilogue`, :880) on `rank`."""
+    """The epilogue's reduce of the last bucket (`independent_gradient_partition_epilogue`, :880) on `rank` (a
+    tensor larger than the bucket: in its own gradient, beside its flatten)."""
     b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
     order = z.buckets(spec, plan, reverse=True)
-    before = any(rank in owners[i] for bucket in order[:-1] for i in bucket)
+    before = any(rank in owners[i] for tensors in order[:-1] for i in tensors)
     own = z.partition_grad_numel(spec, plan, rank) * b
-    e = sum(numels[i] for i in order[-1])
-    held = z.bucket_bytes(plan) + (own if before else 0)
-    return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=e * b),
+    e = sum(numels[i] for i in order[-1]) * b
+    held = z.bucket_bytes(plan) + (own if before else 0) + (e if z.extra_large(spec, plan, order[-1]) else 0)
+    return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=e),
             moment(f"ZeRO-2 epilogue reduce (rank {rank}, partition gradients)", **base,
                    gradients=z.bucket_bytes(plan) + own)]
 

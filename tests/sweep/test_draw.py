@@ -124,3 +124,15 @@ def test_derived_draws_cover_the_catalogue_and_leave_the_small_draws_alone():
     drawn = draw(300, seed=14, size="derived")
     assert {d.model for d in drawn} == set(DERIVED)
     assert {d.model for d in draw(300, seed=14)} <= set(SMALL)
+
+
+def test_deepspeed_is_drawn_on_the_cpu_profile_where_it_is_modelled(many):
+    """--engine deepspeed: both stages, buckets below and at DeepSpeed's default, every such plan accepted; never on
+    the cuda profile (the simulator does not run DeepSpeed)."""
+    ds = [d for d in many if d.fields.get("engine") == "deepspeed"]
+    assert {d.fields["zero"] for d in ds} == {1, 2}
+    assert {d.fields["precision"] for d in ds} == {"fp32", "bf16-mixed"}
+    assert len({d.fields["ds_reduce_bucket"] for d in ds}) > 2
+    for d in ds:
+        TrainingPlan(**d.fields)
+    assert not any(d.fields.get("engine") == "deepspeed" for d in draw(300, seed=2, size="full", device="cuda"))
