@@ -50,6 +50,21 @@ def ordered_numels(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(first + layers + last)
 
 
+def backward_keys(spec: ModelSpec) -> tuple[int, ...]:
+    """Per tensor of `ordered_numels`, when backward makes its gradient, as a layer index: the final norm and an
+    untied lm_head first (num_layers), then the decoder layers from the last down, the input embeddings last (-1)."""
+    outer = spec.outer_params
+    first = [-1 for p in outer if EMBEDDING.search(p.name)]
+    last = [spec.num_layers for p in outer if not EMBEDDING.search(p.name)]
+    return tuple(first + [k for k in range(spec.num_layers) for _ in spec.layer_params(k)] + last)
+
+
+def untied_head_numel(spec: ModelSpec) -> int:
+    """The lm_head's elements when it is a tensor of its own (its hook is the backward's first), else 0."""
+    return max((p.numel for p in spec.outer_params if not EMBEDDING.search(p.name) and p.numel >= spec.vocab_size),
+               default=0)
+
+
 def flat_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
     """P_pad: P rounded up to a multiple of 2 W (`flatten_dense_tensors_aligned`, :421 with :373)."""
     total, align = sum(ordered_numels(spec)), ALIGNMENT * plan.dp

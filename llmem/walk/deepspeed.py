@@ -56,27 +56,45 @@ def _earlier_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> 
     return (outer + later) * z.module_bytes(plan)
 
 
+def _partition_grads_before(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
+    """ZeRO-2: the partition gradients of the rank with the most of them among those a bucket reduced before layer
+    `layer`'s backward began held a tensor of (a bucket is reduced when the next tensor's hook finds it full)."""
+    order, keys, owners = z.buckets(spec, plan, reverse=True), z.backward_keys(spec), z.owner_ranks(spec, plan)
+    ranks = {r for done, nxt in zip(order, order[1:], strict=False) if keys[nxt[0]] >= layer
+             for i in done for r in owners[i]}
+    return max((z.partition_grad_numel(spec, plan, r) for r in ranks), default=0) * z.module_bytes(plan)
+
+
+def _zero2_gradients(spec: ModelSpec, plan: TrainingPlan, name: str, grads: int) -> int:
+    """ZeRO-2's gradients at a one-device backward moment: the bucket, the partition gradients reduced so far and
+    the gradients of the layer being differentiated made since it began (earlier ones in the bucket); in the
+    lm_head's backward its own gradient is already in the bucket (its hook, the first, opens it)."""
+    bucket = z.bucket_bytes(plan)
+    if name.startswith("lm_head backward") and z.untied_head_numel(spec):
+        return bucket + max(grads - z.untied_head_numel(spec) * z.module_bytes(plan), 0)
+    layer = _layer_of(name, spec.num_layers)
+    if layer is None:  # the end of backward: the embeddings' gradient made and moved too
+        return bucket + _partition_grads_before(spec, plan, -1)
+    own = grads - _earlier_gradient_bytes(spec, plan, layer)
+    return bucket + _partition_grads_before(spec, plan, layer) + max(own, 0)
+
+
 def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
     """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. The bucket
-    opens at the first gradient hook, once the loss's and the lm_head's backward returned: from the decoder layers'
-    backward on, ZeRO-1 holds it beside the whole gradients; ZeRO-2 holds it (with the partition gradients once a
-    bucket was reduced: more than one bucket) and the gradients of the layer being differentiated, the earlier ones
-    moved into it."""
+    opens at the first gradient hook (an untied lm_head's, inside its backward; else once the lm_head's backward
+    returned): ZeRO-1 holds it beside the whole gradients, ZeRO-2 as `_zero2_gradients` says."""
     persistent, bucket = _persistent(spec, plan), z.bucket_bytes(plan)
-    held = bucket + (_partition_grads(spec, plan) if len(z.buckets(spec, plan, reverse=True)) > 1 else 0)
+    untied = bool(z.untied_head_numel(spec))
     out = []
     for ph in single:
         if ph.name == "optimizer step":
             continue
         b = dict(ph.breakdown)
         b.update(persistent)
-        if ph.name.startswith("backward"):
-            grads, layer = b[Category.GRADIENTS], _layer_of(ph.name, spec.num_layers)
-            if plan.zero == 1:
-                b[Category.GRADIENTS] = grads + bucket
-            else:
-                own = grads - _earlier_gradient_bytes(spec, plan, layer) if layer is not None else 0
-                b[Category.GRADIENTS] = held + max(own, 0)
+        grads = b[Category.GRADIENTS]
+        if ph.name.startswith("backward") or (untied and ph.name.startswith("lm_head backward")):
+            b[Category.GRADIENTS] = grads + bucket if plan.zero == 1 else _zero2_gradients(
+                spec, plan, ph.name, grads)
         out.append(Phase(ph.name, b))
     return out
 
