@@ -38,6 +38,9 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
+    if str(plan.engine) == "deepspeed":
+        raise InputError("engine", "DeepSpeed's engine is not simulated (it runs its own launcher checks and flat "
+                         "buffers on real tensors); measure it (measure --gpus N)")
     if str(plan.engine) == "fsdp1" and plan.scheme is Scheme.ZERO2:
         raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
                          "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "

@@ -16,6 +16,7 @@ import pytest
 from llmem.components import zero_ds as z
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.sweep.models import SMALL as SWEEP_MODELS
 from tests.components.multirank import TwoRankRows
 
 # found, not imported: importing DeepSpeed takes seconds, and only the launched ranks need it
@@ -26,7 +27,8 @@ LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "n
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 256,
          "tie_word_embeddings": False}
 GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 210, "n_positions": 128}
-CONFIGS = {"llama": LLAMA, "gpt2": GPT2}
+CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "mistral": SWEEP_MODELS["mistral"]}  # mistral: its untied lm_head's
+# hook opens the bucket inside the lm_head's backward, the peak there
 SMALL = 100_000  # elements: a quarter of the llama's 414,336
 CASES = {  # the default suite's launch: each kind of peak moment once, ZeRO-1 and -2, fp32 and bf16
     "llama-z1-fp32": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": SMALL},
@@ -44,6 +46,7 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
                                   "grad_ckpt": "full"},
     "llama-z1-fp32-seq256": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 30_000, "seq_len": 256},
     "llama-z1-bf16-sgd": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL, "optimizer": "sgd"},
+    "mistral-z2-fp32-seq64": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed"}
 ROWS = TwoRankRows(BASE, CASES, lambda name: CONFIGS[name.split("-", 1)[0]])
@@ -76,3 +79,12 @@ def test_partitions_cover_the_flat_parameters_once():
                 assert z.partition_grad_numel(spec, plan, rank) == sum(
                     n for n, ranks in zip(numels, owners, strict=True) if rank in ranks)
             assert sorted(i for b in z.buckets(spec, plan, reverse=True) for i in b) == list(range(len(numels)))
+
+
+def test_the_simulator_refuses_deepspeed_naming_the_engine():
+    from llmem.errors import InputError
+    from llmem.simulate.run import check_simulable
+
+    with pytest.raises(InputError) as e:
+        check_simulable(LLAMA, TrainingPlan(gpus=2, zero=2, engine="deepspeed"))
+    assert e.value.field == "engine" and "measure" in str(e.value)
