@@ -114,11 +114,11 @@ def _zero1_reduce(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) ->
         alive -= 0 if extra else e
         phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank})", **base,
                              gradients=bucket + alive + (own if allocated else 0), communication=e))
-        if any(rank in owners[i] for i in tensors):
+        if any(rank in owners[i] for i in tensors):  # allocated, then the tensor copied in (its own one freed)
             allocated = True
-            alive -= e if extra else 0
             phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank}, partition gradients)", **base,
                                  gradients=bucket + alive + own))
+            alive -= e if extra else 0
     return phases
 
 
@@ -130,10 +130,11 @@ def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) 
     before = any(rank in owners[i] for tensors in order[:-1] for i in tensors)
     own = z.partition_grad_numel(spec, plan, rank) * b
     e = sum(numels[i] for i in order[-1]) * b
-    held = z.bucket_bytes(plan) + (own if before else 0) + (e if z.extra_large(spec, plan, order[-1]) else 0)
+    extra = e if z.extra_large(spec, plan, order[-1]) else 0
+    held = z.bucket_bytes(plan) + (own if before else 0) + extra
     return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=e),
             moment(f"ZeRO-2 epilogue reduce (rank {rank}, partition gradients)", **base,
-                   gradients=z.bucket_bytes(plan) + own)]
+                   gradients=z.bucket_bytes(plan) + own + (extra if any(rank in owners[i] for i in order[-1]) else 0))]
 
 
 def _step_moments(spec: ModelSpec, plan: TrainingPlan, base: dict) -> list[Phase]:
