@@ -38,7 +38,7 @@ CASES = {  # the default suite's launch: each kind of peak moment once, ZeRO-1 a
 }
 HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a default bucket under ZeRO-1, a
     # checkpointed layer's backward with tensors larger than the bucket, SGD's momentum as the client's state
-    # (ZeRO-2 with SGD on this llama peaks inside a layer's backward and reads 4% above: docs/MODEL.md)
+    # (ZeRO-2 with SGD on this llama peaks inside a layer's backward and reads 3% above: docs/DEEPSPEED.md)
     "llama-z2-fp32": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL},
     "llama-z1-bf16": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL},
     "llama-z1-fp32-default": {"zero": 1, "precision": "fp32"},
