@@ -32,8 +32,9 @@ def _trace(b: int, s: int) -> Trace:
     plain, wide = [("model.layers.N.mlp: mm torch.float32", 4 * b * s)], [("model.layers.N.attn: bmm", b * s * s)]
     window = [("layer output gradient", 4 * b * s), ("event 0", 8 * b * s), ("event 1", 2 * b * s)]
     forward = [("event 0", 4 * b * s), ("event 1", 6 * b * s)]
+    accumulated = [("layer output gradient", 4 * b * s), ("event 0", 6 * b * s), ("event 1", 2 * b * s)]
     return Trace([plain, plain + wide, plain], [], [], [], [], backwards=[window, window, window],
-                 forwards=[forward, forward, forward])
+                 forwards=[forward, forward, forward], accumulating=[accumulated] * 3)
 
 
 def test_layers_that_save_the_same_are_one_kind_whatever_their_index():
@@ -42,6 +43,7 @@ def test_layers_that_save_the_same_are_one_kind_whatever_their_index():
     assert layer_kinds == [0, 1, 0]
     assert [len(k["layer"]) for k in kinds] == [1, 2]
     assert kinds[0]["backward"] == [("event 0", [8, 0, 0, 0, 0, 0])]  # the others are below it everywhere
+    assert kinds[0]["accumulating"] == [("event 0", [6, 0, 0, 0, 0, 0])]  # (a later micro-step's window)
 
 
 def test_gemma3_full_attention_layer_is_a_kind_of_its_own_and_the_forward_sums_each_layer():
