@@ -52,11 +52,17 @@ def adapter_saved_bytes(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -
     return sum(s.bytes for s in adapter_saved(spec, plan, cp))
 
 
+def layer0_input_requires_grad(plan: TrainingPlan) -> bool:
+    """Under checkpointing PEFT's input-require-grads hook makes the embeddings' output require grad
+    (`embeddings_require_grad`); otherwise nothing computes layer 0's input gradient."""
+    return embeddings_require_grad(plan) or act.checkpoints_layers(plan)
+
+
 @per_spec()
 def first_layer_saving_bytes(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> int:
     """How much less layer 0 keeps than the others when its input requires no grad (no checkpointing): full
     fine-tuning's entries only the layer input's gradient needs (`lora_activations._NEEDS` "input")."""
-    if embeddings_require_grad(plan) or act.checkpoints_layers(plan):
+    if layer0_input_requires_grad(plan):
         return 0
     return sum(s.bytes for s in act.layer_saved(spec, cp) if _NEEDS.get(s.name) == "input")
 

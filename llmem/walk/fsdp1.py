@@ -29,6 +29,7 @@ from llmem.components import Category, flat_lora, lora
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
@@ -87,11 +88,15 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
         phases.append(moment(f"loss backward (prefetch of layer {layers - 1})", **on,
                              logits=lg.loss_backward_start_bytes(spec, cp),
                              communication=backward + fp.gather_transient_bytes(spec, w.flat, layers)))
-    return phases + [
+    phases += [
         moment("loss backward", **on, logits=lg.loss_backward_peak_bytes(spec, cp), communication=backward),
         moment("lm_head backward", **on, gradients=w.root_grads_head, logits=lg.lm_head_backward_bytes(spec, cp),
                communication=backward),
     ]
+    if w.frozen_root:  # the final norm's backward, the held logits alive (`norm_backward.final_norm_backward_bytes`)
+        phases.append(moment("final norm backward", **on, logits=w.logits, communication=backward,
+                             temporaries=norm_bwd.final_norm_backward_bytes(spec, cp)))
+    return phases
 
 
 def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
@@ -107,9 +112,16 @@ def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
                                           gathered + fp.gather_transient_bytes(spec, plan, layer)))
     phases += _lora_mlp_moments(w, layer, later, _backward_moments(w, layer, later, 0, {}, below, gathered))
     flat = fp.unsharded_grad_bytes(spec, plan, 1 + layer)
-    earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0),
+    # after layer 0's backward the RoPE cos / sin, saved only by the layers' RoPE muls, are released; under LoRA
+    # with PEFT's input-require-grads hook the embeddings' output is a leaf its AccumulateGrad node keeps
+    rope = 0 if layer else sum(s.bytes for s in act.outer_saved(spec, w.cp) if s.name.startswith("RoPE")) \
+        - (w.hidden if lora.is_lora(plan) and flat_lora.layer0_input_requires_grad(plan) else 0)
+    earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else rope),
                    logits=w.logits)
-    base = w.root_grads_head + later + w.residual_grad
+    # the gradient of the layer's input, unless it is layer 0's and needs none (LoRA: frozen embeddings)
+    residual = 0 if not layer and lora.is_lora(plan) and not flat_lora.layer0_input_requires_grad(plan) \
+        else w.residual_grad
+    base = w.root_grads_head + later + residual
     views = layer_gradient_bytes(spec, w.cp, layer)  # the views' gradients, waiting in SplitWithSizesBackward
     views += lora.layer_adapter_bytes(spec, plan, layer, fp.gather_bytes(plan)) if lora.is_lora(plan) else 0
     phases.append(moment(f"backward (layer {layer}, flat gradient)", **earlier,
