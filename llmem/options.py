@@ -256,7 +256,8 @@ OPTIONS: tuple[Option, ...] = (
            "BACKWARD_PRE prefetch; --zero 0 = NO_SHARD, 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; mixed precision = "
            "MixedPrecision with half params, reduce and buffers, no autocast): flat shards padded to the GPUs, the "
            "root kept gathered through forward and backward, a layer's whole unsharded gradient reduce-scattered at "
-           "once. "
+           "once. With LoRA a layer's frozen base shares the adapters' FlatParameter, so its weight gradients are "
+           "computed and reduce-scattered as in full fine-tuning; only the adapters get optimizer states. "
            "deepspeed is refused with the closest torch-engine options: its ZeRO is a different program.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
 )
