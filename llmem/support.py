@@ -88,10 +88,12 @@ RULES: tuple[Rule, ...] = (
        "states shard with the parameters); use --zero 0, 2 or 3, or --engine torch (ZeroRedundancyOptimizer)",
        REFUSED, engine="fsdp1", gpus=2, zero=1),
     _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA,
-       "{p.method} under FSDP1 is not modelled (4-bit codes and trainable adapters in one FlatParameter); use "
-       "--method lora, or --engine torch (FSDP2)", GAP, engine="fsdp1", method="qlora", precision="bf16", gpus=2,
-       zero=3),
+       "{p.method} under FSDP1 is not modelled: FSDP1 cannot flatten the uint8 4-bit codes llmem's QLoRA stores "
+       "('Cannot flatten integer dtype tensors'), and FSDP-QLoRA recipes store them in the compute dtype "
+       "(bnb_4bit_quant_storage), which llmem does not model; use --method lora, or --engine torch (FSDP2)", GAP,
+       engine="fsdp1", method="qlora", precision="bf16", gpus=2, zero=3),
     # PEFT keeps half-precision bases' adapters in fp32 (autocast_adapter_dtype): one unit would mix two dtypes
+    # (`_validate_tensors_to_flatten`, torch 2.13 `torch/distributed/fsdp/_flat_param.py:814`)
     _r("engine method precision", "precision",
        lambda p: p.engine is Engine.FSDP1 and p.method is Method.LORA and p.precision.param_bytes == 2,
        "FSDP1 flattens a decoder layer into one FlatParameter of one dtype, and PEFT keeps the adapters of a "
