@@ -180,8 +180,8 @@ def _fsdp1_runs(fields: dict, lora: bool = False) -> bool:
 
 def _lora_tables(config: dict) -> bool:
     """LoRA under FSDP1 is modelled on the hand-written dense families' LoRA tables (`llmem.estimate`); LoRA on
-    several GPUs is refused on MoE models. On the cpu profile only: the simulate oracle (cuda profile) reads
-    all-linear bf16-mixed plans 2 % below the estimate (docs/MODEL.md)."""
+    several GPUs is refused on MoE models. Drawn on the cpu profile only: under the simulate oracle (cuda profile)
+    a tied-embedding model's FSDP1 LoRA run fails (docs/MODEL.md)."""
     from llmem.families import FAMILIES
 
     family = FAMILIES.get(str(config.get("model_type")))

@@ -27,10 +27,11 @@ def test_cuda_profile_estimate_matches_the_simulated_program(zero, precision):
 
 
 def test_cuda_profile_lora_matches_the_simulated_program():
-    """LoRA (q_proj, v_proj) under FULL_SHARD bf16-mixed: the frozen base's flat gradient, the adapters' states and
-    saves, CUDA's bool dropout masks (all-linear bf16-mixed plans read 2 % below the estimate: docs/MODEL.md)."""
+    """LoRA (all-linear) under FULL_SHARD bf16-mixed: the frozen base's flat gradient, the adapters' states and
+    saves, CUDA's bool dropout masks. The simulated rank is the one whose shards hold the most adapter elements
+    (here rank 1, with up_proj's and down_proj's): rank 0 reads 1.8 % lower, its optimizer holding fewer states."""
     plan = TrainingPlan(gpus=2, zero=3, engine="fsdp1", precision="bf16-mixed", batch_size=2, seq_len=64,
-                        device="cuda", method="lora", lora_targets="q_proj,v_proj")
+                        device="cuda", method="lora", lora_targets="all-linear")
     simulated = simulate(LLAMA, plan).peak_bytes
     estimated = estimate(ModelSpec.from_config(LLAMA), plan).peak_bytes
     assert abs(estimated - simulated) <= 0.01 * simulated, (estimated, simulated)
