@@ -190,11 +190,14 @@ def unsharded_grad_bytes(spec: ModelSpec, plan: TrainingPlan, unit: int) -> int:
     return units(spec, plan)[unit].numel * gather_bytes(plan)
 
 
+@per_spec("layout_key")
 def largest_rank(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The rank whose optimizer steps the most elements (`optimized_sizes`): rank 0 or the last."""
+    """The rank whose optimizer steps the most elements (`optimized_sizes`): full fine-tuning, rank 0 or the last
+    (the padding sits at the tensors' ends and the flat end); LoRA, any rank (the adapters sit by their Linears)."""
     world, steps = shard_world(plan), trainable(spec, plan)
+    ranks = range(world) if lora.is_lora(plan) else sorted({0, world - 1})
     held = {r: sum(n for u, t in zip(units(spec, plan), steps, strict=True)
-                   for n, on in zip(u.in_shard(r, world), t, strict=True) if on) for r in sorted({0, world - 1})}
+                   for n, on in zip(u.in_shard(r, world), t, strict=True) if on) for r in ranks}
     return max(held, key=lambda r: (held[r], -r))
 
 
@@ -204,7 +207,5 @@ def optimized_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     root's tensors first: the tensors the optimizer steps (empty ones get no gradient and no state; under LoRA the
     adapters only: `_use_sharded_grad_views` gives a frozen view no `.grad`, `_flat_param.py:2209`)."""
     world, steps, rank = shard_world(plan), trainable(spec, plan), largest_rank(spec, plan)
-    # the padding sits at the tensors' ends and the flat end (LoRA: the adapters where their Linears are): rank 0 or
-    # the last holds the most
     return [n for u, t in zip(units(spec, plan), steps, strict=True)
             for n, on in zip(u.in_shard(rank, world), t, strict=True) if n and on]
