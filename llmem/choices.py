@@ -135,6 +135,13 @@ class Loss(Choice):
     CHUNKED_CE = "chunked-ce"  # torchtune's CEWithChunkedOutputLoss: the lm_head and the loss per chunk of tokens
 
 
+class PpSchedule(Choice):
+    """`--pp-schedule`: torch.distributed.pipelining's single-stage schedules (`get_schedule_class` names)."""
+
+    GPIPE = "gpipe"  # ScheduleGPipe: every microbatch's forward, then every backward
+    ONE_F_ONE_B = "1f1b"  # Schedule1F1B: pp - stage forwards in flight, then one backward per forward
+
+
 class AllocConf(Choice):
     """`PYTORCH_CUDA_ALLOC_CONF` of the program: the caching allocator's segments (DESIGN.md "Project extensions")."""
 
@@ -152,6 +159,7 @@ class Scheme(Choice):
     ZERO3 = "zero3"  # FSDP2, reshard_after_forward=True
     TP = "tp"
     TP_ZERO3 = "tp+zero3"  # 2-D mesh: TP inside, FSDP2 across
+    PP = "pp"  # pipeline parallel: one stage per GPU (torch.distributed.pipelining)
 
     @property
     def label(self) -> str:
@@ -166,6 +174,7 @@ SCHEME_LABELS = {
     Scheme.ZERO3: "ZeRO-3 (FSDP2, reshard after forward)",
     Scheme.TP: "tensor parallel",
     Scheme.TP_ZERO3: "TP × FSDP2 (ZeRO-3)",
+    Scheme.PP: "pipeline parallel",
 }
 
 

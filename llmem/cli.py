@@ -64,9 +64,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{spec.name} ({spec.model_type}, {format_params(spec.total_params)} parameters) — from {origin}")
-    print(f"{plan.strategy_label} on {plan.gpus} GPU(s), micro-batch {plan.batch_size} × {plan.seq_len} tokens, "
+    batch = f"micro-batch {plan.batch_size}" if plan.pp == 1 else \
+        f"step batch {plan.batch_size} in {plan.microbatches} microbatches ({plan.pp_schedule})"
+    print(f"{plan.strategy_label} on {plan.gpus} GPU(s), {batch} × {plan.seq_len} tokens, "
           f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
     print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
+    if est.stage_peaks:
+        print("per pipeline stage (GPU i runs stage i): "
+              + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks)))
     width = max(len(str(c)) for c in est.breakdown)
     for cat, b in est.breakdown.items():
         if b:

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from llmem.components import outside
 from llmem.errors import InputError
-from llmem.estimate import FITS, RISK_FIX, Estimate, estimate, iteration_phases, validate_plan_for_model
+from llmem.estimate import FITS, RISK_FIX, Estimate, estimate, plan_phases, validate_plan_for_model
 from llmem.plan import MAX_TOKENS, Device, Loss, Method, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.units import format_gib
 
 # Less communication first: the tie-break of the recommendation.
 COMMUNICATION_ORDER = [Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.ZERO2, Scheme.ZERO3, Scheme.TP,
-                       Scheme.TP_ZERO3]
+                       Scheme.TP_ZERO3, Scheme.PP]  # --pp: only ever compared with itself
 
 
 class OnCapacity:
@@ -226,7 +226,7 @@ def _device_total(peak: int, plan: TrainingPlan) -> int:
 
 def _peak(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`estimate(spec, plan).peak_bytes` of a plan already validated: the largest moment's total."""
-    return max(p.total for p in iteration_phases(spec, plan))
+    return max(p.total for p in plan_phases(spec, plan))
 
 
 def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> int:
@@ -236,15 +236,19 @@ def max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int) -> 
 
 
 def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, phases=None) -> int:
-    """`max_batch_size`, given the plan's own phases when they are known (`compare` has its estimate's)."""
-    limit = MAX_TOKENS // plan.seq_len
-    if limit < 2:  # a sequence over half the token bound: batch 1 is the only batch the plan allows
-        return int(_device_total(estimate(spec, plan.with_(batch_size=1)).peak_bytes, plan) <= capacity_bytes)
-    totals = {} if phases is None else {plan.batch_size: [p.total for p in phases]}  # micro-batch -> phase totals
-    for batch in (1, 2):
-        if batch not in totals:
-            at = plan if plan.batch_size == batch else plan.with_(batch_size=batch)
-            totals[batch] = [p.total for p in iteration_phases(spec, at)]
+    """`max_batch_size`, given the plan's own phases when they are known (`compare` has its estimate's). Under
+    `--pp` the batch is the step's, M microbatches of equal size: the solve runs over the microbatch size (every
+    stage's moments are linear in it too) and returns M times it."""
+    unit = plan.microbatches if plan.pp > 1 else 1
+    limit = MAX_TOKENS // plan.seq_len // unit
+    if limit < 2:  # a sequence over half the token bound: one unit is the only batch the plan allows
+        return unit * int(_device_total(estimate(spec, plan.with_(batch_size=unit)).peak_bytes, plan) <= capacity_bytes)
+    # units of the batch -> phase totals
+    totals = {} if phases is None or plan.batch_size % unit else {plan.batch_size // unit: [p.total for p in phases]}
+    for units in (1, 2):
+        if units not in totals:
+            at = plan if plan.batch_size == units * unit else plan.with_(batch_size=units * unit)
+            totals[units] = [p.total for p in plan_phases(spec, at)]
     one, two = totals[1], totals[2]
     best = limit
     # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
@@ -257,10 +261,10 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
     if best < 1:
         return 0
     validate_plan_for_model(spec, plan)  # as `estimate` would (the batch size changes nothing it checks)
-    while best >= 1 and _device_total(max(totals[best]) if best in totals else _peak(spec, plan.with_(batch_size=best)),
-                                      plan) > capacity_bytes:
+    while best >= 1 and _device_total(max(totals[best]) if best in totals else
+                                      _peak(spec, plan.with_(batch_size=best * unit)), plan) > capacity_bytes:
         best -= 1
-    return best
+    return best * unit
 
 
 def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:

@@ -59,6 +59,15 @@ class Estimate:
         return sum(self.breakdown.values())
 
     @property
+    def stage_peaks(self) -> list[int]:
+        """`--pp`: each pipeline stage's peak (stage i runs on rank i; `peak_bytes` is the worst); else []."""
+        if self.plan.pp == 1:
+            return []
+        from llmem.walk.pipeline import stage_peaks
+
+        return stage_peaks(self.phases, self.plan.pp)
+
+    @property
     def peak_bytes_range(self) -> tuple[int, int]:
         """(lowest, highest) peak over what the user did not say. MoE routing is the one such input, and it moves
         nothing: transformers runs the experts as grouped matmuls over tokens × top_k rows whichever experts the
@@ -142,6 +151,8 @@ class Estimate:
             "host_node_bytes": self.host_node_bytes,
             "host_ranks_per_node": offload.ranks_per_node(self.plan),
             "phases": {p.name: p.total for p in self.phases},
+            "stage_peaks": self.stage_peaks,  # --pp: per stage (= rank); the worst is peak_bytes
+            "worst_stage": self.stage_peaks.index(self.peak_bytes) if self.stage_peaks else None,
             "notes": list(self.notes),
         }
 
@@ -150,7 +161,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
-    phases = iteration_phases(spec, plan)
+    phases = plan_phases(spec, plan)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,
@@ -169,6 +180,16 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 _TOTAL = operator.attrgetter("total")
 
 
+def plan_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The walk of the plan's program: every pipeline stage's moments under `--pp` (`walk.pipeline`), else the one
+    rank's (`walk.single.iteration_phases`, which dispatches FSDP2 and FSDP1)."""
+    if plan.pp > 1:
+        from llmem.walk.pipeline import pipeline_phases
+
+        return pipeline_phases(program_spec(spec, plan), plan)
+    return iteration_phases(spec, plan)
+
+
 def validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     """Checks that need both: TP must divide the heads and the MLP width, and the family must have a TP plan. None
     reads the micro-batch or the sequence length, so a plan's layout that passed is remembered on the spec."""
@@ -185,6 +206,10 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "
                          f"families); {spec.model_type!r}'s are traced (measured 2.4 % low on gpt2): use --engine "
                          "torch", GAP)
+    if plan.pp > 1:
+        from llmem.components import pipeline
+
+        pipeline.check(spec, plan)
     if plan.grad_ckpt is GradCkpt.SELECTIVE and (spec.is_moe or spec.derived is not None):
         raise InputError("grad-ckpt", "selective checkpointing is modelled for the hand-written dense families (not "
                          f"measured on MoE or traced architectures, {spec.model_type!r}); use --grad-ckpt full", GAP)

@@ -73,8 +73,28 @@ OPTIONS: tuple[Option, ...] = (
            "lora/qlora there is little to shard (a frozen base, small adapters), so ZeRO-2 — the base's shards plus "
            "every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
            app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL, group=G_HARDWARE)),
+    Option("pp", int, 1,
+           "Pipeline-parallel degree (torch.distributed.pipelining, one stage per GPU, --gpus equal to it): each GPU "
+           "holds only its stage's layers (stage 0 also the embedding, the last the final norm, lm_head and loss) "
+           "with their gradients and optimizer states, but keeps the activations of every microbatch in flight: "
+           "GPipe all of them, 1F1B pp - stage; the first stage is usually the worst.",
+           low=1, high=MAX_APP_GPUS, link=WHEN_SET, compared=False,
+           widget=Widget("Pipeline stages (pp)", "w_pp", NUMBER, group=G_HARDWARE)),
+    Option("pp_schedule", c.PpSchedule, c.PpSchedule.ONE_F_ONE_B,
+           "With --pp: gpipe (ScheduleGPipe) runs every microbatch's forward before any backward, so each stage "
+           "holds all --microbatches sets of activations; 1f1b (Schedule1F1B, torchtitan's default) holds at most "
+           "pp - stage of them (needs --microbatches >= pp).",
+           link=WHEN_SET, compared=False,
+           widget=Widget("Pipeline schedule", "w_pp_schedule", SELECT, group=G_HARDWARE)),
+    Option("microbatches", int, 1,
+           "With --pp: the microbatches the schedule splits --batch-size into (torchtitan's local_batch_size / "
+           "pipeline_parallel_microbatch_size); activations in flight are counted per microbatch, and each stage "
+           "after the first keeps a receive buffer and an input gradient per microbatch.",
+           low=1, high=MAX_APP_BATCH, link=WHEN_SET, compared=False,
+           widget=Widget("Pipeline microbatches", "w_microbatches", NUMBER, group=G_HARDWARE)),
     Option("batch_size", int, 1,
-           "Micro-batch per GPU. Activations and logits grow linearly with it.",
+           "Micro-batch per GPU. Activations and logits grow linearly with it. With --pp: the step's batch of the "
+           "pipeline, split into --microbatches.",
            low=1, high=MAX_APP_BATCH, widget=Widget("Micro-batch per GPU", "w_batch", NUMBER, group=G_BATCH)),
     Option("seq_len", int, 2048,
            "Tokens per sequence. Activations and logits grow linearly (eager attention: quadratically).",

@@ -30,6 +30,7 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
     Offload,
     Optimizer,
     OptimizerImpl,
+    PpSchedule,
     Precision,
     Quant,
     Scheme,
@@ -39,7 +40,7 @@ from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targe
 
 __all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice",
            "Device", "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl",
-           "Precision", "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
+           "PpSchedule", "Precision", "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 
 MAX_GPUS = 65536
 
@@ -122,6 +123,8 @@ class TrainingPlan(_PlanFields):
 
     @cached_property
     def scheme(self) -> Scheme:
+        if self.pp > 1:
+            return Scheme.PP
         if self.tp > 1:
             return Scheme.TP if self.gpus == self.tp else Scheme.TP_ZERO3
         if self.gpus == 1:
@@ -138,7 +141,7 @@ class TrainingPlan(_PlanFields):
     @property
     def dp(self) -> int:
         """Data-parallel degree: how many ranks see different data."""
-        return self.gpus // self.tp
+        return self.gpus // (self.tp * self.pp)
 
     @property
     def effective_optimizer_impl(self) -> OptimizerImpl:

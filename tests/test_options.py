@@ -27,6 +27,9 @@ SAMPLES = {
     "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),
     "loss_chunks": ("4", {"loss": "chunked-ce"}),
     "optimizer_in_backward": ("true", {}),
+    "pp": ("2", {"gpus": "2", "microbatches": "2", "batch_size": "2"}),
+    "pp_schedule": ("gpipe", {"pp": "2", "gpus": "2"}),
+    "microbatches": ("4", {"pp": "2", "gpus": "2", "batch_size": "4"}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

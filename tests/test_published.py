@@ -5,12 +5,16 @@ justified in docs/PUBLISHED.md). `pytest -s` prints the table."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
 from llmem import published
+from llmem.choices import Engine
 from llmem.plan import Method
+from llmem.presets import load_preset
+from llmem.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,10 +37,16 @@ def test_every_claim_names_a_row_and_matches_its_columns(rows):
         row = by_id[rid]
         plan = published.row_plan(row, claim)
         assert plan.gpus == int(row["gpus"])
-        assert (plan.zero == 3) == ("full" in row["zero_stage"].lower().replace("_", " ")), rid
+        stage = row["zero_stage"].lower().replace("_", " ")
+        assert (plan.zero == 3) == ("full" in stage or re.fullmatch(r"fsdp2 \(\d+-way\)", stage) is not None), rid
+        ran_fsdp1 = stage.startswith("fsdp ") or "fsdp1" in row["framework"].lower()
+        if rid in published.CLAIMS:
+            assert (plan.engine is Engine.FSDP1) == ran_fsdp1, rid
+        else:  # shown for reference: adapters under FSDP1, which --engine fsdp1 does not model
+            assert ran_fsdp1 and plan.method is not Method.FULL, rid
         assert str(plan.batch_size) == row["batch_size_per_gpu"].strip()
         assert str(plan.seq_len) in row["seq_len"]
-        assert plan.method.value == row["scheme"]
+        assert row["scheme"].startswith(plan.method.value), rid  # "full (pre-training)" is a full training step
         if plan.method is not Method.FULL:
             assert plan.lora_rank == int(row["lora_rank"])
         if plan.method is Method.QLORA:
@@ -84,3 +94,27 @@ def test_fsdp1_reference_rows_are_shown_but_not_in_the_median(rows, results):
     assert not {r.id for r in reference} & {r.id for r in results}
     doc = published.render_markdown(rows)
     assert all(f"| {rid} |" in doc for rid in published.REFERENCE)
+
+
+def test_config_overrides_change_no_shape():
+    """A claim's config override names how the source's own code computes a layer, never a size: the model it
+    builds has the preset's parameter count."""
+    overridden = {rid: c for rid, c in {**published.CLAIMS, **published.REFERENCE}.items() if c.config}
+    assert overridden
+    for rid, claim in overridden.items():
+        base = load_preset(claim.preset)
+        assert set(claim.config) <= set(base), rid
+        assert (ModelSpec.from_config({**base, **claim.config}).total_params
+                == ModelSpec.from_config(base).total_params), rid
+
+
+def test_per_scheme_groups_the_claimed_rows(results):
+    groups = published.per_scheme(results)
+    assert sum(n for n, _, _ in groups.values()) == len(results)
+    assert {published.SINGLE, published.FSDP1} <= set(groups)
+    fsdp1 = [r for r in results if published.scheme_group(r.plan) == published.FSDP1]
+    assert fsdp1 and all(r.plan.engine is Engine.FSDP1 and r.plan.gpus > 1 for r in fsdp1)
+    n, med, mean = groups[published.FSDP1]
+    assert n == len(fsdp1) and mean == sum(r.error for r in fsdp1) / n
+    doc = published.render_markdown()
+    assert "## Per scheme" in doc and f"| {published.FSDP1} | {n} |" in doc

@@ -48,7 +48,7 @@ class _Recorder:
     def __getattr__(self, name):
         self.read.add(name)
         if name == "scheme":
-            return TrainingPlan.scheme.func(self)  # the plan's own derivation, reading gpus, tp and zero
+            return TrainingPlan.scheme.func(self)  # the plan's own derivation, reading gpus, tp, zero and pp
         return self._values[name]
 
 
@@ -64,7 +64,8 @@ def _random_values(r: random.Random) -> dict:
             "grad_ckpt": r.choice(["none", "full"]), "ckpt_every": r.choice([1, 2]),
             "lora_modules_to_save": r.choice(["", "lm_head"]), "double_quant": r.choice([True, False]),
             "optimizer_in_backward": r.choice([True, False]), "keep_grads": r.choice([True, False]),
-            "grad_accum": r.choice([1, 2])}
+            "grad_accum": r.choice([1, 2]), "pp": r.choice([1, 1, 2]), "microbatches": r.choice([1, 2, 4]),
+            "pp_schedule": r.choice(["1f1b", "gpipe"]), "batch_size": r.choice([1, 2, 4])}
 
 
 def test_conditions_read_only_the_fields_their_row_names():
@@ -74,7 +75,9 @@ def test_conditions_read_only_the_fields_their_row_names():
         for rule in support.RULES:
             plan = _Recorder(values)
             rule.when(plan)
-            allowed = set(rule.fields) | ({"scheme"} if {"gpus", "tp", "zero"} <= set(rule.fields) else set())
+            # the scheme reads pp first (`TrainingPlan.scheme`): a pipeline is a scheme of its own
+            scheme = {"scheme", "pp"} if {"gpus", "tp", "zero"} <= set(rule.fields) else set()
+            allowed = set(rule.fields) | scheme
             assert plan.read <= allowed, (rule.blame, plan.read - allowed)
 
 

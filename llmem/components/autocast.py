@@ -24,6 +24,11 @@ def _applies(plan: TrainingPlan) -> bool:
     return plan.precision.is_mixed and plan.scheme not in FSDP_SCHEMES
 
 
+def applies_to_head(plan: TrainingPlan) -> bool:
+    """Whether the forward runs under `torch.autocast` (mixed precision outside FSDP's own policies)."""
+    return _applies(plan)
+
+
 def _linear_weights(spec: ModelSpec, layer: int) -> list:
     return [p for p in spec.layer_params(layer) if p.name.endswith(".weight") and len(p.shape) >= 2]
 

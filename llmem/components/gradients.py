@@ -4,10 +4,8 @@ bytes = local_params * param_bytes: `.grad` has the parameter's dtype (fp32 unde
 backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeRO-1 keep full gradients.
 Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them).
 LoRA: only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embeddings run no backward.
-`--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of a tensor of 4096 or more
-elements is dropped by its hook right after AccumulateGrad made it, so only the small ones are held
-(`llmem.components.offload`); the moment each is made is counted where it is made (`offloaded_*_transient_bytes`).
-"""
+`--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of 4096+ elements is dropped
+by its hook right after AccumulateGrad made it (`llmem.components.offload`; counted where made, `offloaded_*`)."""
 
 from llmem.components import activations as act
 from llmem.components import lora, lora_moe, offload
@@ -322,12 +320,14 @@ def moe_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> dict[str, in
 
 def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--grad-accum`, micro-steps 2..K: how much less than micro-step 1 a layer's MLP backward moment holds beyond
-    every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE layers:
-    per moment (`moe_held_gradient_bytes`). Dense MLPs: 0 — their moment (`layer_backward_peak_extra_bytes`) counts
-    the last Linear's weight gradient, which AccumulateGrad takes before the activation gradients after it are made,
-    but the instant before (that gradient beside one activation gradient) is not modelled apart."""
+    every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE: per
+    moment (`moe_held_gradient_bytes`); traced layers: their window with each weight gradient added in place. Dense
+    tables: 0 (their moment counts only the last Linear's weight gradient, not yet taken)."""
     if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan) - moe_layer_backward_peak_extra_bytes(spec, plan, True)
+    if spec.derived is not None:  # traced: the window with each weight gradient added in place (`llmem.derive`)
+        return (spec.derived.backward_extra_bytes(spec, plan)
+                - spec.derived.accumulated_backward_extra_bytes(spec, plan))
     return 0
 
 

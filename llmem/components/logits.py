@@ -53,7 +53,23 @@ def loss_forward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return chunked_ce.loss_forward_peak_bytes(spec, plan)
     lc, l32, _ = _sizes(spec, plan)
     upcast = l32 if plan.precision.compute_bytes != FP32 else 0
-    return lc + upcast + l32 + label_bytes(spec, plan) + softcap_bytes(spec, plan)
+    return lc + upcast + l32 + label_bytes(spec, plan) + softcap_bytes(spec, plan) + final_hidden_held_bytes(spec, plan)
+
+
+def final_hidden_held_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The final hidden states (the lm_head's input: tokens × its input width, in the residual stream's dtype)
+    while the loss's forward runs: `*ForCausalLM.forward` holds them (`hidden_states = outputs.last_hidden_state`,
+    transformers 5.23 e.g. modeling_llama.py `LlamaForCausalLM.forward`) until it returns after the loss. Counted
+    here only where the lm_head does not save that tensor for its backward: under autocast it saves its half copy;
+    a frozen lm_head (LoRA, no trainable copy of it) saves no input. Measured: 32 KiB at 128 tokens × h 64, fp32."""
+    from llmem.components import autocast, lora
+    from llmem.components.activations import _proj_dim
+    from llmem.components.saved import _bytes
+
+    frozen = lora.is_lora(plan) and not lora.trains_copy(spec, plan, "head")
+    if not (autocast.applies_to_head(plan) or frozen):
+        return 0
+    return plan.batch_size * plan.seq_len * _proj_dim(spec) * _bytes(plan)[1]
 
 
 def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

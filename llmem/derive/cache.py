@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 16
+FORMAT = 17
 
 
 def _directory() -> Path:

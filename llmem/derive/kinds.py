@@ -45,7 +45,7 @@ def peak_candidates(events: list) -> list:
 def _raw_key(traces: list, i: int) -> str:
     """Layer `i`'s traces at every point: savers and bytes, the backward's and the forward's live bytes."""
     return repr([([(saver(n), b) for n, b in t.layers[i]], [b for _, b in t.backwards[i]],
-                  [b for _, b in t.forwards[i]]) for t in traces])
+                  [b for _, b in t.forwards[i]], [b for _, b in t.accumulating[i]]) for t in traces])
 
 
 def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> dict:
@@ -54,14 +54,17 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
                             [t.backwards[i] for t in checks], kind, offset)
     forward = fit_sequence(f"layer {i} forward", [t.forwards[i] for t in traces], [t.forwards[i] for t in checks],
                            kind, offset)
+    accumulating = fit_sequence(f"layer {i} backward, gradients accumulated", [t.accumulating[i] for t in traces],
+                                [t.accumulating[i] for t in checks], kind, offset)
     return {"layer": [(LAYER_INDEX.sub(".N.", n, count=1), list(c)) for n, c in saved],
             "backward": [(n, list(c)) for n, c in peak_candidates(backward)],
-            "forward": [(n, list(c)) for n, c in peak_candidates(forward)]}
+            "forward": [(n, list(c)) for n, c in peak_candidates(forward)],
+            "accumulating": [(n, list(c)) for n, c in peak_candidates(accumulating)]}
 
 
 def _table_key(table: dict) -> tuple:
     return (tuple((saver(n), tuple(c)) for n, c in table["layer"]),
-            tuple(sorted(tuple(c) for _, c in table["backward"])), tuple(sorted(tuple(c) for _, c in table["forward"])))
+            *(tuple(sorted(tuple(c) for _, c in table[w])) for w in ("backward", "forward", "accumulating")))
 
 
 def group(traces: list, checks: list, kind: str, offset: int) -> tuple[list[dict], list[int]]:

@@ -187,7 +187,7 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward") \
+        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         b, s = plan.batch_size, plan.seq_len
         return [Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table]
@@ -253,6 +253,18 @@ class Derived:
             extra = max(extra, self.recompute_extra_bytes(plan))
         return extra
 
+    def accumulated_backward_extra_bytes(self, spec: ModelSpec, plan: TrainingPlan) -> int:
+        """`backward_extra_bytes` in a later micro-step of --grad-accum (or with kept gradients): the same window
+        with each weight gradient added in place into its `.grad` as it is made (`trace._window`'s `in_place`),
+        so the layer's earlier weight gradients are no longer new at a later event. Traced LoRA: unchanged (its
+        adapters' gradients are a few kB)."""
+        if "checkpointed backward" in self.fitted(plan):
+            return self.backward_extra_bytes(spec, plan)
+        extra = max(s.bytes for s in self._saved(plan, "accumulating"))
+        if plan.grad_ckpt is GradCkpt.FULL:
+            extra = max(extra, self.recompute_extra_bytes(plan))
+        return extra
+
     def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
         """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative
         to its start, plus the output gradient that triggered it (traced per kind, `trace.Trace.forwards`: saved
@@ -278,8 +290,6 @@ def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
     if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS):
         return 2 * nbytes
     return nbytes
-
-
 
 
 def band(config: dict, seq: int) -> int:
@@ -340,61 +350,4 @@ def _quiet_transformers():
         logging.set_verbosity(level)
 
 
-def _refuse_experts(config: dict) -> dict:
-    """Expert layers not derived (`experts.experts_refusal`, read with the config class's defaults) are refused;
-    returns the spec's expert sizes (`experts.moe_sizes`)."""
-    from transformers import AutoConfig
-
-    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-    cfg = AutoConfig.for_model(config["model_type"], **rest)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    values = {key: getattr(text, key, None) for key in experts.FIELDS}
-    refusal = experts.experts_refusal(values, config.get("model_type"))
-    if refusal is not None:
-        raise refusal
-    return experts.moe_sizes(values)
-
-
-def derived_spec(config: dict) -> ModelSpec:
-    """The meta-device parameter inventory (`llmem.meta.meta_spec`; cached, `inventory`) with the traced activation
-    tables attached. What the config alone rules out (`static_refusal`) is refused before anything is built."""
-    refusal = static_refusal(config)
-    if refusal is not None:
-        raise refusal
-    spec = inventory(config)
-    options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
-    object.__setattr__(spec, "options", options)
-    object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "
-                                         "traced from transformers on fake tensors",))
-    object.__setattr__(spec, "derived", Derived(config, spec.model_type))
-    return spec
-
-
-_SIZES = ("model_type", "name", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-          "num_kv_heads", "head_dim", "tie_word_embeddings")
-
-
-def inventory(config: dict) -> ModelSpec:
-    """The parameter inventory, from the disk cache when this config was counted before (no torch import then),
-    else counted on the meta device and cached once the experts check passed."""
-    from llmem.spec import ParamTensor
-
-    cached = cache.load(config, ("inventory",))
-    if cached is None:
-        from llmem.meta import meta_spec
-
-        with _quiet_transformers():
-            spec = meta_spec(config)
-            moe = _refuse_experts(config)
-        cached = cache.store(config, ("inventory",), {
-            "sizes": {k: getattr(spec, k) for k in _SIZES} | moe,
-            "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})
-    spec = ModelSpec(**cached["sizes"])
-    params = tuple(ParamTensor(n, tuple(shape), layer) for n, shape, layer in cached["params"])
-    object.__setattr__(spec, "params", params)
-    return spec
-
-
-def is_cached(config: dict) -> bool:
-    """Whether this config's inventory is cached (it was derived before: a causal LM transformers builds)."""
-    return cache.load(config, ("inventory",)) is not None
+from llmem.derive.inventory import derived_spec, inventory, is_cached  # noqa: E402, F401 (re-exported)

@@ -59,6 +59,8 @@ class Trace:
     held: list[tuple[str, int]]  # tensors passed to the decoder layers besides hidden states, not saved
     backward: list[tuple[str, int]] = field(default_factory=list)  # last layer's backward: live bytes per event
     backwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, as `backward`
+    accumulating: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, each weight gradient
+    #                       added in place into its `.grad` (a later micro-step of --grad-accum, `_window`)
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
@@ -272,6 +274,9 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 rec.alloc.keep.clear()
                 logits.backward(torch.ones_like(logits))
             out.grad_excess = _grad_excess(model)
+            grads = {tracker._live[k][0] for k in (_local(p.grad).untyped_storage()._cdata
+                                                   for p in model.parameters() if p.grad is not None)
+                     if k in tracker._live}
             model.zero_grad(set_to_none=True)
     finally:
         for h in rec.handles:
@@ -279,6 +284,8 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.backwards = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0))
                      for i in range(len(layers))]
     out.backward = out.backwards[-1]
+    out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
+                        for i in range(len(layers))]
     out.forwards = [_window(tracker.events, rec.forwards.get(i, []), rec.grad_outs.get(i, 0), copies)[1:]
                     for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
     return out
@@ -291,16 +298,21 @@ def _grad_excess(model) -> int:
                for p in model.parameters() if p.grad is not None)
 
 
-def _window(events, window: list[int], grad_out: int, skip=frozenset()) -> list[tuple[str, int]]:
+def _window(events, window: list[int], grad_out: int, skip=frozenset(), in_place=frozenset()) -> list[tuple[str, int]]:
     """Live bytes after each event of a layer's backward (or forward), relative to its start, plus the output
-    grad; the blocks in `skip` (autocast's weight copies) left out."""
+    grad; the blocks in `skip` (autocast's weight copies) left out. `in_place`: the blocks that became `.grad`s —
+    in a later micro-step AccumulateGrad adds each new gradient into the `.grad` (`variable_grad += new_grad`,
+    torch/csrc/autograd/functions/accumulate_grad.h `accumulateGrad`) and frees it, so from the next event on it
+    is no longer live here (the `.grad`s are counted apart, as every gradient alive)."""
     if len(window) < 2:
         return [("layer output gradient", grad_out)]
     start, end = window[0], window[1]
-    live, out = grad_out, [("layer output gradient", grad_out)]
+    live, out, added = grad_out, [("layer output gradient", grad_out)], 0
     for k in range(start, end):
         live += events[k][2] if events[k][1] not in skip else 0
-        out.append((f"event {k - start}", live))
+        out.append((f"event {k - start}", live - added))
+        if events[k][1] in in_place and events[k][2] > 0:
+            added += events[k][2]
     return out
 
 

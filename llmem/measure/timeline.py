@@ -105,13 +105,12 @@ def timeline(config: dict, plan: TrainingPlan, steps: int = 2) -> CpuTrace:
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--optimizer", default="adamw")
-    parser.add_argument("--optimizer-impl", default="default")
-    parser.add_argument("--grad-ckpt", default="none")
-    parser.add_argument("--attn", default="sdpa")
+    """Every plan option of the options table (`llmem.options`), as the estimate command takes them."""
+    from llmem.options import ARGUMENT, PLAN_OPTIONS
+
+    for option in PLAN_OPTIONS:
+        if option.cli == ARGUMENT:
+            parser.add_argument(f"--{option.key}", **option.cli_argument())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(args.config) as fh:
             config = json.load(fh)
-        plan = TrainingPlan(gpus=1, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                            optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, grad_ckpt=args.grad_ckpt,
-                            attn=args.attn, device="cpu")
+        from llmem.options import PLAN_OPTIONS
+
+        plan = TrainingPlan(**{o.name: getattr(args, o.name) for o in PLAN_OPTIONS if hasattr(args, o.name)}
+                            | {"device": "cpu"})
         trace = timeline(config, plan, args.steps)
     except (InputError, OSError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -38,6 +38,8 @@ class Session:
     optimizer: torch.optim.Optimizer | InBackward  # --optimizer-in-backward: stepped by hooks in backward
     input_ids: torch.Tensor
     device_type: str
+    schedule: object = None  # --pp: this rank's pipeline schedule (`runtime.pipeline`); `model` is its stage
+    rank: int = 0
 
     def autocast(self):
         """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead."""
@@ -90,6 +92,8 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         chunked.chunk_output_head(model, plan.loss_chunks)
     model = apply_method(model, plan)
     mark("wrap")
+    if plan.pp > 1:
+        return _prepare_pipeline(model, plan, topo)
     wrapped = wrap(model, plan, topo.device_type)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     if plan.optimizer_in_backward:
@@ -102,6 +106,22 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
     seed_everything(SEED + 2 + dp_rank)
     return Session(plan, wrapped, optimizer, ids, topo.device_type)
+
+
+def _prepare_pipeline(model: nn.Module, plan: TrainingPlan, topo: Topology) -> Session:
+    """`--pp`: this rank's stage of `model` (the rest freed), its schedule and optimizer; every rank draws the same
+    step batch (stage 0 reads it as inputs, the last stage as labels)."""
+    from llmem.runtime import pipeline
+
+    stage = pipeline.split(model, plan, topo.rank, topo.device)
+    vocab = int(model.config.vocab_size)
+    del model
+    schedule = pipeline.make_schedule(stage, plan, topo.rank, topo.device)
+    optimizer = make_optimizer([p for p in stage.parameters() if p.requires_grad], plan)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
+    seed_everything(SEED + 2)
+    return Session(plan, stage, optimizer, ids, topo.device_type, schedule=schedule, rank=topo.rank)
 
 
 def _forward_loss(session: Session):
@@ -120,6 +140,17 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
     in `.grad`), then one step and zero_grad. Every micro-step uses the same micro-batch; the last micro-step's
     outputs live until after zero_grad, as with K = 1. `--optimizer-in-backward`: each parameter is stepped and its
     gradient freed inside backward (`optim.InBackward`), no step or zero_grad after it."""
+    if session.schedule is not None:  # --pp: the schedule runs every microbatch's forward and backward
+        from llmem.runtime.pipeline import pipeline_step
+
+        mark("pipeline")  # autocast: inside each stage forward and loss (`runtime.pipeline.Stage`)
+        pipeline_step(session.schedule, session.rank, session.plan.pp, session.input_ids)
+        mark("optimizer")
+        session.optimizer.step()
+        mark("zero_grad")
+        session.optimizer.zero_grad(set_to_none=True)
+        mark("end")
+        return
     out = None
     for micro in range(session.plan.grad_accum):
         suffix = f" (micro-step {micro + 1})" if micro else ""

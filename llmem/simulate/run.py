@@ -42,6 +42,10 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
         raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
                          "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
                          "have); measure it (measure --gpus N), or simulate --zero 3")
+    if plan.pp > 1:
+        raise InputError("pp", "the pipeline's stages exchange activations by send/recv between ranks, which the "
+                         "simulation (one rank on a fake process group) does not run; measure it (measure --gpus N "
+                         "--pp N)")
     if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
         raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")

@@ -156,7 +156,22 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_ta
         out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
     if in_backward_runs({**fields, **out}):  # --optimizer-in-backward, where the plan runs it (its own stream)
         out["optimizer_in_backward"] = random.Random(f"{seed}:{index}:in-backward").random() < IN_BACKWARD_SHARE
-    return out
+    return out | draw_pipeline(seed, index, {**fields, **out})
+
+
+PP_SHARE = 0.25  # --pp = the GPU count in a quarter of the multi-GPU DDP plans
+
+
+def draw_pipeline(seed: int, index: int, fields: dict) -> dict:
+    """`--pp`, from a stream of its own: in a share of the multi-GPU plans drawn as DDP (tp 1, ZeRO-0, the torch
+    engine) one pipeline stage per GPU, a schedule, and a microbatch count dividing the batch (refusals such as
+    1F1B with fewer microbatches than stages, or a model without a pipeline split, are kept and recorded)."""
+    rng = random.Random(f"{seed}:{index}:pipeline")
+    if fields["gpus"] < 2 or fields["tp"] != 1 or fields["zero"] != 0 or "engine" in fields \
+            or rng.random() >= PP_SHARE:
+        return {}
+    divisors = [m for m in range(1, fields["batch_size"] + 1) if fields["batch_size"] % m == 0]
+    return {"pp": fields["gpus"], "pp_schedule": _enum(rng, "pp_schedule"), "microbatches": rng.choice(divisors)}
 
 
 SELECTIVE_SHARE = 1 / 3

@@ -162,7 +162,9 @@ def _table(result: Result, link: str, stale: bool) -> None:
 def _curves(result: Result, left, right) -> None:
     row, spec, key = result.row, result.spec, result.spec_key
     plan, cap = row.plan, result.gpu.memory_bytes
-    batches = sorted({b for b in BATCH_POINTS if b * plan.seq_len <= share.MAX_TOKENS} | {plan.batch_size})
+    unit = plan.microbatches if plan.pp > 1 else 1  # --pp: the step batch is M microbatches of equal size
+    batches = sorted({b * unit for b in BATCH_POINTS if b * unit * plan.seq_len <= share.MAX_TOKENS}
+                     | {plan.batch_size})
     seqs = sorted({s for s in SEQ_POINTS if s * plan.batch_size <= share.MAX_TOKENS} | {plan.seq_len})
     by_batch = [cache.estimate(key, cache.plan_key(p), spec, p) for p in (plan.with_(batch_size=b) for b in batches)]
     left.plotly_chart(Checked(figures.curve_figure(batches, by_batch, cap, f"vs micro-batch (seq-len {plan.seq_len})",
@@ -190,6 +192,10 @@ def render(result: Result, link: str, apply: Callable, stale: bool = False) -> N
     if est.host_bytes:
         st.caption(f"Offload: host memory {format_gib(est.host_bytes)} per rank, {format_gib(est.host_node_bytes)} "
                    "per node (not in the GPU figures).")
+    if est.stage_peaks:  # --pp: the figures above are the worst stage's
+        st.caption("Pipeline stages (GPU i runs stage i): "
+                   + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks))
+                   + "; the verdict and the breakdown are the worst stage's.")
     st.subheader(f"{result.row.label}: breakdown and curves")
     left, middle, right = st.columns(3)
     with left:

@@ -1,0 +1,208 @@
+"""`--pp N`: what one pipeline stage holds (DESIGN.md "What runs, per option"; the program: llmem.runtime.pipeline).
+
+Pure functions of (ModelSpec, TrainingPlan, stage). The schedule's lines are torch 2.13.0's
+torch/distributed/pipelining/schedules.py (S) and stage.py (T).
+"""
+
+from __future__ import annotations
+
+from llmem.errors import GAP, REFUSED, InputError
+from llmem.plan import PpSchedule, TrainingPlan
+
+# the stage forward (runtime.pipeline.Stage) is transformers' llama-like Model.forward; measured for these
+PP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def stage_layer_counts(layers: int, pp: int) -> list[int]:
+    """Decoder layers per stage, torchtitan's `generate_llm_fqn_per_model_part(pp, layers, 1, 1)`
+    (torchtitan/distributed/pipeline_parallel.py at 02ef790): `layers + 2` effective layers (the embedding and
+    norm + lm_head count one each), `e // pp` per stage, the first `e % pp` stages one more; stage 0 and the last
+    stage give one of theirs to the embedding and to the head. Raises InputError where torchtitan raises
+    (`pp > layers + 2`: a stage would be empty)."""
+    effective = layers + 2
+    per, extra = divmod(effective, pp)
+    if per < 1:
+        raise InputError("pp", f"{pp} stages exceed the {effective} effective layers ({layers} decoder layers + the "
+                         f"embedding + the head; torchtitan refuses empty stages); use --pp {effective} or fewer",
+                         REFUSED)
+    counts, left = [], layers
+    for stage in range(pp):
+        n = per + (stage < extra) - (stage == 0) - (stage == pp - 1 and pp > 1)
+        n = min(n, left) if stage < pp - 1 else left
+        counts.append(n)
+        left -= n
+    return counts
+
+
+def check(spec, plan: TrainingPlan) -> None:
+    """The model-dependent refusals of `--pp`: the split must exist, the family's forward be the llama-like one,
+    the embeddings untied (a weight cannot be shared by two ranks' stages)."""
+    stage_layer_counts(spec.num_layers, plan.pp)
+    if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
+        raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
+                         f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
+    if spec.tie_word_embeddings:
+        raise InputError("pp", "tied embeddings put one weight on the first and the last stage, which the pipeline "
+                         "split cannot share; use an untied model, or --pp 1", GAP)
+
+
+def in_flight(plan: TrainingPlan, stage: int) -> int:
+    """Microbatches whose activations a stage holds at once. GPipe: all M forwards run before the first backward
+    (S:905-928 forward loop, S:930-951 backward loop). 1F1B: `warmup_chunks = min(M, pp - stage)` forwards
+    (S:1050-1053), then each backward is followed by one forward (S:1099-1146), so never more than that."""
+    if plan.pp_schedule is PpSchedule.GPIPE:
+        return plan.microbatches
+    return min(plan.microbatches, plan.pp - stage)
+
+
+def forward_after_backward(plan: TrainingPlan, stage: int) -> bool:
+    """Whether a forward runs once gradients exist: 1F1B with more microbatches than its warm-up forwards (the
+    steady state's forward after each backward, S:1123-1146); GPipe never (S:905-928 before S:930)."""
+    return plan.pp_schedule is PpSchedule.ONE_F_ONE_B and plan.microbatches > in_flight(plan, stage)
+
+
+def later_in_flight(plan: TrainingPlan, stage: int) -> int:
+    """Microbatches held (the one running backward included) at the second backward, every gradient alive: GPipe
+    M - 1 (the first one's freed); 1F1B k when a forward refilled the window (`forward_after_backward`), else
+    k - 1."""
+    k = in_flight(plan, stage)
+    return k if forward_after_backward(plan, stage) else k - 1
+
+
+def microbatch_plan(plan: TrainingPlan) -> TrainingPlan:
+    """A one-GPU plan of one microbatch (`batch_size / M` sequences): what the per-layer terms of a stage read.
+    `split_args_kwargs_into_chunks` splits the step's batch along dim 0 into M views (microbatch.py)."""
+    return plan.with_(gpus=1, pp=1, pp_schedule=PpSchedule.ONE_F_ONE_B, microbatches=1,
+                      batch_size=plan.batch_size // plan.microbatches)
+
+
+def stage_spec(spec, plan: TrainingPlan, stage: int):
+    """The spec of the stage's own parameters (`runtime.pipeline.Stage` registers them in model order): stage 0 the
+    embedding, the last stage the final norm and lm_head, each its decoder layers (renumbered from 0)."""
+    from dataclasses import replace
+
+    counts = stage_layer_counts(spec.num_layers, plan.pp)
+    start, n = sum(counts[:stage]), counts[stage]
+    first, last = stage == 0, stage == plan.pp - 1
+    outer = spec.outer_params
+    keep = [outer[0]] if first else []
+    keep += [replace(p, layer=p.layer - start) for p in spec.params
+             if p.layer is not None and start <= p.layer < start + n]
+    keep += list(outer[1:]) if last else []
+    return spec.memo(("pp-stage", plan.pp, stage), lambda: replace(spec, num_layers=n, params=tuple(keep)))
+
+
+def hidden_bytes(spec, plan: TrainingPlan) -> int:
+    """One microbatch's hidden states between stages (tokens × h in the residual stream's dtype: fp32 under
+    autocast, whose residual adds promote): what a stage sends, receives and sends back as a gradient."""
+    from llmem.components.activations import _bytes
+
+    q = microbatch_plan(plan)
+    return q.batch_size * q.seq_len * spec.hidden_size * _bytes(q)[1]
+
+
+def buffer_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """The pipeline's own buffers, made in the first step and kept: every stage after the first one receive buffer
+    per microbatch (T:2243-2273 `_setup_forward_recv_info`, `_make_tensor_from_meta` per chunk), every stage before
+    the last one gradient receive buffer per microbatch (T:2286-2318 `_create_grad_recv_info`)."""
+    return plan.microbatches * hidden_bytes(spec, plan) * ((stage > 0) + (stage < plan.pp - 1))
+
+
+def input_gradient_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """A stage after the first sends each microbatch's input gradient back (`stage_backward` drops the receive
+    buffer's `.grad`, _backward.py:440-450; `get_bwd_send_ops` pops it, T:529-547); the send's work keeps it until
+    waited. GPipe waits for all of them after the last backward (S:953-955): M at the end of backward."""
+    return plan.microbatches * hidden_bytes(spec, plan) * (stage > 0)
+
+
+def step_input_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """The step's token ids (int64, batch × seq), drawn on every rank (stage 0 reads them as inputs, the last as
+    labels; `split_args_kwargs_into_chunks` makes views)."""
+    return plan.batch_size * plan.seq_len * 8
+
+
+def _outside_layers(spec, q: TrainingPlan) -> int:
+    """What a stage computes per microbatch outside its layers and its layers save (RoPE's cos and sin; with
+    checkpointing the position ids the layers hold): the one-GPU `outer_saved` but the input ids."""
+    from llmem.components.activations import outer_saved
+
+    return sum(s.bytes for s in outer_saved(spec, q) if not s.name.startswith("input_ids"))
+
+
+def head_held_bytes(spec, plan: TrainingPlan) -> int:
+    """What the last stage holds per microbatch from its forward to its backward beyond the layers: the final norm's
+    and lm_head's saved tensors, the logits (the stage output, kept in `fwd_cache`, T:913-916) and what the loss
+    saved (its log-softmax output and shifted labels: `logits.loss_backward_start_bytes`, the one-GPU walk's state
+    when `loss.backward()` starts); the schedule keeps the loss until that microbatch's backward (S:299-304)."""
+    from llmem.components import activations as act
+    from llmem.components import logits as lg
+
+    q = microbatch_plan(plan)
+    return act.final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
+
+
+def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """One microbatch's activations held on a stage between its forward and backward: its layers' kept tensors
+    (`activations.kept_per_layer_bytes`) and RoPE's; not the first stage's input (a receive buffer,
+    `buffer_bytes`); before the last stage the output, kept in `fwd_cache` for backward (T:913-916); on the last
+    stage the head's (`head_held_bytes`)."""
+    from llmem.components.activations import kept_per_layer_bytes
+
+    q = microbatch_plan(plan)
+    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    x = hidden_bytes(spec, plan)
+    held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) if n else 0)
+    held += head_held_bytes(spec, plan) if stage == plan.pp - 1 else x
+    return held - (x if stage > 0 else 0) + saved_copy_bytes(spec, plan, stage)
+
+
+def layer_free_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """At the backward of a stage's first layer, what the microbatch holds beside that layer's tensors: RoPE's (less
+    the layer input, a receive buffer, after stage 0)."""
+    q = microbatch_plan(plan)
+    return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 else 0)
+
+
+
+def saved_copy_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """bf16-mixed: autocast runs each stage forward (`runtime.pipeline.Stage`) and its cache of half weight copies is
+    cleared when that forward returns, so a microbatch keeps the copies its mm saved: each layer not checkpointed
+    (`autocast.saved_layer_copies`) and, on the last stage, the lm_head's (`head_weight_copy_bytes`)."""
+    from llmem.components import autocast
+
+    q = microbatch_plan(plan)
+    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    head = autocast.head_weight_copy_bytes(spec, q) if stage == plan.pp - 1 else 0
+    return autocast.saved_layer_copies(q, n) * autocast.layer_weight_copy_bytes(spec, q) + head
+
+
+def head_freed_bytes(spec, plan: TrainingPlan) -> int:
+    """On the last stage, what a microbatch's backward frees in its loss and lm_head backward: the head's held
+    tensors (`head_held_bytes`) and the lm_head's saved half weight copy (bf16-mixed)."""
+    from llmem.components import autocast
+
+    return head_held_bytes(spec, plan) + autocast.head_weight_copy_bytes(spec, microbatch_plan(plan))
+
+
+def held_output_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """Before the last stage, the output of a microbatch already backwarded, still referenced by its forward send's
+    work: GPipe keeps every forward send's work in `fwd_sends_to_wait` until the step returns (S:902-928), so one
+    at its second backward. 1F1B keeps its last fired warm-up send (microbatch k - 2) in `send_work` until the
+    cooldown reassigns it (S:1062-1093, S:1147): beside k in flight only if a steady-state backward comes after
+    microbatch k - 2's, i.e. k >= 2 and M >= 2k - 1 (the 1B1F loop runs backwards 0 .. M - k)."""
+    k = in_flight(plan, stage)
+    if stage == plan.pp - 1:
+        return 0
+    held = plan.pp_schedule is PpSchedule.GPIPE or (k >= 2 and plan.microbatches >= 2 * k - 1)
+    return hidden_bytes(spec, plan) * held
+
+
+def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """bf16-mixed: at the end of a stage forward, autocast's cache still holds the copies no mm saved (those of the
+    checkpointed layers: `autocast.forward_copy_layers` less `saved_layer_copies`), freed as the forward returns."""
+    from llmem.components import autocast
+
+    q = microbatch_plan(plan)
+    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
+    return unsaved * autocast.layer_weight_copy_bytes(spec, q)

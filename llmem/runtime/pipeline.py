@@ -1,0 +1,122 @@
+"""`--pp N`: pipeline parallelism as torchtitan runs it (torchtitan/distributed/pipeline_parallel.py at commit
+02ef790) with torch.distributed.pipelining (torch 2.13.0), one stage per rank.
+
+- The split: `stage_layers` (torchtitan's `generate_llm_fqn_per_model_part(pp, layers, input_weight=1,
+  output_weight=1)`): the embedding and the final norm + lm_head each count as one layer, the `layers + 2` are
+  dealt out evenly, the first `(layers + 2) % pp` stages one more. Stage 0 holds the embedding and the first decoder
+  layers, the last stage the last layers, the final norm and the lm_head; the rotary embedding (no parameters) runs on
+  every stage. `pipeline_module_split` deep-copies the model and drops what the stage does not hold; here each rank
+  builds the model and keeps its own modules in a `Stage` (the rest is freed before the peak is reset).
+- The stage: `PipelineStage(stage_module, rank, pp, device)` without example inputs: its shapes are inferred in
+  the first `step` (a forward and backward of microbatch 0), as torchtitan leaves them.
+- The schedule: `ScheduleGPipe` / `Schedule1F1B(stage, n_microbatches=M, loss_fn=loss / M, scale_grads=False)`
+  (torchtitan's `build_pipeline_schedule`: `rescale_accumulated_loss(loss_fn, M)`). The loss is transformers'
+  `ForCausalLMLoss` on the last stage's logits, as the one-GPU program computes it.
+- One iteration: stage 0 `step(ids)`, the last stage `step(target=ids, losses=[])`, the others `step()`, all with
+  `return_outputs=False` (torchtitan's train loop); then `optimizer.step()`, `zero_grad(set_to_none=True)`.
+  `--batch-size` is the step's batch (torchtitan's `local_batch_size`), split into M microbatches along dim 0.
+- Mixed precision (bf16-mixed): each stage forward and each loss runs under `torch.autocast`, the backward outside
+  it, as in the one-GPU program (DESIGN.md section 2: the forward and the loss under autocast, `backward()` after
+  the region). torchtitan itself turns mixed precision off for PP without FSDP (`maybe_enable_amp`).
+- On gloo (CPU measurement) the P2P needs no fence (measure/gloo_fence.py): activations are received into the stage's
+  own persistent buffers, and a sent tensor is kept by the schedule itself (its output in `fwd_cache`, an input
+  gradient by the send's work until the schedule waits for it, which the estimate counts), so no free waits on
+  gloo's thread; the two attempts of every measured row agreed to within 4 bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch import nn
+
+from llmem.plan import PpSchedule, TrainingPlan
+
+
+def stage_layers(layers: int, pp: int) -> list[range]:
+    """The decoder layers of each stage: torchtitan's `generate_llm_fqn_per_model_part` with input and output
+    weights 1 (the embedding counts as one layer of stage 0, norm + lm_head as one of the last stage)."""
+    from llmem.components.pipeline import stage_layer_counts
+
+    out, start = [], 0
+    for count in stage_layer_counts(layers, pp):
+        out.append(range(start, start + count))
+        start += count
+    return out
+
+
+class Stage(nn.Module):
+    """The modules of one stage and the forward of transformers' llama-like `Model.forward` restricted to them:
+    embedding (stage 0), positions and rotary embedding, the stage's decoder layers, final norm and lm_head (last
+    stage). sdpa only: `create_causal_mask` is None and the attention runs `is_causal`."""
+
+    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool, autocast=None) -> None:
+        super().__init__()
+        self.autocast = autocast or contextlib.nullcontext
+        inner = model.model
+        self.config = model.config
+        self.embed_tokens = inner.embed_tokens if first else None
+        self.layers = nn.ModuleList([inner.layers[i] for i in layers])
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=None,
+                                  position_ids=position_ids)
+        position_embeddings = self.rotary_emb(h, position_ids=position_ids)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids)
+        if self.norm is not None:
+            h = self.lm_head(self.norm(h))
+        return h
+
+
+def split(model: nn.Module, plan: TrainingPlan, rank: int, device: str = "cpu") -> Stage:
+    """This rank's stage of `model` (rank = stage index)."""
+    layers = stage_layers(int(model.config.num_hidden_layers), plan.pp)
+    return Stage(model, layers[rank], first=rank == 0, last=rank == plan.pp - 1, autocast=autocast_of(plan, device))
+
+
+def autocast_of(plan: TrainingPlan, device: str):
+    """The forward's autocast context (bf16-mixed / fp16-mixed), else a null context."""
+    if not plan.precision.is_mixed:
+        return contextlib.nullcontext
+    half = getattr(torch, plan.precision.compute_dtype_name)
+    return functools.partial(torch.autocast, device.split(":")[0], dtype=half)
+
+
+def make_schedule(stage_module: Stage, plan: TrainingPlan, rank: int, device):
+    """`PipelineStage` and the plan's schedule over it, with transformers' causal-LM loss divided by M."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(stage_module, rank, plan.pp, torch.device(device))
+    vocab, m = int(stage_module.config.vocab_size), plan.microbatches
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def loss_fn(logits, labels):
+        with stage_module.autocast():
+            return ForCausalLMLoss(logits, labels, vocab_size=vocab) / m
+
+    cls = ScheduleGPipe if plan.pp_schedule is PpSchedule.GPIPE else Schedule1F1B
+    return cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+
+
+def pipeline_step(schedule, rank: int, pp: int, input_ids: torch.Tensor) -> None:
+    """One `step` of the schedule on this rank: stage 0 takes the inputs, the last stage the targets."""
+    if rank == 0:
+        schedule.step(input_ids, return_outputs=False)
+    elif rank == pp - 1:
+        schedule.step(target=input_ids, losses=[], return_outputs=False)
+    else:
+        schedule.step(return_outputs=False)

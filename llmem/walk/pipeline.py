@@ -1,0 +1,127 @@
+"""`--pp N`: the moments of each pipeline stage (one per rank), and the worst stage (`pipeline_phases`).
+
+A stage runs the one-GPU program of its own layers once per microbatch, with several microbatches in flight
+(`components.pipeline.in_flight`). The moments of one microbatch's backward are the one-GPU walk's
+(`walk.single`) of one microbatch with every gradient alive or not (`--grad-accum 2`: micro-steps 1 and 2), less
+what the whole model holds there beside them (`_excess`): so the layer tables, the loss and the optimizer step are
+the one-GPU walk's, not copied. Each stage adds its own parameters, gradients and optimizer states
+(`components.pipeline.stage_spec`), the activations of the other microbatches in flight, and the pipeline's
+buffers (`components.pipeline.buffer_bytes`).
+"""
+
+from __future__ import annotations
+
+from llmem.components import Category
+from llmem.components import logits as lg
+from llmem.components import pipeline as pl
+from llmem.components.gradients import gradient_bytes, head_gradient_bytes, later_layers_gradient_bytes
+from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.components.parameters import parameter_bytes
+from llmem.plan import PpSchedule, TrainingPlan
+from llmem.spec import ModelSpec
+from llmem.walk.phase import Phase, moment
+
+_LAST, _FIRST, _ALIVE = "backward (last layer", "backward (first layer", "gradients alive"
+
+
+def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
+    """The one-GPU walk of one microbatch (`q`, --grad-accum 2): at each backward moment of a decoder layer and of
+    the head, its live total less the parameters, optimizer states and the gradients that exist before that
+    microbatch's backward reached there, and less every layer's kept activations and the tensors outside the layers
+    (`kept_all`): what the microbatch's own backward adds at that moment. Keyed `mN-last`, `mN-first`, `mN-head`
+    (N = micro-step: 1 no gradient yet, 2 all of them)."""
+    from llmem.components import activations as act
+    from llmem.walk.single import iteration_phases, terms
+
+    q2 = q.with_(grad_accum=2)
+    t = terms(spec, q2)
+    persistent = parameter_bytes(spec, q2) + optimizer_state_bytes(spec, q2)
+    grads, head = gradient_bytes(spec, q2), head_gradient_bytes(spec, q2)
+    kept_all = spec.num_layers * act.kept_per_layer_bytes(spec, q2) + act.outer_saved_bytes(spec, q2)
+    out: dict[str, int] = {}
+    for ph in iteration_phases(spec, q2):
+        step = 2 if _ALIVE in ph.name else 1
+        # the weight copies autocast made that the layers' and the head's mm saved are a microbatch's own
+        # (`components.pipeline.saved_copy_bytes`, in `microbatch_bytes`)
+        # in a layer's backward the one-GPU output's logits are alive; a stage's are its own (`head_freed_bytes`)
+        if ph.name.startswith(_LAST):
+            key, before, held = "last", (grads if step == 2 else head), kept_all + t.base_casts
+            held += ph.breakdown[Category.LOGITS]
+        elif ph.name.startswith(_FIRST):
+            key, before = "first", (grads if step == 2 else head + later_layers_gradient_bytes(spec, q2, 0))
+            held = act.outer_saved_bytes(spec, q2) + ph.breakdown[Category.LOGITS]
+        elif ph.name.startswith(("loss backward", "lm_head backward")):
+            key, before, held = "head", (grads if step == 2 else 0), kept_all + t.base_casts + t.head_cast
+        else:
+            continue
+        k = f"m{step}-{key}"
+        out[k] = max(out.get(k, 0), ph.total - persistent - before - held)
+    return out
+
+
+def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]:
+    """The moments of stage `stage`, each named with it."""
+    q = pl.microbatch_plan(plan)
+    s = pl.stage_spec(spec, plan, stage)
+    first, last = stage == 0, stage == plan.pp - 1
+    k, m = pl.in_flight(plan, stage), plan.microbatches
+    one = pl.microbatch_bytes(spec, plan, stage)  # one microbatch's activations held on this stage
+    later = pl.later_in_flight(plan, stage)
+    on = dict(parameters=parameter_bytes(s, q), optimizer=optimizer_state_bytes(s, q),
+              standing=pl.buffer_bytes(spec, plan, stage), activations=pl.step_input_bytes(spec, plan, stage))
+    act, grads = on.pop("activations"), gradient_bytes(s, q)
+    ex = _excess(spec, q)
+    x = pl.hidden_bytes(spec, plan)
+    # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
+    # (on the last stage less the logits, which `backward_one_chunk` holds until it returns, T:958-1062)
+    incoming = pl.head_freed_bytes(spec, plan) - lg.logits_bytes(spec, q) if last else x
+    # the previous microbatch's input gradient, still referenced by its send; an output by its forward send
+    sent = x * (not first) + pl.held_output_bytes(spec, plan, stage)
+    head = head_gradient_bytes(spec, q) if last else 0
+    name = f"stage {stage}: "
+    fwd_grads = grads if pl.forward_after_backward(plan, stage) else 0
+    phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
+                     activations=act + k * one, temporaries=pl.forward_cache_bytes(spec, plan, stage))]
+    layers = s.num_layers
+    if layers:
+        phases.append(moment(name + "first backward, last layer", **on, gradients=head,
+                             activations=act + k * one, temporaries=ex["m1-last"] - incoming))
+        phases.append(moment(name + "first backward, first layer", **on, gradients=head + _layer_grads(s, q),
+                             activations=act + (k - 1) * one + pl.layer_free_bytes(spec, plan, stage),
+                             temporaries=ex["m1-first"]))
+    if m > 1 and layers:
+        phases.append(moment(name + "later backward, last layer", **on, gradients=grads,
+                             activations=act + later * one, temporaries=ex["m2-last"] - incoming + sent))
+        phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
+                             activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
+                             temporaries=ex["m2-first"] + sent))
+    if last:
+        phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
+                             temporaries=ex["m1-head"] - pl.head_freed_bytes(spec, plan)))
+        if m > 1:
+            phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
+                                 activations=act + later * one,
+                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan) + sent))
+    if plan.pp_schedule is PpSchedule.GPIPE:
+        phases.append(moment(name + "backward end", **on, gradients=grads,
+                             activations=act + pl.input_gradient_bytes(spec, plan, stage)))
+    phases.append(moment(name + "optimizer step", **on, gradients=grads,
+                         activations=act,
+                         temporaries=optimizer_step_temporary_bytes(s, q)))
+    return phases
+
+
+def _layer_grads(s: ModelSpec, q: TrainingPlan) -> int:
+    """The stage's decoder layers after its first (made before the first layer's backward)."""
+    return later_layers_gradient_bytes(s, q, 0)
+
+
+def pipeline_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """Every stage's moments; the estimate's peak is the largest, i.e. the worst stage's."""
+    return [ph for stage in range(plan.pp) for ph in stage_phases(spec, plan, stage)]
+
+
+def stage_peaks(phases: list[Phase] | tuple[Phase, ...], pp: int) -> list[int]:
+    """Each stage's peak (its largest moment), from the moments' names."""
+    return [max(ph.total for ph in phases if ph.name.startswith(f"stage {s}: ")) for s in range(pp)]
+
