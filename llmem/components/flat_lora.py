@@ -3,8 +3,8 @@ trainable adapters share one FlatParameter (torch 2.13 `torch/distributed/fsdp/_
 
 With `use_orig_params=True` a unit may mix frozen and trainable tensors, and its FlatParameter requires grad when
 any of them does (`_validate_tensors_to_flatten`, `_flat_param.py:832`). In forward every original parameter is a
-`split(...).view(...)` of the unsharded flat parameter (`_get_unflat_views_aligned`, `_flat_param.py:1927`, set by
-`_use_unsharded_views(as_params=False)`, `_flat_param.py:1996`), so the frozen base's views require grad as well:
+`split(...).view(...)` of the unsharded flat parameter (`_get_unflat_views_aligned`, `_flat_param.py:1935`, set by
+`_use_unsharded_views(as_params=False)`, `_flat_param.py:1995`), so the frozen base's views require grad as well:
 autograd computes the base weights' gradients as full fine-tuning does, and each op saves what full fine-tuning's
 saves (a base Linear its input, a norm its normalized input). So a layer keeps full fine-tuning's table
 (`activations.layer_saved`) plus what only its adapters save (LoRA's table, `lora_activations.layer_saved`, less

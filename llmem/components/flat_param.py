@@ -121,7 +121,7 @@ def requires_grad(spec: ModelSpec, plan: TrainingPlan, unit: int) -> bool:
     """Whether unit `unit`'s FlatParameter requires grad (`_validate_tensors_to_flatten`, torch 2.13
     `_flat_param.py:832`: the OR over its tensors). Under LoRA the root (embeddings, final norm, lm_head) is frozen
     whole: no gradient, no reduce-scatter. A layer holding adapters requires grad whole: its views of the frozen
-    base, `split(...).view(...)` of the flat parameter (`_get_unflat_views_aligned`, `_flat_param.py:1927`), require
+    base, `split(...).view(...)` of the flat parameter (`_get_unflat_views_aligned`, `_flat_param.py:1935`), require
     grad too, so autograd computes the frozen weights' gradients like full fine-tuning's."""
     return any(trainable(spec, plan)[unit])
 
