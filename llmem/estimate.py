@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmem.components import fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import AllocConf, GradCkpt, Loss, Scheme, TrainingPlan
+from llmem.plan import AllocConf, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -201,6 +201,11 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    if plan.engine is Engine.FSDP1 and plan.gpus > 1 and lora.is_lora(plan) and (
+            spec.derived is not None or not spec.family.lora_activations):
+        raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "
+                         f"families); {spec.model_type!r}'s are traced (measured 2.4 % low on gpt2): use --engine "
+                         "torch", GAP)
     if plan.pp > 1:
         from llmem.components import pipeline
 

@@ -165,9 +165,23 @@ RULES: tuple[Rule, ...] = (
        "fsdp1 runs --zero 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD); FSDP1 has no ZeRO-1 (its optimizer "
        "states shard with the parameters); use --zero 0, 2 or 3, or --engine torch (ZeroRedundancyOptimizer)",
        REFUSED, engine="fsdp1", gpus=2, zero=1),
-    _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is not Method.FULL,
-       "{p.method} under FSDP1 is not modelled (a frozen base and trainable adapters in one FlatParameter); use "
-       "--method full, or --engine torch (FSDP2)", GAP, engine="fsdp1", method="lora", gpus=2, zero=3),
+    _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA,
+       "{p.method} under FSDP1 is not modelled: FSDP1 cannot flatten the uint8 4-bit codes llmem's QLoRA stores "
+       "('Cannot flatten integer dtype tensors'), and FSDP-QLoRA recipes store them in the compute dtype "
+       "(bnb_4bit_quant_storage), which llmem does not model; use --method lora, or --engine torch (FSDP2)", GAP,
+       engine="fsdp1", method="qlora", precision="bf16", gpus=2, zero=3),
+    # PEFT keeps half-precision bases' adapters in fp32 (autocast_adapter_dtype): one unit would mix two dtypes
+    # (`_validate_tensors_to_flatten`, torch 2.13 `torch/distributed/fsdp/_flat_param.py:814`)
+    _r("engine method precision", "precision",
+       lambda p: p.engine is Engine.FSDP1 and p.method is Method.LORA and p.precision.param_bytes == 2,
+       "FSDP1 flattens a decoder layer into one FlatParameter of one dtype, and PEFT keeps the adapters of a "
+       "{p.precision.value} base in fp32 (FSDP1 raises 'Must flatten tensors with uniform dtype'); use "
+       "--precision bf16-mixed or fp32", REFUSED, engine="fsdp1", method="lora", precision="bf16", gpus=2, zero=3),
+    _r("engine method lora_modules_to_save", "lora-modules-to-save",
+       lambda p: p.engine is Engine.FSDP1 and p.method is Method.LORA and bool(p.lora_modules_to_save),
+       "--lora-modules-to-save under FSDP1 is not modelled (a trainable copy beside its frozen original in the "
+       "root's FlatParameter); leave it empty, or use --engine torch", GAP, engine="fsdp1", method="lora",
+       lora_modules_to_save="lm_head", gpus=2, zero=3),
     _r("engine offload", "engine", lambda p: p.engine is Engine.FSDP1 and p.offload is not Offload.NONE,
        "FSDP1's CPUOffload(offload_params=True) is not modelled; use --offload none, or --engine torch (FSDP2's "
        "CPUOffloadPolicy)", GAP, engine="fsdp1", offload="optimizer+params", gpus=2, zero=3),

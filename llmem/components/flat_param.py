@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmem.components import lora
 from llmem.plan import Device, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, per_spec
 
@@ -80,12 +81,49 @@ def flatten(params: list[ParamTensor], align: int, world: int) -> FlatUnit:
     return FlatUnit(tuple(out), total + (-total % world))
 
 
+def unit_params(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> list[ParamTensor]:
+    """A unit's tensors in `module.parameters()` order (None: the root's). LoRA: PEFT's `LoraLayer` registers
+    `base_layer` first, then `lora_A` and `lora_B`, so each adapter pair follows its base Linear's tensors."""
+    base = list(spec.outer_params if layer is None else spec.layer_params(layer))
+    if not lora.is_lora(plan):
+        return base
+    after: dict[str, list[ParamTensor]] = {}
+    for a in lora.adapter_params(spec, plan):
+        if a.layer == layer:
+            after.setdefault(a.name.split(".lora_", 1)[0], []).append(a)
+    out = []
+    for p in base:
+        out.append(p)
+        module = p.name.rsplit(".", 1)[0]
+        if p is next(q for q in reversed(base) if q.name.rsplit(".", 1)[0] == module):  # its module's last tensor
+            out += after.pop(module, [])
+    return out
+
+
 @per_spec("layout_key")
 def units(spec: ModelSpec, plan: TrainingPlan) -> tuple[FlatUnit, ...]:
     """The root's FlatParameter, then each decoder layer's."""
     align = aligned_numel(plan)
-    root = flatten(list(spec.outer_params), align, plan.dp)
-    return (root, *(flatten(list(spec.layer_params(layer)), align, plan.dp) for layer in range(spec.num_layers)))
+    return tuple(flatten(unit_params(spec, plan, layer), align, plan.dp) for layer in (None, *range(spec.num_layers)))
+
+
+@per_spec("layout_key")
+def trainable(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[bool, ...], ...]:
+    """Per unit (root first), whether each tensor requires grad: every one under full fine-tuning, the adapters'
+    under LoRA (`_validate_tensors_to_flatten`: the FlatParameter requires grad if any of its tensors does)."""
+    if not lora.is_lora(plan):
+        return tuple(tuple(True for _ in u.params) for u in units(spec, plan))
+    return tuple(tuple(".lora_" in p.name for p in unit_params(spec, plan, layer))
+                 for layer in (None, *range(spec.num_layers)))
+
+
+def requires_grad(spec: ModelSpec, plan: TrainingPlan, unit: int) -> bool:
+    """Whether unit `unit`'s FlatParameter requires grad (`_validate_tensors_to_flatten`, torch 2.13
+    `_flat_param.py:832`: the OR over its tensors). Under LoRA the root (embeddings, final norm, lm_head) is frozen
+    whole: no gradient, no reduce-scatter. A layer holding adapters requires grad whole: its views of the frozen
+    base, `split(...).view(...)` of the flat parameter (`_get_unflat_views_aligned`, `_flat_param.py:1935`), require
+    grad too, so autograd computes the frozen weights' gradients like full fine-tuning's."""
+    return any(trainable(spec, plan)[unit])
 
 
 def gather_bytes(plan: TrainingPlan) -> int:
@@ -153,13 +191,21 @@ def unsharded_grad_bytes(spec: ModelSpec, plan: TrainingPlan, unit: int) -> int:
 
 
 @per_spec("layout_key")
+def largest_rank(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The rank whose optimizer steps the most elements (`optimized_sizes`): full fine-tuning, rank 0 or the last
+    (the padding sits at the tensors' ends and the flat end); LoRA, any rank (the adapters sit by their Linears)."""
+    world, steps = shard_world(plan), trainable(spec, plan)
+    ranks = range(world) if lora.is_lora(plan) else sorted({0, world - 1})
+    held = {r: sum(n for u, t in zip(units(spec, plan), steps, strict=True)
+                   for n, on in zip(u.in_shard(r, world), t, strict=True) if on) for r in ranks}
+    return max(held, key=lambda r: (held[r], -r))
+
+
+@per_spec("layout_key")
 def optimized_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Elements of each original parameter on the rank holding the most (the ranks differ only by padding), the
-    root's tensors first: the tensors the optimizer steps (empty ones get no gradient and no state)."""
-    best: list[int] = []
-    world = shard_world(plan)
-    for rank in sorted({0, world - 1}):  # the padding sits at the tensors' ends and the flat end: rank 0 or last
-        sizes = [n for u in units(spec, plan) for n in u.in_shard(rank, world) if n]
-        if sum(sizes) > sum(best):
-            best = sizes
-    return best
+    root's tensors first: the tensors the optimizer steps (empty ones get no gradient and no state; under LoRA the
+    adapters only: `_use_sharded_grad_views` gives a frozen view no `.grad`, `_flat_param.py:2209`)."""
+    world, steps, rank = shard_world(plan), trainable(spec, plan), largest_rank(spec, plan)
+    return [n for u, t in zip(units(spec, plan), steps, strict=True)
+            for n, on in zip(u.in_shard(rank, world), t, strict=True) if n and on]

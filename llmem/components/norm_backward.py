@@ -49,3 +49,11 @@ def post_mlp_norm_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not applies(spec):
         return 0
     return POW_BACKWARD_TEMPORARIES * plan.batch_size * plan.seq_len * spec.hidden_size * FP32
+
+
+def final_norm_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The final RMSNorm's backward after the lm_head's (llama-like: `hidden.to(fp32) * rsqrt(...)`, in fp32 under
+    every precision): at `pow_backward` its four temporaries (`POW_BACKWARD_TEMPORARIES`) beside mul's gradient
+    for the normalized branch, `grad * rsqrt`, which waits to be summed with them: five tokens × h fp32 tensors.
+    Modelled where the norm and lm_head are frozen (LoRA under FSDP1: no weight gradient beside them)."""
+    return (POW_BACKWARD_TEMPORARIES + 1) * plan.batch_size * plan.seq_len * spec.hidden_size * FP32

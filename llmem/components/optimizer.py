@@ -82,6 +82,10 @@ def _has_copies(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
+    if plan.engine is Engine.FSDP1 and plan.gpus > 1:  # the original parameters' views of the flat shards
+        from llmem.components.flat_param import optimized_sizes
+
+        return list(optimized_sizes(spec, plan))
     if _has_copies(spec, plan):
         return [math.prod(shape) for shape, _ in _lora_items(spec, plan)]
     if lora.is_lora(plan):  # the optimizer gets the trainable adapters only (ZeRO-1: partitioned among ranks)
@@ -89,10 +93,6 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         if plan.scheme in FSDP_SCHEMES:
             return lora.sharded_adapter_sizes(spec, plan)
         return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
-    if plan.engine is Engine.FSDP1 and plan.gpus > 1:  # the original parameters' views of the flat shards
-        from llmem.components.flat_param import optimized_sizes
-
-        return list(optimized_sizes(spec, plan))
     sizes = list(shard_summary(spec, plan).sizes)
     if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
         return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]

@@ -59,9 +59,18 @@ def _classic_ddp(plan: TrainingPlan) -> bool:
     return plan.scheme in DDP_SCHEMES and str(plan.engine) != "fsdp1"
 
 
-def default_rank(plan: TrainingPlan) -> int:
+def default_rank(plan: TrainingPlan, config: dict | None = None) -> int:
     """The rank whose memory is the per-GPU figure: rank 0 (FSDP2 pads the last shards; TP ranks are equal),
-    except ZeRO-1 where it is the rank with the largest partition (simulate() resolves it)."""
+    except ZeRO-1 where it is the rank with the largest partition (simulate() resolves it), and LoRA under FSDP1,
+    where the rank whose shards hold the most adapter elements keeps the most optimizer states
+    (`flat_param.largest_rank`)."""
+    from llmem.components.lora import is_lora
+
+    if config is not None and plan.engine.value == "fsdp1" and plan.gpus > 1 and is_lora(plan):
+        from llmem.components.flat_param import largest_rank
+        from llmem.spec import ModelSpec
+
+        return largest_rank(ModelSpec.from_config(config), plan)
     return 0
 
 
@@ -190,7 +199,7 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     t0 = time.perf_counter()
     is_ddp = _classic_ddp(plan)
     run_plan = plan.with_(gpus=1, zero=0) if is_ddp else plan
-    sim_rank = rank if rank is not None else default_rank(plan)
+    sim_rank = rank if rank is not None else default_rank(plan, config)
     topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus, device_type="cpu")
     tracker = AllocationTracker()
     tracker.stand_ins = stand_ins()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from llmem.errors import InputError
 from llmem.options import BY_NAME
-from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Quant, TrainingPlan
+from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
 from llmem.sweep.models import lora_targets, models, tp_capable
 
 MAX_GPUS = {"small": 4, "derived": 4, "full": 16}
@@ -121,15 +121,16 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "precision": _enum(rng, "precision"), **draw_optimizer(rng), **draw_checkpointing(rng),
               "attn": _enum(rng, "attn"), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
-    return Draw(index, name, config, fields | draw_later_options(seed, index, fields, device))
+    return Draw(index, name, config, fields | draw_later_options(seed, index, fields, device, _lora_tables(config)))
 
 
-def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict:
+def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_tables: bool = False) -> dict:
     """Options added after the first sweeps, from a stream of their own so that every earlier draw stays the same:
     the FSDP2 shard dim under ZeRO-2/3, DDP's gradient bucket views under DDP/ZeRO-1 (on the cpu profile only: the
     simulate oracle, the cuda profile's, does not run a Reducer), --keep-grads (a stream of its own too),
     `--engine fsdp1` under ZeRO-0/2/3 (cuda profile: ZeRO-0/3, which the simulate oracle runs; a stream of its
-    own), which replaces the FSDP2 shard dim and DDP's bucket views and draws one micro-step, gradients freed,
+    own; LoRA too on the cpu profile where `lora_tables`: `_fsdp1_runs`), which replaces the FSDP2 shard dim and
+    DDP's bucket views and draws one micro-step, gradients freed,
     --grad-ckpt selective in a third of the full fine-tunes checkpointing every layer without TP, --loss chunked-ce
     where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a stream of its own);
     `--engine deepspeed` in half of the cpu profile's other ZeRO-1/2 plans it is modelled for (`_draw_deepspeed`)."""
@@ -141,7 +142,8 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str) -> dict
         out["ddp_bucket_view"] = rng.random() < 0.5
     out["keep_grads"] = random.Random(f"{seed}:{index}:keep-grads").random() < KEEP_GRADS_SHARE
     stages = (0, 2, 3) if device == "cpu" else (0, 3)  # the simulate oracle does not run SHARD_GRAD_OP
-    if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in stages and _fsdp1_runs(fields | out) \
+    if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in stages \
+            and _fsdp1_runs(fields | out, lora_tables and device == "cpu") \
             and random.Random(f"{seed}:{index}:engine").random() < FSDP1_SHARE:
         out.pop("fsdp_shard", None)
         out.pop("ddp_bucket_view", None)
@@ -197,13 +199,27 @@ def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
             "fsdp_shard": "dim0", "ddp_bucket_view": False}
 
 
-def _fsdp1_runs(fields: dict) -> bool:
-    """Full fine-tuning with a torch optimizer, no offload, the standard loss: the plans `--engine fsdp1` is
-    modelled for (`llmem.support`; drawn with one micro-step and gradients freed); elsewhere it would only add
-    refusals."""
-    return (fields["method"] == Method.FULL.value and fields["offload"] == Offload.NONE.value
+def _fsdp1_runs(fields: dict, lora: bool = False) -> bool:
+    """Full fine-tuning, or with `lora` LoRA in fp32 or mixed precision without module copies (a half base beside
+    PEFT's fp32 adapters cannot be flattened; `llmem.support`), with a torch optimizer, no offload, the standard
+    loss: the plans `--engine fsdp1` is modelled for (drawn with one micro-step and gradients freed); elsewhere it
+    would only add refusals."""
+    lora_runs = lora and fields["method"] == Method.LORA.value and not fields.get("lora_modules_to_save") \
+        and fields["precision"] not in (Precision.BF16.value, Precision.FP16.value)
+    return ((fields["method"] == Method.FULL.value or lora_runs) and fields["offload"] == Offload.NONE.value
             and fields["loss"] == Loss.STANDARD.value
             and fields["optimizer"] in (Optimizer.ADAMW.value, Optimizer.SGD.value))
+
+
+def _lora_tables(config: dict) -> bool:
+    """LoRA under FSDP1 is modelled on the hand-written dense families' LoRA tables (`llmem.estimate`); LoRA on
+    several GPUs is refused on MoE models. Drawn on the cpu profile only: under the simulate oracle (cuda profile)
+    a tied-embedding model's FSDP1 LoRA run fails (docs/MODEL.md)."""
+    from llmem.families import FAMILIES
+
+    family = FAMILIES.get(str(config.get("model_type")))
+    moe = any(k in config for k in ("num_local_experts", "num_experts"))
+    return family is not None and family.lora_activations and not moe
 IN_BACKWARD_SHARE = 0.5  # --optimizer-in-backward in half of the plans that can run it
 
 

@@ -22,11 +22,14 @@ with no moment between), an in-place all-reduce.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
+from functools import partial
 
+from llmem.components import Category, flat_lora, lora
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
+from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
@@ -35,14 +38,14 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
-from llmem.walk.fsdp import FsdpTerms, fsdp_terms
+from llmem.walk.fsdp import FsdpTerms, compute_plan, fsdp_terms
 from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
-from llmem.walk.phase import Phase, moment
+from llmem.walk.phase import Phase, moment, with_extra
 
 
-def _gathered(w: FsdpTerms, layers: range | tuple[int, ...]) -> int:
+def _gathered(w: Fsdp1Terms, layers: range | tuple[int, ...]) -> int:
     """The root's unsharded flat parameter and those of the decoder layers `layers` (`_full_param_padded`)."""
-    unsharded = fp.unsharded_bytes(w.spec, w.plan)
+    unsharded = fp.unsharded_bytes(w.spec, w.flat)
     return unsharded[0] + sum(unsharded[1 + layer] for layer in layers)
 
 
@@ -55,16 +58,17 @@ def forward_moments(w: FsdpTerms) -> list[Phase]:
     with their transients (`flat_param.gather_transient_bytes`): SHARD_GRAD_OP keeps every earlier layer."""
     spec, cp, layers = w.spec, w.cp, w.layers
     phases = [moment("forward (root all-gather)", **w.persistent, activations=w.ids,
-                     communication=_gathered(w, ()) + fp.gather_transient_bytes(spec, w.plan, 0))]
-    embeds = 0  # the model's forward holds the embeddings' output through its layer loop (`fsdp.py`)
-    if w.plan.grad_ckpt is not GradCkpt.FULL and not act.saves_layer_input(spec, cp):
+                     communication=_gathered(w, ()) + fp.gather_transient_bytes(spec, w.flat, 0))]
+    embeds = 0  # the model's forward holds the embeddings' output through its layer loop (`fsdp.py`), extra where
+    # no op of layer 0 saves it (LoRA: layer 0's input needs no grad)
+    if w.plan.grad_ckpt is not GradCkpt.FULL and (w.first_saving or not act.saves_layer_input(spec, cp)):
         embeds = w.hidden
     for layer in sorted({0, layers - 1}):
-        below = act.kept_layers_bytes(spec, cp, layer) + (embeds if layer else 0)
+        below = w.kept_layers(spec, cp, layer) + (embeds - w.first_saving if layer else 0)
         held = range(layer + 1) if _zero2(w) else (layer,)
         phases.append(moment(f"forward (layer {layer} all-gather)", **w.persistent,
                              activations=below + w.outer_act + w.hidden,
-                             communication=_gathered(w, held) + fp.gather_transient_bytes(spec, w.plan, 1 + layer)))
+                             communication=_gathered(w, held) + fp.gather_transient_bytes(spec, w.flat, 1 + layer)))
     return phases
 
 
@@ -83,30 +87,43 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     if not _zero2(w):
         phases.append(moment(f"loss backward (prefetch of layer {layers - 1})", **on,
                              logits=lg.loss_backward_start_bytes(spec, cp),
-                             communication=backward + fp.gather_transient_bytes(spec, w.plan, layers)))
-    return phases + [
+                             communication=backward + fp.gather_transient_bytes(spec, w.flat, layers)))
+    phases += [
         moment("loss backward", **on, logits=lg.loss_backward_peak_bytes(spec, cp), communication=backward),
         moment("lm_head backward", **on, gradients=w.root_grads_head, logits=lg.lm_head_backward_bytes(spec, cp),
                communication=backward),
     ]
+    if w.frozen_root:  # the final norm's backward, the held logits alive (`norm_backward.final_norm_backward_bytes`)
+        phases.append(moment("final norm backward", **on, logits=w.logits, communication=backward,
+                             temporaries=norm_bwd.final_norm_backward_bytes(spec, cp)))
+    return phases
 
 
 def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     """Layer `layer`'s backward: its pre-backward prefetch of layer - 1 (FULL_SHARD), the compute moments of the
     FSDP2 walk with FSDP1's gathered parameters, the flat gradient's concatenation, the reduce-scatter (the layer
     resharded first) and, under MixedPrecision, the cast of the new shard to the parameter dtype."""
-    spec, plan = w.spec, w.plan
-    below, own = _kept(w, layer)
+    spec, plan = w.spec, w.flat
+    below, own = _layer_kept(w, layer)
     gathered = _gathered(w, range(layer + 1) if _zero2(w) else range(max(0, layer - 1), layer + 1))
     phases = []
     if not _zero2(w) and layer:
         phases.append(_prebackward_moment(w, layer, later, 0, below, own,
                                           gathered + fp.gather_transient_bytes(spec, plan, layer)))
-    phases += _backward_moments(w, layer, later, 0, {}, below, gathered)
+    phases += _lora_mlp_moments(w, layer, later, _backward_moments(w, layer, later, 0, {}, below, gathered))
     flat = fp.unsharded_grad_bytes(spec, plan, 1 + layer)
-    earlier = dict(**w.persistent, activations=below + w.outer_act, logits=w.logits)
-    base = w.root_grads_head + later + w.residual_grad
+    # after layer 0's backward the RoPE cos / sin, saved only by the layers' RoPE muls, are released; under LoRA
+    # with PEFT's input-require-grads hook the embeddings' output is a leaf its AccumulateGrad node keeps
+    rope = 0 if layer else sum(s.bytes for s in act.outer_saved(spec, w.cp) if s.name.startswith("RoPE")) \
+        - (w.hidden if lora.is_lora(plan) and flat_lora.layer0_input_requires_grad(plan) else 0)
+    earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else rope),
+                   logits=w.logits)
+    # the gradient of the layer's input, unless it is layer 0's and needs none (LoRA: frozen embeddings)
+    residual = 0 if not layer and lora.is_lora(plan) and not flat_lora.layer0_input_requires_grad(plan) \
+        else w.residual_grad
+    base = w.root_grads_head + later + residual
     views = layer_gradient_bytes(spec, w.cp, layer)  # the views' gradients, waiting in SplitWithSizesBackward
+    views += lora.layer_adapter_bytes(spec, plan, layer, fp.gather_bytes(plan)) if lora.is_lora(plan) else 0
     phases.append(moment(f"backward (layer {layer}, flat gradient)", **earlier,
                          gradients=base + views + flat, communication=gathered))
     resharded = gathered - fp.unsharded_bytes(spec, plan)[1 + layer]
@@ -119,15 +136,37 @@ def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     return phases
 
 
-def end_moments(w: FsdpTerms) -> list[Phase]:
+def _lora_mlp_moments(w: Fsdp1Terms, layer: int, later: int, phases: list[Phase]) -> list[Phase]:
+    """down_proj adapted (`flat_lora.down_proj_terms`): the layer's MLP moment of full fine-tuning (after the base
+    down_proj's backward: the adapter branch's gradient of x, summed into the base's, takes the place of full
+    fine-tuning's second intermediate-sized gradient) without the saves the adapter branch freed and with its
+    gradients; before it, down_proj's lora_A backward, every save alive beside the layer output's gradient."""
+    if not lora.is_lora(w.flat) or not flat_lora.adapts_down_proj(w.spec, w.flat):
+        return phases
+    saved, before, grads, inside = flat_lora.down_proj_terms(w.spec, w.flat, compute_plan(w.flat))
+    name = f"backward (layer {layer})"
+    mlp = next(ph for ph in phases if ph.name == name)
+    at_lora_a = Phase(f"backward (layer {layer}, down_proj lora_A)", {
+        **mlp.breakdown, Category.ACTIVATIONS: mlp.breakdown[Category.ACTIVATIONS] - before,
+        Category.GRADIENTS: w.root_grads_head + later + w.residual_grad + grads + inside})
+    mlp = with_extra(with_extra(mlp, name, Category.ACTIVATIONS, -saved), name, Category.GRADIENTS, grads)
+    return [at_lora_a, mlp] + [ph for ph in phases if ph.name != name]
+
+
+def end_moments(w: Fsdp1Terms) -> list[Phase]:
     """The embedding's backward (every layer's gradient sharded, the root gathered, its views' gradients waiting),
-    the root's flat gradient, its reduce-scatter (the root resharded first) and cast, the optimizer step."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    the root's flat gradient, its reduce-scatter (the root resharded first) and cast, the optimizer step. A frozen
+    root (LoRA, `flat_param.requires_grad`) has none of these: no gradient reaches the frozen embeddings."""
+    spec, plan, cp = w.spec, w.flat, w.cp
     shards = fp.shard_bytes(spec, plan)
     layer_shards = sum(shards[1:])
+    step = moment("optimizer step", **w.persistent, gradients=layer_shards if w.frozen_root else sum(shards),
+                  logits=w.logits, temporaries=optimizer_step_temporary_bytes(spec, plan))
+    on = dict(**w.persistent, logits=w.logits)
+    if w.frozen_root:  # the last layer's gradient sharded, the root still gathered (freed in the final callback)
+        return [moment("backward end", **on, gradients=layer_shards, communication=_gathered(w, ())), step]
     root_views = sum(p.numel for p in spec.outer_params) * cp.precision.param_bytes
     flat = fp.unsharded_grad_bytes(spec, plan, 0)
-    on = dict(**w.persistent, logits=w.logits)
     phases = [
         moment("backward end", **on, gradients=layer_shards + root_views, communication=_gathered(w, ()),
                temporaries=embedding_gradient_accumulate_bytes(spec, cp) + embedding_input_gradient_bytes(spec, cp)),
@@ -139,16 +178,50 @@ def end_moments(w: FsdpTerms) -> list[Phase]:
     cast = fp.cast_grad_bytes(spec, plan, 0)
     if cast:
         phases.append(moment("backward end (root gradient cast)", **on, gradients=layer_shards + flat + cast))
-    phases.append(moment("optimizer step", **w.persistent, gradients=sum(shards), logits=w.logits,
-                         temporaries=optimizer_step_temporary_bytes(spec, plan)))
-    return phases
+    return phases + [step]
 
 
-def fsdp1_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
-    """The FSDP2 walk's compute terms with FSDP1's persistent bytes: the flat shards and the states over them."""
-    w = fsdp_terms(spec, plan)
+@dataclass(frozen=True)
+class Fsdp1Terms(FsdpTerms):
+    """The FSDP2 walk's terms of the program autograd runs (`plan`, `cp`) and the plan whose flat layout FSDP1
+    builds (`flat`: LoRA's, with the adapters in the layers' units); `frozen_root`: the root requires no grad."""
+
+    flat: TrainingPlan
+    frozen_root: bool
+
+
+def fsdp1_terms(spec: ModelSpec, plan: TrainingPlan) -> Fsdp1Terms:
+    """The FSDP2 walk's compute terms with FSDP1's persistent bytes: the flat shards and the states over them.
+    LoRA: the compute of full fine-tuning (every view of a layer's flat parameter requires grad, `flat_lora`) with
+    the adapters' own saves, layer 0's input needing no grad, and the frozen root's final norm and lm_head."""
+    program = flat_lora.full_plan(plan) if lora.is_lora(plan) else plan
+    w = fsdp_terms(spec, program)
     persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)), optimizer=optimizer_state_bytes(spec, plan))
-    return replace(w, persistent=persistent)
+    w = Fsdp1Terms(**{f.name: getattr(w, f.name) for f in fields(FsdpTerms)}, flat=plan,
+                   frozen_root=not fp.requires_grad(spec, plan, 0))
+    if not lora.is_lora(plan):
+        return replace(w, persistent=persistent)
+    cp, cp_full, layers = compute_plan(plan), w.cp, spec.num_layers
+    first = flat_lora.first_layer_saving_bytes(spec, plan, cp_full)
+    kept_layers = partial(flat_lora.kept_layers_bytes, plan=plan, cp=cp)
+    current = partial(flat_lora.current_layer_backward_bytes, plan=plan, cp=cp)
+    return replace(
+        w, persistent=persistent, first_saving=first, kept_layers=lambda s, c, n: kept_layers(s, cp_full=c, count=n),
+        current_layer=lambda s, c, n: current(s, cp_full=c, layer=n), root_grads_head=0,
+        kept=w.kept + (0 if act.checkpoints_layers(plan) else flat_lora.adapter_saved_bytes(spec, plan, cp)),
+        recompute=w.recompute + (flat_lora.adapter_saved_bytes(spec, plan, cp) if w.recompute else 0),
+        forward_acts=w.forward_acts - first - flat_lora.final_norm_saving_bytes(spec, plan, cp, cp_full)
+        + kept_layers(spec, cp_full=cp_full, count=layers) - act.kept_layers_bytes(spec, cp_full, layers))
+
+
+def _layer_kept(w: Fsdp1Terms, layer: int) -> tuple[int, int]:
+    """What the layers below `layer` keep and what it keeps itself (`fsdp_layer._kept`; LoRA: not memoised under
+    the full plan's key, whose terms these are not)."""
+    if w.flat is w.plan:
+        return _kept(w, layer)
+    k, cp = w.kept_layers, w.cp
+    return (k(w.spec, cp, layer) - act.eager_mask_released_bytes(w.spec, cp, layer),
+            k(w.spec, cp, layer + 1) - k(w.spec, cp, layer))
 
 
 def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
@@ -159,4 +232,3 @@ def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     for layer in act.backward_layers(spec, w.cp, edge=2):
         phases += layer_moments(w, layer, sum(shards[2 + layer:]))
     return phases + end_moments(w)
-
