@@ -223,7 +223,9 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
         m = _module(p)
         out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer),
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer)]
-    return out
+    from llmem.components import lora_experts  # mixtral's router and fused experts (PEFT's ParamWrapper)
+
+    return out + lora_experts.adapter_params(spec, plan)
 
 
 def _summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:

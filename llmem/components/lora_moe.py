@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from llmem.components import activations as act
 from llmem.errors import GAP, InputError
-from llmem.plan import Attention, GradCkpt, Method, Quant, TrainingPlan
+from llmem.plan import ALL_LINEAR, Attention, GradCkpt, Method, Quant, TrainingPlan
 from llmem.spec import ModelSpec
 
 _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_SHARED_EXPERT_LINEARS = ("gate_proj", "up_proj", "down_proj", "shared_expert_gate")
 
 
 # A grouped-experts MoE block with frozen experts, router and shared expert (transformers 5.23
@@ -23,19 +24,31 @@ _FROZEN_MOE_DROPPED = frozenset({
 })
 
 
+# qwen2_moe's MoE block (transformers 5.23 `modeling_qwen2_moe.py:339-350`): the shared expert's Linears and
+# `shared_expert_gate` are `nn.Linear`s, which PEFT's `all-linear` adapts (`peft/tuners/tuners_utils.py:2447-2452`:
+# every `nn.Linear` but the output layer); the router (`Qwen2MoeTopKRouter`, a bare parameter) and the fused experts
+# are not Linears and stay frozen. Groups as `lora_activations._INPUT_GROUPS`: gate_proj, up_proj and
+# shared_expert_gate read the same `hidden_states_reshaped` (h wide), down_proj reads `silu(gate) * up` (si wide);
+# the full-fine-tuning entries they replace are in `_FROZEN_MOE_DROPPED`.
+SHARED_EXPERT_GROUPS = (
+    (("gate_proj", "up_proj", "shared_expert_gate"), "h", ("autocast input cast shared gate/up, shared_expert_gate",)),
+    (("down_proj",), "si", ("shared_expert silu(gate) * up",)),
+)
+
+
 def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
     """The full-fine-tuning MoE entries LoRA does not save (`_FROZEN_MOE_DROPPED`); none without grouped experts.
-    Adapted MoE modules (router, experts, shared expert) are refused (`check_supported`)."""
+    An adapted shared expert keeps what its adapters need instead (`SHARED_EXPERT_GROUPS`); an adapted router or
+    fused experts are refused (`moe_targets_refusal`)."""
     return _FROZEN_MOE_DROPPED if spec.family.grouped_experts else frozenset()
 
 
 def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
-    """LoRA on a grouped-experts MoE family is modelled with the MoE block frozen: adapters on the attention
-    Linears only. Under transformers 5.23 and PEFT 0.21 `all-linear` adapts more: on mixtral the router and the
-    fused expert tensors (PEFT's `ParamWrapper`, which also refuses lora_dropout > 0), on qwen2_moe the shared
-    expert's Linears and its gate; those are not modelled yet, nor dense layers among the expert ones. QLoRA with
-    the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager attention and more than one GPU are not
-    modelled on these families."""
+    """LoRA on a grouped-experts MoE family: modelled with adapters on the attention Linears and, on qwen2_moe, on
+    the shared expert's Linears and `shared_expert_gate` (`SHARED_EXPERT_GROUPS`; what `all-linear` adapts there).
+    Not modelled yet (`_targets_refusal`): mixtral's `all-linear` or any target in its MoE block, dense layers among
+    the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager attention and more
+    than one GPU."""
     if not spec.family.grouped_experts:
         return None
     if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
@@ -51,11 +64,38 @@ def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | Non
     if plan.method is Method.QLORA and plan.quant is Quant.INT8:
         return InputError("quant", f"qlora with --quant int8 on {spec.model_type!r} (mixture of experts) is not "
                           "modelled yet; use --quant nf4 or fp4", GAP)
-    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in _ATTENTION_LINEARS})
+    return _targets_refusal(spec, plan)
+
+
+def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
+    """Targets beyond the modelled ones. mixtral: PEFT rewrites the config for transformers 5's fused experts
+    (`peft/utils/transformers_weight_conversion.py:44-45, 332-337, 368-372, 402-482`): `all-linear` (or w1/w2/w3,
+    gate) then also adapts the router's `gate.weight` and the 3-D `experts.gate_up_proj` / `experts.down_proj`
+    through `ParamWrapper` (`peft/tuners/lora/layer.py:2335`), whose forward materialises each adapted expert
+    stack (`_LoraFactorsProxy`, `layer.py:2305-2323`); not modelled. qwen2_moe has no such rewrite (its model type
+    is not in that table), so MLP names adapt the shared expert's Linears only."""
+    allowed = _ATTENTION_LINEARS + (_SHARED_EXPERT_LINEARS if spec.family.shared_expert else ())
+    if plan.lora_targets == ALL_LINEAR and not spec.family.shared_expert:
+        return _param_wrapper_refusal(spec, plan)
+    if plan.lora_targets == ALL_LINEAR:
+        return None
+    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in allowed})
     if other:
-        return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on the attention "
-                          f"Linears only; {', '.join(other)} adapts (or may adapt) the mixture-of-experts block, which "
-                          "is not modelled yet; use e.g. q_proj,v_proj or q_proj,k_proj,v_proj,o_proj", GAP)
+        what = "the attention Linears" + (" and the shared expert's Linears" if spec.family.shared_expert else "")
+        return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on {what} only; "
+                          f"{', '.join(other)} adapts (or may adapt) the router or the fused experts (PEFT's "
+                          "ParamWrapper), which is not modelled yet; use e.g. q_proj,k_proj,v_proj,o_proj", GAP)
+    return None
+
+
+def _param_wrapper_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
+    """mixtral `all-linear` (`lora_experts`): PEFT's ParamWrapper refuses dropout; QLoRA is not modelled."""
+    if plan.lora_dropout:
+        return InputError("lora-dropout", f"all-linear on {spec.model_type!r} adapts the router and the fused experts "
+                          "through PEFT's ParamWrapper, which refuses lora_dropout > 0; use --lora-dropout 0")
+    if plan.method is Method.QLORA:
+        return InputError("method", f"qlora with all-linear on {spec.model_type!r} (adapted router and fused "
+                          "experts) is not modelled yet; use --method lora or name the attention Linears", GAP)
     return None
 
 
