@@ -59,12 +59,15 @@ def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 @per_spec("layout_key")
 def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
-    until the forward's autocast region exits, in checkpointed layers too)."""
+    until the forward's autocast region exits, in checkpointed layers too); mixtral's expert-stack factors are
+    not cast (`lora_experts.uncast_adapter_elements`)."""
     from llmem.components import autocast
 
     if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan):
         return 0
-    return _summary(spec, plan)[1][0] * plan.precision.compute_bytes
+    from llmem.components.lora_experts import uncast_adapter_elements
+
+    return (_summary(spec, plan)[1][0] - uncast_adapter_elements(spec, plan)) * plan.precision.compute_bytes
 
 
 def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:

@@ -64,6 +64,15 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     return out
 
 
+def uncast_adapter_elements(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """One layer's expert-stack factors, which autocast does not cast (hence does not cache): `_LoraFactorsProxy`
+    runs its baddbmm with autocast disabled (layer.py:2322). The router's delta `B @ A` is an autocast mm."""
+    if not adapts_experts(spec, plan):
+        return 0
+    h, e, i = _dims(spec)
+    return plan.lora_rank * e * (2 * (h + 2 * i) + (i + h))
+
+
 def saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     """What one layer's adapted router and experts save beyond the frozen block's LoRA table (with `KEPT`): the
     materialised stacks (pb: the parameters' bytes; the grouped mm runs in the weights' dtype), the router's

@@ -92,7 +92,8 @@ def _param_wrapper_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | 
     """mixtral `all-linear` (`lora_experts`): PEFT's ParamWrapper refuses dropout; QLoRA is not modelled."""
     if plan.lora_dropout:
         return InputError("lora-dropout", f"all-linear on {spec.model_type!r} adapts the router and the fused experts "
-                          "through PEFT's ParamWrapper, which refuses lora_dropout > 0; use --lora-dropout 0")
+                          "through PEFT's ParamWrapper, which refuses lora_dropout > 0; use --lora-dropout 0, or "
+                          "name the attention Linears (e.g. q_proj,k_proj,v_proj,o_proj)")
     if plan.method is Method.QLORA:
         return InputError("method", f"qlora with all-linear on {spec.model_type!r} (adapted router and fused "
                           "experts) is not modelled yet; use --method lora or name the attention Linears", GAP)
