@@ -1,6 +1,7 @@
-"""LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the MoE block frozen (adapters on the attention
-Linears: `moe_targets_refusal`): the candidate peaks of its backward. The saved tensors are
-`lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved` without `frozen_moe_dropped`)."""
+"""LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the routed experts frozen (adapters on the
+attention Linears, and with `all-linear` on qwen2_moe's shared expert: `moe_targets_refusal`): the candidate peaks
+of its backward. The saved tensors are `lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved`
+without `frozen_moe_dropped`). mixtral's `all-linear` adapts the router and experts too: `lora_experts`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from llmem.plan import ALL_LINEAR, Attention, GradCkpt, Method, Quant, TrainingP
 from llmem.spec import ModelSpec
 
 _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_SHARED_EXPERT_LINEARS = ("gate_proj", "up_proj", "down_proj", "shared_expert_gate")
 
 
 # A grouped-experts MoE block with frozen experts, router and shared expert (transformers 5.23
@@ -44,11 +44,11 @@ def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
 
 
 def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
-    """LoRA on a grouped-experts MoE family: modelled with adapters on the attention Linears and, on qwen2_moe, on
-    the shared expert's Linears and `shared_expert_gate` (`SHARED_EXPERT_GROUPS`; what `all-linear` adapts there).
-    Not modelled yet (`_targets_refusal`): mixtral's `all-linear` or any target in its MoE block, dense layers among
-    the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager attention and more
-    than one GPU."""
+    """LoRA on a grouped-experts MoE family: modelled with adapters on the attention Linears, or `all-linear`
+    (qwen2_moe: also the shared expert's Linears and `shared_expert_gate`, `SHARED_EXPERT_GROUPS`; mixtral: also
+    the router and fused experts, `lora_experts`). Not modelled yet (`_targets_refusal`): other MoE-block targets,
+    dense layers among the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager
+    attention and more than one GPU."""
     if not spec.family.grouped_experts:
         return None
     if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
@@ -72,19 +72,17 @@ def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
     (`peft/utils/transformers_weight_conversion.py:44-45, 332-337, 368-372, 402-482`): `all-linear` (or w1/w2/w3,
     gate) then also adapts the router's `gate.weight` and the 3-D `experts.gate_up_proj` / `experts.down_proj`
     through `ParamWrapper` (`peft/tuners/lora/layer.py:2335`), whose forward materialises each adapted expert
-    stack (`_LoraFactorsProxy`, `layer.py:2305-2323`); not modelled. qwen2_moe has no such rewrite (its model type
-    is not in that table), so MLP names adapt the shared expert's Linears only."""
-    allowed = _ATTENTION_LINEARS + (_SHARED_EXPERT_LINEARS if spec.family.shared_expert else ())
-    if plan.lora_targets == ALL_LINEAR and not spec.family.shared_expert:
-        return _param_wrapper_refusal(spec, plan)
+    stack (`_LoraFactorsProxy`, `layer.py:2305-2323`), modelled for `all-linear` (`lora_experts`). qwen2_moe has
+    no such rewrite (its model type is not in that table), so MLP names adapt the shared expert's Linears only;
+    modelled as part of `all-linear` (with the attention adapters), not alone."""
     if plan.lora_targets == ALL_LINEAR:
-        return None
-    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in allowed})
+        return None if spec.family.shared_expert else _param_wrapper_refusal(spec, plan)
+    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in _ATTENTION_LINEARS})
     if other:
-        what = "the attention Linears" + (" and the shared expert's Linears" if spec.family.shared_expert else "")
-        return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on {what} only; "
-                          f"{', '.join(other)} adapts (or may adapt) the router or the fused experts (PEFT's "
-                          "ParamWrapper), which is not modelled yet; use e.g. q_proj,k_proj,v_proj,o_proj", GAP)
+        return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on the attention "
+                          f"Linears or all-linear; {', '.join(other)} adapts (or may adapt) part of the "
+                          "mixture-of-experts block, which is not modelled yet (-1.8 % on a tiny qwen2_moe with the "
+                          "shared expert's Linears alone); use all-linear or e.g. q_proj,k_proj,v_proj,o_proj", GAP)
     return None
 
 

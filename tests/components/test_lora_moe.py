@@ -41,23 +41,26 @@ OTHER = [  # with other options of the LoRA walk
 # all-linear: on qwen2_moe PEFT adapts the attention Linears, the shared expert's gate/up/down_proj and its
 # shared_expert_gate (the router and the fused experts are not nn.Linear); on mixtral the attention Linears, the
 # router and both fused expert stacks (ParamWrapper, `lora_experts`), whose materialised stacks dominate
-ALL_LINEAR = [
+ALL_LINEAR = [  # measured (estimate - measured): qwen2_moe fp32 +0.006 %, bf16 +0.008 %, bf16-mixed +0.14 % (not
+    # checkpointed); -0.04 %, +0.66 %, -0.01 % (checkpointed); mixtral -0.001 %, +0.004 %, +0.03 %; -0.001 %, -0.002 %,
+    # -0.02 %
     ("qwen2_moe", "all-linear", "fp32", "none", 0.0),
-    ("qwen2_moe", "all-linear", "bf16", "full", 0.0),  # +0.66 % (the checkpointed MoE recompute moment, see docs)
-    ("mixtral", "all-linear", "fp32", "none", 0.0),
-    ("mixtral", "all-linear", "bf16", "full", 0.0),
-]
-ALL_LINEAR_HEAVY = [
-    ("mixtral", "all-linear", "bf16", "none", 0.0),
-    ("mixtral", "all-linear", "bf16-mixed", "none", 0.0),
-    ("mixtral", "all-linear", "fp32", "full", 0.0),
-    ("mixtral", "all-linear", "bf16-mixed", "full", 0.0),
     ("qwen2_moe", "all-linear", "bf16", "none", 0.0),
     ("qwen2_moe", "all-linear", "bf16-mixed", "none", 0.0),
     ("qwen2_moe", "all-linear", "fp32", "full", 0.0),
+    ("qwen2_moe", "all-linear", "bf16", "full", 0.0),  # +0.66 % (the checkpointed MoE layer's backward, see docs)
     ("qwen2_moe", "all-linear", "bf16-mixed", "full", 0.0),
     ("qwen2_moe", "all-linear", "fp32", "none", 0.1),
-    ("qwen2_moe", "gate_proj,up_proj,down_proj", "bf16", "none", 0.0),
+    ("mixtral", "all-linear", "fp32", "none", 0.0),
+    ("mixtral", "all-linear", "bf16", "none", 0.0),
+    ("mixtral", "all-linear", "bf16-mixed", "none", 0.0),
+    ("mixtral", "all-linear", "fp32", "full", 0.0),
+    ("mixtral", "all-linear", "bf16", "full", 0.0),
+    ("mixtral", "all-linear", "bf16-mixed", "full", 0.0),
+]
+ALL_LINEAR_OTHER = [  # all-linear with other options of the LoRA walk (3 layers)
+    ("mixtral", dict(grad_ckpt="full", ckpt_every=2)), ("mixtral", dict(lora_modules_to_save="lm_head")),
+    ("qwen2_moe", dict(grad_ckpt="full", ckpt_every=2)), ("qwen2_moe", dict(loss="chunked-ce")),
 ]
 
 QLORA = [  # the attention Linears in 4 bits (the experts are not Linears; qwen2_moe's shared expert is)
@@ -77,8 +80,7 @@ def _plan(targets: str, precision: str, ckpt: str, dropout: float, quant: str = 
 
 
 @pytest.mark.parametrize("family,targets,precision,ckpt,dropout,quant",
-                         [(*c, "none") for c in CASES + ALL_LINEAR] + QLORA
-                         + [pytest.param(*c, "none", marks=pytest.mark.heavy) for c in ALL_LINEAR_HEAVY])
+                         [(*c, "none") for c in CASES + ALL_LINEAR] + QLORA)
 def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt, dropout, quant):
     pytest.importorskip("torch")
     from llmem.measure.counting import CountingTracker
@@ -90,17 +92,29 @@ def test_frozen_moe_block_peak_within_1_percent(family, targets, precision, ckpt
     assert abs(estimated - measured) / measured < 0.01
 
 
-@pytest.mark.parametrize("family,options", OTHER)
+@pytest.mark.parametrize("family,options", OTHER + [(f, dict(o, lora_targets="all-linear", lora_dropout=0.0))
+                                                    for f, o in ALL_LINEAR_OTHER])
 def test_with_other_options_within_1_percent(family, options):
     pytest.importorskip("torch")
     from llmem.measure.counting import CountingTracker
     from llmem.measure.run import measure_rank
 
     cfg = dict(CONFIGS[family], num_hidden_layers=3)
+    options = dict(dict(lora_targets="q_proj,v_proj", lora_dropout=0.0), **options)
     plan = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora",
-                        lora_targets="q_proj,v_proj", lora_dropout=0.0, precision="fp32", **options)
+                        precision="fp32", **options)
     measured = measure_rank(cfg, plan, tracker=CountingTracker())["peak_bytes"]
     assert abs(estimate(ModelSpec.from_config(cfg), plan).peak_bytes - measured) / measured < 0.01
+
+
+@pytest.mark.parametrize("family,targets", [
+    ("qwen2_moe", "gate_proj,up_proj,down_proj"),  # the shared expert alone: measured -1.8 %, not pinned down
+    ("qwen2_moe", "q_proj,shared_expert_gate"),
+])
+def test_part_of_the_moe_block_is_a_gap_naming_the_field(family, targets):
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(CONFIGS[family]), _plan(targets, "fp32", "none", 0.0))
+    assert err.value.field == "lora-targets" and err.value.gap
 
 
 def test_mixtral_all_linear_with_dropout_is_refused_as_peft_refuses_it():
