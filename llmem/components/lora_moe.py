@@ -87,14 +87,12 @@ def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
 
 
 def _param_wrapper_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
-    """mixtral `all-linear` (`lora_experts`): PEFT's ParamWrapper refuses dropout; QLoRA is not modelled."""
+    """mixtral `all-linear` (`lora_experts`): PEFT's ParamWrapper refuses dropout. 4-bit QLoRA quantizes the
+    attention Linears only (the router and experts are not Linears) and is modelled as LoRA is."""
     if plan.lora_dropout:
         return InputError("lora-dropout", f"all-linear on {spec.model_type!r} adapts the router and the fused experts "
                           "through PEFT's ParamWrapper, which refuses lora_dropout > 0; use --lora-dropout 0, or "
                           "name the attention Linears (e.g. q_proj,k_proj,v_proj,o_proj)")
-    if plan.method is Method.QLORA:
-        return InputError("method", f"qlora with all-linear on {spec.model_type!r} (adapted router and fused "
-                          "experts) is not modelled yet; use --method lora or name the attention Linears", GAP)
     return None
 
 

@@ -68,8 +68,10 @@ QLORA = [  # the attention Linears in 4 bits (the experts are not Linears; qwen2
     ("mixtral", "q_proj,v_proj", "fp32", "full", 0.0, "nf4"),  # +0.46 %
     ("qwen2_moe", "q_proj,v_proj", "bf16", "full", 0.0, "fp4"),
     ("qwen2_moe", "q_proj,v_proj", "fp16", "none", 0.0, "nf4"),
-    pytest.param("qwen2_moe", "all-linear", "bf16", "none", 0.0, "nf4", marks=pytest.mark.heavy),  # shared expert 4-bit
-    pytest.param("qwen2_moe", "all-linear", "fp32", "full", 0.0, "nf4", marks=pytest.mark.heavy),
+    ("qwen2_moe", "all-linear", "bf16", "none", 0.0, "nf4"),  # the shared expert's Linears in 4 bits too: +0.006 %
+    ("qwen2_moe", "all-linear", "fp32", "full", 0.0, "nf4"),  # +0.08 %
+    ("mixtral", "all-linear", "bf16", "none", 0.0, "nf4"),  # the router and experts adapted, not quantized: +0.002 %
+    ("mixtral", "all-linear", "fp32", "full", 0.0, "nf4"),  # +0.26 % (as the attention-only row, +0.46 %)
 ]
 
 
@@ -121,12 +123,6 @@ def test_mixtral_all_linear_with_dropout_is_refused_as_peft_refuses_it():
     with pytest.raises(InputError) as err:  # ParamWrapper raises on lora_dropout != 0
         estimate(ModelSpec.from_config(CONFIGS["mixtral"]), _plan("all-linear", "fp32", "none", 0.1))
     assert err.value.field == "lora-dropout"
-
-
-def test_mixtral_all_linear_qlora_is_a_gap_naming_the_field():
-    with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(CONFIGS["mixtral"]), _plan("all-linear", "bf16", "none", 0.0, "nf4"))
-    assert err.value.field == "method" and err.value.gap
 
 
 def test_mixtral_all_linear_adapter_count_is_peft_s():
