@@ -3,19 +3,19 @@
 Under transformers 5.23 mixtral's router (`MixtralTopKRouter.weight`, E × h) and experts (`MixtralExperts.
 gate_up_proj`, E × 2i × h; `.down_proj`, E × h × i) are bare parameters, not Linears. PEFT rewrites the config for
 them (`peft/utils/transformers_weight_conversion.py:44-45`, `_MOE_TARGET_MODULE_MAPPING` at 332-337,
-`_resolve_string_target_modules` at 368-372, `_convert_peft_config_moe` at 402-482): `all-linear` adds
+`_resolve_string_target_modules` at 369-373, `_convert_peft_config_moe` at 402-482): `all-linear` adds
 `target_parameters = {gate.weight, gate_up_proj, down_proj}` with rank and alpha doubled for the fused
-`gate_up_proj` (`rank_pattern`, 470-476). Each becomes a `ParamWrapper` (`peft/tuners/lora/layer.py:2335`;
-the experts' two are nested) with lora_A (r·E, in) and lora_B (out, r·E) (`update_layer`, 2443-2444; E = 1 for the
-2-D router), fp32 like every adapter. PEFT refuses `lora_dropout > 0` there (2364-2367).
+`gate_up_proj` (`rank_pattern`, 474-479). Each becomes a `ParamWrapper` (`peft/tuners/lora/layer.py:2335`;
+the experts' two are nested) with lora_A (r·E, in) and lora_B (out, r·E) (`update_layer`, 2455-2456; E = 1 for the
+2-D router), fp32 like every adapter. PEFT refuses `lora_dropout > 0` there (2364-2366).
 
-Forward (`ParamWrapper.forward`, 2720-2733; `_activate_lora`, 2542-2568): the wrapped parameter is replaced, for
+Forward (`ParamWrapper.forward`, 2698-2713; `_activate_lora`, 2571-2601): the wrapped parameter is replaced, for
 the module's forward, by a parametrization cached once per forward (`nn.utils.parametrize.cached`):
   - experts (E > 1, not float8): `_LoraFactorsProxy` (2305-2323): `torch.baddbmm(W, lhs, rhs, alpha=scaling)`,
     a new E × out × in tensor in the weight's dtype (lhs, rhs are views of lora_B / lora_A, cast to the weight's
-    dtype when it is half: `get_delta_factors`, 2484-2500). The grouped mm (transformers `integrations/moe.py:
+    dtype when it is half: `get_delta_factors`, 2525-2542). The grouped mm (transformers `integrations/moe.py:
     490`) then saves that whole stack and its input for the stack's gradient.
-  - router (2-D): `_LoraParameterProxy(get_delta_weight)` (2271-2302; `Linear.get_delta_weight`, 1044-1070):
+  - router (2-D): `_LoraParameterProxy(get_delta_weight)` (2271-2302; `Linear.get_delta_weight`, 1044-1072):
     `W + (B @ A) * scaling` (E × h); the router's `F.linear` saves it and its input.
 Backward: each grouped mm makes the gradient of the whole stack (E × out × in, as full fine-tuning's weight
 gradient) and `BaddbmmBackward0` turns it into the factors' gradients; it is freed then, not accumulated."""
@@ -46,7 +46,7 @@ def _dims(spec: ModelSpec) -> tuple[int, int, int]:
 
 
 def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
-    """The ParamWrappers' lora_A / lora_B in each layer (`update_layer`, layer.py:2443-2444): router r × h and
+    """The ParamWrappers' lora_A / lora_B in each layer (`update_layer`, layer.py:2455-2456): router r × h and
     E × r; gate_up_proj (rank 2r) 2rE × h and 2i × 2rE; down_proj rE × i and h × rE."""
     if not adapts_experts(spec, plan):
         return []

@@ -69,7 +69,7 @@ def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | Non
 
 def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
     """Targets beyond the modelled ones. mixtral: PEFT rewrites the config for transformers 5's fused experts
-    (`peft/utils/transformers_weight_conversion.py:44-45, 332-337, 368-372, 402-482`): `all-linear` (or w1/w2/w3,
+    (`peft/utils/transformers_weight_conversion.py:44-45, 332-345, 369-373, 402-482`): `all-linear` (or w1/w2/w3,
     gate) then also adapts the router's `gate.weight` and the 3-D `experts.gate_up_proj` / `experts.down_proj`
     through `ParamWrapper` (`peft/tuners/lora/layer.py:2335`), whose forward materialises each adapted expert
     stack (`_LoraFactorsProxy`, `layer.py:2305-2323`), modelled for `all-linear` (`lora_experts`). qwen2_moe has
