@@ -274,7 +274,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
         items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", count * 8))
         if plan.precision.is_mixed:
             items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", plan.lora_rank * in_plus_out * 2))
-    return items + lora_experts.saved(spec, plan)
+    return items + lora_experts.saved(spec, plan, half)
 
 
 def _input_groups(spec: ModelSpec) -> tuple:

@@ -73,11 +73,12 @@ def uncast_adapter_elements(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plan.lora_rank * e * (2 * (h + 2 * i) + (i + h))
 
 
-def saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
+def saved(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> list[Saved]:
     """What one layer's adapted router and experts save beyond the frozen block's LoRA table (with `KEPT`): the
     materialised stacks (pb: the parameters' bytes; the grouped mm runs in the weights' dtype), the router's
     `W + delta` (its autocast cast under mixed precision), the router delta's `* scaling` (a 0-dim float64), and
-    in pure half the factors' casts to the weight dtype that `BaddbmmBackward0` keeps."""
+    in pure half the factors' casts to the weight dtype that `BaddbmmBackward0` keeps (not with `half`: FSDP2's
+    mixed-precision policy all-gathers the adapters in the half dtype too, `plan` then the pure-half plan)."""
     if not adapts_experts(spec, plan):
         return []
     h, e, i = _dims(spec)
@@ -86,7 +87,7 @@ def saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
              Saved("router delta: scaling (0-dim float64 saved by mul)", 8),
              Saved("experts gate_up_proj W + scaling * lhs @ rhs (baddbmm output)", e * 2 * i * h * pb),
              Saved("experts down_proj W + scaling * lhs @ rhs (baddbmm output)", e * h * i * pb)]
-    if pb == 2 and not plan.precision.is_mixed:
+    if pb == 2 and not plan.precision.is_mixed and not half:
         items.append(Saved("gate_up_proj/down_proj lhs, rhs cast to the weight dtype (baddbmm saves)",
                            e * (2 * i * 2 * r + 2 * r * h + h * r + r * i) * pb))
     return items

@@ -48,7 +48,8 @@ def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | Non
     (qwen2_moe: also the shared expert's Linears and `shared_expert_gate`, `SHARED_EXPERT_GROUPS`; mixtral: also
     the router and fused experts, `lora_experts`). Not modelled yet (`_targets_refusal`): other MoE-block targets,
     dense layers among the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager
-    attention and more than one GPU."""
+    attention, and QLoRA on several GPUs beyond DDP (several GPUs measured on 2 ranks: DDP, ZeRO-1, FSDP2
+    ZeRO-2/3, `tests/components/test_lora_moe_multirank.py`)."""
     if not spec.family.grouped_experts:
         return None
     if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
@@ -58,9 +59,9 @@ def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | Non
     if plan.attn is Attention.EAGER:
         return InputError("attn", f"lora on {spec.model_type!r} (mixture of experts) with eager attention is not "
                           "modelled yet (+0.8 % to -1.1 % on tiny models, not pinned down); use --attn sdpa", GAP)
-    if plan.gpus > 1:
-        return InputError("gpus", f"lora on {spec.model_type!r} (mixture of experts) is modelled on one GPU so far; "
-                          "use --gpus 1 or --method full", GAP)
+    if plan.gpus > 1 and plan.method is Method.QLORA and plan.zero:
+        return InputError("zero", f"qlora on {spec.model_type!r} (mixture of experts) on several GPUs is measured "
+                          "with DDP only; use --zero 0 or --method lora", GAP)
     if plan.method is Method.QLORA and plan.quant is Quant.INT8:
         return InputError("quant", f"qlora with --quant int8 on {spec.model_type!r} (mixture of experts) is not "
                           "modelled yet; use --quant nf4 or fp4", GAP)
