@@ -125,7 +125,8 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         residual_local = T * h * rb if rb == 2 else 0
         forward_locals = residual_local + T * spec.num_experts * cb + r * wb + r * 8 + r * 4 + spec.num_experts * 4
         trigger = routed_output_grad if not shared else -T * cb
-        moments["recompute end (routing-weight mul)"] = forward_locals - inverse_permutation + trigger + r * h * ob
+        moments["recompute end (routing-weight mul)"] = (forward_locals - inverse_permutation + trigger + r * h * ob
+                                                         + (_shared_recompute_locals(spec, plan) if shared else 0))
     converted = 0 if plan.grad_ckpt is GradCkpt.FULL else (r * h * eb if eb != ob else r * ob)
     moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
                                               + 2 * r * h * ob + converted)
@@ -140,7 +141,49 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         si = spec.shared_expert_intermediate_size
         moments["shared expert backward"] = shared_gate - routed_saved + 3 * T * si * cb
     residual_grad = T * h * plan.precision.param_bytes
-    return {name: extra + residual_grad for name, extra in moments.items()}
+    gate_branch = _shared_gate_adapter_bytes(spec, plan) if shared else (0, 0)
+    return {name: extra + residual_grad - gate_branch[name.startswith("recompute")] for name, extra in moments.items()}
+
+
+def _shared_recompute_locals(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """qwen2_moe: the recompute, triggered by the shared-expert gate's mul (the block's last op), peaks in the
+    routed part at `weighted_out[inv_perm]` (transformers `integrations/moe.py:524-528`), where also alive are that
+    output (r × h × ob), the gathered tokens (r × h × eb, a local: frozen experts' mm saves no input), the inverse
+    permutation (made: the moment's `- inverse_permutation` undone), the block input (T × h × rb, a local unless
+    lora_A keeps it: fp32, dropout 0, an adapted shared gate/up), the recompute's copy of the CPU RNG state, and
+    under autocast the half gradient the block's sum made for the shared branch (T × h × 2). Symbols as
+    `frozen_moe_backward_moments`."""
+    from llmem.components.lora import layer0_targeted
+    from llmem.plan import Device
+
+    T, h, r = plan.batch_size * plan.seq_len, spec.hidden_size, plan.batch_size * plan.seq_len * spec.experts_per_token
+    cb, rb = act._bytes(plan)
+    eb = plan.precision.param_bytes
+    ob = max(eb, act.moe_routing_weight_bytes(spec, plan))
+    adapted = {p.name.rsplit(".", 2)[-2] for p in layer0_targeted(spec, plan)}
+    kept = plan.precision.param_bytes == 4 and not plan.precision.is_mixed and not plan.lora_dropout \
+        and adapted & set(SHARED_EXPERT_GROUPS[0][0])
+    rng = act.CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
+    return (r * h * ob + r * h * eb + r * 8 + (0 if kept else T * h * rb) + rng
+            + (T * h * 2 if plan.precision.is_mixed else 0))
+
+
+def _shared_gate_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int]:
+    """An adapted `shared_expert_gate` (all-linear): what its adapter saves beyond the other Linears reading the
+    block input (its own input copy or cast, lora_A output, scaling, autocast weight casts), less its weight
+    gradients (r × (h + 1) × 4), which its branch's backward, the block's first, makes: (later moments, where that
+    branch's backward has freed the saves, the recompute's peak, where they are not made yet)."""
+    from llmem.components.lora import layer0_targeted
+    from llmem.components.lora_activations import _adapter_input_saved
+
+    if not any(p.name.endswith("shared_expert_gate.weight") for p in layer0_targeted(spec, plan)):
+        return 0, 0
+    T, h, rank = plan.batch_size * plan.seq_len, spec.hidden_size, plan.lora_rank
+    n = sum(p.name.rsplit(".", 2)[-2] in SHARED_EXPERT_GROUPS[0][0] for p in layer0_targeted(spec, plan))
+    inputs = [sum(x.bytes for x in _adapter_input_saved("g", plan, T, h, k, shared=True)) for k in (n, n - 1)]
+    mixed = plan.precision.is_mixed
+    own = inputs[0] - inputs[1] + T * rank * (2 if mixed else 4) + 8 + (rank * (h + 1) * 2 if mixed else 0)
+    return own - rank * (h + 1) * 4, own
 
 
 def frozen_moe_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
