@@ -1,6 +1,6 @@
 """LoRA on the grouped-experts MoE families (mixtral, qwen2_moe) on 2 processes (DDP, ZeRO-1, FSDP2 ZeRO-2/3):
 real torchrun (gloo, CPU) runs of the tiny configs, attention-only and all-linear adapters, the estimate within 1 %
-of the measured max-over-ranks peak (the single-GPU bar; these rows measured within 0.63 %). One launch measures
+of the measured max-over-ranks peak (the single-GPU bar; these rows measured within 0.41 %). One launch measures
 every row."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ ROWS = {  # measured (estimate - measured) in the comments
     "mixtral-all-zero3-bf16mix": {**ALL, "zero": 3, "precision": "bf16-mixed"},  # -0.11 %
     # 4-bit QLoRA, DDP: +0.004 %
     "mixtral-all-ddp-qlora-nf4-bf16": {**ALL, "zero": 0, "precision": "bf16", "method": "qlora", "quant": "nf4"},
-    "qwen2_moe-all-ddp-bf16-ckpt": {**ALL, "zero": 0, "precision": "bf16", "grad_ckpt": "full"},  # +0.63 % (docs)
+    "qwen2_moe-all-ddp-bf16-ckpt": {**ALL, "zero": 0, "precision": "bf16", "grad_ckpt": "full"},  # -0.003 %
     "qwen2_moe-all-zero2-bf16": {**ALL, "zero": 2, "precision": "bf16"},  # -0.41 %
-    "qwen2_moe-all-zero3-fp32-ckpt": {**ALL, "zero": 3, "grad_ckpt": "full"},  # -0.03 %
-    "qwen2_moe-qv-ddp-bf16mix-ckpt": {**QV, "zero": 0, "precision": "bf16-mixed", "grad_ckpt": "full"},  # -0.63 %
+    "qwen2_moe-all-zero3-fp32-ckpt": {**ALL, "zero": 3, "grad_ckpt": "full"},  # -0.002 %
+    "qwen2_moe-qv-ddp-bf16mix-ckpt": {**QV, "zero": 0, "precision": "bf16-mixed", "grad_ckpt": "full"},  # +0.002 %
     "qwen2_moe-all-zero3-bf16mix": {**ALL, "zero": 3, "precision": "bf16-mixed"},  # -0.001 %
 }
 
