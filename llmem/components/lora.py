@@ -202,6 +202,9 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
         if t.rsplit(".", 1)[-1] in _HEADS:
             raise InputError("lora-targets", f"adapting the output layer ({t}) is not supported here")
         if not any(_matches(m, t) for m in modules):
+            from llmem.components.lora_experts import v4_moe_name_refusal
+
+            v4_moe_name_refusal(spec, t)
             known = sorted({m.rsplit(".", 1)[-1] for m in modules})
             raise InputError("lora-targets", f"{t!r} matches no Linear of {spec.model_type}; "
                              f"its Linears are: {', '.join(known)} (or all-linear)")

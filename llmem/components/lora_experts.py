@@ -23,6 +23,7 @@ gradient) and `BaddbmmBackward0` turns it into the factors' gradients; it is fre
 from __future__ import annotations
 
 from llmem.components.saved import Saved
+from llmem.errors import GAP, InputError
 from llmem.plan import ALL_LINEAR, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
@@ -39,6 +40,18 @@ def adapts_experts(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
     return (is_lora(plan) and spec.family.grouped_experts and not spec.family.shared_expert
             and plan.lora_targets == ALL_LINEAR)
+
+
+def v4_moe_name_refusal(spec: ModelSpec, target: str) -> None:
+    """mixtral's transformers-4 names of its router and experts (gate, w1, w2, w3), which PEFT maps onto the router
+    and the fused expert stacks (`_MOE_TARGET_MODULE_MAPPING`): modelled as part of all-linear only."""
+    if spec.family.grouped_experts and not spec.family.shared_expert and target.rsplit(".", 1)[-1] in V4_NAMES:
+        raise InputError("lora-targets", f"{target!r} on {spec.model_type} adapts the router or the fused experts "
+                         "(PEFT's ParamWrapper), modelled as part of all-linear only; use all-linear (with "
+                         "--lora-dropout 0) or the attention Linears", GAP)
+
+
+V4_NAMES = ("gate", "w1", "w2", "w3")
 
 
 def _dims(spec: ModelSpec) -> tuple[int, int, int]:

@@ -113,6 +113,8 @@ def test_with_other_options_within_1_percent(family, options):
 @pytest.mark.parametrize("family,targets", [
     ("qwen2_moe", "gate_proj,up_proj,down_proj"),  # the shared expert alone: measured -1.8 %, not pinned down
     ("qwen2_moe", "q_proj,shared_expert_gate"),
+    ("mixtral", "q_proj,gate"),  # transformers-4 names PEFT maps onto the router and the fused experts
+    ("mixtral", "w1,w3"),
 ])
 def test_part_of_the_moe_block_is_a_gap_naming_the_field(family, targets):
     with pytest.raises(InputError) as err:
