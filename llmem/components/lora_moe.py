@@ -142,7 +142,28 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         moments["shared expert backward"] = shared_gate - routed_saved + 3 * T * si * cb
     residual_grad = T * h * plan.precision.param_bytes
     gate_branch = _shared_gate_adapter_bytes(spec, plan) if shared else (0, 0)
-    return {name: extra + residual_grad - gate_branch[name.startswith("recompute")] for name, extra in moments.items()}
+    moments = {name: extra - gate_branch[name.startswith("recompute")] for name, extra in moments.items()}
+    if shared and plan.grad_ckpt is GradCkpt.FULL and gate_branch[1]:
+        moments["recompute, shared_expert_gate adapter"] = (moments["recompute end (routing-weight mul)"]
+                                                            + _shared_gate_recompute_step(spec, plan, gate_branch[1]))
+    return {name: extra + residual_grad for name, extra in moments.items()}
+
+
+def _shared_gate_recompute_step(spec: ModelSpec, plan: TrainingPlan, own: int) -> int:
+    """From the recompute's routed peak (`_shared_recompute_locals`) to an adapted shared_expert_gate's adapter
+    (`modeling_qwen2_moe.py:346`; peft `Linear.forward`): the routed part returned (its weighted and un-permuted
+    outputs, r × h × ob each, the gathered tokens, `expert_ids_g`, the histc input and counts freed; its sum,
+    T × h × ob, alive), the gate's base output (T × cb) and its adapter's saves (`own`) made, and alive beside
+    them lora_B's output and its product with the scaling (T each, the adapter dtype) and, in pure half with
+    dropout, `x.to(fp32)` (T × h × 4), which only the dropout reads (lora_A saves the dropout output)."""
+    T, h, r = plan.batch_size * plan.seq_len, spec.hidden_size, plan.batch_size * plan.seq_len * spec.experts_per_token
+    cb, rb = act._bytes(plan)
+    eb = plan.precision.param_bytes
+    ob = max(eb, act.moe_routing_weight_bytes(spec, plan))
+    ab = 2 if plan.precision.is_mixed else 4
+    transient = T * h * 4 if rb == 2 and not plan.precision.is_mixed and plan.lora_dropout else 0
+    freed = 2 * r * h * ob + r * h * eb + r * 8 + r * 4 + spec.num_experts * 4
+    return -freed + T * h * ob + T * cb + own + 2 * T * ab + transient
 
 
 def _shared_recompute_locals(spec: ModelSpec, plan: TrainingPlan) -> int:
