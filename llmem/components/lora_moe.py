@@ -104,7 +104,9 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
     (no grad_weight: E × h × i, E × 2i × h; none for the router or the shared expert's Linears), and the gathered
     tokens (r × h) are not saved (only gate_up's weight gradient read them). qwen2_moe's frozen shared expert (a
     dense MLP whose down_proj saved no input): at its `silu(gate) * up` backward the incoming gradient, d up and
-    d silu(gate) (3 × T × si × cb), after the routed part's saved tensors are freed. Symbols as there."""
+    d silu(gate) (3 × T × si × cb), after the routed part's saved tensors are freed. Symbols as there. qwen2_moe
+    checkpointed: the recompute's peaks `_shared_recompute_locals`, `_shared_gate_recompute_step`; an adapted
+    shared_expert_gate: `_shared_gate_adapter_bytes`."""
     T = plan.batch_size * plan.seq_len
     h, k = spec.hidden_size, spec.experts_per_token
     i = spec.moe_intermediate_size or spec.intermediate_size
