@@ -154,7 +154,11 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs,
     `Family.mlp_activation`), before the MLP's saved tensors are freed, plus the gradient of the layer output
     (tokens × h), which the residual add hands to the attention branch later."""
-    if spec.is_moe and spec.family.grouped_experts:  # LoRA: the MoE block frozen (`lora_moe`)
+    if spec.is_moe and spec.family.grouped_experts:  # LoRA: the MoE block frozen (`lora_moe`) or adapted
+        from llmem.components import lora_experts
+
+        if lora_experts.adapts_experts(spec, plan):
+            return max(lora_experts.backward_moments(spec, plan).values())
         return (lora_moe.frozen_moe_backward_peak_extra_bytes if lora.is_lora(plan)
                 else moe_layer_backward_peak_extra_bytes)(spec, plan)
     if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)

@@ -202,6 +202,9 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
         if t.rsplit(".", 1)[-1] in _HEADS:
             raise InputError("lora-targets", f"adapting the output layer ({t}) is not supported here")
         if not any(_matches(m, t) for m in modules):
+            from llmem.components.lora_experts import v4_moe_name_refusal
+
+            v4_moe_name_refusal(spec, t)
             known = sorted({m.rsplit(".", 1)[-1] for m in modules})
             raise InputError("lora-targets", f"{t!r} matches no Linear of {spec.model_type}; "
                              f"its Linears are: {', '.join(known)} (or all-linear)")
@@ -223,7 +226,9 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
         m = _module(p)
         out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer),
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer)]
-    return out
+    from llmem.components import lora_experts  # mixtral's router and fused experts (PEFT's ParamWrapper)
+
+    return out + lora_experts.adapter_params(spec, plan)
 
 
 def _summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:

@@ -36,7 +36,8 @@ def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 _GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj": "attention",
-                "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input"}
+                "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input",
+                "shared_expert_gate": "residual"}
 
 
 @per_spec("layout_key")
@@ -58,12 +59,15 @@ def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 @per_spec("layout_key")
 def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
-    until the forward's autocast region exits, in checkpointed layers too)."""
+    until the forward's autocast region exits, in checkpointed layers too); mixtral's expert-stack factors are
+    not cast (`lora_experts.uncast_adapter_elements`)."""
     from llmem.components import autocast
 
     if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan):
         return 0
-    return _summary(spec, plan)[1][0] * plan.precision.compute_bytes
+    from llmem.components.lora_experts import uncast_adapter_elements
+
+    return (_summary(spec, plan)[1][0] - uncast_adapter_elements(spec, plan)) * plan.precision.compute_bytes
 
 
 def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
@@ -227,6 +231,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     o_proj on; the MLP's gate/up products per adapted gate_proj / up_proj. Then what each group of adapted Linears
     keeps (`_adapter_input_saved`, lora_A's output, the scaling, autocast weight casts)."""
     from llmem.components import activations as act
+    from llmem.components import lora_experts
     from llmem.components.activations import Saved
     from llmem.components.lora_moe import frozen_moe_dropped
 
@@ -236,13 +241,14 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     adapted, groups = _adapted_groups(spec, plan)
     grad = _requires_grad(adapted, first)
     items, in_attention, in_mlp = [], False, False
-    moe_dropped = frozen_moe_dropped(spec)
+    experts = lora_experts.adapts_experts(spec, plan)  # mixtral all-linear: the stacks' inputs are kept
+    dropped = (_DROPPED | frozen_moe_dropped(spec)) - (lora_experts.KEPT if experts else frozenset())
     for s in act.layer_saved(spec, plan):
         if s.name in ("q_embed (RoPE)", "eager q (bmm operand)", "math sdpa q*scale (fp32)"):
             in_attention = True  # attention_saved's entries, up to the residual after attention
         if s.name == _ATTENTION_LAST or s.name.startswith("post_attention_layernorm"):
             in_attention, in_mlp = False, True  # the MLP's entries (a MoE block's) need the residual's grad
-        if s.name in _DROPPED or s.name in moe_dropped or s.name.endswith(".normalized"):
+        if s.name in dropped or s.name.endswith(".normalized"):
             continue
         after = "attention" if in_attention else "residual" if in_mlp else "input"
         if not grad[_NEEDS.get(s.name, after)]:
@@ -252,9 +258,10 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     # the CPU math path it is a new contiguous tensor only o_proj's adapter keeps
     o_input_saved = grad["attention"] and _flash_output_is_o_input(spec, plan)
     group_input_grad = (grad["input"], grad["attention"], grad["residual"], grad["down_proj input"])
-    widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
+    widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size,
+              "si": spec.shared_expert_intermediate_size}
     a_bytes = 2 if plan.precision.is_mixed or half else FP32
-    for k, (names, width, full_ft) in enumerate(_INPUT_GROUPS):
+    for k, (names, width, full_ft) in enumerate(_input_groups(spec)):
         count, in_plus_out = groups[k]
         if not count:
             continue
@@ -267,7 +274,14 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
         items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", count * 8))
         if plan.precision.is_mixed:
             items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", plan.lora_rank * in_plus_out * 2))
-    return items
+    return items + lora_experts.saved(spec, plan, half)
+
+
+def _input_groups(spec: ModelSpec) -> tuple:
+    """`_INPUT_GROUPS`, with a shared-expert MoE block's Linears in place of the dense MLP's (`lora_moe`)."""
+    from llmem.components.lora_moe import SHARED_EXPERT_GROUPS
+
+    return _INPUT_GROUPS[:2] + SHARED_EXPERT_GROUPS if spec.family.shared_expert else _INPUT_GROUPS
 
 
 def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tuple[tuple[int, int], ...]]:
@@ -278,7 +292,7 @@ def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tup
         short = [_module(p).rsplit(".", 1)[-1] for p in mods]
         pairs = list(zip(mods, short, strict=True))
         groups = tuple((sum(n in names for n in short), sum(sum(in_out(spec, p)) for p, n in pairs if n in names))
-                       for names, _, _ in _INPUT_GROUPS)
+                       for names, _, _ in _input_groups(spec))
         return frozenset(short), groups
     return spec.memo(("lora.adapted_groups", plan.lora_targets), compute)
 

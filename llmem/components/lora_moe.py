@@ -1,12 +1,13 @@
-"""LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the MoE block frozen (adapters on the attention
-Linears: `moe_targets_refusal`): the candidate peaks of its backward. The saved tensors are
-`lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved` without `frozen_moe_dropped`)."""
+"""LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the routed experts frozen (adapters on the
+attention Linears, and with `all-linear` on qwen2_moe's shared expert: `moe_targets_refusal`): the candidate peaks
+of its backward. The saved tensors are `lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved`
+without `frozen_moe_dropped`). mixtral's `all-linear` adapts the router and experts too: `lora_experts`."""
 
 from __future__ import annotations
 
 from llmem.components import activations as act
 from llmem.errors import GAP, InputError
-from llmem.plan import Attention, GradCkpt, Method, Quant, TrainingPlan
+from llmem.plan import ALL_LINEAR, Attention, GradCkpt, Method, Quant, TrainingPlan
 from llmem.spec import ModelSpec
 
 _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -23,19 +24,32 @@ _FROZEN_MOE_DROPPED = frozenset({
 })
 
 
+# qwen2_moe's MoE block (transformers 5.23 `modeling_qwen2_moe.py:339-350`): the shared expert's Linears and
+# `shared_expert_gate` are `nn.Linear`s, which PEFT's `all-linear` adapts (`peft/tuners/tuners_utils.py:2447-2452`:
+# every `nn.Linear` but the output layer); the router (`Qwen2MoeTopKRouter`, a bare parameter) and the fused experts
+# are not Linears and stay frozen. Groups as `lora_activations._INPUT_GROUPS`: gate_proj, up_proj and
+# shared_expert_gate read the same `hidden_states_reshaped` (h wide), down_proj reads `silu(gate) * up` (si wide);
+# the full-fine-tuning entries they replace are in `_FROZEN_MOE_DROPPED`.
+SHARED_EXPERT_GROUPS = (
+    (("gate_proj", "up_proj", "shared_expert_gate"), "h", ("autocast input cast shared gate/up, shared_expert_gate",)),
+    (("down_proj",), "si", ("shared_expert silu(gate) * up",)),
+)
+
+
 def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
     """The full-fine-tuning MoE entries LoRA does not save (`_FROZEN_MOE_DROPPED`); none without grouped experts.
-    Adapted MoE modules (router, experts, shared expert) are refused (`check_supported`)."""
+    An adapted shared expert keeps what its adapters need instead (`SHARED_EXPERT_GROUPS`); an adapted router or
+    fused experts are refused (`moe_targets_refusal`)."""
     return _FROZEN_MOE_DROPPED if spec.family.grouped_experts else frozenset()
 
 
 def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
-    """LoRA on a grouped-experts MoE family is modelled with the MoE block frozen: adapters on the attention
-    Linears only. Under transformers 5.23 and PEFT 0.21 `all-linear` adapts more: on mixtral the router and the
-    fused expert tensors (PEFT's `ParamWrapper`, which also refuses lora_dropout > 0), on qwen2_moe the shared
-    expert's Linears and its gate; those are not modelled yet, nor dense layers among the expert ones. QLoRA with
-    the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager attention and more than one GPU are not
-    modelled on these families."""
+    """LoRA on a grouped-experts MoE family: modelled with adapters on the attention Linears, or `all-linear`
+    (qwen2_moe: also the shared expert's Linears and `shared_expert_gate`, `SHARED_EXPERT_GROUPS`; mixtral: also
+    the router and fused experts, `lora_experts`). Not modelled yet (`_targets_refusal`): other MoE-block targets,
+    dense layers among the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager
+    attention, and QLoRA on several GPUs beyond DDP (several GPUs measured on 2 ranks: DDP, ZeRO-1, FSDP2
+    ZeRO-2/3, `tests/components/test_lora_moe_multirank.py`)."""
     if not spec.family.grouped_experts:
         return None
     if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
@@ -45,17 +59,41 @@ def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | Non
     if plan.attn is Attention.EAGER:
         return InputError("attn", f"lora on {spec.model_type!r} (mixture of experts) with eager attention is not "
                           "modelled yet (+0.8 % to -1.1 % on tiny models, not pinned down); use --attn sdpa", GAP)
-    if plan.gpus > 1:
-        return InputError("gpus", f"lora on {spec.model_type!r} (mixture of experts) is modelled on one GPU so far; "
-                          "use --gpus 1 or --method full", GAP)
+    if plan.gpus > 1 and plan.method is Method.QLORA and plan.zero:
+        return InputError("zero", f"qlora on {spec.model_type!r} (mixture of experts) on several GPUs is measured "
+                          "with DDP only; use --zero 0 or --method lora", GAP)
     if plan.method is Method.QLORA and plan.quant is Quant.INT8:
         return InputError("quant", f"qlora with --quant int8 on {spec.model_type!r} (mixture of experts) is not "
                           "modelled yet; use --quant nf4 or fp4", GAP)
+    return _targets_refusal(spec, plan)
+
+
+def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
+    """Targets beyond the modelled ones. mixtral: PEFT rewrites the config for transformers 5's fused experts
+    (`peft/utils/transformers_weight_conversion.py:44-45, 332-345, 369-373, 402-482`): `all-linear` (or w1/w2/w3,
+    gate) then also adapts the router's `gate.weight` and the 3-D `experts.gate_up_proj` / `experts.down_proj`
+    through `ParamWrapper` (`peft/tuners/lora/layer.py:2335`), whose forward materialises each adapted expert
+    stack (`_LoraFactorsProxy`, `layer.py:2305-2323`), modelled for `all-linear` (`lora_experts`). qwen2_moe has
+    no such rewrite (its model type is not in that table), so MLP names adapt the shared expert's Linears only;
+    modelled as part of `all-linear` (with the attention adapters), not alone."""
+    if plan.lora_targets == ALL_LINEAR:
+        return None if spec.family.shared_expert else _param_wrapper_refusal(spec, plan)
     other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in _ATTENTION_LINEARS})
     if other:
         return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on the attention "
-                          f"Linears only; {', '.join(other)} adapts (or may adapt) the mixture-of-experts block, which "
-                          "is not modelled yet; use e.g. q_proj,v_proj or q_proj,k_proj,v_proj,o_proj", GAP)
+                          f"Linears or all-linear; {', '.join(other)} adapts (or may adapt) part of the "
+                          "mixture-of-experts block, which is not modelled yet (-1.8 % on a tiny qwen2_moe with the "
+                          "shared expert's Linears alone); use all-linear or e.g. q_proj,k_proj,v_proj,o_proj", GAP)
+    return None
+
+
+def _param_wrapper_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
+    """mixtral `all-linear` (`lora_experts`): PEFT's ParamWrapper refuses dropout. 4-bit QLoRA quantizes the
+    attention Linears only (the router and experts are not Linears) and is modelled as LoRA is."""
+    if plan.lora_dropout:
+        return InputError("lora-dropout", f"all-linear on {spec.model_type!r} adapts the router and the fused experts "
+                          "through PEFT's ParamWrapper, which refuses lora_dropout > 0; use --lora-dropout 0, or "
+                          "name the attention Linears (e.g. q_proj,k_proj,v_proj,o_proj)")
     return None
 
 
@@ -66,7 +104,9 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
     (no grad_weight: E × h × i, E × 2i × h; none for the router or the shared expert's Linears), and the gathered
     tokens (r × h) are not saved (only gate_up's weight gradient read them). qwen2_moe's frozen shared expert (a
     dense MLP whose down_proj saved no input): at its `silu(gate) * up` backward the incoming gradient, d up and
-    d silu(gate) (3 × T × si × cb), after the routed part's saved tensors are freed. Symbols as there."""
+    d silu(gate) (3 × T × si × cb), after the routed part's saved tensors are freed. Symbols as there. qwen2_moe
+    checkpointed: the recompute's peaks `_shared_recompute_locals`, `_shared_gate_recompute_step`; an adapted
+    shared_expert_gate: `_shared_gate_adapter_bytes`."""
     T = plan.batch_size * plan.seq_len
     h, k = spec.hidden_size, spec.experts_per_token
     i = spec.moe_intermediate_size or spec.intermediate_size
@@ -87,7 +127,8 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         residual_local = T * h * rb if rb == 2 else 0
         forward_locals = residual_local + T * spec.num_experts * cb + r * wb + r * 8 + r * 4 + spec.num_experts * 4
         trigger = routed_output_grad if not shared else -T * cb
-        moments["recompute end (routing-weight mul)"] = forward_locals - inverse_permutation + trigger + r * h * ob
+        moments["recompute end (routing-weight mul)"] = (forward_locals - inverse_permutation + trigger + r * h * ob
+                                                         + (_shared_recompute_locals(spec, plan) if shared else 0))
     converted = 0 if plan.grad_ckpt is GradCkpt.FULL else (r * h * eb if eb != ob else r * ob)
     moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
                                               + 2 * r * h * ob + converted)
@@ -102,7 +143,70 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         si = spec.shared_expert_intermediate_size
         moments["shared expert backward"] = shared_gate - routed_saved + 3 * T * si * cb
     residual_grad = T * h * plan.precision.param_bytes
+    gate_branch = _shared_gate_adapter_bytes(spec, plan) if shared else (0, 0)
+    moments = {name: extra - gate_branch[name.startswith("recompute")] for name, extra in moments.items()}
+    if shared and plan.grad_ckpt is GradCkpt.FULL and gate_branch[1]:
+        moments["recompute, shared_expert_gate adapter"] = (moments["recompute end (routing-weight mul)"]
+                                                            + _shared_gate_recompute_step(spec, plan, gate_branch[1]))
     return {name: extra + residual_grad for name, extra in moments.items()}
+
+
+def _shared_gate_recompute_step(spec: ModelSpec, plan: TrainingPlan, own: int) -> int:
+    """From the recompute's routed peak (`_shared_recompute_locals`) to an adapted shared_expert_gate's adapter
+    (`modeling_qwen2_moe.py:346`; peft `Linear.forward`): the routed part returned (its weighted and un-permuted
+    outputs, r × h × ob each, the gathered tokens, `expert_ids_g`, the histc input and counts freed; its sum,
+    T × h × ob, alive), the gate's base output (T × cb) and its adapter's saves (`own`) made, and alive beside
+    them lora_B's output and its product with the scaling (T each, the adapter dtype) and, in pure half with
+    dropout, `x.to(fp32)` (T × h × 4), which only the dropout reads (lora_A saves the dropout output)."""
+    T, h, r = plan.batch_size * plan.seq_len, spec.hidden_size, plan.batch_size * plan.seq_len * spec.experts_per_token
+    cb, rb = act._bytes(plan)
+    eb = plan.precision.param_bytes
+    ob = max(eb, act.moe_routing_weight_bytes(spec, plan))
+    ab = 2 if plan.precision.is_mixed else 4
+    transient = T * h * 4 if rb == 2 and not plan.precision.is_mixed and plan.lora_dropout else 0
+    freed = 2 * r * h * ob + r * h * eb + r * 8 + r * 4 + spec.num_experts * 4
+    return -freed + T * h * ob + T * cb + own + 2 * T * ab + transient
+
+
+def _shared_recompute_locals(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """qwen2_moe: the recompute, triggered by the shared-expert gate's mul (the block's last op), peaks in the
+    routed part at `weighted_out[inv_perm]` (transformers `integrations/moe.py:524-528`), where also alive are that
+    output (r × h × ob), the gathered tokens (r × h × eb, a local: frozen experts' mm saves no input), the inverse
+    permutation (made: the moment's `- inverse_permutation` undone), the block input (T × h × rb, a local unless
+    lora_A keeps it: fp32, dropout 0, an adapted shared gate/up), the recompute's copy of the CPU RNG state, and
+    under autocast the half gradient the block's sum made for the shared branch (T × h × 2). Symbols as
+    `frozen_moe_backward_moments`."""
+    from llmem.components.lora import layer0_targeted
+    from llmem.plan import Device
+
+    T, h, r = plan.batch_size * plan.seq_len, spec.hidden_size, plan.batch_size * plan.seq_len * spec.experts_per_token
+    cb, rb = act._bytes(plan)
+    eb = plan.precision.param_bytes
+    ob = max(eb, act.moe_routing_weight_bytes(spec, plan))
+    adapted = {p.name.rsplit(".", 2)[-2] for p in layer0_targeted(spec, plan)}
+    kept = plan.precision.param_bytes == 4 and not plan.precision.is_mixed and not plan.lora_dropout \
+        and adapted & set(SHARED_EXPERT_GROUPS[0][0])
+    rng = act.CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
+    return (r * h * ob + r * h * eb + r * 8 + (0 if kept else T * h * rb) + rng
+            + (T * h * 2 if plan.precision.is_mixed else 0))
+
+
+def _shared_gate_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int]:
+    """An adapted `shared_expert_gate` (all-linear): what its adapter saves beyond the other Linears reading the
+    block input (its own input copy or cast, lora_A output, scaling, autocast weight casts), less its weight
+    gradients (r × (h + 1) × 4), which its branch's backward, the block's first, makes: (later moments, where that
+    branch's backward has freed the saves, the recompute's peak, where they are not made yet)."""
+    from llmem.components.lora import layer0_targeted
+    from llmem.components.lora_activations import _adapter_input_saved
+
+    if not any(p.name.endswith("shared_expert_gate.weight") for p in layer0_targeted(spec, plan)):
+        return 0, 0
+    T, h, rank = plan.batch_size * plan.seq_len, spec.hidden_size, plan.lora_rank
+    n = sum(p.name.rsplit(".", 2)[-2] in SHARED_EXPERT_GROUPS[0][0] for p in layer0_targeted(spec, plan))
+    inputs = [sum(x.bytes for x in _adapter_input_saved("g", plan, T, h, k, shared=True)) for k in (n, n - 1)]
+    mixed = plan.precision.is_mixed
+    own = inputs[0] - inputs[1] + T * rank * (2 if mixed else 4) + 8 + (rank * (h + 1) * 2 if mixed else 0)
+    return own - rank * (h + 1) * 4, own
 
 
 def frozen_moe_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -53,6 +53,8 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     estimate (0.4-0.7 % on the CPU suite's tiny models)."""
     if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL or spec.derived is not None:
         return {}  # a derived architecture's traced layer backward (`llmem.derive`)
+    if spec.family.grouped_experts:  # the MoE block's recompute: `lora_moe.frozen_moe_backward_moments`
+        return {}
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     if "down_proj" not in adapted:
         # The recompute then starts in the frozen down_proj's MmBackward0 and stops at its save of the weight, with

@@ -63,7 +63,7 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
     ("olmo2", dict(gpus=2, zero=3, precision="bf16-mixed"), "precision"),  # FSDP2's half adapters
     ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
     ("qwen3_moe", dict(), "method"),  # a derived MoE: its experts are not traced
-    ("mixtral", dict(), "lora-targets"),  # hand-written: all-linear adapts the MoE block, modelled frozen only
+    ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
     ("olmo2", dict(grad_ckpt="full", ckpt_every=2), "ckpt-every"),  # below the measured peak in the sweep
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
