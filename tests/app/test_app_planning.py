@@ -178,8 +178,9 @@ def test_the_sidebar_is_grouped_with_the_strategy_beside_the_gpu_count():
     groups = [title for title, _ in GROUPS]
     assert titles == [groups[0], "Import training configs", *groups[1:]]  # the import box right under Model
     hardware = group(at, "Hardware")
-    assert [w.key for w in hardware.selectbox] == ["w_gpu", "w_strategy", "w_engine"]  # the engine runs the strategy
-    assert [w.key for w in hardware.number_input] == ["w_gpus"]
+    keys = [w.key for w in hardware.selectbox]
+    assert keys[:2] == ["w_gpu", "w_strategy"] and "w_engine" in keys  # the engine runs the strategy
+    assert [w.key for w in hardware.number_input][0] == "w_gpus"  # (then the pipeline's stages and microbatches)
     found = {}
     for box in at.sidebar.expander:
         for kind in ("selectbox", "number_input", "text_input", "checkbox"):
