@@ -40,8 +40,15 @@ def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Trainin
     except ImportError:
         raise InputError("engine", "running --engine deepspeed needs the deepspeed package (scripts/setup.sh installs "
                          "it with the dev requirements); the estimate itself needs nothing more") from None
+    import importlib
+
     from deepspeed.utils import logger
 
     logger.setLevel(logging.WARNING)
+    # On CPU, DeepSpeed's TorchBackend JIT-builds a shared-memory op (`build_shm_op`, deepspeed/comm/torch.py:31,
+    # ShareMemCommBuilder) used only by `inference_all_reduce`; the CUDA accelerator has no such builder. Not building
+    # it keeps the measured training step the CUDA one and spares a compile of tens of seconds per fresh machine.
+    # (`deepspeed.comm` binds the name `torch` to PyTorch itself: the module is taken from importlib, not by attribute.)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(plan))
     return engine, ds_optimizer
