@@ -16,24 +16,35 @@ TOLERANCE = 0.03  # the multi-rank bar
 
 
 class TwoRankRows:
-    def __init__(self, base: dict, rows: dict[str, dict], config_of: Callable[[str], dict]) -> None:
+    """`every`: the default run measures every `every`-th row (one launch); the others are `heavy` tests, measured
+    in a launch of their own when selected (`params` gives the parametrization)."""
+
+    def __init__(self, base: dict, rows: dict[str, dict], config_of: Callable[[str], dict], every: int = 1) -> None:
         self.base, self.rows, self.config_of = base, rows, config_of
+        self.sampled = set(list(rows)[::every])
         self._results: dict = {}
+        self._launched: set[bool] = set()
+
+    def params(self) -> list:
+        return [n if n in self.sampled else pytest.param(n, marks=pytest.mark.heavy) for n in self.rows]
 
     def plan(self, name: str) -> TrainingPlan:
         return TrainingPlan(**{**self.base, **self.rows[name], "device": "cpu"})
 
-    def measured(self) -> dict:
-        if not self._results:
+    def measured(self, name: str | None = None) -> dict:
+        """The rows measured so far, after the launch of `name`'s part (sampled or not; default: the sampled)."""
+        part = name is None or name in self.sampled
+        if part not in self._launched:
             from llmem.measure.launch import run_job
 
             rows = [{"id": n, "config": self.config_of(n), "plan": {**self.base, **self.rows[n]}, "steps": 2}
-                    for n in self.rows]
+                    for n in self.rows if (n in self.sampled) == part]
             gpus = int(self.base.get("gpus", 2))
             results, err = run_job(rows, gpus, "cpu", timeout=900)
             if not results:
                 pytest.fail(f"the {gpus}-process launch measured nothing: {err}")
             self._results.update({r["id"]: r for r in results})
+            self._launched.add(part)
         return self._results
 
     def remeasure(self, name: str) -> dict:
@@ -51,7 +62,7 @@ class TwoRankRows:
 
     def check(self, name: str, tolerance: float = TOLERANCE) -> None:
         est = estimate(ModelSpec.from_config(self.config_of(name)), self.plan(name)).peak_bytes
-        res = self.measured()[name]
+        res = self.measured(name)[name]
         assert "error" not in res, res.get("error")
         if est < res["peak_bytes"] * (1 - tolerance):  # read high: once more, in a launch of its own
             res = self.remeasure(name)
