@@ -176,7 +176,7 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         rs_scratch=comm.reduce_scatter_scratch_bytes(spec, plan), lora=lora.is_lora(plan),
         core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
         core_grads=core.eager_core_layer_gradient_bytes(spec, cp, adapter_grad),
-        falcon_math=act.falcon_math_attention(spec, plan),
+        falcon_math=act.falcon_math_attention(spec, plan) and not lora.is_lora(plan),  # (as the one-GPU walk)
         root_all_gather=comm.all_gather_bytes(spec, plan, root=True),
         layer_all_gather=comm.all_gather_bytes(spec, plan),
         root_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan, root=True),
