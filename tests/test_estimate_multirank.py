@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmem.estimate import estimate
-from llmem.plan import TrainingPlan
-from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
 
 TOLERANCE = 0.03
 CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
@@ -81,51 +79,18 @@ def config_of(name: str) -> dict:
     return LARGE if name.startswith("large-") else CONFIG
 
 
-def plan_dict(gpus: int, name: str) -> dict:
-    return {**BASE, **ROWS[gpus][name], "gpus": gpus}
+# One launch per world size measures its rows; the default run every third row (the accuracy suite measures every
+# scheme at 1 %), -m heavy the others in a launch of their own.
+RUNS = {gpus: TwoRankRows({**BASE, "gpus": gpus}, rows, config_of, sampled=list(rows)[::3])
+        for gpus, rows in ROWS.items()}
 
 
-# The default run measures every third row of each world size (the accuracy suite measures every scheme at 1 %);
-# the rest run with -m heavy, in a launch of their own.
-SAMPLED = {gpus: set(list(rows)[::3]) for gpus, rows in ROWS.items()}
-_RESULTS: dict[tuple[int, bool], dict] = {}
-
-
-def measured(gpus: int, sampled: bool) -> dict:
-    """The sampled rows (or the others) of this world size, measured in one launch (cached for the module)."""
-    if (gpus, sampled) not in _RESULTS:
-        from llmem.measure.launch import run_job
-
-        rows = [{"id": name, "config": config_of(name), "plan": plan_dict(gpus, name), "steps": 2}
-                for name in ROWS[gpus] if (name in SAMPLED[gpus]) == sampled]
-        results, err = run_job(rows, gpus, "cpu", timeout=900)
-        by_id = {r["id"]: r for r in results}
-        if not by_id:
-            pytest.fail(f"the {gpus}-process launch measured nothing: {err}")
-        _RESULTS[gpus, sampled] = by_id
-    return _RESULTS[gpus, sampled]
-
-
-def _params(gpus: int) -> list:
-    return [name if name in SAMPLED[gpus] else pytest.param(name, marks=pytest.mark.heavy) for name in ROWS[gpus]]
-
-
-def check(gpus: int, name: str) -> None:
-    plan = TrainingPlan(**{**plan_dict(gpus, name), "device": "cpu"})
-    est = estimate(ModelSpec.from_config(config_of(name)), plan).peak_bytes
-    res = measured(gpus, name in SAMPLED[gpus])[name]
-    assert "error" not in res, res.get("error")
-    assert abs(est - res["peak_bytes"]) <= TOLERANCE * res["peak_bytes"], (
-        f"{name}: estimate {est:,} not within {TOLERANCE:.0%} of the measured peak "
-        f"{res['peak_bytes']:,} {res['per_rank']}")
-
-
-@pytest.mark.parametrize("name", _params(2))
+@pytest.mark.parametrize("name", RUNS[2].params())
 def test_two_processes(name):
-    check(2, name)
+    RUNS[2].check(name, TOLERANCE)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params(4))
+@pytest.mark.parametrize("name", RUNS[4].params())
 def test_four_processes(name):
-    check(4, name)
+    RUNS[4].check(name, TOLERANCE)

@@ -4,7 +4,7 @@ measured max-over-ranks peak."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -16,12 +16,13 @@ TOLERANCE = 0.03  # the multi-rank bar
 
 
 class TwoRankRows:
-    """`every`: the default run measures every `every`-th row (one launch); the others are `heavy` tests, measured
-    in a launch of their own when selected (`params` gives the parametrization)."""
+    """`sampled`: the rows the default run measures (one launch; default: all); the others are `heavy` tests,
+    measured in a launch of their own when selected (`params` gives the parametrization)."""
 
-    def __init__(self, base: dict, rows: dict[str, dict], config_of: Callable[[str], dict], every: int = 1) -> None:
+    def __init__(self, base: dict, rows: dict[str, dict], config_of: Callable[[str], dict],
+                 sampled: Iterable[str] | None = None) -> None:
         self.base, self.rows, self.config_of = base, rows, config_of
-        self.sampled = set(list(rows)[::every])
+        self.sampled = set(rows if sampled is None else sampled)
         self._results: dict = {}
         self._launched: set[bool] = set()
 

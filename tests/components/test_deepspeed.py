@@ -49,19 +49,12 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
     "mistral-z2-fp32-seq64": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed"}
-ROWS = TwoRankRows(BASE, CASES, lambda name: CONFIGS[name.split("-", 1)[0]])
-HEAVY_ROWS = TwoRankRows(BASE, HEAVY, lambda name: CONFIGS[name.split("-", 1)[0]])
+ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=CASES)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", ROWS.params())  # HEAVY's rows with -m heavy
 def test_deepspeed_estimate_within_1_percent_of_the_real_run(name):
     ROWS.check(name, tolerance=0.01)
-
-
-@pytest.mark.heavy
-@pytest.mark.parametrize("name", list(HEAVY))
-def test_deepspeed_estimate_within_1_percent_more_rows(name):
-    HEAVY_ROWS.check(name, tolerance=0.01)
 
 
 def test_partitions_cover_the_flat_parameters_once():

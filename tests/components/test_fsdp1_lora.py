@@ -47,19 +47,12 @@ def _config(name: str) -> dict:
     return LLAMA3 if name.startswith("llama3") else LLAMA
 
 
-ROWS = TwoRankRows(BASE, DEFAULT, _config)
-HEAVY_ROWS = TwoRankRows(BASE, HEAVY, _config)
+ROWS = TwoRankRows(BASE, {**DEFAULT, **HEAVY}, _config, sampled=DEFAULT)
 
 
-@pytest.mark.parametrize("name", list(DEFAULT))
+@pytest.mark.parametrize("name", ROWS.params())  # HEAVY's grid with -m heavy
 def test_fsdp1_lora_within_1_percent_of_the_real_run(name):
     ROWS.check(name, tolerance=0.01)
-
-
-@pytest.mark.heavy
-@pytest.mark.parametrize("name", list(HEAVY))
-def test_fsdp1_lora_grid_within_1_percent(name):
-    HEAVY_ROWS.check(name, tolerance=0.01)
 
 
 @pytest.mark.parametrize("fields, blame", [
