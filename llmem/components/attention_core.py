@@ -130,9 +130,10 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
 @per_spec("layout_key")
 def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the q/k/v Linears (their MmBackward0 has not run yet)."""
-    from llmem.components.autocast import _applies, _linear_weights
+    from llmem.components.autocast import _linear_weights
+    from llmem.components.autocast import applies as autocast_applies
 
-    if not _applies(plan):
+    if not autocast_applies(plan):
         return 0
     left = [p for p in _linear_weights(spec, 0) if not _after_core(p.name)]
     return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes
@@ -181,9 +182,10 @@ def forward_intermediate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def forward_later_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the layer's Linears after the core, not yet made at its softmax."""
-    from llmem.components.autocast import _applies, _linear_weights
+    from llmem.components.autocast import _linear_weights
+    from llmem.components.autocast import applies as autocast_applies
 
-    if not _applies(plan):
+    if not autocast_applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if _after_core(p.name)) \
         * plan.precision.compute_bytes

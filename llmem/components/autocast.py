@@ -18,15 +18,11 @@ from llmem.plan import GradCkpt, Method, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 
-def _applies(plan: TrainingPlan) -> bool:
+def applies(plan: TrainingPlan) -> bool:
+    """Whether the forward runs under `torch.autocast` (mixed precision outside FSDP's own policies)."""
     from llmem.components.sharding import FSDP_SCHEMES
 
     return plan.precision.is_mixed and plan.scheme not in FSDP_SCHEMES
-
-
-def applies_to_head(plan: TrainingPlan) -> bool:
-    """Whether the forward runs under `torch.autocast` (mixed precision outside FSDP's own policies)."""
-    return _applies(plan)
 
 
 def _linear_weights(spec: ModelSpec, layer: int) -> list:
@@ -35,7 +31,7 @@ def _linear_weights(spec: ModelSpec, layer: int) -> list:
 
 @per_spec("layout_key")
 def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    if not _applies(plan):
+    if not applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
 
@@ -46,7 +42,7 @@ def released_by_mlp_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     has run backward) that Linear's MmBackward0 has released the half weight copy it saved; the layer's other copies
     are still saved. The last Linear is the MLP weight registered last (down_proj, c_proj, fc2, dense_4h_to_h).
     A derived architecture's traced backward moment already counts the copies released by then."""
-    if not _applies(plan) or spec.is_moe or plan.method is not Method.FULL or spec.derived is not None:
+    if not applies(plan) or spec.is_moe or plan.method is not Method.FULL or spec.derived is not None:
         return 0
     mlp = [p for p in _linear_weights(spec, 0) if ".mlp." in p.name or ".fc" in p.name]
     return local_numel(mlp[-1], plan) * plan.precision.compute_bytes if mlp else 0
@@ -86,7 +82,7 @@ def _head_weight_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def head_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    if not _applies(plan):
+    if not applies(plan):
         return 0
     return _head_weight_numel(spec, plan) * plan.precision.compute_bytes
 
@@ -103,7 +99,7 @@ def head_gradient_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def head_fp32_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The fp32 lm_head weight gradient ToCopyBackward0 returns (0 when autocast does not apply)."""
-    if not _applies(plan):
+    if not applies(plan):
         return 0
     return _head_weight_numel(spec, plan) * plan.precision.param_bytes
 
@@ -113,7 +109,7 @@ def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     """Falcon (parallel attention) in its attention core's backward: of the layer's own copies only those of the
     Linears whose backward has not run yet are left (query_key_value); the MLP's and `dense`'s were released with
     their matmuls' saved tensors."""
-    if not _applies(plan):
+    if not applies(plan):
         return 0
     left = [p for p in _linear_weights(spec, 0) if ".mlp." not in p.name and "self_attention.dense" not in p.name]
     return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes

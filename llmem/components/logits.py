@@ -67,7 +67,7 @@ def final_hidden_held_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.saved import _bytes
 
     frozen = lora.is_lora(plan) and not lora.trains_copy(spec, plan, "head")
-    if not (autocast.applies_to_head(plan) or frozen):
+    if not (autocast.applies(plan) or frozen):
         return 0
     return plan.batch_size * plan.seq_len * _proj_dim(spec) * _bytes(plan)[1]
 

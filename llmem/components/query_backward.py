@@ -144,9 +144,10 @@ def q_norm_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def q_norm_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: q_proj's half weight copy (its MmBackward0 has not run yet)."""
-    from llmem.components.autocast import _applies, _linear_weights
+    from llmem.components.autocast import _linear_weights
+    from llmem.components.autocast import applies as autocast_applies
 
-    if not _applies(plan):
+    if not autocast_applies(plan):
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if ".q_proj." in p.name) \
         * plan.precision.compute_bytes

@@ -60,9 +60,9 @@ def output_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     half output's dtype (torch/csrc/autograd/engine.cpp `validate_outputs`), and a dropout on the MLP output
     multiplies it by its noise or mask (a new tensor). Released when the node returns."""
     from llmem.components.activations import mlp_output_dropout_bytes
-    from llmem.components.autocast import _applies
+    from llmem.components.autocast import applies as autocast_applies
 
-    if not (_applies(plan) or mlp_output_dropout_bytes(spec, plan)):
+    if not (autocast_applies(plan) or mlp_output_dropout_bytes(spec, plan)):
         return 0
     return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.compute_bytes
 

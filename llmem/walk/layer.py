@@ -72,7 +72,7 @@ def _weight_gradient_moments(t: Terms, layer: int, name: str, held: int, later: 
                       Category.TEMPORARIES: b[Category.TEMPORARIES]
                       + autocast.released_by_mlp_backward_bytes(spec, act.layer_plan(plan, layer))})
     phases = [Phase(f"{name[:-1]}, MLP weight gradient)", made)]
-    if autocast._applies(plan):
+    if autocast.applies(plan):
         cast = dict(b, **{Category.GRADIENTS: b[Category.GRADIENTS] - own + wgrad.cast_gradient_bytes(spec, plan),
                           Category.ACTIVATIONS: b[Category.ACTIVATIONS] - wgrad.cast_released_bytes(spec, plan)})
         phases.append(Phase(f"{name[:-1]}, MLP weight gradient cast to fp32)", cast))
