@@ -102,9 +102,10 @@ class ModelSpec:
             memo[key] = value
         return value
 
-    @property
+    @cached_property
     def family(self):
-        """The `llmem.families.Family` that describes this architecture's layer structure."""
+        """The `llmem.families.Family` that describes this architecture's layer structure (asked dozens of times per
+        estimate: kept on the spec, which is immutable)."""
         from llmem.families import FAMILIES
 
         family = FAMILIES.get(self.model_type)

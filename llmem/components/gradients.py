@@ -2,13 +2,15 @@
 
 bytes = local_params * param_bytes: `.grad` has the parameter's dtype (fp32 under mixed precision: autocast's cast
 backward returns fp32). FSDP2 keeps only the reduce-scattered shard; DDP and ZeRO-1 keep full gradients.
-Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them). LoRA:
-only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embeddings run no backward.
+Gradients of decoder layer l exist from the backward of layer l on (`zero_grad(set_to_none=True)` frees them). Which
+tensors get `.grad`s, and where backward makes them, is the method's inventory (`llmem.components.trainable`: LoRA
+trains only its fp32 adapters, and the frozen embeddings run no backward); the terms here read it.
 `--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of 4096+ elements is dropped
 by its hook right after AccumulateGrad made it (`llmem.components.offload`; counted where made, `offloaded_*`)."""
 
 from llmem.components import lora, lora_moe, offload
-from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
+from llmem.components.sharding import local_numel
+from llmem.components.trainable import trainable
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
@@ -36,9 +38,7 @@ def bucket_view_pending_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`--ddp-bucket-view` with tied embeddings: the shared weight's AccumulateGrad (and so its bucket hook) runs
     once both of its gradients are in the engine's InputBuffer, so the lm_head's waits there, a tensor of its own,
     from the lm_head's backward to the end of backward."""
-    if not spec.tie_word_embeddings or lora.is_lora(plan):
-        return 0
-    return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
+    return trainable(spec, plan).shared
 
 
 @per_spec("layout_key")
@@ -49,44 +49,25 @@ def backward_end_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     trainable embedding copy's, just made (`lora.copy_bytes`, 0 without one)."""
     if not freed_at_hook(plan):
         return gradient_bytes(spec, plan)
-    if lora.is_lora(plan):
-        return lora.copy_bytes(spec, plan, "embed")
-    if spec.tie_word_embeddings:
-        return bucket_view_pending_bytes(spec, plan)
-    made = [p for p in spec.outer_params if p is spec.outer_params[0] or "wpe" in p.name or "embed_positions" in p.name]
-    return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
+    t = trainable(spec, plan)
+    return t.shared or t.embedding + t.positional
 
 
 @per_spec("layout_key")
 def gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    if freed_at_hook(plan):
-        return 0
-    if lora.is_lora(plan) and plan.scheme in FSDP_SCHEMES:  # the adapters' reduce-scattered shards
-        return sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
-    if lora.is_lora(plan):
-        return lora.adapter_bytes(spec, plan)
-    if offload.offloads_gradients(plan):
-        return offload.device_gradient_bytes(spec.params, plan)
-    return shard_summary(spec, plan).total * plan.precision.param_bytes
+    """Every `.grad` once backward is done (`trainable.Trainable.gradients`)."""
+    return 0 if freed_at_hook(plan) else trainable(spec, plan).gradients
 
 
 @per_spec("layout_key")
 def layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    if lora.is_lora(plan):
-        return lora.layer_adapter_bytes(spec, plan, layer)
-    return shard_summary(spec, plan).per_layer[layer] * plan.precision.param_bytes
+    return trainable(spec, plan).layer[layer]
 
 
 @per_spec("layout_key")
 def later_layers_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
     """Gradients of the layers after `layer`, which backward has already produced."""
-    if freed_at_hook(plan):
-        return 0
-    if lora.is_lora(plan):
-        return sum(lora.layer_adapter_bytes(spec, plan, k) for k in range(layer + 1, spec.num_layers))
-    if offload.offloads_gradients(plan):
-        return sum(offload.device_gradient_bytes(spec.layer_params(k), plan) for k in range(layer + 1, spec.num_layers))
-    return shard_summary(spec, plan).later[layer] * plan.precision.param_bytes  # suffix sums: O(1) per layer
+    return 0 if freed_at_hook(plan) else trainable(spec, plan).later[layer]
 
 
 @per_spec("layout_key")
@@ -97,17 +78,7 @@ def head_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     lm_head copy's (`--lora-modules-to-save lm_head`)."""
     if freed_at_hook(plan):
         return bucket_view_pending_bytes(spec, plan)
-    if lora.is_lora(plan):
-        return lora.outer_adapter_bytes(spec, plan) + lora.copy_bytes(spec, plan, "head")
-    outer = spec.outer_params
-    skip = () if spec.tie_word_embeddings else (outer[0],)
-    positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
-    made = [p for p in outer if p not in skip + positional]
-    if offload.offloads_gradients(plan):  # the tied weight's waits in its InputBuffer for the embedding's
-        tied = [p for p in made if spec.tie_word_embeddings and p is outer[0]]
-        return sum(local_numel(p, plan) for p in tied) * plan.precision.param_bytes + \
-            offload.device_gradient_bytes([p for p in made if p not in tied], plan)
-    return sum(local_numel(p, plan) for p in made) * plan.precision.param_bytes
+    return trainable(spec, plan).head
 
 
 def head_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -117,10 +88,7 @@ def head_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     `--grad-accum`, micro-step 2's AccumulateGrad adds each new head gradient into its `.grad` in place and frees it
     (`variable_grad += new_grad`, torch/csrc/autograd/functions/accumulate_grad.h), so during the layers' backward
     only these `.grad`s are held, not a second copy."""
-    pending = 0
-    if spec.tie_word_embeddings and not lora.is_lora(plan):
-        pending = local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
-    return max(head_gradient_bytes(spec, plan) - pending, 0)
+    return max(head_gradient_bytes(spec, plan) - trainable(spec, plan).shared, 0)
 
 
 @per_spec("layout_key")
@@ -208,7 +176,7 @@ def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> i
 def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The gradient arriving at the embedding output (tokens × h) while the embedding's backward runs.
     LoRA: the frozen embedding runs no backward (a trainable copy of it does)."""
-    if lora.is_lora(plan) and not lora.trains_copy(spec, plan, "embed"):
+    if not trainable(spec, plan).embedding_backward:
         return 0
     return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
@@ -217,10 +185,7 @@ def embedding_input_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Tied embeddings: `embedding_dense_backward` returns a full V×h gradient that AccumulateGrad adds into the
     lm_head's existing `.grad` — one extra embedding-sized tensor at the end of backward."""
-    if not spec.tie_word_embeddings or lora.is_lora(plan):
-        return 0
-    emb = spec.outer_params[0]
-    return local_numel(emb, plan) * plan.precision.param_bytes
+    return trainable(spec, plan).shared
 
 
 @per_spec("layout_key")
@@ -232,10 +197,7 @@ def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     the storage) fails and the sum is out of place: `aten::add.Tensor` makes a third embedding-sized tensor beside
     its two addends. Under autocast the lm_head's gradient is ToCopyBackward0's fresh fp32 copy and the sum is
     `add_` in place (0 here). LoRA: the frozen embedding runs no backward."""
-    if not spec.tie_word_embeddings or lora.is_lora(plan) or plan.precision.is_mixed:
-        return 0
-    emb = spec.outer_params[0]
-    return local_numel(emb, plan) * plan.precision.param_bytes
+    return 0 if plan.precision.is_mixed else trainable(spec, plan).shared
 
 
 @per_spec("layout_key")
@@ -249,12 +211,7 @@ def accumulated_embedding_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     `--ddp-bucket-view`: 0. Micro-step 1 held that gradient as a tensor of its own too (`backward_end_gradient_bytes`:
     the `.grad` AccumulateGrad stole is copied into its bucket view by the Reducer's hook, `mark_variable_ready_dense`,
     and then freed), and in micro-step 2 it is added into the `.grad` bucket view in place and freed: the same bytes."""
-    if freed_at_hook(plan):
-        return 0
-    if lora.is_lora(plan):
-        return lora.copy_bytes(spec, plan, "embed")
-    emb = spec.outer_params[0]
-    return local_numel(emb, plan) * plan.precision.param_bytes
+    return 0 if freed_at_hook(plan) else trainable(spec, plan).embedding
 
 
 @per_spec("layout_key")

@@ -60,12 +60,7 @@ def _lora_items(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[int, ..
     items = lora.trainable_tensors(spec, plan)
     if plan.scheme is not Scheme.ZERO1:
         return items
-    parts: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(plan.dp)]
-    totals = [0] * plan.dp
-    for item in sorted(items, key=lambda it: math.prod(it[0]), reverse=True):
-        r = totals.index(min(totals))
-        parts[r].append(item)
-        totals[r] += math.prod(item[0])
+    parts = greedy_partition(items, plan.dp, size=lambda it: math.prod(it[0]))
     return max(parts, key=lambda part: sum(math.prod(sh) * pb for sh, pb in part))
 
 
@@ -154,13 +149,7 @@ def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...
         shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
     if plan.scheme is not Scheme.ZERO1:
         return shapes
-    parts: list[list[tuple[int, ...]]] = [[] for _ in range(plan.dp)]
-    totals = [0] * plan.dp
-    for shape in sorted(shapes, key=math.prod, reverse=True):
-        r = totals.index(min(totals))
-        parts[r].append(shape)
-        totals[r] += math.prod(shape)
-    return max(parts, key=lambda part: sum(map(math.prod, part)))
+    return max(greedy_partition(shapes, plan.dp, size=math.prod), key=lambda part: sum(map(math.prod, part)))
 
 
 _EMBEDDING_NAMES = ("emb", "wte", "wpe")

@@ -42,6 +42,8 @@ class Derived:
     def __init__(self, config: dict, model_type: str):
         self.config, self.model_type, self.layer = config, model_type, 0
         self._fits: dict = {}
+        self._plan_fits: dict = {}  # plan key -> its fits (`key` reads a dozen plan fields; asked ~100 times)
+        self._evaluated: dict = {}  # (plan key, layer kind, place) -> its saved tensors (`_saved`)
 
     def at(self, layer: int) -> Derived:
         """The same tables (and fits, shared) answering for decoder layer `layer`."""
@@ -98,10 +100,15 @@ class Derived:
 
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
-        k = self.key(plan)
-        if k not in self._fits:
-            self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
-        return self._fits[k]
+        fits = self._plan_fits.get(plan.key)
+        if fits is None:
+            k = self.key(plan)
+            if k not in self._fits:
+                self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
+            if len(self._plan_fits) >= 4096:
+                self._plan_fits.clear()
+            fits = self._plan_fits[plan.key] = self._fits[k]
+        return fits
 
     def _trace_and_fit(self, k: tuple) -> dict:
         from llmem.derive.tp import fake_group
@@ -187,10 +194,17 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
-            else fits[place][this] if place == "checkpointed backward" else fits[place]
-        b, s = plan.batch_size, plan.seq_len
-        return [Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table]
+        key = (plan.key, this, place)  # each layer of a kind asks for the same table: evaluated once per plan
+        saved = self._evaluated.get(key)
+        if saved is None:
+            table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
+                else fits[place][this] if place == "checkpointed backward" else fits[place]
+            b, s = plan.batch_size, plan.seq_len
+            saved = tuple(Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table)
+            if len(self._evaluated) >= 4096:
+                self._evaluated.clear()
+            self._evaluated[key] = saved
+        return list(saved)
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -292,6 +306,9 @@ def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
     return nbytes
 
 
+_LOWEST_WINDOW = max(s for kind in REGIMES for pts in REGIMES[kind][:2] for _, s in pts)  # see `band`
+
+
 def band(config: dict, seq: int) -> int:
     """0, or the sliding window W when seq >= W: transformers 5.23 `masking_utils._ignore_causal_mask_sdpa` builds
     an explicit sliding-window mask (instead of sdpa's `is_causal`) once the key length reaches W, so the traced
@@ -301,7 +318,7 @@ def band(config: dict, seq: int) -> int:
         return 0
     if seq >= window:
         return window
-    low = max(s for kind in REGIMES for pts in REGIMES[kind][:2] for _, s in pts)
+    low = _LOWEST_WINDOW
     if window <= low:
         raise InputError("sliding_window", f"{window} is traced only for windows above {low} tokens, or for "
                          f"--seq-len at least the window; use --seq-len {window} or more")

@@ -250,7 +250,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     t = terms(spec, plan)
     phases = head_moments(t)
     backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
-    mlp_held: dict[str, int] = {}  # MLP moment -> the layer's own gradients already .grads there (for --grad-accum)
+    # MLP moment -> the layer's own gradients already .grads there (read by --grad-accum's phases only)
+    mlp_held: dict[str, int] | None = {} if gradients_kept(plan) else None
     for layer, name in backward_edges(t):
         phases += layer_moments(t, layer, name, backward_later, mlp_held)
     phases += qlora_moments(t, phases)
