@@ -284,7 +284,10 @@ OPTIONS: tuple[Option, ...] = (
            "with the torch optimizer as client; bf16-mixed = its bf16 section: bf16 weights, no autocast, fp32 master "
            "partition), stepped by engine.backward/engine.step: one flat parameter tensor, this GPU's fp32 master "
            "partition and its states, a contiguous gradient bucket of --ds-reduce-bucket elements through backward, "
-           "the partition's gradients. ZeRO-0/3 under deepspeed are not modelled yet.",
+           "the partition's gradients; --zero 0: no ZeRO optimizer, the engine all-reduces the whole gradients in "
+           "flattened buckets of 5e8 elements after backward, and bf16 wraps the torch optimizer in "
+           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step). "
+           "ZeRO-3 under deepspeed is not modelled yet.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
     Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
@@ -294,6 +297,15 @@ OPTIONS: tuple[Option, ...] = (
            low=1, high=MAX_DS_BUCKET, link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "a reduce bucket of {value} elements goes with --engine deepspeed"),
            widget=Widget("DeepSpeed reduce_bucket_size (elements)", "w_ds_bucket", NUMBER, group=G_SAVERS)),
+    Option("ds_overlap_comm", bool, False,
+           "With --engine deepspeed --zero 1/2: ZeRO's overlap_comm (DeepSpeed's default for stages 1-2: off). On, "
+           "the contiguous gradient bucket is doubled (a second --ds-reduce-bucket buffer, so one fills while the "
+           "other is reduced), and ZeRO-1 reduces the gradients in backward's hooks as ZeRO-2 does instead of all "
+           "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size.",
+           link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
+           widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,
+                         group=G_SAVERS)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
