@@ -298,10 +298,11 @@ OPTIONS: tuple[Option, ...] = (
            needs=Needs("engine", ("deepspeed",), "a reduce bucket of {value} elements goes with --engine deepspeed"),
            widget=Widget("DeepSpeed reduce_bucket_size (elements)", "w_ds_bucket", NUMBER, group=G_SAVERS)),
     Option("ds_overlap_comm", bool, False,
-           "With --engine deepspeed --zero 1/2: ZeRO's overlap_comm (DeepSpeed's default for stages 1-2: off). On, "
+           "With --engine deepspeed: ZeRO's overlap_comm (DeepSpeed's default for stages 1-2: off). On, "
            "the contiguous gradient bucket is doubled (a second --ds-reduce-bucket buffer, so one fills while the "
            "other is reduced), and ZeRO-1 reduces the gradients in backward's hooks as ZeRO-2 does instead of all "
-           "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size.",
+           "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size. ZeRO-0 "
+           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket.",
            link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
            widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,

@@ -155,11 +155,9 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.ds_reduce_bucket != 500_000_000 and p.engine is not Engine.DEEPSPEED,
        "--ds-reduce-bucket {p.ds_reduce_bucket} sets DeepSpeed ZeRO's reduce_bucket_size; use --engine deepspeed, or "
        "leave it at 500000000", REFUSED, ds_reduce_bucket=1000),
-    _r("ds_overlap_comm engine zero", "ds-overlap-comm",
-       lambda p: p.ds_overlap_comm and (p.engine is not Engine.DEEPSPEED or p.zero == 0),
-       "--ds-overlap-comm sets DeepSpeed ZeRO-1/2's overlap_comm (ZeRO-0 has no ZeRO optimizer to overlap); use "
-       "--engine deepspeed with --zero 1 or 2, or drop it", REFUSED, ds_overlap_comm=True, engine="deepspeed", gpus=2,
-       zero=0),
+    _r("ds_overlap_comm engine", "ds-overlap-comm", lambda p: p.ds_overlap_comm and p.engine is not Engine.DEEPSPEED,
+       "--ds-overlap-comm sets DeepSpeed ZeRO's overlap_comm; use --engine deepspeed, or drop it", REFUSED,
+       ds_overlap_comm=True),
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
        "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
        GAP, engine="fsdp1"),

@@ -53,8 +53,9 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
     "llama-z1-fp32-seq256": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 30_000, "seq_len": 256},
     "llama-z1-bf16-sgd": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL, "optimizer": "sgd"},
     "mistral-z2-fp32-seq64": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64},
-    # ZeRO-0 in fp32 (the engine's all-reduce of the flattened gradients after backward), with SGD, a tied model's and an untied one's, activations at the peak; overlap_comm with both buckets
-    # at the peak (the default size: 4 GB in fp32) and with small ones
+    # ZeRO-0 in fp32 (the engine's all-reduce of the flattened gradients after backward), with SGD, a tied model's
+    # and an untied one's, activations at the peak; overlap_comm with both buckets at the peak (the default size:
+    # 4 GB in fp32) and with small ones
     "llama-z0-fp32": {"zero": 0, "precision": "fp32"},
     "llama-z0-bf16-sgd": {"zero": 0, "precision": "bf16-mixed", "optimizer": "sgd"},
     "gpt2-z0-bf16-seq128": {"zero": 0, "precision": "bf16-mixed", "seq_len": 128},
