@@ -1,4 +1,4 @@
-"""The walk of DeepSpeed ZeRO-1/2 (`--engine deepspeed`, `DeepSpeedZeroOptimizer`): the one-device walk's compute
+"""The walk of DeepSpeed ZeRO-0/1/2 (`--engine deepspeed`, `DeepSpeedZeroOptimizer`): the one-device walk's compute
 moments of the module DeepSpeed runs (bf16 or fp32 weights, no autocast), with DeepSpeed's own parameters, master
 partition, states and gradient buffers in place of the one-device ones (`llmem.components.zero_ds`), then the
 reductions, the step and the all-gather of the partitions, on the rank where they peak.
@@ -7,7 +7,9 @@ Gradients in backward: ZeRO-1 keeps every `.grad` whole until `engine.backward` 
 bucket: `process_gradients` reduces under `partition_gradients or overlap_comm`, stage_1_and_2.py:1617), then
 `reduce_gradients` (:827) moves them through the bucket in registration order; ZeRO-2 copies each gradient into
 the bucket as its hook runs (:1118) and frees its own storage, so backward holds the bucket and, once a bucket with
-a tensor of this rank's partition was reduced, the partition gradients.
+a tensor of this rank's partition was reduced, the partition gradients. Under overlap_comm ZeRO-1 reduces in its
+hooks as ZeRO-2 does (`z.reduces_in_backward`) and the bucket is doubled. ZeRO-0 builds no ZeRO optimizer: the
+one-device program with the engine's all-reduce after backward (`_zero0_phases`).
 """
 
 from __future__ import annotations
