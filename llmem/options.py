@@ -293,7 +293,8 @@ OPTIONS: tuple[Option, ...] = (
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
            "allocate one contiguous gradient bucket of this many elements in the gradient dtype for the whole "
            "backward (2 GB in fp32 at the default, whatever the model's size), copy each gradient into it and "
-           "reduce it when full; the HF Trainer's \"auto\" sets hidden_size².",
+           "reduce it when full; the HF Trainer's \"auto\" sets hidden_size² (--from fills it from the model). ZeRO-0 "
+           "does not read it: its engine all-reduces in buckets of 5e8 elements.",
            low=1, high=MAX_DS_BUCKET, link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "a reduce bucket of {value} elements goes with --engine deepspeed"),
            widget=Widget("DeepSpeed reduce_bucket_size (elements)", "w_ds_bucket", NUMBER, group=G_SAVERS)),
