@@ -185,7 +185,7 @@ FSDP1_LABELS = {Scheme.DDP: "ZeRO-0 (FSDP1 NO_SHARD)", Scheme.ZERO2: "ZeRO-2 (FS
 class Engine(Choice):
     """The training engine whose program is estimated (`--engine`): PyTorch's own programs (torch), or PyTorch's
     FullyShardedDataParallel (FSDP1) as accelerate and the HF Trainer configure it (fsdp1), or DeepSpeed's engine with
-    ZeRO-1/2 (deepspeed; ZeRO-0/3 a gap)."""
+    ZeRO-0/1/2 (deepspeed; ZeRO-3 a gap)."""
 
     TORCH = "torch"
     FSDP1 = "fsdp1"

@@ -121,7 +121,7 @@ def _gpu(args):
 def cmd_compare(args: argparse.Namespace) -> int:
     from llmem.compare import compare, method_variants
 
-    if str(args.engine) == "deepspeed" and int(args.zero) in (0, 3) and int(args.gpus) > 1:  # ZeRO-1/2 modelled
+    if str(args.engine) == "deepspeed" and int(args.zero) == 3 and int(args.gpus) > 1:  # ZeRO-0/1/2 modelled
         args.zero = 2
     plan = plan_from_args(args)
     spec, origin = _spec_and_origin(args.model)

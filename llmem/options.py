@@ -284,16 +284,30 @@ OPTIONS: tuple[Option, ...] = (
            "with the torch optimizer as client; bf16-mixed = its bf16 section: bf16 weights, no autocast, fp32 master "
            "partition), stepped by engine.backward/engine.step: one flat parameter tensor, this GPU's fp32 master "
            "partition and its states, a contiguous gradient bucket of --ds-reduce-bucket elements through backward, "
-           "the partition's gradients. ZeRO-0/3 under deepspeed are not modelled yet.",
+           "the partition's gradients; --zero 0: no ZeRO optimizer, the engine all-reduces the whole gradients in "
+           "flattened buckets of 5e8 elements after backward, and bf16 wraps the torch optimizer in "
+           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step). "
+           "ZeRO-3 under deepspeed is not modelled yet.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
     Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
            "allocate one contiguous gradient bucket of this many elements in the gradient dtype for the whole "
            "backward (2 GB in fp32 at the default, whatever the model's size), copy each gradient into it and "
-           "reduce it when full; the HF Trainer's \"auto\" sets hidden_size².",
+           "reduce it when full; the HF Trainer's \"auto\" sets hidden_size² (--from fills it from the model). ZeRO-0 "
+           "does not read it: its engine all-reduces in buckets of 5e8 elements.",
            low=1, high=MAX_DS_BUCKET, link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "a reduce bucket of {value} elements goes with --engine deepspeed"),
            widget=Widget("DeepSpeed reduce_bucket_size (elements)", "w_ds_bucket", NUMBER, group=G_SAVERS)),
+    Option("ds_overlap_comm", bool, False,
+           "With --engine deepspeed: ZeRO's overlap_comm (DeepSpeed's default for stages 1-2: off). On, "
+           "the contiguous gradient bucket is doubled (a second --ds-reduce-bucket buffer, so one fills while the "
+           "other is reduced), and ZeRO-1 reduces the gradients in backward's hooks as ZeRO-2 does instead of all "
+           "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size. ZeRO-0 "
+           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket.",
+           link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
+           widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,
+                         group=G_SAVERS)),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -21,7 +21,7 @@ from llmem import support
 from llmem.errors import InputError
 from llmem.options import ALL, LINK_OPTIONS, MAX_TOKENS, WHEN_SET
 from llmem.optiontypes import Option, as_probability
-from llmem.plan import Engine, Method, OptimizerImpl, Quant, TrainingPlan
+from llmem.plan import Method, OptimizerImpl, Quant, TrainingPlan
 
 MAX_MODEL_CHARS = 200
 QLORA_BASE = Quant.NF4  # the base a link or the app gives --method qlora when none is chosen
@@ -55,9 +55,8 @@ class AppInputs(_AppFields):
         for o in _PLAN_NEEDS:
             if not o.needs.met(self):
                 values[o.name] = o.default
-        if self.compare_all:  # (DeepSpeed is modelled for ZeRO-1/2: its base plan is ZeRO-2)
-            deepspeed = values.get("engine") is Engine.DEEPSPEED and self.gpus > 1
-            values |= {"tp": 1, "zero": 2 if deepspeed else 0}
+        if self.compare_all:  # the data-parallel base plan (DeepSpeed's ZeRO-0: its engine's all-reduce)
+            values |= {"tp": 1, "zero": 0}
         return TrainingPlan(**values)
 
     def with_(self, **changes) -> AppInputs:

@@ -121,9 +121,9 @@ RULES: tuple[Rule, ...] = (
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and (p.gpus == 1 or p.zero in (0, 3)),
-       "deepspeed is modelled for ZeRO-1 and ZeRO-2 on 2+ GPUs (ZeRO-0 and ZeRO-3 are not yet); use --gpus 2+ "
-       "with --zero 1 or 2, or --engine torch (DDP, FSDP2) or fsdp1", GAP, engine="deepspeed"),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and (p.gpus == 1 or p.zero == 3),
+       "deepspeed is modelled for ZeRO-0, 1 and 2 on 2+ GPUs (ZeRO-3 is not yet); use --gpus 2+ "
+       "with --zero 0, 1 or 2, or --engine torch (DDP, FSDP2) or fsdp1", GAP, engine="deepspeed"),
     _r("engine precision", "precision",
        lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
        "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "
@@ -155,6 +155,9 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.ds_reduce_bucket != 500_000_000 and p.engine is not Engine.DEEPSPEED,
        "--ds-reduce-bucket {p.ds_reduce_bucket} sets DeepSpeed ZeRO's reduce_bucket_size; use --engine deepspeed, or "
        "leave it at 500000000", REFUSED, ds_reduce_bucket=1000),
+    _r("ds_overlap_comm engine", "ds-overlap-comm", lambda p: p.ds_overlap_comm and p.engine is not Engine.DEEPSPEED,
+       "--ds-overlap-comm sets DeepSpeed ZeRO's overlap_comm; use --engine deepspeed, or drop it", REFUSED,
+       ds_overlap_comm=True),
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
        "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
        GAP, engine="fsdp1"),

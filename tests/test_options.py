@@ -31,6 +31,7 @@ SAMPLES = {
     "pp_schedule": ("gpipe", {"pp": "2", "gpus": "2"}),
     "microbatches": ("4", {"pp": "2", "gpus": "2", "batch_size": "4"}),
     "ds_reduce_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
+    "ds_overlap_comm": ("true", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

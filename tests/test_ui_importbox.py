@@ -37,3 +37,10 @@ def test_an_unreadable_file_is_one_line_naming_it():
     with pytest.raises(InputError) as err:
         imported_inputs([(b"\x80\x04pickle", "training_args.bin")], False, share.AppInputs())
     assert "training_args.bin" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_deepspeed_zero2_selects_its_engine_and_an_auto_bucket_is_the_presets_hidden_size_squared():
+    text = b'{"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": true}}'
+    inputs, _ = imported_inputs([(text, "ds.json")], False, share.AppInputs(model="gpt2", gpus=2))
+    assert (str(inputs.engine), inputs.zero, inputs.ds_overlap_comm, inputs.ds_reduce_bucket) == (
+        "deepspeed", 2, True, 768 ** 2)

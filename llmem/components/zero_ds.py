@@ -108,8 +108,16 @@ def step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def bucket_bytes(plan: TrainingPlan) -> int:
     """The contiguous gradient bucket (`setup_buckets`, :2326): reduce_bucket_size elements of b, from the first
-    gradient hook to the epilogue."""
-    return plan.ds_reduce_bucket * module_bytes(plan)
+    gradient hook to the epilogue; under overlap_comm a second one beside it (:2333, `buf_1`), the two swapped at
+    each reduce (:1097)."""
+    return plan.ds_reduce_bucket * module_bytes(plan) * (2 if plan.ds_overlap_comm else 1)
+
+
+def reduces_in_backward(plan: TrainingPlan) -> bool:
+    """Whether the gradient hooks move each gradient into the bucket and reduce it in backward: ZeRO-2, and ZeRO-1
+    under overlap_comm (`process_gradients`, :1618: `partition_gradients or overlap_comm`; `reduce_gradients` then
+    skips its own pass, :835). ZeRO-1 without it keeps the whole gradients until `reduce_gradients` after backward."""
+    return plan.zero == 2 or plan.ds_overlap_comm
 
 
 def partition_grad_numel(spec: ModelSpec, plan: TrainingPlan, rank: int) -> int:
@@ -173,3 +181,21 @@ def gather_output_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The step's all-gather of the new partitions: gloo (CPU) gathers through an output of P_pad x b it allocates;
     NCCL (CUDA) gathers into the flat in place."""
     return flat_param_bytes(spec, plan) if plan.device is Device.CPU else 0
+
+
+# --- ZeRO-0 (no ZeRO optimizer: the engine all-reduces the whole gradients itself) -------------------------------
+ALLREDUCE_BUCKET = 500_000_000  # `MEMORY_OPT_ALLREDUCE_SIZE` (engine.py:132): `allreduce_gradients`' default, the one
+# `_backward_epilogue` (:2482) uses; reduce_bucket_size does not reach stage 0
+
+
+def allreduce_flatten_numels(spec: ModelSpec) -> tuple[int, ...]:
+    """ZeRO-0's `buffered_allreduce_fallback` (engine.py:3140): the gradients in `module.named_parameters()` order
+    (:3067), appended to a bucket that is flattened and all-reduced once it holds more than 5e8 elements
+    (`allreduce_no_retain`, :3053; the rest at the end), then copied back: each flatten's elements."""
+    out, numel = [], 0
+    for n in ordered_numels(spec):
+        numel += n
+        if numel > ALLREDUCE_BUCKET:
+            out.append(numel)
+            numel = 0
+    return tuple(out + [numel] * bool(numel))

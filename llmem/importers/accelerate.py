@@ -1,7 +1,7 @@
 """accelerate config YAML (`accelerate config` / `--config_file`): the process count, mixed precision, and the FSDP or
 DeepSpeed plugin. FSDP2 (`fsdp_version: 2`) is llmem's torch program; FSDP1 sets --engine fsdp1
-(with --engine torch: the nearest FSDP2 plan); DeepSpeed is another engine, mapped to its nearest PyTorch program only
-with --engine torch."""
+(with --engine torch: the nearest FSDP2 plan); DeepSpeed's ZeRO-0/1/2 set --engine deepspeed, its ZeRO-3 is mapped
+to the nearest PyTorch program only with --engine torch."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _deepspeed(r: Reader) -> None:
     if stage is not None:
         if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
             raise InputError(f"{r.name}: deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {short(stage)}")
-        r.engine("deepspeed_config.zero_stage", "zero", stage, "DeepSpeed", f"--zero {stage}")
+        deepspeed.select_engine(r, "deepspeed_config.zero_stage", stage, f"--zero {stage}")
     deepspeed.offload(r, "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device", stage)
     if r.has("deepspeed_config.gradient_accumulation_steps"):
         r.set("deepspeed_config.gradient_accumulation_steps", "grad_accum",

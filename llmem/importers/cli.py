@@ -13,7 +13,8 @@ from llmem.options import ARGUMENT, OPTIONS
 HELP = ("a training config to read the plan from: DeepSpeed JSON, accelerate YAML, HF TrainingArguments / TRL "
         "SFTConfig (JSON/YAML), PEFT adapter_config.json, axolotl, LLaMA-Factory or torchtune YAML. Repeatable: later "
         "files override earlier ones, flags override files; prints what each key set, ignored or left at its default "
-        "(docs/IMPORT.md). DeepSpeed ZeRO settings map to the nearest PyTorch program only with --engine torch; "
+        "(docs/IMPORT.md). DeepSpeed ZeRO-0/1/2 set --engine deepspeed; ZeRO-3 maps to the nearest PyTorch program "
+        "only with --engine torch (every stage does with it); "
         "FSDP1's set --engine fsdp1 (with --engine torch: the nearest FSDP2 plan)")
 _UNSET = object()
 
@@ -41,6 +42,7 @@ def apply(args: argparse.Namespace) -> None:
         explicit = explicit_options(args)
         engine_torch = str(explicit.get("engine", "")).strip().lower() == "torch"
         args.imported = import_files(args.from_files, engine_torch, explicit)
+        _fill_from_model(args)
         for name, value in args.imported.options.items():
             setattr(args, name, value)
         if not args.json:
@@ -48,6 +50,17 @@ def apply(args: argparse.Namespace) -> None:
     if getattr(args, "model", "") is None:  # argparse's own words without --from
         hint = " (or a --from file naming a preset's model)" if getattr(args, "from_files", None) else ""
         raise InputError("arguments", f"the following arguments are required: --model{hint}")
+
+
+def _fill_from_model(args: argparse.Namespace) -> None:
+    """The "auto"s the Trainer fills from the model (DeepSpeed's reduce_bucket_size), from --model or a file's."""
+    result = args.imported
+    model = result.options.get("model") or getattr(args, "model", None)
+    if not result.model_autos or not model:
+        return
+    from llmem.cli import _spec_and_origin
+
+    result.fill_from_model(_spec_and_origin(model)[0].hidden_size)
 
 
 def blame(error: InputError, args: argparse.Namespace) -> InputError:

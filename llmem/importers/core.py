@@ -90,6 +90,18 @@ class ImportResult:
     ignored: list[Line] = field(default_factory=list)
     defaults: list[Line] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
+    model_autos: list[Line] = field(default_factory=list)  # "auto"s the Trainer fills from the model's config
+
+    def fill_from_model(self, hidden_size: int) -> None:
+        """Each "auto" the Trainer fills from the model (`reduce_bucket_size` = hidden_size², transformers
+        integrations/deepspeed.py `trainer_config_finalize`), once the model is known."""
+        for auto in self.model_autos:
+            value = BY_NAME[auto.option].coerce(hidden_size * hidden_size)
+            self.options[auto.option] = value
+            self.used.append(Line(auto.file, auto.key, auto.value, auto.option, value,
+                                  f"the model's hidden_size² ({hidden_size}²), as the HF Trainer fills it"))
+            self.defaults = [x for x in self.defaults if x.option != auto.option]
+        self.model_autos = []
 
     def source(self, option: str) -> Line | None:
         """The used line that set `option`."""
@@ -219,12 +231,14 @@ class Reader:
         self.seen.add(path.split(".")[0])
         self.autos.append(Line(self.name, self.prefix + path, shown, option, None, source))
 
-    def engine(self, path: str, option: str, value: object, engine: str, nearest: str) -> None:
-        """A key that selects `engine`'s own program: mapped to the nearest PyTorch one only with --engine torch."""
+    def engine(self, path: str, option: str, value: object, engine: str, nearest: str, part: str = "") -> None:
+        """A key that selects `engine`'s own program (`part` of it): mapped to the nearest PyTorch one only with
+        --engine torch."""
         if self.engine_torch:
             self.set(path, option, value, f"nearest PyTorch program to {engine} (--engine torch): {nearest}")
         else:
-            self.ignore(path, f"the {engine} engine is not modelled yet; add --engine torch to estimate the nearest "
+            what = f"the {engine} engine's {part} is" if part else f"the {engine} engine is"
+            self.ignore(path, f"{what} not modelled yet; add --engine torch to estimate the nearest "
                         f"PyTorch program ({nearest})")
             self.ignored[-1] = replace(self.ignored[-1], option=option)  # the option it would set
 

@@ -1,6 +1,8 @@
 """DeepSpeed config JSON (`ds_config.json`): micro-batch, accumulation, bf16/fp16, the optimizer, and the ZeRO stage
-and offload, which select DeepSpeed's own program (not modelled yet: mapped to the nearest PyTorch one only with
---engine torch). `"auto"` values are the HF Trainer's to fill: from another file's TrainingArguments, or defaults."""
+and offload. ZeRO-0/1/2 select `--engine deepspeed` (DeepSpeed's own program) with its reduce bucket and
+overlap_comm; ZeRO-3 is not modelled yet: mapped to the nearest PyTorch program only with --engine torch (as every
+stage is when the user asks for it). `"auto"` values are the HF Trainer's to fill: from another file's
+TrainingArguments, the model's hidden size, or defaults."""
 
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def _precision(r: Reader) -> None:
     if b is True or f is True:
         half = "bf16" if b is True else "fp16"
         r.set(f"{half}.enabled", "precision", f"{half}-mixed", f"DeepSpeed's {half} keeps {half} weights and fp32 "
-              "master weights and states in its optimizer; the nearest PyTorch program is autocast over fp32 weights")
+              "master weights and states in its optimizer (--engine deepspeed); the nearest PyTorch program is "
+              "autocast over fp32 weights")
     elif AUTO in (b, f):
         r.auto("bf16.enabled" if b == AUTO else "fp16.enabled", "precision", "bf16 / fp16")
     elif b is False and f is False:
@@ -88,12 +91,69 @@ def _zero(r: Reader) -> None:
     if _int(stage) is None or stage not in PROGRAM:
         raise InputError(f"{r.name}: zero_optimization.stage", f"must be 0, 1, 2 or 3, got {short(stage)}")
     path = "zero_optimization.stage"
-    r.engine(path, "zero", stage, "DeepSpeed", f"--zero {stage}, {PROGRAM[stage]}")
+    own = select_engine(r, path, stage, f"--zero {stage}, {PROGRAM[stage]}")
     offload(r, "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device", stage)
     rest = [k for k in z if k not in ("stage", "offload_optimizer", "offload_param")]
+    if own:
+        rest = _zero_fields(r, stage, rest)
     if rest:
+        why = ("ZeRO-3's buffers and schedules and DeepSpeed's other ZeRO fields: not modelled yet" if own else
+               "DeepSpeed's own buffers and schedules (buckets, prefetch, persistence): not modelled yet")
         r.ignore("zero_optimization." + ", ".join(str(k) for k in rest[:12]) + (" ..." if len(rest) > 12 else ""),
-                 "DeepSpeed's own buffers and schedules (buckets, prefetch, persistence): not modelled yet", NO_VALUE)
+                 why, NO_VALUE)
+
+
+def select_engine(r: Reader, path: str, stage: object, nearest: str) -> bool:
+    """ZeRO-0/1/2 select `--engine deepspeed --zero N` (DeepSpeed's own program, modelled) unless the user asked for
+    the nearest PyTorch program (--engine torch); ZeRO-3 is not modelled yet: mapped only with --engine torch.
+    Returns whether DeepSpeed's own program was selected."""
+    if stage == 3 or r.engine_torch:
+        r.engine(path, "zero", stage, "DeepSpeed", nearest, "ZeRO-3" if stage == 3 else "")
+        return False
+    r.set(path, "zero", stage, f"DeepSpeed ZeRO-{stage}, its own program")
+    r.set(path, "engine", "deepspeed", "DeepSpeed 0.19's engine as the HF Trainer builds it")
+    return True
+
+
+MODELLED = {"contiguous_gradients": True, "reduce_scatter": True, "round_robin_gradients": False,
+            "allgather_partitions": True}  # DeepSpeed's defaults (runtime/zero/config.py), the program llmem runs
+NO_EFFECT_ZERO = {"allgather_bucket_size": "the step all-gathers whole partitions into the flat parameters "
+                  "(runtime/utils.py all_gather_into_tensor_dp_groups); this bucket is not allocated on that path",
+                  "sub_group_size": "ZeRO-3 and offload's optimizer sub-groups"}
+
+
+def _zero_fields(r: Reader, stage: int, keys: list) -> list:
+    """ZeRO-0/1/2's own fields: the reduce bucket ("auto" = hidden_size², as the Trainer fills it), overlap_comm, the
+    fields whose modelled value is DeepSpeed's default; returns the keys left for the not-modelled line."""
+    rest = []
+    for key in keys:
+        path, value = f"zero_optimization.{key}", r.get(f"zero_optimization.{key}")
+        if stage == 0 and key in ("reduce_bucket_size", "overlap_comm", *MODELLED):
+            r.ignore(path, "stage 0 builds no ZeRO optimizer: the engine all-reduces the gradients in buckets of "
+                     "5e8 elements (engine.py MEMORY_OPT_ALLREDUCE_SIZE) whatever this says")
+        elif key == "reduce_bucket_size" and value == AUTO:
+            r.auto(path, "ds_reduce_bucket", HIDDEN_SQUARED)
+        elif key == "reduce_bucket_size":
+            number = int(value) if isinstance(value, float) and value.is_integer() else value
+            r.set(path, "ds_reduce_bucket", number, "the contiguous gradient bucket, in elements")
+        elif key == "overlap_comm":
+            flag = r.flag(path)
+            if flag is None or flag == AUTO:
+                r.ignore(path, "DeepSpeed takes true or false (stages 1-2 default to false)")
+            else:
+                r.set(path, "ds_overlap_comm", flag, "two contiguous gradient buckets" if flag else "one bucket")
+        elif key in MODELLED:
+            if r.flag(path) not in (None, MODELLED[key]):
+                r.ignore(path, f"llmem models DeepSpeed's default {key} = {str(MODELLED[key]).lower()}; other "
+                         "values are not modelled")
+        elif key in NO_EFFECT_ZERO or key.startswith("stage3_"):
+            r.ignore(path, NO_EFFECT_ZERO.get(key, f"a ZeRO-3 field; stage {stage} reads none"))
+        else:
+            rest.append(key)
+    return rest
+
+
+HIDDEN_SQUARED = "model's hidden_size² (transformers integrations/deepspeed.py: reduce_bucket_size 'auto')"
 
 
 def _optimizer(r: Reader) -> None:
@@ -110,17 +170,21 @@ def _optimizer(r: Reader) -> None:
 
 def offload(r: Reader, optimizer_key: str, param_key: str, stage: object) -> None:
     """DeepSpeed's offload devices (its JSON's `offload_optimizer/param.device`, accelerate's
-    `offload_optimizer/param_device`) mapped to the nearest PyTorch program, or reported as not modelled."""
+    `offload_optimizer/param_device`) mapped to the nearest PyTorch program, or reported as not modelled; under
+    DeepSpeed's own ZeRO-0/1/2 program an optimizer offload is set, for the plan to refuse naming the key."""
     opt = str(r.get(optimizer_key) or "none").strip().lower()
     par = str(r.get(param_key) or "none").strip().lower()
     if "nvme" in (opt, par):
         r.ignore(optimizer_key, "NVMe offload is not modelled", "nvme")
     elif opt == "cpu" and par == "cpu" and stage == 3:
         r.engine(param_key, "offload", "optimizer+params", "DeepSpeed",
-                 "--offload optimizer+params, FSDP2's CPUOffloadPolicy")
+                 "--offload optimizer+params, FSDP2's CPUOffloadPolicy", "ZeRO-3")
+    elif opt == "cpu" and str(r.options.get("engine")) == "deepspeed":  # ZeRO-0/1/2 selected DeepSpeed's program
+        r.set(optimizer_key, "offload", "optimizer", "DeepSpeed's ZeRO-Offload (DeepSpeedCPUAdam, pinned host "
+              "buffers): not modelled, so the plan is refused naming this key")
     elif opt == "cpu":
         r.engine(optimizer_key, "offload", "optimizer", "DeepSpeed",
-                 "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU")
+                 "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU", "ZeRO-Offload")
     elif par == "cpu":
         r.ignore(param_key, "parameter offload without optimizer offload has no PyTorch counterpart in llmem "
                  "(FSDP2's CPUOffloadPolicy moves both)")

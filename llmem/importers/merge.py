@@ -97,6 +97,10 @@ def _autos(result: ImportResult, autos: list[Line], explicit: Mapping[str, objec
         if auto.option in explicit:
             result.ignored.append(Line(auto.file, auto.key, auto.value, why=f"'auto': filled by "
                                        f"--{BY_NAME[auto.option].key} on the command line"))
+        elif auto.why.startswith("model's"):  # filled once the model is known (`ImportResult.fill_from_model`)
+            result.model_autos.append(auto)
+            unresolved[auto.option] = (f"{auto.file}: {auto.key} is {auto.value}, which the HF Trainer fills from the "
+                                       f"{auto.why}; no model is known yet")
         elif source is not None:
             why = f"filled from {source.file}: {source.key}, as the HF Trainer and accelerate fill it"
             result.used.append(Line(auto.file, auto.key, auto.value, auto.option, source.setting, why))

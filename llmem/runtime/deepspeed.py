@@ -19,11 +19,12 @@ from llmem.plan import Precision, TrainingPlan
 def ds_config(plan: TrainingPlan) -> dict:
     """The ds_config the Trainer hands DeepSpeed for `plan`: only what the plan sets, DeepSpeed's defaults for the
     rest (`runtime/zero/config.py`: reduce/allgather buckets 5e8 elements, contiguous gradients on, overlap_comm
-    off for stages 1-2)."""
+    off for stages 1-2 unless the plan sets it; stage 0 builds no ZeRO optimizer and reads none of these)."""
     return {
         "train_micro_batch_size_per_gpu": plan.batch_size,
         "gradient_accumulation_steps": plan.grad_accum,
-        "zero_optimization": {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket},
+        "zero_optimization": {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket,
+                              "overlap_comm": plan.ds_overlap_comm},
         "bf16": {"enabled": plan.precision is Precision.BF16_MIXED},
         "zero_allow_untested_optimizer": True,  # transformers' deepspeed_optim_sched sets it for its own optimizer
         "steps_per_print": 1 << 30,

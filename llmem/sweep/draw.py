@@ -133,7 +133,7 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_ta
     DDP's bucket views and draws one micro-step, gradients freed,
     --grad-ckpt selective in a third of the full fine-tunes checkpointing every layer without TP, --loss chunked-ce
     where the engine is torch, and --optimizer-in-backward where the plan runs it (each from a stream of its own);
-    `--engine deepspeed` in half of the cpu profile's other ZeRO-1/2 plans it is modelled for (`_draw_deepspeed`)."""
+    `--engine deepspeed` in half of the cpu profile's other ZeRO-0/1/2 plans it is modelled for (`_draw_deepspeed`)."""
     rng = random.Random(f"{seed}:{index}:later")
     out = {}
     if fields["gpus"] > 1 and fields["tp"] == 1 and fields["zero"] in (2, 3):
@@ -183,20 +183,23 @@ LOSS_CHUNKS = (1, 2, 4, 8)
 FSDP1_SHARE = 0.5  # --engine fsdp1 in half of the multi-GPU ZeRO-0/2/3 plans FSDP1 is modelled for
 DEEPSPEED_SHARE = 0.5
 DS_BUCKETS = (500_000_000, 1_000_000, 100_000, 20_000)  # DeepSpeed's default, then buckets below the models' size
+DS_OVERLAP_SHARE = 0.5
 
 
 def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
-    """`--engine deepspeed` (ZeRO-1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, no offload, the
+    """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, no offload, the
     standard loss, one micro-step, gradients freed) in half of the cpu profile's plans it is modelled for that did
-    not draw fsdp1, with a reduce bucket from DS_BUCKETS; from a stream of its own. The cuda profile's oracle (the
-    simulator) does not run DeepSpeed."""
+    not draw fsdp1, with a reduce bucket from DS_BUCKETS and, under ZeRO-1/2, overlap_comm in half of them (ZeRO-0
+    reads neither); from streams of their own. The cuda profile's oracle (the simulator) does not run DeepSpeed."""
     rng = random.Random(f"{seed}:{index}:deepspeed")
     if device != "cpu" or "engine" in fields or fields["gpus"] == 1 or fields["tp"] > 1 \
-            or fields["zero"] not in (1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
+            or fields["zero"] not in (0, 1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
             or not _fsdp1_runs(fields) or rng.random() >= DEEPSPEED_SHARE:
         return {}
-    return {"engine": "deepspeed", "grad_accum": 1, "keep_grads": False, "ds_reduce_bucket": rng.choice(DS_BUCKETS),
-            "fsdp_shard": "dim0", "ddp_bucket_view": False}
+    bucket = rng.choice(DS_BUCKETS)
+    overlap = fields["zero"] != 0 and random.Random(f"{seed}:{index}:ds-overlap").random() < DS_OVERLAP_SHARE
+    return {"engine": "deepspeed", "grad_accum": 1, "keep_grads": False, "ds_reduce_bucket": bucket,
+            "ds_overlap_comm": overlap, "fsdp_shard": "dim0", "ddp_bucket_view": False}
 
 
 def _fsdp1_runs(fields: dict, lora: bool = False) -> bool:

@@ -18,6 +18,17 @@ def imported_inputs(files: Iterable[tuple[bytes, str]], engine_torch: bool,
     from llmem.importers import import_uploads
 
     result = import_uploads(files, engine_torch)
+    _fill_from_preset(result, str(result.options.get("model") or current.model))
     query = share.encode(current) | result.link_query()
     inputs, warnings = share.decode(query, current)
     return inputs, [line.strip() for line in result.lines()] + warnings
+
+
+def _fill_from_preset(result, model: str) -> None:  # noqa: ANN001
+    """The "auto"s the Trainer fills from the model (DeepSpeed's reduce_bucket_size = hidden_size²) when the model
+    is a preset (the app opens nothing else to fill them)."""
+    from llmem.presets import find_preset, load_preset
+    from llmem.spec import ModelSpec
+
+    if result.model_autos and find_preset(model) is not None:
+        result.fill_from_model(ModelSpec.from_config(load_preset(find_preset(model).name)).hidden_size)

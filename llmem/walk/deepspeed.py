@@ -1,4 +1,4 @@
-"""The walk of DeepSpeed ZeRO-1/2 (`--engine deepspeed`, `DeepSpeedZeroOptimizer`): the one-device walk's compute
+"""The walk of DeepSpeed ZeRO-0/1/2 (`--engine deepspeed`, `DeepSpeedZeroOptimizer`): the one-device walk's compute
 moments of the module DeepSpeed runs (bf16 or fp32 weights, no autocast), with DeepSpeed's own parameters, master
 partition, states and gradient buffers in place of the one-device ones (`llmem.components.zero_ds`), then the
 reductions, the step and the all-gather of the partitions, on the rank where they peak.
@@ -7,7 +7,9 @@ Gradients in backward: ZeRO-1 keeps every `.grad` whole until `engine.backward` 
 bucket: `process_gradients` reduces under `partition_gradients or overlap_comm`, stage_1_and_2.py:1617), then
 `reduce_gradients` (:827) moves them through the bucket in registration order; ZeRO-2 copies each gradient into
 the bucket as its hook runs (:1118) and frees its own storage, so backward holds the bucket and, once a bucket with
-a tensor of this rank's partition was reduced, the partition gradients.
+a tensor of this rank's partition was reduced, the partition gradients. Under overlap_comm ZeRO-1 reduces in its
+hooks as ZeRO-2 does (`z.reduces_in_backward`) and the bucket is doubled. ZeRO-0 builds no ZeRO optimizer: the
+one-device program with the engine's all-reduce after backward (`_zero0_phases`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     """The one-device plan of the module DeepSpeed computes with: bf16 weights and gradients without autocast
     under bf16 (the engine casts the module), fp32 otherwise."""
     precision = Precision.BF16 if plan.precision is Precision.BF16_MIXED else Precision.FP32
-    return plan.with_(gpus=1, zero=0, engine=Engine.TORCH, precision=precision, ds_reduce_bucket=DEFAULT_BUCKET)
+    return plan.with_(gpus=1, zero=0, engine=Engine.TORCH, precision=precision, ds_reduce_bucket=DEFAULT_BUCKET,
+                      ds_overlap_comm=False)
 
 
 def _persistent(spec: ModelSpec, plan: TrainingPlan) -> dict:
@@ -93,7 +96,7 @@ def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -
         b.update(persistent)
         grads = b[Category.GRADIENTS]
         if ph.name.startswith("backward") or (untied and ph.name.startswith("lm_head backward")):
-            b[Category.GRADIENTS] = grads + bucket if plan.zero == 1 else _zero2_gradients(
+            b[Category.GRADIENTS] = grads + bucket if not z.reduces_in_backward(plan) else _zero2_gradients(
                 spec, plan, ph.name, grads)
         out.append(Phase(ph.name, b))
     return out
@@ -149,17 +152,46 @@ def _step_moments(spec: ModelSpec, plan: TrainingPlan, base: dict) -> list[Phase
     ]
 
 
-def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
-    """DeepSpeed ZeRO-1/2: the candidate peak moments of one steady-state iteration on the largest rank."""
+def _zero0_phases(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
+    """ZeRO-0: no ZeRO optimizer (engine.py:1583, :1590). In fp32 the client optimizer steps the module itself (the
+    one-device program); under bf16 `FP16_UnfusedOptimizer` (fp16/unfused_optimizer.py) holds an fp32 clone of each
+    parameter (:76) under the client's states and, in `step`, makes every parameter's fp32 gradient (:219) beside
+    the bf16 ones before the client steps (:224). After backward the engine all-reduces the whole gradients through
+    flattened buckets (`z.allreduce_flatten_numels`), freed after each copy back."""
     from llmem.walk.single import iteration_phases
 
+    b, bf16 = z.module_bytes(plan), plan.precision is Precision.BF16_MIXED
+    fp32 = iteration_phases(spec, compute_plan(plan).with_(precision=Precision.FP32)) if bf16 else single
+    fp32_step = next(ph.breakdown for ph in fp32 if ph.name == "optimizer step")
+    master = fp32_step[Category.PARAMETERS] + fp32_step[Category.OPTIMIZER] if bf16 else None
+    out = []
+    for ph in single:
+        br = dict(ph.breakdown)
+        if master is not None:
+            br[Category.OPTIMIZER] = master
+        if ph.name == "backward end":
+            out.append(Phase("all-reduce of the gradients (largest bucket)", {
+                **br, Category.TEMPORARIES: 0, Category.COMMUNICATION: max(z.allreduce_flatten_numels(spec)) * b}))
+        if ph.name == "optimizer step" and bf16:
+            br[Category.GRADIENTS] += fp32_step[Category.PARAMETERS]  # the fp32 gradients, one per master
+            br[Category.TEMPORARIES] = fp32_step[Category.TEMPORARIES]
+        out.append(Phase(ph.name, br))
+    return out
+
+
+def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """DeepSpeed ZeRO-0/1/2: the candidate peak moments of one steady-state iteration on the largest rank."""
+    from llmem.walk.single import iteration_phases
+
+    if plan.zero == 0:
+        return _zero0_phases(spec, plan, iteration_phases(spec, compute_plan(plan)))
     single = iteration_phases(spec, compute_plan(plan))
     step = next(ph for ph in single if ph.name == "optimizer step")
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
     persistent = _persistent(spec, plan)
     base = {"parameters": persistent[Category.PARAMETERS], "optimizer": persistent[Category.OPTIMIZER], **held}
     phases = _compute_moments(spec, plan, single)
-    reduce = _zero1_reduce if plan.zero == 1 else _zero2_epilogue
+    reduce = _zero2_epilogue if z.reduces_in_backward(plan) else _zero1_reduce
     for rank in z.candidate_ranks(spec, plan):
         phases += reduce(spec, plan, base, rank)
     return phases + _step_moments(spec, plan, base)

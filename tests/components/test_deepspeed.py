@@ -1,7 +1,8 @@
-"""`--engine deepspeed`: DeepSpeed 0.19.0's ZeRO-1/2 (`DeepSpeedZeroOptimizer`) as the HF Trainer builds it, torch
-AdamW as the client optimizer. Real CPU runs on 2 ranks (one launch, gloo; DeepSpeed's CPU accelerator): ZeRO-1 and
-ZeRO-2, fp32 and bf16, with reduce buckets smaller than the model (several buckets, tensors larger than the bucket
-reduced in their own gradient) and at DeepSpeed's default 5e8 elements (one bucket of 2 GB in fp32 / 1 GB in bf16
+"""`--engine deepspeed`: DeepSpeed 0.19.0's ZeRO-1/2 (`DeepSpeedZeroOptimizer`) and ZeRO-0 (no ZeRO optimizer; bf16:
+`FP16_UnfusedOptimizer`) as the HF Trainer builds them, torch AdamW as the client optimizer. Real CPU runs on 2 ranks
+(one launch, gloo; DeepSpeed's CPU accelerator): ZeRO-0, ZeRO-1 and ZeRO-2, fp32 and bf16, overlap_comm on and off,
+with reduce buckets smaller than the model (several buckets, tensors larger than the bucket reduced in their own
+gradient) and at DeepSpeed's default 5e8 elements (one bucket of 2 GB in fp32 / 1 GB in bf16
 through backward) — the estimate within 1% of each measured peak. The rows put the peak at each kind of moment:
 ZeRO-1's reduce after backward (rank 0 holds its partition gradients beside the gradients not yet moved), the step
 (the flat partition gradient and AdamW's temporaries), ZeRO-2's epilogue reduce (the default bucket), and a decoder
@@ -35,6 +36,11 @@ CASES = {  # the default suite's launch: each kind of peak moment once, ZeRO-1 a
     "llama-z2-bf16": {"zero": 2, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL},
     "llama-z2-bf16-default": {"zero": 2, "precision": "bf16-mixed"},
     "gpt2-z2-fp32-seq128": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": 16_384, "seq_len": 128},
+    # ZeRO-0 under bf16: FP16_UnfusedOptimizer's step with every fp32 gradient beside the bf16 ones
+    "llama-z0-bf16": {"zero": 0, "precision": "bf16-mixed"},
+    # overlap_comm: ZeRO-1 reduces in backward's hooks, beside two buckets (the last layer's backward)
+    "gpt2-z1-fp32-seq128-overlap": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 16_384, "seq_len": 128,
+                                    "ds_overlap_comm": True},
 }
 HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a default bucket under ZeRO-1, a
     # checkpointed layer's backward with tensors larger than the bucket, SGD's momentum as the client's state
@@ -47,6 +53,21 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
     "llama-z1-fp32-seq256": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 30_000, "seq_len": 256},
     "llama-z1-bf16-sgd": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL, "optimizer": "sgd"},
     "mistral-z2-fp32-seq64": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64},
+    # ZeRO-0 in fp32 (the engine's all-reduce of the flattened gradients after backward), with SGD, a tied model's
+    # and an untied one's, activations at the peak; overlap_comm with both buckets at the peak (the default size:
+    # 4 GB in fp32) and with small ones
+    "llama-z0-fp32": {"zero": 0, "precision": "fp32"},
+    "llama-z0-bf16-sgd": {"zero": 0, "precision": "bf16-mixed", "optimizer": "sgd"},
+    "gpt2-z0-bf16-seq128": {"zero": 0, "precision": "bf16-mixed", "seq_len": 128},
+    "mistral-z0-fp32-seq64": {"zero": 0, "precision": "fp32", "seq_len": 64},
+    "llama-z0-fp32-seq256-ckpt": {"zero": 0, "precision": "fp32", "seq_len": 256, "grad_ckpt": "full"},
+    "llama-z2-fp32-overlap": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "ds_overlap_comm": True},
+    "llama-z1-bf16-overlap": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL,
+                              "ds_overlap_comm": True},
+    "llama-z1-fp32-overlap-default": {"zero": 1, "precision": "fp32", "ds_overlap_comm": True},
+    "llama-z2-bf16-overlap-default": {"zero": 2, "precision": "bf16-mixed", "ds_overlap_comm": True},
+    "mistral-z2-bf16-seq64-overlap": {"zero": 2, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL,
+                                      "seq_len": 64, "ds_overlap_comm": True},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed"}
 ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=CASES)

@@ -54,3 +54,9 @@ def test_multi_gpu_is_ddp_and_a_config_file_path_is_not_opened():
     r = import_bytes(b"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: private/ds.json\n",
                      "a.yaml")
     assert "never opens" in ignored(r, "deepspeed_config.deepspeed_config_file").why
+
+
+def test_deepspeed_plugin_zero2_selects_deepspeeds_own_program():
+    r = import_bytes(b"distributed_type: DEEPSPEED\nnum_processes: 4\nmixed_precision: bf16\ndeepspeed_config:\n"
+                     b"  zero_stage: 2\n  offload_optimizer_device: none\n", "a.yaml")
+    assert settings(r) == {"gpus": 4, "precision": "bf16-mixed", "zero": 2, "engine": "deepspeed"}

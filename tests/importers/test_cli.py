@@ -29,9 +29,19 @@ def test_estimate_prints_the_report_then_the_estimate(capsys):
     assert "overridden by --batch-size on the command line" in out
 
 
-def test_deepspeed_stage_is_reported_not_estimated_without_engine_torch(capsys):
-    code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"))
-    assert code == 0 and "DeepSpeed engine is not modelled yet" in out and "DDP on 8 GPU(s)" in out
+def test_deepspeed_zero2_is_estimated_as_deepspeeds_own_program(capsys):
+    code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--grad-accum", "1")
+    assert code == 0 and "--engine deepspeed" in out and "ZeRO-2 (DeepSpeed) on 8 GPU(s)" in out
+    code, _, err = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"))
+    assert code == 2 and "under DeepSpeed are not modelled" in err and "ds_z2_numeric.json" in err  # accumulation
+
+
+def test_an_auto_reduce_bucket_is_the_models_hidden_size_squared(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}')
+    code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--gpus", "2", "--from", str(tmp_path / "ds.json"),
+                       "--json")
+    data = json.loads(out)
+    assert code == 0 and data["plan"]["ds_reduce_bucket"] == 768 ** 2 and data["plan"]["engine"] == "deepspeed"
 
 
 def test_json_carries_the_import(capsys):

@@ -1,5 +1,8 @@
-"""DeepSpeed JSON: batch and accumulation, bf16/fp16, the optimizer; ZeRO and offload only with --engine torch;
-"auto" values filled from the Trainer's file or left at llmem's defaults, and said so."""
+"""DeepSpeed JSON: batch and accumulation, bf16/fp16, the optimizer; ZeRO-0/1/2 select --engine deepspeed with the
+reduce bucket and overlap_comm, ZeRO-3 and offload map only with --engine torch; "auto" values filled from the
+Trainer's file (or the model's hidden size) or left at llmem's defaults, and said so."""
+
+import json
 
 import pytest
 
@@ -9,14 +12,50 @@ from llmem.importers import import_bytes
 from .conftest import ignored, load, settings, used
 
 
-def test_numeric_zero2_config():
+def test_numeric_zero2_config_selects_deepspeeds_own_program_with_its_buckets():
     r = load("ds_z2_numeric.json")
     assert settings(r) == {"batch_size": 4, "grad_accum": 2, "gpus": 8, "precision": "bf16-mixed",
-                           "optimizer": "adamw"}
+                           "optimizer": "adamw", "zero": 2, "engine": "deepspeed", "ds_overlap_comm": True,
+                           "ds_reduce_bucket": 500_000_000}
     assert "GPUs" in used(r, "train_batch_size")[0].why
-    line = ignored(r, "zero_optimization.stage")
-    assert "DeepSpeed engine is not modelled yet" in line.why and "--engine torch" in line.why
-    assert "zero" not in r.options
+    assert {line.option for line in used(r, "zero_optimization.stage")} == {"zero", "engine"}
+    assert "all_gather_into_tensor_dp_groups" in ignored(r, "zero_optimization.allgather_bucket_size").why
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_each_modelled_stage_selects_the_engine_and_stage_0_reads_no_zero_field(stage):
+    zero = {"stage": stage, "reduce_bucket_size": 2e6, "overlap_comm": True, "contiguous_gradients": False,
+            "stage3_max_live_parameters": 1e9}
+    r = import_bytes(json.dumps({"zero_optimization": zero}).encode(), "ds.json")
+    assert settings(r)["engine"] == "deepspeed" and settings(r)["zero"] == stage
+    assert "stage 3" not in ignored(r, "zero_optimization.stage3_max_live_parameters").why or stage == 3
+    assert "not modelled" in ignored(r, "zero_optimization.contiguous_gradients").why or stage == 0
+    if stage == 0:
+        assert "ds_reduce_bucket" not in r.options and "ds_overlap_comm" not in r.options
+        assert "MEMORY_OPT_ALLREDUCE_SIZE" in ignored(r, "zero_optimization.reduce_bucket_size").why
+    else:
+        assert r.options["ds_reduce_bucket"] == 2_000_000 and r.options["ds_overlap_comm"] is True
+
+
+def test_engine_torch_keeps_the_nearest_pytorch_program_for_every_stage():
+    r = import_bytes(b'{"zero_optimization": {"stage": 2, "overlap_comm": true}}', "ds.json", engine_torch=True)
+    assert settings(r) == {"zero": 2} and "nearest PyTorch program" in used(r, "zero_optimization.stage")[0].why
+
+
+def test_zero_offload_of_a_modelled_stage_is_set_for_the_plan_to_refuse_naming_the_key():
+    r = import_bytes(b'{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}', "ds.json")
+    assert settings(r)["offload"] == "optimizer" and "refused" in used(r, "zero_optimization.offload_optimizer."
+                                                                          "device")[0].why
+
+
+def test_auto_reduce_bucket_waits_for_the_model_then_is_its_hidden_size_squared():
+    r = import_bytes(b'{"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}}', "ds.json")
+    assert "ds_reduce_bucket" not in r.options
+    assert "hidden_size" in next(x.why for x in r.defaults if x.option == "ds_reduce_bucket")
+    r.fill_from_model(4096)
+    assert r.options["ds_reduce_bucket"] == 4096 ** 2 and "4096²" in used(r, "zero_optimization.reduce_bucket_size")[
+        0].why
+    assert all(x.option != "ds_reduce_bucket" for x in r.defaults)
 
 
 def test_engine_torch_maps_stage_and_offload_to_the_nearest_pytorch_program():

@@ -17,7 +17,7 @@ from llmem.plan import (
     Quant,
     TrainingPlan,
 )
-from llmem.sweep.draw import draw, draw_one
+from llmem.sweep.draw import _draw_deepspeed, draw, draw_one
 from llmem.sweep.models import SMALL
 from llmem.sweep.run import REFUSED_ESTIMATOR, base_record, estimate_draw
 
@@ -127,10 +127,17 @@ def test_derived_draws_cover_the_catalogue_and_leave_the_small_draws_alone():
 
 
 def test_deepspeed_is_drawn_on_the_cpu_profile_where_it_is_modelled(many):
-    """--engine deepspeed: both stages, buckets below and at DeepSpeed's default, every such plan accepted; never on
-    the cuda profile (the simulator does not run DeepSpeed)."""
+    """--engine deepspeed: ZeRO-0, 1 and 2, buckets below and at DeepSpeed's default, overlap_comm on and off under
+    ZeRO-1/2 (never under ZeRO-0, which reads none), every such plan accepted; never on the cuda profile (the
+    simulator does not run DeepSpeed)."""
     ds = [d for d in many if d.fields.get("engine") == "deepspeed"]
-    assert {d.fields["zero"] for d in ds} == {1, 2}
+    assert {d.fields["zero"] for d in ds} == {1, 2}  # this seed's ZeRO-0 plans it could run drew fsdp1
+    base = {k: v for k, v in ds[0].fields.items() if k != "engine"}  # a plan it runs, every stage drawn again
+    drawn = [_draw_deepspeed(11, i, {**base, "zero": z}, "cpu") for i in range(200) for z in (0, 1, 2)]
+    assert {(x["ds_overlap_comm"], x["ds_reduce_bucket"] > 1_000_000) for x in drawn if x} == {
+        (a, b) for a in (True, False) for b in (True, False)}
+    zero0 = [x for i in range(200) if (x := _draw_deepspeed(11, i, {**base, "zero": 0}, "cpu"))]
+    assert zero0 and not any(x["ds_overlap_comm"] for x in zero0)
     assert {d.fields["precision"] for d in ds} == {"fp32", "bf16-mixed"}
     assert len({d.fields["ds_reduce_bucket"] for d in ds}) > 2
     for d in ds:
