@@ -19,6 +19,10 @@ from llmem.view import comparison_csv, comparison_markdown, comparison_table, ex
 
 BATCH_POINTS, SEQ_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256), tuple(256 << k for k in range(10))
 STALE_CSS = "<style>.st-key-stale{opacity:.45;filter:grayscale(1);pointer-events:none}</style>"
+# The breakdown and the two curves side by side when the page has room; on a narrower one (a half-screen window) a
+# chart that would get less than 300 px wraps to a row of its own instead of cutting its title and labels.
+CHARTS_CSS = ("<style>.st-key-charts [data-testid='stHorizontalBlock']{flex-wrap:wrap}"
+              ".st-key-charts [data-testid='stColumn']{min-width:min(100%,300px)}</style>")
 
 
 class Checked(BaseFigure):
@@ -197,7 +201,7 @@ def render(result: Result, link: str, apply: Callable, stale: bool = False) -> N
                    + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks))
                    + "; the verdict and the breakdown are the worst stage's.")
     st.subheader(f"{result.row.label}: breakdown and curves")
-    left, middle, right = st.columns(3)
+    left, middle, right = st.container(key="charts").columns(3)
     with left:
         st.plotly_chart(Checked(figures.breakdown_figure(est, result.gpu)), key="breakdown")
         st.caption(f"Peak phase: **{est.peak_phase}**. The stacked categories sum to the allocator peak "

@@ -212,11 +212,37 @@ def test_first_view_fits_with_curves_and_qlora_then_a_refused_field_keeps_the_re
         assert page.locator("[data-testid='stException']").count() == 0
 
 
+# In the breakdown as drawn: the boxes of the capacity's label, the bars, the x axis' labels and the legend.
+BREAKDOWN_BOXES = """plot => {
+    const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    return {label: box(plot.querySelector('.annotation-text')),
+            bars: [...plot.querySelectorAll('.barlayer .point path')].map(box),
+            ticks: [...plot.querySelectorAll('.xtick text')].map(box),
+            legend: box(plot.querySelector('.legend')), plot: box(plot)};
+}"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def test_make_it_fit_on_one_a100_offers_a_change_that_fits_when_clicked(server):
+    from playwright.sync_api import expect
+
     link = f"{server}/?{urlencode({'model': 'llama-3.1-8b', 'gpu-type': 'a100-80gb', 'gpus': '1', 'zero': 'all'})}"
     with browser_page() as page:
         page.goto(link)
         _wait_verdict(page, "Short by")
+        # issue 16, item 10, on a plan whose bar crosses the capacity: the label clear of the bars, the x labels
+        # whole (not rotated under the legend or cut at the plot's edge)
+        breakdown = page.locator(".js-plotly-plot").first
+        expect(breakdown.locator(".xtick text").nth(1)).to_be_attached(timeout=UI_TIMEOUT)
+        boxes = breakdown.evaluate(BREAKDOWN_BOXES)
+        assert len(boxes["bars"]) >= 3 and len(boxes["ticks"]) == 2, boxes
+        assert not any(_overlap(boxes["label"], bar) for bar in boxes["bars"]), boxes
+        for tick in boxes["ticks"]:
+            assert not _overlap(tick, boxes["legend"]) and boxes["plot"][1] <= tick[1] <= tick[3] <= boxes["plot"][3]
+        assert not _overlap(*boxes["ticks"]), boxes["ticks"]
         apply = page.get_by_role("button", name="Apply").first
         apply.click()  # waits for the panel to be drawn
         _wait_verdict(page, "Fits on")
