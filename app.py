@@ -293,7 +293,8 @@ def _messages() -> None:
 def main() -> None:
     started = time.perf_counter()
     st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
-    st.html(REPLACE_HISTORY + results.STALE_CSS + results.CHARTS_CSS + UPLOAD_CSS + PHONE_CSS, unsafe_allow_javascript=True)
+    st.html(REPLACE_HISTORY + results.STALE_CSS + results.CHARTS_CSS + UPLOAD_CSS + PHONE_CSS,
+            unsafe_allow_javascript=True)
     st.title("llmem: will it fit?")
     st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
                "All memory in GiB (2^30 bytes); parameter counts in SI (B = 10^9).")
