@@ -285,7 +285,8 @@ def _messages() -> None:
     if warnings:
         with st.expander(f"⚠️ Share link: {len(warnings)} value(s) changed — they go away at your next edit",
                          expanded=len(warnings) <= 3):
-            st.warning("Share link: values this app could not use\n\n" + "\n".join(f"- {plain(w)}" for w in warnings))
+            listed = "\n".join(f"- {plain(edits.app_words(w))}" for w in warnings)
+            st.warning(f"Share link: values this app could not use\n\n{listed}")
 
 
 # ---------------------------------------------------------------- the page

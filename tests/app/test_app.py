@@ -213,6 +213,7 @@ def test_csv_is_the_table_then_the_inputs_and_reads_back_with_one_argument(serve
     assert ((frame["fits"] == "yes") == (frame["device total, high end (GiB)"] <= gib)).all()  # the high end fits
     markdown = [data for mimetype, data, _ in served_files if mimetype == "text/markdown"]
     assert markdown and b"| strategy |" in markdown[-1] and b"gpus`: 8" in markdown[-1]
+    assert b"\n|---|---|---:|---:|" in markdown[-1]  # strategy and fits are text (left), the GiB numbers right
 
 
 def test_an_input_change_redraws_fast():

@@ -162,6 +162,13 @@ def test_chunked_ce_under_compare_all_is_compared_on_every_strategy_and_the_link
     assert verdicts(reopened) == verdicts(at)
 
 
+def test_a_links_warnings_are_in_the_apps_words():
+    """A link's repair names the link's key (the option's name), its fix the widget to change, not `--option`."""
+    at = run({**SMALL, "method": "qlora", "precision": "bf16-mixed"})
+    shown = " ".join(w.value for w in at.warning if w.value.startswith("Share link")).replace("\\", "")
+    assert "method:" in shown and "“Precision” bf16" in shown and "--precision" not in shown
+
+
 def test_a_bad_link_shows_one_warning_box_that_goes_away_after_an_edit():
     at = run({"gpus": "-4", "batch-size": "lots", "precision": "fp8", "colour": "blue", "zero": "9"})
     boxes = [e for e in at.main.expander if e.label.startswith("⚠️ Share link")]
