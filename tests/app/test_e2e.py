@@ -9,13 +9,15 @@ verdict is above the fold. Streamlit's browser code loads most element types (th
 button, Plotly) as separate scripts when they are first drawn, so the verdict can be on screen seconds before the
 table on a busy machine: every wait after the first page load gets `UI_TIMEOUT`, not Playwright's 5 s default.
 Needs /usr/bin/chromium (scripts/e2e_setup.sh installs it); skipped without it unless CI=true,
-where a missing browser is a failure. LLMEM_UPDATE_SCREENSHOT=1 also writes the screenshot to docs/app.png.
+where a missing browser is a failure. LLMEM_UPDATE_SCREENSHOT=1 writes the screenshot to docs/app.png with what it
+shows (verdict, table, headings, the inputs' labels) in a PNG text chunk; without it the test fails when the page
+shows something else than docs/app.png records, so the screenshot cannot drift.
 """
 
 import io
+import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -76,7 +78,7 @@ def server(tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true", "--server.port", str(port),
-             "--server.address", "127.0.0.1", "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"],
+             "--server.address", "127.0.0.1"],  # the rest from .streamlit/config.toml, as scripts/app.sh serves it
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}"
@@ -124,11 +126,15 @@ def test_share_link_in_a_real_browser(server, tmp_path):
             for key, value in LINK.items():
                 assert f"{key}={value}" in page.url, (key, page.url)
 
+            assert page.get_by_role("button", name="Deploy").count() == 0  # config.toml: toolbarMode minimal
+
             page.wait_for_timeout(1500)  # let the Plotly charts finish drawing before the screenshot
             shot = tmp_path / "app.png"
             page.screenshot(path=str(shot), full_page=True)
+            drawn = _what_the_page_shows(page, verdict_text, cells)
             if os.environ.get("LLMEM_UPDATE_SCREENSHOT") == "1":
-                shutil.copyfile(shot, ROOT / "docs" / "app.png")
+                _save_screenshot(shot, drawn)
+            recorded = _screenshot_records()
 
             with page.expect_download(timeout=UI_TIMEOUT) as info:
                 page.get_by_role("button", name="Download CSV").click()
@@ -151,6 +157,38 @@ def test_share_link_in_a_real_browser(server, tmp_path):
     as_shown = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
     assert shown == as_shown  # the CSV is the table, cell for cell
     assert pd.api.types.is_numeric_dtype(frame["per-GPU peak (GiB)"])
+    # docs/app.png cannot drift: it records what it shows, and a page that shows something else fails here
+    assert recorded == drawn, "docs/app.png shows another page than the app draws: rerun with LLMEM_UPDATE_SCREENSHOT=1"
+
+
+SHOT = ROOT / "docs" / "app.png"
+SHOT_KEY = "llmem-page"  # the PNG text chunk holding what the screenshot shows
+
+
+def _what_the_page_shows(page, verdict: str, cells: list) -> str:
+    """The verdict, the table's cells and the sidebar's labels (the share link's port left out): what docs/app.png
+    must show."""
+    labels = page.locator("[data-testid='stSidebar'] [data-testid='stWidgetLabel']").evaluate_all(
+        "els => els.map(e => e.textContent.trim())")
+    headings = page.locator("[data-testid='stMain'] h1, [data-testid='stMain'] h3").all_inner_texts()
+    return json.dumps({"verdict": verdict, "table": cells, "headings": headings, "inputs": labels},
+                      ensure_ascii=False, indent=1)
+
+
+def _save_screenshot(shot, drawn: str) -> None:
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt(SHOT_KEY, drawn)
+    with Image.open(shot) as image:
+        image.save(SHOT, pnginfo=info, optimize=True)
+
+
+def _screenshot_records() -> str | None:
+    from PIL import Image
+
+    with Image.open(SHOT) as image:
+        return image.text.get(SHOT_KEY)
 
 
 @contextmanager
