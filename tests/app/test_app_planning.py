@@ -323,3 +323,23 @@ def test_the_page_carries_the_phone_layout_and_hides_streamlits_upload_limit():
     phone = page_css[page_css.index("@media (max-width:640px)"):]
     assert "[data-testid='stSidebar']{order:2" in phone and "[data-testid='stExpandSidebarButton']" in phone
     assert "[data-testid='stFileUploaderDropzoneInstructions']{display:none}" in page_css
+
+
+def test_on_a_plan_over_the_capacity_the_charts_label_their_bars_and_mark_the_current_point():
+    """Issue 16, item 10 (the boxes as drawn are checked in tests/app/test_e2e.py): no empty legend entry, a value on
+    every bar, the capacity's label over the small bar outside the allocator, and the current point on each curve,
+    inside the y range."""
+    import json
+
+    at = run({"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero": "all"})
+    assert "Short by" in verdicts(at)[0]
+    breakdown, *curves = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    bars = breakdown["data"]
+    assert bars and all(b["y"][0] > 0 and b["text"] == [f"{b['y'][0]:.2f}"] for b in bars)
+    label = breakdown["layout"]["annotations"][0]
+    assert (label["x"], label["xanchor"]) == (1, "right") and len(label["text"]) <= 16
+    assert breakdown["layout"]["xaxis"]["tickangle"] == 0
+    assert max(len(part) for b in bars for part in b["x"][0].split("<br>")) <= 12
+    for spec in curves:
+        current = next(t for t in spec["data"] if t["name"].startswith("current"))
+        assert 0 < current["y"][0] <= spec["layout"]["yaxis"]["range"][1]
