@@ -294,7 +294,7 @@ def _messages() -> None:
 def main() -> None:
     started, cpu = time.perf_counter(), time.thread_time()  # CPU: this script's own, whatever else the machine runs
     st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
-    st.html(REPLACE_HISTORY + results.STALE_CSS + results.CHARTS_CSS + UPLOAD_CSS + PHONE_CSS,
+    st.html(REPLACE_HISTORY + results.STALE_CSS + results.CHARTS_CSS + UPLOAD_CSS + PHONE_CSS + results.PHONE_BAR_CSS,
             unsafe_allow_javascript=True)
     st.title("llmem: will it fit?")
     st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
@@ -324,6 +324,7 @@ def main() -> None:
     else:
         st.warning(f"**Not a plan yet** — {plain(edits.app_words(str(failure)))}. The message is next to the field "
                    "in the sidebar" + ("; the last valid result stays below, greyed." if ss.get("last_good") else "."))
+        results.phone_bar("Not a plan yet: the message is under the field it names", "none")
         if ss.get("last_good") is not None:
             with st.container(key="stale"):
                 results.render(ss.last_good, link, _apply, stale=True)

@@ -5,6 +5,7 @@ invalid) is drawn greyed, without its buttons."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,15 @@ from llmem.view import comparison_csv, comparison_markdown, comparison_table, ex
 
 BATCH_POINTS, SEQ_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256), tuple(256 << k for k in range(10))
 STALE_CSS = "<style>.st-key-stale{opacity:.45;filter:grayscale(1);pointer-events:none}</style>"
+# On a phone the inputs come below the results (app.PHONE_CSS): after an edit down there the verdict is a long scroll
+# up, so a line at the foot of the screen repeats it (`phone_bar`), above the sidebar (z-index 999991); wider pages
+# hide it.
+PHONE_BAR_CSS = ("<style>.llmem-phone-verdict{display:none}@media (max-width:640px){.llmem-phone-verdict{display:block;"
+                 "position:fixed;left:0;right:0;bottom:0;z-index:999995;padding:.45rem 1rem;font-size:.85rem;"
+                 "line-height:1.3;border-top:1px solid rgba(0,0,0,.15);background:#f0f2f6;color:#31333f}"
+                 ".llmem-fits{background:#dff3e4;color:#14532d}.llmem-risky{background:#fff4d6;color:#713f12}"
+                 ".llmem-short{background:#fde2e2;color:#7f1d1d}"
+                 "[data-testid='stSidebarContent']{padding-bottom:4rem}}</style>")
 # The breakdown and the two curves side by side when the page has room; on a narrower one (a half-screen window) a
 # chart that would get less than 300 px wraps to a row of its own instead of cutting its title and labels.
 CHARTS_CSS = ("<style>.st-key-charts [data-testid='stHorizontalBlock']{flex-wrap:wrap}"
@@ -82,12 +92,30 @@ def verdict_text(result: Result) -> str:
     return f"**Short by {format_gib(abs(row.headroom_bytes))} per GPU on {where}** — {text}."
 
 
+def phone_bar(text: str, kind: str) -> None:
+    """The verdict again, in one line at the foot of a phone's screen (`PHONE_BAR_CSS`; kind: fits, risky, short or
+    none)."""
+    st.html(f"<div class='llmem-phone-verdict llmem-{kind}'>{html.escape(text)}</div>")
+
+
+def _short_verdict(result: Result) -> tuple[str, str]:
+    row = result.row
+    if row.verdict == FITS:
+        head, kind = f"Fits with {format_gib(row.headroom_bytes)} to spare", "fits"
+    elif row.verdict == RISKY:
+        head, kind = "Fits only at the low end (risky)", "risky"
+    else:
+        head, kind = f"Short by {format_gib(abs(row.headroom_bytes))}", "short"
+    return f"{head} per GPU · {result.where()} · {row.label}", kind
+
+
 def _verdict(result: Result, stale: bool) -> None:
     text = verdict_text(result)
     if stale:
         st.markdown(f"Last valid result: {text}")
         return
     {FITS: st.success, RISKY: st.warning}.get(result.row.verdict, st.error)(text)
+    phone_bar(*_short_verdict(result))
     comparison, rec = result.comparison, result.comparison.recommended
     if rec is not None and (rec.tp, rec.zero) != (result.row.tp, result.row.zero):
         st.info(f"**Recommended instead: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")

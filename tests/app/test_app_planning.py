@@ -317,12 +317,19 @@ def test_an_imported_training_config_fills_the_inputs_and_reports_what_it_used()
 
 def test_the_page_carries_the_phone_layout_and_hides_streamlits_upload_limit():
     """What only a browser can show is checked in tests/app/test_e2e.py; here, that every page carries the rules:
-    on a phone the sidebar's groups below the results (no drawer toggle), and no "1MB per file" in the drop zones."""
+    on a phone the sidebar's groups below the results (no drawer toggle) and the verdict's line at the foot of the
+    screen, and no "1MB per file" in the drop zones."""
     at = run(SMALL)
     page_css = " ".join(e.proto.body for e in at.get("html"))
     phone = page_css[page_css.index("@media (max-width:640px)"):]
     assert "[data-testid='stSidebar']{order:2" in phone and "[data-testid='stExpandSidebarButton']" in phone
     assert "[data-testid='stFileUploaderDropzoneInstructions']{display:none}" in page_css
+    bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
+    assert len(bar) == 1 and "llmem-fits" in bar[0] and "Fits with" in bar[0] and "NVIDIA A100 80GB" in bar[0]
+    at.selectbox(key="w_method").set_value("qlora").run()
+    at.selectbox(key="w_precision").set_value("fp16-mixed").run()  # refused: the line says so, nothing stale in it
+    bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
+    assert len(bar) == 1 and "Not a plan yet" in bar[0]
 
 
 def test_on_a_plan_over_the_capacity_the_charts_label_their_bars_and_mark_the_current_point():

@@ -240,6 +240,7 @@ def test_first_view_fits_with_curves_and_qlora_then_a_refused_field_keeps_the_re
         _wait_verdict(page, "Fits on NVIDIA A100 80GB")
         expect(page.locator(".js-plotly-plot").nth(2)).to_be_visible(timeout=UI_TIMEOUT)
         assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 4  # both curves have their traces
+        expect(page.locator(".llmem-phone-verdict")).to_be_hidden()  # the phone's verdict line: phones only
         _choose(page, "Fine-tuning method", "qlora")
         _wait_verdict(page, "QLoRA nf4")
         _choose(page, "Precision", "fp16-mixed")
@@ -334,6 +335,13 @@ def test_on_a_phone_the_verdict_is_above_the_fold_and_the_inputs_below_the_resul
         assert count.bounding_box()["width"] >= 300 and _page_y(count) > _page_y(_wait_verdict(page, "Fits on"))
         _number(page, "GPU count", 2)
         expect(page).to_have_url(re.compile("gpus=2"), timeout=UI_TIMEOUT)
+        # down in the inputs, the verdict of the change at the foot of the screen, on top of them
+        bar = page.locator(".llmem-phone-verdict").filter(has_text="2× NVIDIA A100 80GB")
+        expect(bar).to_be_visible(timeout=UI_TIMEOUT)
+        foot = bar.bounding_box()
+        assert bar.inner_text().startswith("Fits with") and foot["y"] + foot["height"] <= 844, foot
+        assert bar.evaluate("e => { const r = e.getBoundingClientRect();"
+                            " return e.contains(document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)); }")
         verdict = _wait_verdict(page, "Fits on")  # after the change nothing covers the verdict
         verdict.scroll_into_view_if_needed()
         on_top = verdict.evaluate("e => { const r = e.getBoundingClientRect();"
