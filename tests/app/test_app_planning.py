@@ -213,6 +213,45 @@ def test_the_gpu_grid_is_computed_on_demand_and_agrees_with_the_verdict():
     assert headroom == pytest.approx(at.table[0].value["headroom (GiB)"].iloc[0], abs=0.06)
 
 
+def test_the_gpu_grid_colours_each_cell_by_its_verdict():
+    import re
+
+    from llmem.ui.results import GRID_COLOURS
+
+    at = run({"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero": "all"})
+    at.toggle(key="w_grid").set_value(True).run()
+    grid = at.dataframe[0]
+    values = grid.value.drop(columns="GPU type")
+    colour = {}  # (row, column) -> colour; column 0 is the GPU type, uncoloured
+    rules = re.findall(r"([^{}]+)\{ background-color: (#[0-9a-f]{6}) \}", grid.proto.arrow_data.styler.styles)
+    for cells, hex_ in rules:
+        colour |= {(int(r), int(c)): hex_ for r, c in re.findall(r"_row(\d+)_col(\d+)", cells)}
+    assert len(colour) == values.size and not any(c == 0 for _, c in colour)
+    for (r, c), hex_ in colour.items():
+        assert (hex_ == GRID_COLOURS["no"]) == (values.iloc[r, c - 1] < 0), (r, c)
+    one = values.columns.get_loc("1 GPU") + 1
+    a100 = list(grid.value["GPU type"]).index("NVIDIA A100 80GB")
+    assert colour[(a100, one)] == GRID_COLOURS["no"]  # the verdict on the page: short on one A100
+
+
+def test_make_it_fit_marks_a_change_that_fits_only_at_the_low_end_and_applying_it_says_risky():
+    """8B full fine-tuning on one A100 40GB: the fewest GPUs (5) fit at the low end only; the panel says so before
+    the click, and the verdict after it."""
+    query = {"model": "llama-3.1-8b", "gpu-type": "a100-40gb", "gpus": "1", "zero": "all"}
+    at = run(query)
+    count = len([b for b in at.button if b.key.startswith("fix_")])
+    marked = [m.value for m in at.markdown if "at the high end" in m.value]
+    assert any("risky" in m for m in marked)
+    fewest = next(m.value for m in at.markdown if m.value.startswith("Fewest"))
+    said_risky = []
+    for page, label in applied_fixes(query, count):
+        risky = "only at the low end (risky)" in verdicts(page)[0]
+        said_risky.append(risky)
+        if "GPUs (1 →" in label:
+            assert risky == ("risky" in fewest), (label, fewest)
+    assert sum(said_risky) == len([m for m in marked if "**risky**" in m])  # each risky change was marked
+
+
 def test_back_to_the_link_first_opened_reopens_it_and_the_apps_own_addresses_do_not():
     opened = {**SMALL, "batch-size": "4"}
     at = run(opened)
