@@ -128,10 +128,11 @@ def test_share_link_in_a_real_browser(server, tmp_path):
 
             assert page.get_by_role("button", name="Deploy").count() == 0  # config.toml: toolbarMode minimal
 
+            expect(page.get_by_role("heading", name="Simulate this step")).to_be_attached(timeout=UI_TIMEOUT)
+            drawn = _what_the_page_shows(page, verdict_text, cells)  # when two reads a second apart agree
             page.wait_for_timeout(1500)  # let the Plotly charts finish drawing before the screenshot
             shot = tmp_path / "app.png"
             page.screenshot(path=str(shot), full_page=True)
-            drawn = _what_the_page_shows(page, verdict_text, cells)
             if os.environ.get("LLMEM_UPDATE_SCREENSHOT") == "1":
                 _save_screenshot(shot, drawn)
             recorded = _screenshot_records()
@@ -166,13 +167,21 @@ SHOT_KEY = "llmem-page"  # the PNG text chunk holding what the screenshot shows
 
 
 def _what_the_page_shows(page, verdict: str, cells: list) -> str:
-    """The verdict, the table's cells and the sidebar's labels (the share link's port left out): what docs/app.png
-    must show."""
-    labels = page.locator("[data-testid='stSidebar'] [data-testid='stWidgetLabel']").evaluate_all(
-        "els => els.map(e => e.textContent.trim())")
-    headings = page.locator("[data-testid='stMain'] h1, [data-testid='stMain'] h3").all_inner_texts()
-    return json.dumps({"verdict": verdict, "table": cells, "headings": headings, "inputs": labels},
-                      ensure_ascii=False, indent=1)
+    """The verdict, the table's cells, the headings and the sidebar's labels (the share link's port left out): what
+    docs/app.png must show. Read until two reads a second apart agree (Streamlit loads some widgets' scripts late,
+    their labels with them), for at most `UI_TIMEOUT`."""
+    def read() -> str:
+        labels = page.locator("[data-testid='stSidebar'] [data-testid='stWidgetLabel']").evaluate_all(
+            "els => els.map(e => e.textContent.trim())")
+        headings = page.locator("[data-testid='stMain'] h1, [data-testid='stMain'] h3").all_inner_texts()
+        return json.dumps({"verdict": verdict, "table": cells, "headings": headings, "inputs": labels},
+                          ensure_ascii=False, indent=1)
+
+    last, deadline = None, time.monotonic() + UI_TIMEOUT / 1000
+    while (now := read()) != last and time.monotonic() < deadline:
+        last = now
+        page.wait_for_timeout(1000)
+    return now
 
 
 def _save_screenshot(shot, drawn: str) -> None:
