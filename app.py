@@ -285,15 +285,17 @@ def _messages() -> None:
     if warnings:
         with st.expander(f"⚠️ Share link: {len(warnings)} value(s) changed — they go away at your next edit",
                          expanded=len(warnings) <= 3):
-            st.warning("Share link: values this app could not use\n\n" + "\n".join(f"- {plain(w)}" for w in warnings))
+            listed = "\n".join(f"- {plain(edits.app_words(w))}" for w in warnings)
+            st.warning(f"Share link: values this app could not use\n\n{listed}")
 
 
 # ---------------------------------------------------------------- the page
 
 def main() -> None:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()  # CPU: this script's own, whatever else the machine runs
     st.set_page_config(page_title="llmem — GPU memory for LLM fine-tuning", page_icon="🧮", layout="wide")
-    st.html(REPLACE_HISTORY + results.STALE_CSS + UPLOAD_CSS + PHONE_CSS, unsafe_allow_javascript=True)
+    st.html(REPLACE_HISTORY + results.STALE_CSS + results.CHARTS_CSS + UPLOAD_CSS + PHONE_CSS + results.PHONE_BAR_CSS,
+            unsafe_allow_javascript=True)
     st.title("llmem: will it fit?")
     st.caption("Per-GPU memory to fine-tune an LLM under each distributed strategy, before you rent the GPU. "
                "All memory in GiB (2^30 bytes); parameter counts in SI (B = 10^9).")
@@ -322,11 +324,12 @@ def main() -> None:
     else:
         st.warning(f"**Not a plan yet** — {plain(edits.app_words(str(failure)))}. The message is next to the field "
                    "in the sidebar" + ("; the last valid result stays below, greyed." if ss.get("last_good") else "."))
+        results.phone_bar("Not a plan yet: the message is under the field it names", "none")
         if ss.get("last_good") is not None:
             with st.container(key="stale"):
                 results.render(ss.last_good, link, _apply, stale=True)
-    ss.last_render_ms = (time.perf_counter() - started) * 1000
-    LOG.info("rendered in %.0f ms", ss.last_render_ms)
+    ss.last_render_ms, ss.last_render_cpu_ms = (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000
+    LOG.info("rendered in %.0f ms (%.0f ms CPU)", ss.last_render_ms, ss.last_render_cpu_ms)
     cache.settle_heap()  # after the page is drawn: the first page of a process pays for it, once
 
 

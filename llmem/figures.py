@@ -7,6 +7,8 @@ import math
 
 from llmem.units import format_gib, gib
 
+# the breakdown's two bars, each label on two short lines: a narrow column never rotates or cuts them
+ALLOCATOR, OUTSIDE = "allocator<br>peak", "outside the<br>allocator"
 CATEGORY_COLORS = ("#4C78A8", "#F58518", "#E45756", "#72B7B2", "#54A24B", "#EECA3B", "#B279A2", "#9D755D")
 
 
@@ -21,7 +23,7 @@ def hline(y: float, text: str, color: str, dash: str) -> tuple[dict, dict]:
 def breakdown_figure(est, gpu) -> dict:
     """Stacked bar of the allocator peak by category, each labelled with its size; the items outside the allocator in
     a hatched bar apart. Empty categories are left out (no legend entry for nothing)."""
-    x = [f"per-GPU peak ({est.peak_phase})"]
+    x = [ALLOCATOR]
     data = [dict(type="bar", name=str(category), x=x, y=[gib(n)], marker=dict(color=CATEGORY_COLORS[i % 8]),
                  text=[f"{gib(n):.2f}"], textposition="inside", insidetextanchor="middle",
                  hovertemplate=f"{category}: {format_gib(n)}<extra></extra>")
@@ -30,17 +32,19 @@ def breakdown_figure(est, gpu) -> dict:
                "CUDA context (outside the allocator)": est.cuda_context_bytes}
     if est.paged_state_bytes:
         outside["paged optimizer states (unified memory, outside the allocator)"] = est.paged_state_bytes
-    data += [dict(type="bar", name=name, x=["outside the allocator"], y=[gib(n)],
+    data += [dict(type="bar", name=name, x=[OUTSIDE], y=[gib(n)],
                   marker=dict(color="#BAB0AC", pattern=dict(shape="/")), text=[f"{gib(n):.2f}"],
                   textposition="inside", hovertemplate=f"{name}: {format_gib(n)}<extra></extra>")
              for name, n in outside.items() if n > 0]
-    shape, label = hline(gib(gpu.memory_bytes), f"{gpu.name}: {format_gib(gpu.memory_bytes)}", "red", "dash")
-    label |= dict(x=1, xanchor="right")  # at the right end, clear of the bars' labels
+    # the capacity's label over the right-hand bar (the items outside the allocator: a few GiB, always far below the
+    # line), short enough to stay within that bar's half of the plot: the allocator's bar may cross the line
+    shape, label = hline(gib(gpu.memory_bytes), f"GPU {format_gib(gpu.memory_bytes)}", "red", "dash")
+    label |= dict(x=1, xanchor="right")
     top = max(gib(est.device_total_bytes), gib(gpu.memory_bytes)) * 1.08
     layout = dict(barmode="stack", height=520, margin=dict(l=10, r=10, t=40, b=10), shapes=[shape],
                   annotations=[label], title=dict(text=f"Peak {format_gib(est.peak_bytes)} in {est.peak_phase}"),
-                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), xaxis=dict(automargin=True),
-                  legend=dict(orientation="h", y=-0.12, traceorder="reversed"), uniformtext=dict(minsize=9,
+                  yaxis=dict(title=dict(text="GiB per GPU"), range=[0, top]), xaxis=dict(automargin=True, tickangle=0),
+                  legend=dict(orientation="h", y=-0.2, traceorder="reversed"), uniformtext=dict(minsize=9,
                                                                                                mode="hide"))
     return dict(data=data, layout=layout)
 

@@ -287,8 +287,9 @@ def make_fit(spec: ModelSpec, plan: TrainingPlan, gpu: GpuType, *, any_strategy:
 def fit_grid(spec: ModelSpec, plan: TrainingPlan, gpus: Iterable[GpuType] | None = None,
              counts: Iterable[int] = GRID_COUNTS) -> list[dict]:
     """For each GPU count, the smallest device total over its strategies (one estimate set per count, whatever the
-    GPU type), and per GPU type the headroom in bytes (negative: short). Rows: {"gpus", "strategy",
-    "device_total_bytes", "headroom": {gpu key: bytes}}."""
+    GPU type), and per GPU type the headroom in bytes (negative: short) and the verdict (fits at the high end, risky,
+    no: `Estimate.verdict`). Rows: {"gpus", "strategy", "device_total_bytes", "headroom": {gpu key: bytes},
+    "verdict": {gpu key: str}}."""
     gpus = list_gpus() if gpus is None else list(gpus)
     rows = []
     for n in counts:
@@ -307,5 +308,6 @@ def fit_grid(spec: ModelSpec, plan: TrainingPlan, gpus: Iterable[GpuType] | None
             continue
         total = best[1].device_total_bytes
         rows.append({"gpus": n, "strategy": best[0].strategy_label, "device_total_bytes": total,
-                     "headroom": {g.key: g.memory_bytes - total for g in gpus}})
+                     "headroom": {g.key: g.memory_bytes - total for g in gpus},
+                     "verdict": {g.key: best[1].verdict(g.memory_bytes) for g in gpus}})
     return rows

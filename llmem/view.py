@@ -84,7 +84,7 @@ def _cell(value: object) -> str:
 def comparison_markdown(table: pd.DataFrame, inputs: share.AppInputs, link: str, title: str, verdict: str) -> str:
     """The verdict, the table and the inputs as Markdown, for meeting notes."""
     head = "| " + " | ".join(_cell(c) for c in table.columns) + " |"
-    rule = "|" + "|".join("---" if table[c].dtype == object else "---:" for c in table.columns) + "|"
+    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(table[c]) else "---" for c in table.columns) + "|"
     body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     inputs_lines = [f"- `{k}`: {_cell(v)}" for k, v in share.encode(inputs).items()]
     return "\n".join([f"# {title}", "", verdict, "", head, rule, *body, "",

@@ -4,7 +4,9 @@ For each change (issue 16, item 14): clear the app's caches, open the page (the 
 then make the change — "cold": nothing of the new plan computed yet (the worst of the repetitions: the first also
 misses the library's process-wide tables) — then undo it and make it again — "warm": every estimate cached (the
 median). The time is the script run as the app measures it (`last_render_ms`, what the server spends before
-the browser can draw) and AppTest's wall clock around `run()`. Prints a Markdown table (docs/APP.md, "Speed").
+the browser can draw), the script thread's CPU time (`last_render_cpu_ms`: what the run costs on a machine whose
+other processes take their share of the cores; on an idle machine the two agree) and AppTest's wall clock around
+`run()`. Prints a Markdown table (docs/APP.md, "Speed") and the load average it ran under.
 
     .venv/bin/python scripts/bench_app.py [--repeat 3]
 """
@@ -12,6 +14,7 @@ the browser can draw) and AppTest's wall clock around `run()`. Prints a Markdown
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -47,7 +50,7 @@ def _timed(at: AppTest) -> tuple[float, float]:
     at.run()
     wall = (time.perf_counter() - start) * 1000
     assert not at.exception, at.exception[0].message
-    return at.session_state["last_render_ms"], wall
+    return at.session_state["last_render_ms"], at.session_state["last_render_cpu_ms"], wall
 
 
 def measure(start: dict, key: str, value) -> dict:
@@ -67,22 +70,23 @@ def measure(start: dict, key: str, value) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per change; the median is shown")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per change: cold the worst, warm the median")
     args = parser.parse_args()
     measure(FULL, "w_batch", 2)  # the process's first page: imports, presets (not counted)
-    print("| input change | cold: script ms (worst) | cold: AppTest run ms (worst) | warm: script ms (median) | "
-          "warm: AppTest run ms (median) |")
-    print("|---|---:|---:|---:|---:|")
-    worst = 0.0
+    print("| input change | cold: script ms | cold: script CPU ms | cold: AppTest run ms | warm: script ms | "
+          "warm: script CPU ms | warm: AppTest run ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    worst, load = [0.0, 0.0], os.getloadavg()[0]
     for name, start, key, value in CHANGES:
         runs = [measure(start, key, value) for _ in range(args.repeat)]
-        cells = [max(r["cold"][i] for r in runs) for i in (0, 1)]  # the first repetition is the coldest
-        cells += [statistics.median(r["warm"][i] for r in runs) for i in (0, 1)]
-        worst = max(worst, cells[0], cells[2])
+        cells = [max(r["cold"][i] for r in runs) for i in (0, 1, 2)]  # the worst: the first repetition is coldest
+        cells += [statistics.median(r["warm"][i] for r in runs) for i in (0, 1, 2)]
+        worst = [max(worst[0], cells[0], cells[3]), max(worst[1], cells[1], cells[4])]
         print(f"| {name} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
     first = statistics.median(measure(FULL, "w_batch", 2)["first"][0] for _ in range(args.repeat))
-    print(f"\nfirst page of a session (caches cleared, modules imported): {first:.0f} ms script; "
-          f"slowest input change (script): {worst:.0f} ms")
+    print(f"\nfirst page of a session (caches cleared, modules imported): {first:.0f} ms script; slowest input "
+          f"change: {worst[0]:.0f} ms script, {worst[1]:.0f} ms script CPU; load average {load:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ def test_breakdown_bars_stack_to_the_peak_and_the_capacity_line_sits_at_the_gpu_
     est = estimate(SPEC, TrainingPlan(gpus=8, zero=3, seq_len=4096))
     gpu = get_gpu("a100-80gb")
     fig = figures.breakdown_figure(est, gpu)
-    inside = [b for b in fig["data"] if b["x"] != ["outside the allocator"]]
-    outside = [b for b in fig["data"] if b["x"] == ["outside the allocator"]]
+    inside = [b for b in fig["data"] if b["x"] != [figures.OUTSIDE]]
+    outside = [b for b in fig["data"] if b["x"] == [figures.OUTSIDE]]
     assert math.isclose(sum(b["y"][0] for b in inside), gib(est.peak_bytes), rel_tol=1e-12)
     assert math.isclose(sum(b["y"][0] for b in outside), gib(est.device_total_bytes - est.peak_bytes), rel_tol=1e-9)
     assert fig["layout"]["shapes"][0]["y0"] == gib(gpu.memory_bytes)

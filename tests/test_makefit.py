@@ -76,6 +76,10 @@ def test_the_grid_has_one_row_per_count_and_headroom_per_gpu_type():
     totals = [r["device_total_bytes"] for r in rows]
     assert totals == sorted(totals, reverse=True)  # more GPUs, less per GPU
     assert rows[0]["headroom"]["a100-80gb"] == A100.memory_bytes - totals[0]
+    for row in rows:  # short where the headroom is negative; fits or risky (the high end decides) where it is not
+        for key, headroom in row["headroom"].items():
+            assert (row["verdict"][key] == "no") == (headroom < 0), (row["gpus"], key)
+    assert {"fits", "no"} <= {v for row in rows for v in row["verdict"].values()}
 
 
 def test_make_fit_is_fast_when_warm():

@@ -5,6 +5,7 @@ invalid) is drawn greyed, without its buttons."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,13 +13,27 @@ import streamlit as st
 from plotly.basedatatypes import BaseFigure
 
 from llmem import figures, share
-from llmem.estimate import FITS, RISK_FIX, RISKY
+from llmem.estimate import FITS, NO_FIT, RISK_FIX, RISKY
 from llmem.ui import cache
 from llmem.units import format_gib, format_params
 from llmem.view import comparison_csv, comparison_markdown, comparison_table, export_name, plain
 
 BATCH_POINTS, SEQ_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256), tuple(256 << k for k in range(10))
 STALE_CSS = "<style>.st-key-stale{opacity:.45;filter:grayscale(1);pointer-events:none}</style>"
+# On a phone the inputs come below the results (app.PHONE_CSS): after an edit down there the verdict is a long scroll
+# up, so a line at the foot of the screen repeats it (`phone_bar`), above the sidebar (z-index 999991); wider pages
+# hide it.
+PHONE_BAR_CSS = ("<style>.llmem-phone-verdict{display:none}@media (max-width:640px){.llmem-phone-verdict{display:block;"
+                 "position:fixed;left:0;right:0;bottom:0;z-index:999995;padding:.45rem 1rem;font-size:.85rem;"
+                 "line-height:1.3;border-top:1px solid rgba(0,0,0,.15);background:#f0f2f6;color:#31333f}"
+                 ".llmem-fits{background:#dff3e4;color:#14532d}.llmem-risky{background:#fff4d6;color:#713f12}"
+                 ".llmem-short{background:#fde2e2;color:#7f1d1d}"
+                 "[data-testid='stSidebarContent']{padding-bottom:4rem}}</style>")
+GRID_COLOURS = {FITS: "#dff3e4", RISKY: "#fff4d6", NO_FIT: "#fde2e2"}  # the verdict's colours, as on a phone's line
+# The breakdown and the two curves side by side when the page has room; on a narrower one (a half-screen window) a
+# chart that would get less than 300 px wraps to a row of its own instead of cutting its title and labels.
+CHARTS_CSS = ("<style>.st-key-charts [data-testid='stHorizontalBlock']{flex-wrap:wrap}"
+              ".st-key-charts [data-testid='stColumn']{min-width:min(100%,300px)}</style>")
 
 
 class Checked(BaseFigure):
@@ -78,12 +93,30 @@ def verdict_text(result: Result) -> str:
     return f"**Short by {format_gib(abs(row.headroom_bytes))} per GPU on {where}** — {text}."
 
 
+def phone_bar(text: str, kind: str) -> None:
+    """The verdict again, in one line at the foot of a phone's screen (`PHONE_BAR_CSS`; kind: fits, risky, short or
+    none)."""
+    st.html(f"<div class='llmem-phone-verdict llmem-{kind}'>{html.escape(text)}</div>")
+
+
+def _short_verdict(result: Result) -> tuple[str, str]:
+    row = result.row
+    if row.verdict == FITS:
+        head, kind = f"Fits with {format_gib(row.headroom_bytes)} to spare", "fits"
+    elif row.verdict == RISKY:
+        head, kind = "Fits only at the low end (risky)", "risky"
+    else:
+        head, kind = f"Short by {format_gib(abs(row.headroom_bytes))}", "short"
+    return f"{head} per GPU · {result.where()} · {row.label}", kind
+
+
 def _verdict(result: Result, stale: bool) -> None:
     text = verdict_text(result)
     if stale:
         st.markdown(f"Last valid result: {text}")
         return
     {FITS: st.success, RISKY: st.warning}.get(result.row.verdict, st.error)(text)
+    phone_bar(*_short_verdict(result))
     comparison, rec = result.comparison, result.comparison.recommended
     if rec is not None and (rec.tp, rec.zero) != (result.row.tp, result.row.zero):
         st.info(f"**Recommended instead: {rec.label}** (TP {rec.tp}, ZeRO {rec.zero}) — {comparison.reason}")
@@ -100,38 +133,49 @@ def make_fit_panel(result: Result, apply: Callable) -> None:
     if not fixes:
         st.warning("No single change fits: try two (e.g. LoRA with more GPUs), or a smaller model.")
     else:
-        st.caption("The cheapest single changes that fit, cheapest first, each with its new per-GPU total; "
-                   "**Apply** sets the inputs (the link follows).")
+        st.caption("The cheapest single changes that fit, cheapest first, each with its new per-GPU total "
+                   "(risky: it fits at the low end only, as the verdict says); **Apply** sets the inputs (the link "
+                   "follows).")
     for i, fix in enumerate(fixes):
         left, middle, right = st.columns([4, 4, 1], vertical_alignment="center")
         left.markdown(f"**{fix.kind}**: {plain(fix.label)}  \n{plain(fix.cost)}")
+        risky = (f"  \n**risky**: up to {format_gib(fix.device_total_high_bytes)} at the high end"
+                 if fix.verdict == RISKY else "")
         middle.markdown(f"{format_gib(fix.device_total_bytes)} per GPU of {format_gib(fix.capacity_bytes)} "
-                        f"({format_gib(fix.headroom_bytes)} to spare; peak {format_gib(fix.peak_bytes)})")
+                        f"({format_gib(fix.headroom_bytes)} to spare; peak {format_gib(fix.peak_bytes)}){risky}")
         right.button("Apply", key=f"fix_{i}", on_click=apply, args=(fix,), help=f"apply: {fix.label}")
     if fewest:
         n, fit_plan, est = fewest
+        risky = est.verdict(result.gpu.memory_bytes) == RISKY
         st.markdown(f"Fewest **{plain(result.gpu.name)}** that fit this plan: **{n}** ({fit_plan.strategy_label}"
                     f"{f', TP={fit_plan.tp}' if fit_plan.tp > 1 else ''}; {format_gib(est.device_total_bytes)} "
-                    "per GPU).")
+                    "per GPU" + (f", risky: up to {format_gib(est.device_total_bytes_range[1])} at the high end"
+                                 if risky else "") + ").")
     else:
         st.markdown(f"No count of **{plain(result.gpu.name)}** fits this plan (up to 4096).")
 
 
 def _grid(result: Result) -> None:
     """On demand (its cold estimates, one set per GPU count, cost more than a redraw): headroom per GPU type and
-    count."""
+    count, each cell coloured by its verdict."""
+    import pandas as pd
+
     from llmem.gpus import list_gpus
 
     if not st.toggle("GPU type × GPU count grid (headroom per GPU)", key="w_grid"):
         return
     rows = cache.fit_grid(result.spec_key, cache.plan_key(result.row.plan), result.spec, result.row.plan)
     gpus = list_gpus()
-    st.dataframe({"GPU type": [g.name for g in gpus],
-                  **{f"{r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}": [round(r["headroom"][g.key] / 2**30, 1)
-                                                                         for g in gpus] for r in rows}},
+    columns = {f"{r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}": r for r in rows}
+    headroom = pd.DataFrame({c: [round(r["headroom"][g.key] / 2**30, 2) for g in gpus] for c, r in columns.items()})
+    colours = pd.DataFrame({c: [f"background-color: {GRID_COLOURS[r['verdict'][g.key]]}" for g in gpus]
+                            for c, r in columns.items()})
+    frame = pd.concat([pd.DataFrame({"GPU type": [g.name for g in gpus]}), headroom], axis=1)
+    st.dataframe(frame.style.apply(lambda _: colours, axis=None, subset=list(columns)).format(precision=2),
                  hide_index=True)
     st.caption("GiB to spare per GPU (negative: short) with each count's best strategy (the smallest per-GPU total) "
-               "for this model and plan; the estimate does not depend on the GPU type, only the fit does.")
+               "for this model and plan; green fits, amber is risky (fits at the low end only), red is short. The "
+               "estimate does not depend on the GPU type, only the fit does.")
 
 
 def _table(result: Result, link: str, stale: bool) -> None:
@@ -197,7 +241,7 @@ def render(result: Result, link: str, apply: Callable, stale: bool = False) -> N
                    + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks))
                    + "; the verdict and the breakdown are the worst stage's.")
     st.subheader(f"{result.row.label}: breakdown and curves")
-    left, middle, right = st.columns(3)
+    left, middle, right = st.container(key="charts").columns(3)
     with left:
         st.plotly_chart(Checked(figures.breakdown_figure(est, result.gpu)), key="breakdown")
         st.caption(f"Peak phase: **{est.peak_phase}**. The stacked categories sum to the allocator peak "

@@ -162,6 +162,13 @@ def test_chunked_ce_under_compare_all_is_compared_on_every_strategy_and_the_link
     assert verdicts(reopened) == verdicts(at)
 
 
+def test_a_links_warnings_are_in_the_apps_words():
+    """A link's repair names the link's key (the option's name), its fix the widget to change, not `--option`."""
+    at = run({**SMALL, "method": "qlora", "precision": "bf16-mixed"})
+    shown = " ".join(w.value for w in at.warning if w.value.startswith("Share link")).replace("\\", "")
+    assert "method:" in shown and "“Precision” bf16" in shown and "--precision" not in shown
+
+
 def test_a_bad_link_shows_one_warning_box_that_goes_away_after_an_edit():
     at = run({"gpus": "-4", "batch-size": "lots", "precision": "fp8", "colour": "blue", "zero": "9"})
     boxes = [e for e in at.main.expander if e.label.startswith("⚠️ Share link")]
@@ -204,6 +211,45 @@ def test_the_gpu_grid_is_computed_on_demand_and_agrees_with_the_verdict():
     assert "NVIDIA A100 80GB" in set(grid["GPU type"]) and "1 GPU" in grid.columns
     headroom = grid.set_index("GPU type").loc["NVIDIA A100 80GB", "1 GPU"]
     assert headroom == pytest.approx(at.table[0].value["headroom (GiB)"].iloc[0], abs=0.06)
+
+
+def test_the_gpu_grid_colours_each_cell_by_its_verdict():
+    import re
+
+    from llmem.ui.results import GRID_COLOURS
+
+    at = run({"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero": "all"})
+    at.toggle(key="w_grid").set_value(True).run()
+    grid = at.dataframe[0]
+    values = grid.value.drop(columns="GPU type")
+    colour = {}  # (row, column) -> colour; column 0 is the GPU type, uncoloured
+    rules = re.findall(r"([^{}]+)\{ background-color: (#[0-9a-f]{6}) \}", grid.proto.arrow_data.styler.styles)
+    for cells, hex_ in rules:
+        colour |= {(int(r), int(c)): hex_ for r, c in re.findall(r"_row(\d+)_col(\d+)", cells)}
+    assert len(colour) == values.size and not any(c == 0 for _, c in colour)
+    for (r, c), hex_ in colour.items():
+        assert (hex_ == GRID_COLOURS["no"]) == (values.iloc[r, c - 1] < 0), (r, c)
+    one = values.columns.get_loc("1 GPU") + 1
+    a100 = list(grid.value["GPU type"]).index("NVIDIA A100 80GB")
+    assert colour[(a100, one)] == GRID_COLOURS["no"]  # the verdict on the page: short on one A100
+
+
+def test_make_it_fit_marks_a_change_that_fits_only_at_the_low_end_and_applying_it_says_risky():
+    """8B full fine-tuning on one A100 40GB: the fewest GPUs (5) fit at the low end only; the panel says so before
+    the click, and the verdict after it."""
+    query = {"model": "llama-3.1-8b", "gpu-type": "a100-40gb", "gpus": "1", "zero": "all"}
+    at = run(query)
+    count = len([b for b in at.button if b.key.startswith("fix_")])
+    marked = [m.value for m in at.markdown if "at the high end" in m.value]
+    assert any("risky" in m for m in marked)
+    fewest = next(m.value for m in at.markdown if m.value.startswith("Fewest"))
+    said_risky = []
+    for page, label in applied_fixes(query, count):
+        risky = "only at the low end (risky)" in verdicts(page)[0]
+        said_risky.append(risky)
+        if "GPUs (1 →" in label:
+            assert risky == ("risky" in fewest), (label, fewest)
+    assert sum(said_risky) == len([m for m in marked if "**risky**" in m])  # each risky change was marked
 
 
 def test_back_to_the_link_first_opened_reopens_it_and_the_apps_own_addresses_do_not():
@@ -310,9 +356,36 @@ def test_an_imported_training_config_fills_the_inputs_and_reports_what_it_used()
 
 def test_the_page_carries_the_phone_layout_and_hides_streamlits_upload_limit():
     """What only a browser can show is checked in tests/app/test_e2e.py; here, that every page carries the rules:
-    on a phone the sidebar's groups below the results (no drawer toggle), and no "1MB per file" in the drop zones."""
+    on a phone the sidebar's groups below the results (no drawer toggle) and the verdict's line at the foot of the
+    screen, and no "1MB per file" in the drop zones."""
     at = run(SMALL)
     page_css = " ".join(e.proto.body for e in at.get("html"))
     phone = page_css[page_css.index("@media (max-width:640px)"):]
     assert "[data-testid='stSidebar']{order:2" in phone and "[data-testid='stExpandSidebarButton']" in phone
     assert "[data-testid='stFileUploaderDropzoneInstructions']{display:none}" in page_css
+    bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
+    assert len(bar) == 1 and "llmem-fits" in bar[0] and "Fits with" in bar[0] and "NVIDIA A100 80GB" in bar[0]
+    at.selectbox(key="w_method").set_value("qlora").run()
+    at.selectbox(key="w_precision").set_value("fp16-mixed").run()  # refused: the line says so, nothing stale in it
+    bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
+    assert len(bar) == 1 and "Not a plan yet" in bar[0]
+
+
+def test_on_a_plan_over_the_capacity_the_charts_label_their_bars_and_mark_the_current_point():
+    """Issue 16, item 10 (the boxes as drawn are checked in tests/app/test_e2e.py): no empty legend entry, a value on
+    every bar, the capacity's label over the small bar outside the allocator, and the current point on each curve,
+    inside the y range."""
+    import json
+
+    at = run({"model": "llama-3.1-8b", "gpu-type": "a100-80gb", "gpus": "1", "zero": "all"})
+    assert "Short by" in verdicts(at)[0]
+    breakdown, *curves = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    bars = breakdown["data"]
+    assert bars and all(b["y"][0] > 0 and b["text"] == [f"{b['y'][0]:.2f}"] for b in bars)
+    label = breakdown["layout"]["annotations"][0]
+    assert (label["x"], label["xanchor"]) == (1, "right") and len(label["text"]) <= 16
+    assert breakdown["layout"]["xaxis"]["tickangle"] == 0
+    assert max(len(part) for b in bars for part in b["x"][0].split("<br>")) <= 12
+    for spec in curves:
+        current = next(t for t in spec["data"] if t["name"].startswith("current"))
+        assert 0 < current["y"][0] <= spec["layout"]["yaxis"]["range"][1]

@@ -9,13 +9,15 @@ verdict is above the fold. Streamlit's browser code loads most element types (th
 button, Plotly) as separate scripts when they are first drawn, so the verdict can be on screen seconds before the
 table on a busy machine: every wait after the first page load gets `UI_TIMEOUT`, not Playwright's 5 s default.
 Needs /usr/bin/chromium (scripts/e2e_setup.sh installs it); skipped without it unless CI=true,
-where a missing browser is a failure. LLMEM_UPDATE_SCREENSHOT=1 also writes the screenshot to docs/app.png.
+where a missing browser is a failure. LLMEM_UPDATE_SCREENSHOT=1 writes the screenshot to docs/app.png with what it
+shows (verdict, table, headings, the inputs' labels) in a PNG text chunk; without it the test fails when the page
+shows something else than docs/app.png records, so the screenshot cannot drift.
 """
 
 import io
+import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -76,7 +78,7 @@ def server(tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true", "--server.port", str(port),
-             "--server.address", "127.0.0.1", "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"],
+             "--server.address", "127.0.0.1"],  # the rest from .streamlit/config.toml, as scripts/app.sh serves it
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}"
@@ -124,11 +126,16 @@ def test_share_link_in_a_real_browser(server, tmp_path):
             for key, value in LINK.items():
                 assert f"{key}={value}" in page.url, (key, page.url)
 
+            assert page.get_by_role("button", name="Deploy").count() == 0  # config.toml: toolbarMode minimal
+
+            expect(page.get_by_role("heading", name="Simulate this step")).to_be_attached(timeout=UI_TIMEOUT)
+            drawn = _what_the_page_shows(page, verdict_text, cells)  # when two reads a second apart agree
             page.wait_for_timeout(1500)  # let the Plotly charts finish drawing before the screenshot
             shot = tmp_path / "app.png"
             page.screenshot(path=str(shot), full_page=True)
             if os.environ.get("LLMEM_UPDATE_SCREENSHOT") == "1":
-                shutil.copyfile(shot, ROOT / "docs" / "app.png")
+                _save_screenshot(shot, drawn)
+            recorded = _screenshot_records()
 
             with page.expect_download(timeout=UI_TIMEOUT) as info:
                 page.get_by_role("button", name="Download CSV").click()
@@ -151,6 +158,46 @@ def test_share_link_in_a_real_browser(server, tmp_path):
     as_shown = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
     assert shown == as_shown  # the CSV is the table, cell for cell
     assert pd.api.types.is_numeric_dtype(frame["per-GPU peak (GiB)"])
+    # docs/app.png cannot drift: it records what it shows, and a page that shows something else fails here
+    assert recorded == drawn, "docs/app.png shows another page than the app draws: rerun with LLMEM_UPDATE_SCREENSHOT=1"
+
+
+SHOT = ROOT / "docs" / "app.png"
+SHOT_KEY = "llmem-page"  # the PNG text chunk holding what the screenshot shows
+
+
+def _what_the_page_shows(page, verdict: str, cells: list) -> str:
+    """The verdict, the table's cells, the headings and the sidebar's labels (the share link's port left out): what
+    docs/app.png must show. Read until two reads a second apart agree (Streamlit loads some widgets' scripts late,
+    their labels with them), for at most `UI_TIMEOUT`."""
+    def read() -> str:
+        labels = page.locator("[data-testid='stSidebar'] [data-testid='stWidgetLabel']").evaluate_all(
+            "els => els.map(e => e.textContent.trim())")
+        headings = page.locator("[data-testid='stMain'] h1, [data-testid='stMain'] h3").all_inner_texts()
+        return json.dumps({"verdict": verdict, "table": cells, "headings": headings, "inputs": labels},
+                          ensure_ascii=False, indent=1)
+
+    last, deadline = None, time.monotonic() + UI_TIMEOUT / 1000
+    while (now := read()) != last and time.monotonic() < deadline:
+        last = now
+        page.wait_for_timeout(1000)
+    return now
+
+
+def _save_screenshot(shot, drawn: str) -> None:
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt(SHOT_KEY, drawn)
+    with Image.open(shot) as image:
+        image.save(SHOT, pnginfo=info, optimize=True)
+
+
+def _screenshot_records() -> str | None:
+    from PIL import Image
+
+    with Image.open(SHOT) as image:
+        return image.text.get(SHOT_KEY)
 
 
 @contextmanager
@@ -202,6 +249,7 @@ def test_first_view_fits_with_curves_and_qlora_then_a_refused_field_keeps_the_re
         _wait_verdict(page, "Fits on NVIDIA A100 80GB")
         expect(page.locator(".js-plotly-plot").nth(2)).to_be_visible(timeout=UI_TIMEOUT)
         assert page.locator(".js-plotly-plot .scatterlayer .trace").count() >= 4  # both curves have their traces
+        expect(page.locator(".llmem-phone-verdict")).to_be_hidden()  # the phone's verdict line: phones only
         _choose(page, "Fine-tuning method", "qlora")
         _wait_verdict(page, "QLoRA nf4")
         _choose(page, "Precision", "fp16-mixed")
@@ -212,11 +260,37 @@ def test_first_view_fits_with_curves_and_qlora_then_a_refused_field_keeps_the_re
         assert page.locator("[data-testid='stException']").count() == 0
 
 
+# In the breakdown as drawn: the boxes of the capacity's label, the bars, the x axis' labels and the legend.
+BREAKDOWN_BOXES = """plot => {
+    const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    return {label: box(plot.querySelector('.annotation-text')),
+            bars: [...plot.querySelectorAll('.barlayer .point path')].map(box),
+            ticks: [...plot.querySelectorAll('.xtick text')].map(box),
+            legend: box(plot.querySelector('.legend')), plot: box(plot)};
+}"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def test_make_it_fit_on_one_a100_offers_a_change_that_fits_when_clicked(server):
+    from playwright.sync_api import expect
+
     link = f"{server}/?{urlencode({'model': 'llama-3.1-8b', 'gpu-type': 'a100-80gb', 'gpus': '1', 'zero': 'all'})}"
     with browser_page() as page:
         page.goto(link)
         _wait_verdict(page, "Short by")
+        # issue 16, item 10, on a plan whose bar crosses the capacity: the label clear of the bars, the x labels
+        # whole (not rotated under the legend or cut at the plot's edge)
+        breakdown = page.locator(".js-plotly-plot").first
+        expect(breakdown.locator(".xtick text").nth(1)).to_be_attached(timeout=UI_TIMEOUT)
+        boxes = breakdown.evaluate(BREAKDOWN_BOXES)
+        assert len(boxes["bars"]) >= 3 and len(boxes["ticks"]) == 2, boxes
+        assert not any(_overlap(boxes["label"], bar) for bar in boxes["bars"]), boxes
+        for tick in boxes["ticks"]:
+            assert not _overlap(tick, boxes["legend"]) and boxes["plot"][1] <= tick[1] <= tick[3] <= boxes["plot"][3]
+        assert not _overlap(*boxes["ticks"]), boxes["ticks"]
         apply = page.get_by_role("button", name="Apply").first
         apply.click()  # waits for the panel to be drawn
         _wait_verdict(page, "Fits on")
@@ -270,6 +344,13 @@ def test_on_a_phone_the_verdict_is_above_the_fold_and_the_inputs_below_the_resul
         assert count.bounding_box()["width"] >= 300 and _page_y(count) > _page_y(_wait_verdict(page, "Fits on"))
         _number(page, "GPU count", 2)
         expect(page).to_have_url(re.compile("gpus=2"), timeout=UI_TIMEOUT)
+        # down in the inputs, the verdict of the change at the foot of the screen, on top of them
+        bar = page.locator(".llmem-phone-verdict").filter(has_text="2× NVIDIA A100 80GB")
+        expect(bar).to_be_visible(timeout=UI_TIMEOUT)
+        foot = bar.bounding_box()
+        assert bar.inner_text().startswith("Fits with") and foot["y"] + foot["height"] <= 844, foot
+        assert bar.evaluate("e => { const r = e.getBoundingClientRect();"
+                            " return e.contains(document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)); }")
         verdict = _wait_verdict(page, "Fits on")  # after the change nothing covers the verdict
         verdict.scroll_into_view_if_needed()
         on_top = verdict.evaluate("e => { const r = e.getBoundingClientRect();"
