@@ -46,6 +46,11 @@ class Precision(Choice):
         return self in (Precision.BF16_MIXED, Precision.FP16_MIXED)
 
     @property
+    def pure(self) -> Precision:
+        """The pure dtype a mixed precision computes in (bf16-mixed -> bf16): what a QLoRA base is built in."""
+        return {Precision.BF16_MIXED: Precision.BF16, Precision.FP16_MIXED: Precision.FP16}.get(self, self)
+
+    @property
     def torch_dtype_name(self) -> str:
         """Name of the dtype parameters are stored in (`torch.<name>`)."""
         return {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(self, "float32")

@@ -27,9 +27,6 @@ from llmem.spec import ModelSpec
 KINDS = ("micro-batch", "checkpointing", "strategy", "lora", "qlora", "offload", "more GPUs", "larger GPU")
 MAX_SEARCH_GPUS = 4096
 GRID_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-_PURE = {Precision.BF16_MIXED: Precision.BF16, Precision.FP16_MIXED: Precision.FP16}
-
-
 @dataclass(frozen=True)
 class Fix(OnCapacity):
     """One change that fits: its kind (`KINDS`), what it changes in words, the fields it sets (`TrainingPlan`
@@ -47,7 +44,7 @@ class Fix(OnCapacity):
 
 def pure_precision(precision: Precision) -> Precision:
     """The pure dtype a mixed precision computes in (bf16-mixed -> bf16): what a QLoRA base is built in."""
-    return _PURE.get(precision, precision)
+    return precision.pure
 
 
 def _order(plans: Iterable[TrainingPlan]) -> list[TrainingPlan]:

@@ -287,6 +287,10 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
         if quant_given:
             warnings.append("quant: none leaves --method qlora without its quantized base; using nf4")
         inputs = replace(inputs, quant=QLORA_BASE)
+    if inputs.method is Method.QLORA and inputs.precision.is_mixed and not method_implied:  # as the app's edit does
+        warnings.append(f"precision: QLoRA builds its base in the compute dtype (a pure precision); using "
+                        f"{inputs.precision.pure}")
+        inputs = replace(inputs, precision=inputs.precision.pure)
     if inputs.method is Method.FULL:
         return inputs
     for strategy in (False, True):

@@ -260,7 +260,6 @@ def test_tampered_method_values_warn_and_take_the_default(query, field):
 
 
 @pytest.mark.parametrize("query, named", [
-    ({"method": "qlora"}, "precision"),  # default bf16-mixed: qlora builds its base in a pure dtype
     ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "4", "zero": "0"}, "tensor parallelism"),
     ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"}, "tensor parallelism"),
     ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
@@ -274,6 +273,15 @@ def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_met
     hits = [w for w in warnings if w.startswith("method:")]
     assert len(hits) == 1 and named in hits[0] and hits[0].endswith("using full")
     inputs.to_plan()  # a valid plan
+
+
+@pytest.mark.parametrize("precision, pure", [("bf16-mixed", Precision.BF16), ("fp16-mixed", Precision.FP16)])
+def test_qlora_with_a_mixed_precision_takes_its_compute_dtype_as_the_app_does(precision, pure):
+    """The app's fix on choosing qlora (`ui.edits`): the base is built in the compute dtype, a pure precision."""
+    inputs, warnings = decode({"method": "qlora", "precision": precision})
+    assert (inputs.method, inputs.quant, inputs.precision) == (Method.QLORA, Quant.NF4, pure)
+    assert len(warnings) == 1 and warnings[0].startswith("precision:") and warnings[0].endswith(f"using {pure}")
+    inputs.to_plan()
 
 
 def test_valid_lora_strategies_and_partial_checkpointing_are_kept():
