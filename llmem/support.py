@@ -27,7 +27,6 @@ from llmem.choices import (
     Optimizer,
     OptimizerImpl,
     PpSchedule,
-    Precision,
     Quant,
     Scheme,
 )
@@ -36,7 +35,6 @@ from llmem.errors import GAP, REFUSED, InputError
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
 BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 LORA_METHODS = (Method.LORA, Method.QLORA)
-_PP_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED)
 
 
 @dataclass(frozen=True)
@@ -104,9 +102,6 @@ RULES: tuple[Rule, ...] = (
     _r("pp method", "method", lambda p: p.pp > 1 and p.method is not Method.FULL,
        "pipeline parallelism is modelled for --method full only; use it", GAP, pp=2, gpus=2, microbatches=2,
        batch_size=2, method="lora"),
-    _r("pp precision", "precision", lambda p: p.pp > 1 and p.precision not in _PP_PRECISIONS,
-       "pipeline parallelism is measured in fp32 and bf16-mixed only; use one of them", GAP, pp=2, gpus=2,
-       microbatches=2, batch_size=2, precision="fp16-mixed"),
     _r("pp grad_ckpt ckpt_every", "grad-ckpt",
        lambda p: p.pp > 1 and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
        "pipeline parallelism is modelled with --grad-ckpt none or full (every layer); use one of them", GAP, pp=2,

@@ -58,8 +58,11 @@ def check(spec, plan: TrainingPlan) -> None:
         raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
     if spec.tie_word_embeddings:
-        raise InputError("pp", "tied embeddings put one weight on the first and the last stage, which the pipeline "
-                         "split cannot share; use an untied model, or --pp 1", GAP)
+        # torchtitan refuses it (models/qwen3/model.py `update_from_config`: NotImplementedError "Weight tying is
+        # not supported with Pipeline Parallel."); its split deep-copies the model per stage, so the embedding and the
+        # lm_head would become two weights trained apart
+        raise InputError("pp", "tied embeddings put one weight on the first and the last stage; torchtitan refuses "
+                         "weight tying with pipeline parallelism; use an untied model, or --pp 1", REFUSED)
 
 
 def in_flight(plan: TrainingPlan, stage: int) -> int:

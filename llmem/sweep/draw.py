@@ -176,7 +176,7 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     engine) of a model with a pipeline split (`components.pipeline.PP_FAMILIES`, untied, dense) one pipeline stage
     per GPU, a schedule (the looped one from a stream of its own, with 2 or 3 stages per GPU where the split has
     them), and a microbatch count dividing the batch that the schedule runs; the plan's other options are set to
-    what the pipeline is modelled with (`llmem.support`'s pp rows: full fine-tuning in fp32 or bf16-mixed, sdpa,
+    what the pipeline is modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa,
     adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
     from llmem.components.pipeline import PP_FAMILIES
 
@@ -188,7 +188,6 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     pp, batch = fields["gpus"], fields["batch_size"]
     schedule = rng.choice((PpSchedule.GPIPE.value, PpSchedule.ONE_F_ONE_B.value))
     out = {"pp": pp, "pp_schedule": schedule, "method": Method.FULL.value, "attn": "sdpa",
-           "precision": fields["precision"] if fields["precision"] in ("fp32", "bf16-mixed") else "bf16-mixed",
            "optimizer": fields["optimizer"] if fields["optimizer"] in ("adamw", "sgd") else "adamw",
            "grad_ckpt": "full" if fields["grad_ckpt"] != "none" else "none", "ckpt_every": 1, "grad_accum": 1,
            "loss": Loss.STANDARD.value, "offload": Offload.NONE.value, "keep_grads": False,

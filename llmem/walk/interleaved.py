@@ -82,7 +82,9 @@ class _Stage:
         x = pl.hidden_bytes(spec, plan)
         # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
         self.incoming = pl.head_freed_bytes(spec, plan) - lg.logits_bytes(spec, q) if self.last else x
-        self.head_freed = pl.head_freed_bytes(spec, plan)
+        # in the loss's and lm_head's backward the lm_head's saved half weight copy is still alive (`_excess` has
+        # none: the one-GPU walk counts it apart)
+        self.head_held = pl.head_held_bytes(spec, plan)
         self.cache = pl.forward_cache_bytes(spec, plan, stage)
         self.sent = x * (not self.first) + x * (not self.last)  # held by the send works once backwarded
 
@@ -133,7 +135,7 @@ def _backward(st: _Stage, label: str, on: dict, ex: dict, first: bool, grads: in
     out = []
     if st.last:
         out.append(moment(label + ", loss and lm_head", **on, gradients=grads, activations=held,
-                          temporaries=ex[f"{m}-head"] - st.head_freed + sent))
+                          temporaries=ex[f"{m}-head"] - st.head_held + sent))
     if st.layers:
         out.append(moment(label + ", last layer", **on, gradients=grads + st.head * first,
                           activations=held, temporaries=ex[f"{m}-last"] - st.incoming + sent))

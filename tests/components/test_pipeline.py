@@ -39,6 +39,11 @@ HEAVY_ROWS = {
     "interleaved-fp32-full": dict(pp_schedule="interleaved-1f1b", precision="fp32", grad_ckpt="full"),
     "interleaved-bf16-mixed-m6": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed", microbatches=6,
                                       batch_size=6),
+    # the other precisions: fp16 autocast as bf16's; pure half (the residual stream and the hidden states in half)
+    "1f1b-fp16-mixed": dict(pp_schedule="1f1b", precision="fp16-mixed"),
+    "1f1b-fp16-full": dict(pp_schedule="1f1b", precision="fp16", grad_ckpt="full"),
+    "gpipe-bf16": dict(pp_schedule="gpipe", precision="bf16"),
+    "interleaved-bf16": dict(pp_schedule="interleaved-1f1b", precision="bf16"),
     # 3 stages per rank: 6 stages of 0, 1, 1, 1, 1, 0 layers (the embedding alone, the head alone)
     "interleaved-v3": dict(pp_schedule="interleaved-1f1b", precision="fp32", pp_stages_per_rank=3),
     "interleaved-seq256-bf16-mixed": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed", seq_len=256,
@@ -151,6 +156,15 @@ def test_interleaved_order_is_torchs(pp, v, m):
         torch_ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank)
         ops = [(a.computation_type.value, a.stage_index) for a in torch_ops if a is not None]
         assert rank_order(plan, rank) == ops, rank
+
+
+def test_tied_embeddings_are_refused_as_torchtitan_refuses_them():
+    from llmem.errors import REFUSED
+
+    tied = ModelSpec.from_config({**CONFIG, "tie_word_embeddings": True})
+    with pytest.raises(InputError) as e:
+        estimate(tied, TrainingPlan(gpus=2, pp=2, microbatches=2, batch_size=2))
+    assert (e.value.field, e.value.kind) == ("pp", REFUSED)
 
 
 BAD = [
