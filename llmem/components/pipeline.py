@@ -160,11 +160,24 @@ def head_held_bytes(spec, plan: TrainingPlan) -> int:
     return act.final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
 
 
+def input_saved(spec, plan: TrainingPlan, stage: int) -> bool:
+    """Whether the stage's input (a receive buffer after stage 0, counted in `buffer_bytes`) is among what its first
+    module saves: a checkpointed first layer saves its input; else the first RMSNorm (input layernorm, or the final
+    norm of a stage without layers) saves it when the residual stream is already fp32 (fp32, mixed precision;
+    `components.activations`), and in pure half an fp32 copy of it instead."""
+    from llmem.components.activations import _bytes
+
+    q = microbatch_plan(plan)
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    first_layer = sum(counts[:stage])
+    return (counts[stage] > 0 and q.checkpointed(first_layer)) or _bytes(q)[1] == 4
+
+
 def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """One microbatch's activations held on a stage between its forward and backward: its layers' kept tensors
-    (`activations.kept_per_layer_bytes`) and RoPE's; not the first stage's input (a receive buffer,
-    `buffer_bytes`); before the last stage the output, kept in `fwd_cache` for backward (T:913-916); on the last
-    stage the head's (`head_held_bytes`)."""
+    (`activations.kept_per_layer_bytes`) and RoPE's; not the stage's input where its first module saves it (a
+    receive buffer after stage 0, `buffer_bytes`; `input_saved`); before the last stage the output, kept in
+    `fwd_cache` for backward (T:913-916); on the last stage the head's (`head_held_bytes`)."""
     from llmem.components.activations import kept_per_layer_bytes
 
     q = microbatch_plan(plan)
@@ -172,14 +185,14 @@ def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     x = hidden_bytes(spec, plan)
     held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) if n else 0)
     held += head_held_bytes(spec, plan) if stage == num_stages(plan) - 1 else x
-    return held - (x if stage > 0 else 0) + saved_copy_bytes(spec, plan, stage)
+    return held - (x if stage > 0 and input_saved(spec, plan, stage) else 0) + saved_copy_bytes(spec, plan, stage)
 
 
 def layer_free_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """At the backward of a stage's first layer, what the microbatch holds beside that layer's tensors: RoPE's (less
     the layer input, a receive buffer, after stage 0)."""
     q = microbatch_plan(plan)
-    return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 else 0)
+    return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 and input_saved(spec, plan, stage) else 0)
 
 
 

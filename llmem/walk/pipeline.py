@@ -97,6 +97,12 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
                              activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
                              temporaries=ex["m2-first"] + sent))
+    if first:  # the embedding's backward, the stage's gradients made (`_excess`'s `mN-end`)
+        phases.append(moment(name + "first backward, embedding", **on, gradients=grads,
+                             activations=act + (k - 1) * one, temporaries=ex["m1-end"]))
+        if m > 1:
+            phases.append(moment(name + "later backward, embedding", **on, gradients=grads,
+                                 activations=act + (later - 1) * one, temporaries=ex["m2-end"] + sent))
     if last:
         phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
                              temporaries=ex["m1-head"] - pl.head_held_bytes(spec, plan)))
