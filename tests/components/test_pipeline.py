@@ -67,6 +67,10 @@ RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG))
 FAMILY_RUNS = TwoRankRows(BASE, FAMILY_ROWS, lambda name: dict(FAMILIES[name.split("-")[0]]))
 HEAVY = TwoRankRows(BASE, HEAVY_ROWS, lambda _name: dict(CONFIG))
 FOUR = TwoRankRows({**BASE, "gpus": 4, "pp": 4}, FOUR_ROWS, lambda _name: dict(CONFIG))
+# 4 ranks of 2 stages each: 6 layers in 8 stages of 0, 1, 1, 1, 1, 1, 1, 0 (rank 0 the embedding and layer 3)
+FOUR_LOOPED = TwoRankRows({**BASE, "gpus": 4, "pp": 4, "pp_schedule": "interleaved-1f1b"}, {
+    "pp4-interleaved-bf16-mixed-full-m8": dict(precision="bf16-mixed", grad_ckpt="full", microbatches=8, batch_size=8),
+}, lambda _name: {**CONFIG, "num_hidden_layers": 6})
 
 
 def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: dict | None = None) -> None:
@@ -106,6 +110,11 @@ def test_each_of_four_stages_within_1_percent(name):
     # GPipe's head-only stage reads -1.1 %: its final norm's backward (beside the lm_head's input gradient) is in
     # the one-GPU walk's last-layer moment, which a stage without layers does not have
     _check_stages(FOUR, name, worse={3: 0.015} if "gpipe" in name else None)
+
+
+@pytest.mark.heavy
+def test_each_rank_of_a_four_rank_interleaved_pipeline_within_1_percent():
+    _check_stages(FOUR_LOOPED, "pp4-interleaved-bf16-mixed-full-m8")
 
 
 @pytest.mark.parametrize(("layers", "pp", "counts"), [
