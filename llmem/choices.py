@@ -141,10 +141,11 @@ class Loss(Choice):
 
 
 class PpSchedule(Choice):
-    """`--pp-schedule`: torch.distributed.pipelining's single-stage schedules (`get_schedule_class` names)."""
+    """`--pp-schedule`: torch.distributed.pipelining's schedules (`get_schedule_class` names, lower case)."""
 
     GPIPE = "gpipe"  # ScheduleGPipe: every microbatch's forward, then every backward
     ONE_F_ONE_B = "1f1b"  # Schedule1F1B: pp - stage forwards in flight, then one backward per forward
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # ScheduleInterleaved1F1B: --pp-stages-per-rank stages on each rank
 
 
 class AllocConf(Choice):

@@ -70,7 +70,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
           f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
     print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
     if est.stage_peaks:
-        print("per pipeline stage (GPU i runs stage i): "
+        runs = "stages i, i + pp, ..." if str(plan.pp_schedule) == "interleaved-1f1b" else "stage i"
+        print(f"per pipeline GPU (GPU i runs {runs}): "
               + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks)))
     width = max(len(str(c)) for c in est.breakdown)
     for cat, b in est.breakdown.items():

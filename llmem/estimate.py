@@ -60,12 +60,13 @@ class Estimate:
 
     @property
     def stage_peaks(self) -> list[int]:
-        """`--pp`: each pipeline stage's peak (stage i runs on rank i; `peak_bytes` is the worst); else []."""
+        """`--pp`: each rank's peak (rank i runs stage i, or its stages under the looped schedule; `peak_bytes` is
+        the worst); else []."""
         if self.plan.pp == 1:
             return []
         from llmem.walk.pipeline import stage_peaks
 
-        return stage_peaks(self.phases, self.plan.pp)
+        return stage_peaks(self.phases, self.plan)
 
     @property
     def peak_bytes_range(self) -> tuple[int, int]:

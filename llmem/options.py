@@ -85,9 +85,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("pp_schedule", c.PpSchedule, c.PpSchedule.ONE_F_ONE_B,
            "With --pp: gpipe (ScheduleGPipe) runs every microbatch's forward before any backward, so each stage "
            "holds all --microbatches sets of activations; 1f1b (Schedule1F1B, torchtitan's default) holds at most "
-           "pp - stage of them (needs --microbatches >= pp).",
+           "pp - stage of them (needs --microbatches >= pp); interleaved-1f1b (ScheduleInterleaved1F1B) gives each "
+           "GPU --pp-stages-per-rank smaller stages, so more microbatches are in flight (2 per hop to the last GPU, "
+           "plus a round per extra stage) and every send is held until the step ends.",
            link=WHEN_SET, compared=False,
            widget=Widget("Pipeline schedule", "w_pp_schedule", SELECT, group=G_HARDWARE)),
+    Option("pp_stages_per_rank", int, 2,
+           "With --pp-schedule interleaved-1f1b: pipeline stages per GPU (torchtitan's default for a looped schedule, "
+           "2, when pipeline_parallel_layers_per_stage is unset): the layers are split into pp × this stages, GPU i "
+           "runs stages i, i + pp, ...; each holds the parameters, gradients and states of its own stages.",
+           low=2, high=MAX_APP_GPUS, link=WHEN_SET, compared=False,
+           needs=Needs("pp_schedule", ("interleaved-1f1b",), "{value} stages per GPU go with --pp-schedule "
+                       "interleaved-1f1b"),
+           widget=Widget("Pipeline stages per GPU", "w_pp_stages_per_rank", NUMBER, group=G_HARDWARE)),
     Option("microbatches", int, 1,
            "With --pp: the microbatches the schedule splits --batch-size into (torchtitan's local_batch_size / "
            "pipeline_parallel_microbatch_size); activations in flight are counted per microbatch, and each stage "

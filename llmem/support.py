@@ -27,7 +27,6 @@ from llmem.choices import (
     Optimizer,
     OptimizerImpl,
     PpSchedule,
-    Precision,
     Quant,
     Scheme,
 )
@@ -36,7 +35,6 @@ from llmem.errors import GAP, REFUSED, InputError
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
 BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 LORA_METHODS = (Method.LORA, Method.QLORA)
-_PP_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED)
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,8 @@ RULES: tuple[Rule, ...] = (
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus > p.tp and p.zero != 3,
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
     # --- pipeline parallelism (torch.distributed.pipelining, one stage per GPU; llmem.walk.pipeline) ---------------
-    _r("pp_schedule pp", "pp-schedule", lambda p: p.pp_schedule is not PpSchedule.ONE_F_ONE_B and p.pp == 1,
-       "--pp-schedule {p.pp_schedule} schedules pipeline stages; use --pp 2 or more, or leave --pp-schedule at 1f1b",
-       REFUSED, pp_schedule="gpipe"),
+    _r("pp_schedule pp", "pp-schedule", lambda p: p.pp_schedule is not PpSchedule.ONE_F_ONE_B and p.pp == 1, "--pp-"
+       "schedule {p.pp_schedule} needs pipeline stages; use --pp 2+ or leave it at 1f1b", REFUSED, pp_schedule="gpipe"),
     _r("microbatches pp", "microbatches", lambda p: p.microbatches != 1 and p.pp == 1,
        "--microbatches {p.microbatches} splits a pipeline's batch; use --pp 2 or more, or leave --microbatches at 1",
        REFUSED, microbatches=2),
@@ -95,12 +92,16 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.pp > 1 and p.pp_schedule is PpSchedule.ONE_F_ONE_B and p.microbatches < p.pp,
        "Schedule1F1B needs at least as many microbatches as stages; use --microbatches {p.pp} or more, or "
        "--pp-schedule gpipe", REFUSED, pp=2, gpus=2),
+    _r("pp_stages_per_rank pp_schedule", "pp-stages-per-rank", lambda p: p.pp_stages_per_rank != 2
+       and p.pp_schedule is not PpSchedule.INTERLEAVED_1F1B, "--pp-stages-per-rank {p.pp_stages_per_rank} needs "
+       "--pp-schedule interleaved-1f1b; use it, or leave it at 2", REFUSED, pp_stages_per_rank=3),
+    _r("pp pp_schedule microbatches", "microbatches", lambda p: p.pp_schedule is PpSchedule.INTERLEAVED_1F1B
+       and p.microbatches % max(1, p.microbatches // p.pp), "ScheduleInterleaved1F1B needs --microbatches a multiple"
+       " of its rounds, max(1, M // pp) (schedules.py:2935-2942); use a multiple of --pp {p.pp}", REFUSED, pp=2,
+       gpus=2, batch_size=5, microbatches=5, pp_schedule="interleaved-1f1b"),
     _r("pp method", "method", lambda p: p.pp > 1 and p.method is not Method.FULL,
        "pipeline parallelism is modelled for --method full only; use it", GAP, pp=2, gpus=2, microbatches=2,
        batch_size=2, method="lora"),
-    _r("pp precision", "precision", lambda p: p.pp > 1 and p.precision not in _PP_PRECISIONS,
-       "pipeline parallelism is measured in fp32 and bf16-mixed only; use one of them", GAP, pp=2, gpus=2,
-       microbatches=2, batch_size=2, precision="fp16-mixed"),
     _r("pp grad_ckpt ckpt_every", "grad-ckpt",
        lambda p: p.pp > 1 and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
        "pipeline parallelism is modelled with --grad-ckpt none or full (every layer); use one of them", GAP, pp=2,

@@ -29,6 +29,8 @@ SAMPLES = {
     "optimizer_in_backward": ("true", {}),
     "pp": ("2", {"gpus": "2", "microbatches": "2", "batch_size": "2"}),
     "pp_schedule": ("gpipe", {"pp": "2", "gpus": "2"}),
+    "pp_stages_per_rank": ("3", {"pp": "2", "gpus": "2", "pp_schedule": "interleaved-1f1b", "microbatches": "2",
+                                 "batch_size": "2"}),
     "microbatches": ("4", {"pp": "2", "gpus": "2", "batch_size": "4"}),
     "ds_reduce_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
     "ds_overlap_comm": ("true", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),

@@ -34,16 +34,35 @@ def stage_layer_counts(layers: int, pp: int) -> list[int]:
     return counts
 
 
+def stages_per_rank(plan: TrainingPlan) -> int:
+    """Stages on each rank: `--pp-stages-per-rank` under the looped schedule, else 1."""
+    return plan.pp_stages_per_rank if plan.pp_schedule is PpSchedule.INTERLEAVED_1F1B else 1
+
+
+def num_stages(plan: TrainingPlan) -> int:
+    """The pipeline's stages (torchtitan's `num_virtual_stages = pp * stages_per_rank`)."""
+    return plan.pp * stages_per_rank(plan)
+
+
+def rank_stages(plan: TrainingPlan, rank: int) -> list[int]:
+    """The stages rank `rank` runs: torchtitan's "loop" style `pp_rank + s * pp_degree` (`pipeline_module_split`'s
+    `_get_stage_indices`), i.e. stage i on rank i % pp (torch's `generate_stage_to_rank_mapping`, loop style)."""
+    return [rank + v * plan.pp for v in range(stages_per_rank(plan))]
+
+
 def check(spec, plan: TrainingPlan) -> None:
     """The model-dependent refusals of `--pp`: the split must exist, the family's forward be the llama-like one,
     the embeddings untied (a weight cannot be shared by two ranks' stages)."""
-    stage_layer_counts(spec.num_layers, plan.pp)
+    stage_layer_counts(spec.num_layers, num_stages(plan))
     if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
         raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
     if spec.tie_word_embeddings:
-        raise InputError("pp", "tied embeddings put one weight on the first and the last stage, which the pipeline "
-                         "split cannot share; use an untied model, or --pp 1", GAP)
+        # torchtitan refuses it (models/qwen3/model.py `update_from_config`: NotImplementedError "Weight tying is
+        # not supported with Pipeline Parallel."); its split deep-copies the model per stage, so the embedding and the
+        # lm_head would become two weights trained apart
+        raise InputError("pp", "tied embeddings put one weight on the first and the last stage; torchtitan refuses "
+                         "weight tying with pipeline parallelism; use an untied model, or --pp 1", REFUSED)
 
 
 def in_flight(plan: TrainingPlan, stage: int) -> int:
@@ -72,7 +91,7 @@ def later_in_flight(plan: TrainingPlan, stage: int) -> int:
 def microbatch_plan(plan: TrainingPlan) -> TrainingPlan:
     """A one-GPU plan of one microbatch (`batch_size / M` sequences): what the per-layer terms of a stage read.
     `split_args_kwargs_into_chunks` splits the step's batch along dim 0 into M views (microbatch.py)."""
-    return plan.with_(gpus=1, pp=1, pp_schedule=PpSchedule.ONE_F_ONE_B, microbatches=1,
+    return plan.with_(gpus=1, pp=1, pp_schedule=PpSchedule.ONE_F_ONE_B, pp_stages_per_rank=2, microbatches=1,
                       batch_size=plan.batch_size // plan.microbatches)
 
 
@@ -81,15 +100,15 @@ def stage_spec(spec, plan: TrainingPlan, stage: int):
     embedding, the last stage the final norm and lm_head, each its decoder layers (renumbered from 0)."""
     from dataclasses import replace
 
-    counts = stage_layer_counts(spec.num_layers, plan.pp)
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
     start, n = sum(counts[:stage]), counts[stage]
-    first, last = stage == 0, stage == plan.pp - 1
+    first, last = stage == 0, stage == num_stages(plan) - 1
     outer = spec.outer_params
     keep = [outer[0]] if first else []
     keep += [replace(p, layer=p.layer - start) for p in spec.params
              if p.layer is not None and start <= p.layer < start + n]
     keep += list(outer[1:]) if last else []
-    return spec.memo(("pp-stage", plan.pp, stage), lambda: replace(spec, num_layers=n, params=tuple(keep)))
+    return spec.memo(("pp-stage", num_stages(plan), stage), lambda: replace(spec, num_layers=n, params=tuple(keep)))
 
 
 def hidden_bytes(spec, plan: TrainingPlan) -> int:
@@ -105,7 +124,7 @@ def buffer_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """The pipeline's own buffers, made in the first step and kept: every stage after the first one receive buffer
     per microbatch (T:2243-2273 `_setup_forward_recv_info`, `_make_tensor_from_meta` per chunk), every stage before
     the last one gradient receive buffer per microbatch (T:2286-2318 `_create_grad_recv_info`)."""
-    return plan.microbatches * hidden_bytes(spec, plan) * ((stage > 0) + (stage < plan.pp - 1))
+    return plan.microbatches * hidden_bytes(spec, plan) * ((stage > 0) + (stage < num_stages(plan) - 1))
 
 
 def input_gradient_bytes(spec, plan: TrainingPlan, stage: int) -> int:
@@ -141,26 +160,39 @@ def head_held_bytes(spec, plan: TrainingPlan) -> int:
     return act.final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
 
 
+def input_saved(spec, plan: TrainingPlan, stage: int) -> bool:
+    """Whether the stage's input (a receive buffer after stage 0, counted in `buffer_bytes`) is among what its first
+    module saves: a checkpointed first layer saves its input; else the first RMSNorm (input layernorm, or the final
+    norm of a stage without layers) saves it when the residual stream is already fp32 (fp32, mixed precision;
+    `components.activations`), and in pure half an fp32 copy of it instead."""
+    from llmem.components.activations import _bytes
+
+    q = microbatch_plan(plan)
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    first_layer = sum(counts[:stage])
+    return (counts[stage] > 0 and q.checkpointed(first_layer)) or _bytes(q)[1] == 4
+
+
 def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """One microbatch's activations held on a stage between its forward and backward: its layers' kept tensors
-    (`activations.kept_per_layer_bytes`) and RoPE's; not the first stage's input (a receive buffer,
-    `buffer_bytes`); before the last stage the output, kept in `fwd_cache` for backward (T:913-916); on the last
-    stage the head's (`head_held_bytes`)."""
+    (`activations.kept_per_layer_bytes`) and RoPE's; not the stage's input where its first module saves it (a
+    receive buffer after stage 0, `buffer_bytes`; `input_saved`); before the last stage the output, kept in
+    `fwd_cache` for backward (T:913-916); on the last stage the head's (`head_held_bytes`)."""
     from llmem.components.activations import kept_per_layer_bytes
 
     q = microbatch_plan(plan)
-    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
     x = hidden_bytes(spec, plan)
     held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) if n else 0)
-    held += head_held_bytes(spec, plan) if stage == plan.pp - 1 else x
-    return held - (x if stage > 0 else 0) + saved_copy_bytes(spec, plan, stage)
+    held += head_held_bytes(spec, plan) if stage == num_stages(plan) - 1 else x
+    return held - (x if stage > 0 and input_saved(spec, plan, stage) else 0) + saved_copy_bytes(spec, plan, stage)
 
 
 def layer_free_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """At the backward of a stage's first layer, what the microbatch holds beside that layer's tensors: RoPE's (less
     the layer input, a receive buffer, after stage 0)."""
     q = microbatch_plan(plan)
-    return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 else 0)
+    return _outside_layers(spec, q) - (hidden_bytes(spec, plan) if stage > 0 and input_saved(spec, plan, stage) else 0)
 
 
 
@@ -171,8 +203,8 @@ def saved_copy_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     from llmem.components import autocast
 
     q = microbatch_plan(plan)
-    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
-    head = autocast.head_weight_copy_bytes(spec, q) if stage == plan.pp - 1 else 0
+    n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
+    head = autocast.head_weight_copy_bytes(spec, q) if stage == num_stages(plan) - 1 else 0
     return autocast.saved_layer_copies(q, n) * autocast.layer_weight_copy_bytes(spec, q) + head
 
 
@@ -191,7 +223,7 @@ def held_output_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     cooldown reassigns it (S:1062-1093, S:1147): beside k in flight only if a steady-state backward comes after
     microbatch k - 2's, i.e. k >= 2 and M >= 2k - 1 (the 1B1F loop runs backwards 0 .. M - k)."""
     k = in_flight(plan, stage)
-    if stage == plan.pp - 1:
+    if stage == num_stages(plan) - 1:
         return 0
     held = plan.pp_schedule is PpSchedule.GPIPE or (k >= 2 and plan.microbatches >= 2 * k - 1)
     return hidden_bytes(spec, plan) * held
@@ -203,6 +235,6 @@ def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     from llmem.components import autocast
 
     q = microbatch_plan(plan)
-    n = stage_layer_counts(spec.num_layers, plan.pp)[stage]
+    n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
     unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
     return unsaved * autocast.layer_weight_copy_bytes(spec, q)

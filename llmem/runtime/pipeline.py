@@ -82,10 +82,16 @@ class Stage(nn.Module):
         return h
 
 
-def split(model: nn.Module, plan: TrainingPlan, rank: int, device: str = "cpu") -> Stage:
-    """This rank's stage of `model` (rank = stage index)."""
-    layers = stage_layers(int(model.config.num_hidden_layers), plan.pp)
-    return Stage(model, layers[rank], first=rank == 0, last=rank == plan.pp - 1, autocast=autocast_of(plan, device))
+def split(model: nn.Module, plan: TrainingPlan, rank: int, device: str = "cpu") -> nn.Module:
+    """This rank's stage of `model` (rank = stage index); `--pp-schedule interleaved-1f1b`: an `nn.ModuleList` of
+    its stages `rank, rank + pp, ...` (`components.pipeline.rank_stages`, torchtitan's loop style)."""
+    from llmem.components.pipeline import num_stages, rank_stages
+
+    total = num_stages(plan)
+    layers = stage_layers(int(model.config.num_hidden_layers), total)
+    chunks = [Stage(model, layers[s], first=s == 0, last=s == total - 1, autocast=autocast_of(plan, device))
+              for s in rank_stages(plan, rank)]
+    return chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
 
 
 def autocast_of(plan: TrainingPlan, device: str):
@@ -96,24 +102,33 @@ def autocast_of(plan: TrainingPlan, device: str):
     return functools.partial(torch.autocast, device.split(":")[0], dtype=half)
 
 
-def make_schedule(stage_module: Stage, plan: TrainingPlan, rank: int, device):
-    """`PipelineStage` and the plan's schedule over it, with transformers' causal-LM loss divided by M."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+def make_schedule(module: nn.Module, plan: TrainingPlan, rank: int, device):
+    """`PipelineStage` per stage of `module` (`split`) and the plan's schedule over them, with transformers'
+    causal-LM loss divided by M. The looped schedule gets the list of this rank's stages, as torchtitan's
+    `build_pipeline_schedule` passes `stages if looped_schedule else stages[0]`."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    stage = PipelineStage(stage_module, rank, plan.pp, torch.device(device))
-    vocab, m = int(stage_module.config.vocab_size), plan.microbatches
+    from llmem.components.pipeline import num_stages, rank_stages
+
+    chunks = list(module) if isinstance(module, nn.ModuleList) else [module]
+    stages = [PipelineStage(c, s, num_stages(plan), torch.device(device))
+              for c, s in zip(chunks, rank_stages(plan, rank), strict=True)]
+    vocab, m, autocast = int(chunks[0].config.vocab_size), plan.microbatches, chunks[0].autocast
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     def loss_fn(logits, labels):
-        with stage_module.autocast():
+        with autocast():
             return ForCausalLMLoss(logits, labels, vocab_size=vocab) / m
 
+    if plan.pp_schedule is PpSchedule.INTERLEAVED_1F1B:
+        return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
     cls = ScheduleGPipe if plan.pp_schedule is PpSchedule.GPIPE else Schedule1F1B
-    return cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
 
 
 def pipeline_step(schedule, rank: int, pp: int, input_ids: torch.Tensor) -> None:
-    """One `step` of the schedule on this rank: stage 0 takes the inputs, the last stage the targets."""
+    """One `step` of the schedule on this rank: stage 0 takes the inputs, the last stage the targets (rank 0 and
+    rank pp - 1 under the looped schedule too: stage 0 and stage pp × V - 1 are theirs)."""
     if rank == 0:
         schedule.step(input_ids, return_outputs=False)
     elif rank == pp - 1:

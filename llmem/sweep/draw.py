@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from llmem.choices import PpSchedule
 from llmem.errors import InputError
 from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
@@ -121,7 +122,14 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "precision": _enum(rng, "precision"), **draw_optimizer(rng), **draw_checkpointing(rng),
               "attn": _enum(rng, "attn"), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
-    return Draw(index, name, config, fields | draw_later_options(seed, index, fields, device, _lora_tables(config)))
+    fields |= draw_later_options(seed, index, fields, device, _lora_tables(config))
+    if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning: the method's options dropped
+        fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED} | pipeline
+    return Draw(index, name, config, fields)
+
+
+_NOT_PIPELINED = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save", "quant",
+                  "double_quant", "loss_chunks")
 
 
 def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_tables: bool = False) -> dict:
@@ -158,22 +166,49 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_ta
         out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
     if in_backward_runs({**fields, **out}):  # --optimizer-in-backward, where the plan runs it (its own stream)
         out["optimizer_in_backward"] = random.Random(f"{seed}:{index}:in-backward").random() < IN_BACKWARD_SHARE
-    return out | draw_pipeline(seed, index, {**fields, **out})
+    return out
 
 
-PP_SHARE = 0.25  # --pp = the GPU count in a quarter of the multi-GPU DDP plans
 
 
-def draw_pipeline(seed: int, index: int, fields: dict) -> dict:
+def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     """`--pp`, from a stream of its own: in a share of the multi-GPU plans drawn as DDP (tp 1, ZeRO-0, the torch
-    engine) one pipeline stage per GPU, a schedule, and a microbatch count dividing the batch (refusals such as
-    1F1B with fewer microbatches than stages, or a model without a pipeline split, are kept and recorded)."""
+    engine) of a model with a pipeline split (`components.pipeline.PP_FAMILIES`, untied, dense) one pipeline stage
+    per GPU, a schedule (the looped one from a stream of its own, with 2 or 3 stages per GPU where the split has
+    them), and a microbatch count dividing the batch that the schedule runs; the plan's other options are set to
+    what the pipeline is modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa,
+    adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
+    from llmem.components.pipeline import PP_FAMILIES
+
     rng = random.Random(f"{seed}:{index}:pipeline")
+    modelled = config.get("model_type") in PP_FAMILIES and not config.get("tie_word_embeddings", False)
     if fields["gpus"] < 2 or fields["tp"] != 1 or fields["zero"] != 0 or "engine" in fields \
-            or rng.random() >= PP_SHARE:
+            or rng.random() >= PP_SHARE or not modelled:
         return {}
-    divisors = [m for m in range(1, fields["batch_size"] + 1) if fields["batch_size"] % m == 0]
-    return {"pp": fields["gpus"], "pp_schedule": _enum(rng, "pp_schedule"), "microbatches": rng.choice(divisors)}
+    pp, batch = fields["gpus"], fields["batch_size"]
+    schedule = rng.choice((PpSchedule.GPIPE.value, PpSchedule.ONE_F_ONE_B.value))
+    out = {"pp": pp, "pp_schedule": schedule, "method": Method.FULL.value, "attn": "sdpa",
+           "optimizer": fields["optimizer"] if fields["optimizer"] in ("adamw", "sgd") else "adamw",
+           "grad_ckpt": "full" if fields["grad_ckpt"] != "none" else "none", "ckpt_every": 1, "grad_accum": 1,
+           "loss": Loss.STANDARD.value, "offload": Offload.NONE.value, "keep_grads": False,
+           "optimizer_in_backward": False, "ddp_bucket_view": False}
+    if out["optimizer"] != fields["optimizer"]:
+        out["optimizer_impl"] = "default"
+    looped = random.Random(f"{seed}:{index}:interleaved")
+    layers = int(config.get("num_hidden_layers", 0))
+    stages = [v for v in (2, 3) if pp * v <= layers + 2]
+    if stages and looped.random() < INTERLEAVED_SHARE:
+        out |= {"pp_schedule": PpSchedule.INTERLEAVED_1F1B.value, "pp_stages_per_rank": looped.choice(stages)}
+    runs = {PpSchedule.GPIPE.value: lambda m: True, PpSchedule.ONE_F_ONE_B.value: lambda m: m >= pp,
+            PpSchedule.INTERLEAVED_1F1B.value: lambda m: m % max(1, m // pp) == 0}[out["pp_schedule"]]
+    divisors = [m for m in range(1, batch + 1) if batch % m == 0 and runs(m)]
+    if not divisors:  # 1F1B on a batch smaller than the stages: GPipe runs it
+        out["pp_schedule"], divisors = PpSchedule.GPIPE.value, [m for m in range(1, batch + 1) if batch % m == 0]
+    return out | {"microbatches": rng.choice(divisors)}
+
+
+PP_SHARE = 0.25  # --pp = the GPU count in a quarter of the multi-GPU DDP plans of a model with a pipeline split
+INTERLEAVED_SHARE = 1 / 3  # of those, ScheduleInterleaved1F1B with 2 or 3 stages per GPU where the split has them
 
 
 SELECTIVE_SHARE = 1 / 3

@@ -237,7 +237,8 @@ def render(result: Result, link: str, apply: Callable, stale: bool = False) -> N
         st.caption(f"Offload: host memory {format_gib(est.host_bytes)} per rank, {format_gib(est.host_node_bytes)} "
                    "per node (not in the GPU figures).")
     if est.stage_peaks:  # --pp: the figures above are the worst stage's
-        st.caption("Pipeline stages (GPU i runs stage i): "
+        runs = "stages i, i + pp, ..." if str(est.plan.pp_schedule) == "interleaved-1f1b" else "stage i"
+        st.caption(f"Pipeline GPUs (GPU i runs {runs}): "
                    + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks))
                    + "; the verdict and the breakdown are the worst stage's.")
     st.subheader(f"{result.row.label}: breakdown and curves")

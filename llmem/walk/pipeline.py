@@ -28,8 +28,8 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
     """The one-GPU walk of one microbatch (`q`, --grad-accum 2): at each backward moment of a decoder layer and of
     the head, its live total less the parameters, optimizer states and the gradients that exist before that
     microbatch's backward reached there, and less every layer's kept activations and the tensors outside the layers
-    (`kept_all`): what the microbatch's own backward adds at that moment. Keyed `mN-last`, `mN-first`, `mN-head`
-    (N = micro-step: 1 no gradient yet, 2 all of them)."""
+    (`kept_all`): what the microbatch's own backward adds at that moment. Keyed `mN-last`, `mN-first`, `mN-head`,
+    `mN-end` (the embedding's backward, every gradient made; N = micro-step: 1 no gradient yet, 2 all of them)."""
     from llmem.components import activations as act
     from llmem.walk.single import iteration_phases, terms
 
@@ -40,7 +40,7 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
     kept_all = spec.num_layers * act.kept_per_layer_bytes(spec, q2) + act.outer_saved_bytes(spec, q2)
     out: dict[str, int] = {}
     for ph in iteration_phases(spec, q2):
-        step = 2 if _ALIVE in ph.name else 1
+        step = 2 if _ALIVE in ph.name or "(micro-step 2)" in ph.name else 1
         # the weight copies autocast made that the layers' and the head's mm saved are a microbatch's own
         # (`components.pipeline.saved_copy_bytes`, in `microbatch_bytes`)
         # in a layer's backward the one-GPU output's logits are alive; a stage's are its own (`head_freed_bytes`)
@@ -52,6 +52,8 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
             held = act.outer_saved_bytes(spec, q2) + ph.breakdown[Category.LOGITS]
         elif ph.name.startswith(("loss backward", "lm_head backward")):
             key, before, held = "head", (grads if step == 2 else 0), kept_all + t.base_casts + t.head_cast
+        elif ph.name.startswith("backward end"):  # the embedding's backward: its input gradient (and accumulation)
+            key, before, held = "end", grads, ph.breakdown[Category.LOGITS]
         else:
             continue
         k = f"m{step}-{key}"
@@ -63,7 +65,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     """The moments of stage `stage`, each named with it."""
     q = pl.microbatch_plan(plan)
     s = pl.stage_spec(spec, plan, stage)
-    first, last = stage == 0, stage == plan.pp - 1
+    first, last = stage == 0, stage == pl.num_stages(plan) - 1
     k, m = pl.in_flight(plan, stage), plan.microbatches
     one = pl.microbatch_bytes(spec, plan, stage)  # one microbatch's activations held on this stage
     later = pl.later_in_flight(plan, stage)
@@ -95,13 +97,19 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
                              activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
                              temporaries=ex["m2-first"] + sent))
+    if first:  # the embedding's backward, the stage's gradients made (`_excess`'s `mN-end`)
+        phases.append(moment(name + "first backward, embedding", **on, gradients=grads,
+                             activations=act + (k - 1) * one, temporaries=ex["m1-end"]))
+        if m > 1:
+            phases.append(moment(name + "later backward, embedding", **on, gradients=grads,
+                                 activations=act + (later - 1) * one, temporaries=ex["m2-end"] + sent))
     if last:
         phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
-                             temporaries=ex["m1-head"] - pl.head_freed_bytes(spec, plan)))
+                             temporaries=ex["m1-head"] - pl.head_held_bytes(spec, plan)))
         if m > 1:
             phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
                                  activations=act + later * one,
-                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan) + sent))
+                                 temporaries=ex["m2-head"] - pl.head_held_bytes(spec, plan) + sent))
     if plan.pp_schedule is PpSchedule.GPIPE:
         phases.append(moment(name + "backward end", **on, gradients=grads,
                              activations=act + pl.input_gradient_bytes(spec, plan, stage)))
@@ -117,11 +125,22 @@ def _layer_grads(s: ModelSpec, q: TrainingPlan) -> int:
 
 
 def pipeline_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
-    """Every stage's moments; the estimate's peak is the largest, i.e. the worst stage's."""
+    """Every stage's moments (the looped schedule: every rank's, `walk.interleaved`); the estimate's peak is the
+    largest, i.e. the worst stage's."""
+    if pl.stages_per_rank(plan) > 1:
+        from llmem.walk.interleaved import interleaved_phases
+
+        return interleaved_phases(spec, plan)
     return [ph for stage in range(plan.pp) for ph in stage_phases(spec, plan, stage)]
 
 
-def stage_peaks(phases: list[Phase] | tuple[Phase, ...], pp: int) -> list[int]:
-    """Each stage's peak (its largest moment), from the moments' names."""
-    return [max(ph.total for ph in phases if ph.name.startswith(f"stage {s}: ")) for s in range(pp)]
+def stage_peaks(phases: list[Phase] | tuple[Phase, ...], plan: TrainingPlan) -> list[int]:
+    """Each rank's peak (its largest moment), from the moments' names: rank i runs stage i, or under the looped
+    schedule the stages `walk.interleaved.rank_name` names."""
+    from llmem.walk.interleaved import rank_name
+
+    def prefix(r: int) -> str:
+        return rank_name(plan, r) if pl.stages_per_rank(plan) > 1 else f"stage {r}: "
+
+    return [max(ph.total for ph in phases if ph.name.startswith(prefix(r))) for r in range(plan.pp)]
 

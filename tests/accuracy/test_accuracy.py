@@ -28,7 +28,7 @@ def test_suite_covers_the_grid():
     plans = [r.training_plan("cpu") for r in suite.rows]
     assert len(suite.rows) >= 30
     assert len({r.config["model_type"] for r in suite.rows}) >= 6
-    assert {p.scheme.value for p in plans} == {"single", "ddp", "zero1", "zero2", "zero3", "tp", "tp+zero3"}
+    assert {p.scheme.value for p in plans} == {"single", "ddp", "zero1", "zero2", "zero3", "tp", "tp+zero3", "pp"}
     assert {p.gpus for p in plans} == {1, 2, 4}
     assert {p.precision.value for p in plans} == {"fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"}
     assert {(p.optimizer.value, p.optimizer_impl.value) for p in plans} >= {

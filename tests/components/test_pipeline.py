@@ -18,9 +18,10 @@ CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "
           "tie_word_embeddings": False}
 SPEC = ModelSpec.from_config(CONFIG)
 BASE = dict(gpus=2, pp=2, batch_size=4, microbatches=4, seq_len=16)
-ROWS = {  # in the default suite: one launch, about 10 s on 2 idle cores (each row measured twice)
+ROWS = {  # in the default suite: one launch, about 12 s on 2 idle cores (each row measured twice)
     "gpipe-fp32-none": dict(pp_schedule="gpipe", precision="fp32"),
     "1f1b-bf16-mixed-full": dict(pp_schedule="1f1b", precision="bf16-mixed", grad_ckpt="full"),
+    "interleaved-fp32-none": dict(pp_schedule="interleaved-1f1b", precision="fp32"),  # stages 0, 2 / 1, 3
 }
 HEAVY_ROWS = {
     "gpipe-fp32-full": dict(pp_schedule="gpipe", precision="fp32", grad_ckpt="full"),
@@ -32,6 +33,21 @@ HEAVY_ROWS = {
     "1f1b-m2-batch4": dict(pp_schedule="1f1b", precision="bf16-mixed", microbatches=2),
     "gpipe-m1-batch2": dict(pp_schedule="gpipe", precision="fp32", microbatches=1, batch_size=2),
     "seq256-1f1b-bf16-mixed": dict(pp_schedule="1f1b", precision="bf16-mixed", seq_len=256, batch_size=8),
+    # ScheduleInterleaved1F1B, 2 stages per rank (4 stages of 1, 2, 1, 0 layers) unless it says: rounds of 1, 2, 3
+    "interleaved-m2": dict(pp_schedule="interleaved-1f1b", precision="fp32", microbatches=2),
+    "interleaved-bf16-mixed-full": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed", grad_ckpt="full"),
+    "interleaved-fp32-full": dict(pp_schedule="interleaved-1f1b", precision="fp32", grad_ckpt="full"),
+    "interleaved-bf16-mixed-m6": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed", microbatches=6,
+                                      batch_size=6),
+    # the other precisions: fp16 autocast as bf16's; pure half (the residual stream and the hidden states in half)
+    "1f1b-fp16-mixed": dict(pp_schedule="1f1b", precision="fp16-mixed"),
+    "1f1b-fp16-full": dict(pp_schedule="1f1b", precision="fp16", grad_ckpt="full"),
+    "gpipe-bf16": dict(pp_schedule="gpipe", precision="bf16"),
+    "interleaved-bf16": dict(pp_schedule="interleaved-1f1b", precision="bf16"),
+    # 3 stages per rank: 6 stages of 0, 1, 1, 1, 1, 0 layers (the embedding alone, the head alone)
+    "interleaved-v3": dict(pp_schedule="interleaved-1f1b", precision="fp32", pp_stages_per_rank=3),
+    "interleaved-seq256-bf16-mixed": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed", seq_len=256,
+                                          batch_size=8),
 }
 FOUR_ROWS = {  # 4 stages of 1, 2, 1 and 0 decoder layers (torchtitan's split of 4 layers)
     "pp4-gpipe-fp32": dict(pp_schedule="gpipe", precision="fp32"),
@@ -51,6 +67,10 @@ RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG))
 FAMILY_RUNS = TwoRankRows(BASE, FAMILY_ROWS, lambda name: dict(FAMILIES[name.split("-")[0]]))
 HEAVY = TwoRankRows(BASE, HEAVY_ROWS, lambda _name: dict(CONFIG))
 FOUR = TwoRankRows({**BASE, "gpus": 4, "pp": 4}, FOUR_ROWS, lambda _name: dict(CONFIG))
+# 4 ranks of 2 stages each: 6 layers in 8 stages of 0, 1, 1, 1, 1, 1, 1, 0 (rank 0 the embedding and layer 3)
+FOUR_LOOPED = TwoRankRows({**BASE, "gpus": 4, "pp": 4, "pp_schedule": "interleaved-1f1b"}, {
+    "pp4-interleaved-bf16-mixed-full-m8": dict(precision="bf16-mixed", grad_ckpt="full", microbatches=8, batch_size=8),
+}, lambda _name: {**CONFIG, "num_hidden_layers": 6})
 
 
 def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: dict | None = None) -> None:
@@ -92,6 +112,11 @@ def test_each_of_four_stages_within_1_percent(name):
     _check_stages(FOUR, name, worse={3: 0.015} if "gpipe" in name else None)
 
 
+@pytest.mark.heavy
+def test_each_rank_of_a_four_rank_interleaved_pipeline_within_1_percent():
+    _check_stages(FOUR_LOOPED, "pp4-interleaved-bf16-mixed-full-m8")
+
+
 @pytest.mark.parametrize(("layers", "pp", "counts"), [
     (27, 4, [7, 7, 7, 6]),  # torchtitan's docs: 29 effective layers, 7 per stage, the extra one to stage 0
     (8, 2, [4, 4]),  # torchtitan's docstring example: [tok_embeddings, layers.0-3], [layers.4-7, norm, output]
@@ -101,18 +126,54 @@ def test_stage_split_is_torchtitans(layers, pp, counts):
     assert stage_layer_counts(layers, pp) == counts
 
 
-@pytest.mark.parametrize("pp", [2, 3, 4])
-def test_stage_parameters_are_the_runtime_stage_modules(pp):
-    """Each stage's parameter count as the estimate sees it equals the module the runtime keeps for that rank."""
+@pytest.mark.parametrize(("pp", "v"), [(2, 1), (3, 1), (4, 1), (2, 2), (2, 3)])
+def test_stage_parameters_are_the_runtime_stage_modules(pp, v):
+    """Each rank's parameter count as the estimate sees it (its stage, or under the looped schedule its stages)
+    equals the module the runtime keeps for that rank."""
     pytest.importorskip("torch")
     from llmem.runtime import pipeline
     from llmem.runtime.model import build_model
+    from llmem.walk.interleaved import rank_spec
 
-    plan = TrainingPlan(gpus=pp, pp=pp, microbatches=pp, batch_size=pp, device="cpu", precision="fp32")
-    for stage in range(pp):
-        module = pipeline.split(build_model(dict(CONFIG), plan), plan, stage)
+    looped = dict(pp_schedule="interleaved-1f1b", pp_stages_per_rank=v) if v > 1 else {}
+    plan = TrainingPlan(gpus=pp, pp=pp, microbatches=pp, batch_size=pp, device="cpu", precision="fp32", **looped)
+    for rank in range(pp):
+        module = pipeline.split(build_model(dict(CONFIG), plan), plan, rank)
         built = sum(p.numel() for p in module.parameters())
-        assert built == stage_spec(SPEC, plan, stage).total_params, stage
+        spec = rank_spec(SPEC, plan, rank) if v > 1 else stage_spec(SPEC, plan, rank)
+        assert built == spec.total_params, rank
+
+
+@pytest.mark.parametrize(("pp", "v", "m"), [(2, 2, 4), (2, 2, 2), (2, 3, 6), (4, 2, 8), (4, 2, 4), (4, 3, 12),
+                                            (2, 2, 1), (3, 2, 5)])
+def test_interleaved_order_is_torchs(pp, v, m):
+    """`walk.interleaved.rank_order` against torch's own `ScheduleInterleaved1F1B._calculate_single_rank_operations`
+    run on the schedule's attributes (its idle slots dropped)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    from llmem.walk.interleaved import rank_order
+
+    rounds = max(1, m // pp)
+    if m % rounds:
+        pytest.skip("torch refuses it (a row of llmem.support)")
+    plan = TrainingPlan(gpus=pp, pp=pp, pp_schedule="interleaved-1f1b", pp_stages_per_rank=v, microbatches=m,
+                        batch_size=m)
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=pp, _n_microbatches=m, microbatches_per_round=m // rounds)
+    for rank in range(pp):
+        torch_ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank)
+        ops = [(a.computation_type.value, a.stage_index) for a in torch_ops if a is not None]
+        assert rank_order(plan, rank) == ops, rank
+
+
+def test_tied_embeddings_are_refused_as_torchtitan_refuses_them():
+    from llmem.errors import REFUSED
+
+    tied = ModelSpec.from_config({**CONFIG, "tie_word_embeddings": True})
+    with pytest.raises(InputError) as e:
+        estimate(tied, TrainingPlan(gpus=2, pp=2, microbatches=2, batch_size=2))
+    assert (e.value.field, e.value.kind) == ("pp", REFUSED)
 
 
 BAD = [
@@ -126,6 +187,10 @@ BAD = [
     (dict(gpus=1, pp_schedule="gpipe"), "pp-schedule"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, method="lora"), "method"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, attn="eager"), "attn"),
+    (dict(gpus=2, pp=2, batch_size=2, microbatches=2, pp_stages_per_rank=3), "pp-stages-per-rank"),  # 1f1b
+    (dict(gpus=2, pp=2, batch_size=5, microbatches=5, pp_schedule="interleaved-1f1b"), "microbatches"),  # rounds 2
+    (dict(gpus=2, pp=2, batch_size=4, microbatches=4, pp_schedule="interleaved-1f1b", pp_stages_per_rank=4),
+     "pp"),  # 8 stages > 4 layers + 2
 ]
 
 

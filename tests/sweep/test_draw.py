@@ -143,3 +143,14 @@ def test_deepspeed_is_drawn_on_the_cpu_profile_where_it_is_modelled(many):
     for d in ds:
         TrainingPlan(**d.fields)
     assert not any(d.fields.get("engine") == "deepspeed" for d in draw(300, seed=2, size="full", device="cuda"))
+
+
+def test_pipeline_plans_are_drawn_with_every_schedule_and_estimated(many):
+    """`--pp` in a share of the multi-GPU DDP draws of the models with a pipeline split: every schedule, each with the
+    options the pipeline is modelled with, so the estimate accepts every one of them."""
+    pp = [d for d in many if d.fields.get("pp", 1) > 1]
+    assert {d.fields["pp_schedule"] for d in pp} == {"gpipe", "1f1b", "interleaved-1f1b"}
+    for d in pp:
+        rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
+        assert "outcome" not in rec, rec
+        assert rec["estimate_bytes"] > 0
