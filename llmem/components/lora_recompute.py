@@ -58,8 +58,7 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     if "down_proj" not in adapted:
         # The recompute then starts in the frozen down_proj's MmBackward0 and stops at its save of the weight, with
-        # none of the gradients above: not modelled here (target sets without down_proj keep the layer-backward
-        # moment of the walk).
+        # none of the gradients above: not modelled (such target sets keep the walk's layer-backward moment).
         return {}
     common, grads = _common(spec, plan, adapted), _gradients(spec, plan)
     stop = _stop(spec, plan, common)
