@@ -44,3 +44,17 @@ def test_the_core_imports_no_heavy_library():
             "heavy = [m for m in ('torch', 'transformers', 'streamlit', 'pandas', 'plotly') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_file_over_400_lines_and_no_function_over_60_in_the_package():
+    """The layout the style asks for: a concept a file (≤ 400 lines), a moment or term a function (≤ 60 lines)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "llmem").rglob("*.py")) + [root / "app.py"]
+    long_files = [str(p.relative_to(root)) for p in files if len(p.read_text().splitlines()) > 400]
+    long_functions = [f"{p.relative_to(root)}:{n.name} ({n.end_lineno - n.lineno + 1})" for p in files
+                      for n in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno >= 60]
+    assert not long_files and not long_functions, (long_files, long_functions)
