@@ -47,7 +47,8 @@ def _full(spec: ModelSpec, plan: TrainingPlan) -> Trainable:
     """Every parameter trained, its `.grad` in the parameter dtype (fp32 under autocast: the cast's backward)."""
     pb, summary, outer = plan.precision.param_bytes, shard_summary(spec, plan), spec.outer_params
     positional = tuple(p for p in outer if "wpe" in p.name or "embed_positions" in p.name)
-    made = [p for p in outer if p not in (() if spec.tie_word_embeddings else (outer[0],)) + positional]
+    own_embedding = outer[:1] if not spec.tie_word_embeddings else ()  # its gradient comes last
+    made = [p for p in outer if p not in own_embedding + positional]
     if offload.offloads_gradients(plan):  # only the small tensors' stay; a tied weight's waits for the embedding's
         gradients = offload.device_gradient_bytes(spec.params, plan)
         later = tuple(_suffix([offload.device_gradient_bytes(spec.layer_params(k), plan)
@@ -58,7 +59,7 @@ def _full(spec: ModelSpec, plan: TrainingPlan) -> Trainable:
     else:
         gradients, head = summary.total * pb, sum(local_numel(p, plan) for p in made) * pb
         later = tuple(summary.later[k] * pb for k in range(spec.num_layers))
-    embedding = local_numel(outer[0], plan) * pb
+    embedding = local_numel(outer[0], plan) * pb if outer else 0  # (a middle pipeline stage has no outer tensor)
     return Trainable(
         base=local_params(spec, plan) * pb, adapters=0, gradients=gradients,
         layer=tuple(n * pb for n in summary.per_layer), later=later, head=head, embedding=embedding,
