@@ -95,13 +95,13 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
                              activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
                              temporaries=ex["m2-first"] + sent))
-    if last:
+    if last:  # `_excess` left the head's weight copy out (`t.head_cast`); a microbatch's own, in `one`
         phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
-                             temporaries=ex["m1-head"] - pl.head_freed_bytes(spec, plan)))
+                             temporaries=ex["m1-head"] - pl.head_held_bytes(spec, plan)))
         if m > 1:
             phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
                                  activations=act + later * one,
-                                 temporaries=ex["m2-head"] - pl.head_freed_bytes(spec, plan) + sent))
+                                 temporaries=ex["m2-head"] - pl.head_held_bytes(spec, plan) + sent))
     if plan.pp_schedule is PpSchedule.GPIPE:
         phases.append(moment(name + "backward end", **on, gradients=grads,
                              activations=act + pl.input_gradient_bytes(spec, plan, stage)))
