@@ -10,7 +10,8 @@ from the plan's explicit options (optimizer implementation, autocast dtype) — 
 Multi-rank schemes run in this process with torch's fake process group ("fake" backend, FakeStore) at the plan's
 world size, as rank `rank`. Classic DDP bucketing and ZeroRedundancyOptimizer do not run under fake tensors: their
 model and gradients run as one rank would, the optimizer over this rank's ZeRO-1 partition, and the gradient
-buckets are added from the closed-form model (marked `closed_form` wherever they show).
+buckets are added from the closed-form model (marked `closed_form` wherever they show). `--pp` and DeepSpeed
+ZeRO-1/2 run on the fake group too (`simulate/pipeline.py`, `simulate/deepspeed.py`), every rank unless one is asked.
 """
 
 
@@ -57,7 +58,7 @@ def default_rank(plan: TrainingPlan, config: dict | None = None) -> int:
     """The rank whose memory is the per-GPU figure: rank 0 (FSDP2 pads the last shards; TP ranks are equal),
     except ZeRO-1 where it is the rank with the largest partition (simulate() resolves it), and LoRA under FSDP1,
     where the rank whose shards hold the most adapter elements keeps the most optimizer states
-    (`flat_param.largest_rank`)."""
+    (`flat_param.largest_rank`). `--pp` and DeepSpeed without a rank: every rank (`_every_rank`)."""
     from llmem.components.lora import is_lora
 
     if config is not None and plan.engine.value == "fsdp1" and plan.gpus > 1 and is_lora(plan):
@@ -240,7 +241,10 @@ def _every_rank(config: dict, plan: TrainingPlan, steps: int, progress) -> Simul
     """Ranks whose memory differs by more than padding, without `--rank`: each simulated, the worst returned with
     every rank's peak in `rank_peaks`. `--pp`: stage i on rank i (`stage_peaks`, as the estimate's); DeepSpeed
     ZeRO-1/2: each rank owns a different partition and reduces its gradients at a different bucket."""
-    sims = [simulate(config, plan, rank=r, steps=steps, progress=progress) for r in range(plan.gpus)]
+    def ranked(r: int):
+        return None if progress is None else (lambda text: progress(f"rank {r} of {plan.gpus}: {text}"))
+
+    sims = [simulate(config, plan, rank=r, steps=steps, progress=ranked(r)) for r in range(plan.gpus)]
     worst = max(sims, key=lambda s: (s.peak_bytes, -s.rank))
     worst.rank_peaks = [s.peak_bytes for s in sims]
     worst.seconds = sum(s.seconds for s in sims)
