@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import warnings
 
 from llmem.plan import TrainingPlan
@@ -28,6 +29,7 @@ def launcher_env(plan: TrainingPlan, rank: int):
     """A fresh rank process as torchrun starts it, for each simulation in this process:
       * the environment torchrun gives each rank (`DeepSpeedEngine._do_args_sanity_check`, runtime/engine.py:1360,
         asserts `LOCAL_RANK`; `deepspeed.init_distributed` reads `RANK` / `WORLD_SIZE`);
+      * stdout sent to stderr while DeepSpeed runs (its logger prints there);
       * DeepSpeed's process-wide state as at import: its communication backend (`deepspeed.comm.comm.cdb`) and
         the groups `deepspeed.utils.groups` caches (`_WORLD_GROUP`, ...), which would otherwise name the process
         group of the previous simulation, destroyed with it.
@@ -35,6 +37,13 @@ def launcher_env(plan: TrainingPlan, rank: int):
     if str(plan.engine) != "deepspeed":
         yield
         return
+    with contextlib.redirect_stdout(sys.stderr):  # `simulate --json` prints its JSON alone on stdout
+        yield from _launched(plan, rank)
+
+
+def _launched(plan: TrainingPlan, rank: int):
+    """`launcher_env`'s body, under stdout sent to stderr: DeepSpeed's logger writes to stdout (a handler on
+    `sys.stdout` made at import, deepspeed/utils/logging.py; its accelerator warning comes at the first import)."""
     from deepspeed.comm import comm
     from deepspeed.utils import groups
 
