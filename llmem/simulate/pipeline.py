@@ -45,10 +45,12 @@ def _previous_outputs(split, model, plan: TrainingPlan, rank: int, device: str):
 
 
 class HeldWork:
-    """A fake group's `Work` with the tensors of its send / recv: a real process group's work object keeps them
-    (gloo's send and recv works hold the tensor, NCCL stashes it for allocator safety) as long as the schedule keeps
-    the work — GPipe every forward send's until the step returns, 1F1B its last send in `send_work`
-    (docs/MODEL-DERIVED.md's pipeline terms count the same references). `FakeWork` holds nothing."""
+    """A fake group's `Work` with the tensors of its send / recv. A real process group's work keeps them: gloo's
+    `SendWork` / `RecvWork` hold the tensor until the work is destroyed, NCCL's `stashed_for_allocator_safety_`
+    until the work is waited (`synchronizeStream`); the schedule waits each send work right before it drops it
+    (GPipe every forward send's when the step ends, 1F1B its last in `send_work` before firing the next), so both
+    hold it as long as the schedule keeps the work, as this does. The estimate counts the same references
+    (`components.pipeline.held_output_bytes`, `input_gradient_bytes`). `FakeWork` holds nothing."""
 
     def __init__(self, work, tensors: list) -> None:
         self.work, self.tensors = work, tensors
