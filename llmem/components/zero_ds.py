@@ -13,8 +13,9 @@ b = bytes per element of the module: 2 under bf16 (the engine casts the module, 
   bucket       `setup_buckets` (:2326) at the first gradient hook: `torch.empty(reduce_bucket_size)`, B x b, whatever
                the model's size; each gradient is copied into it (:1118) and its own storage freed; released at
                the epilogue (`_release_ipg_buffers`, :789).
-  flatten      `allreduce_bucket` (:1695): the bucket's slices flattened into a new tensor (its e elements, b) for
-               the all-reduce (`use_multi_rank_bucket_allreduce`), freed after the copy back.
+  flatten      `allreduce_bucket` (:1695): a group of the bucket's per-partition slices flattened into a new tensor
+               for the all-reduce (`use_multi_rank_bucket_allreduce`), freed after the copy back; one slice is a
+               view (`flatten_numel`).
   partition grads `copy_grads_in_partition` (:1534): at the first reduce that holds a parameter of the rank's
                partition, one tensor of the summed numel of every parameter that touches the partition, b bytes.
   step         `step` (:2184): `flatten(averaged_gradients)` (S x b) then `.to(float32)` (S x 4 more under bf16),
@@ -152,6 +153,34 @@ def buckets(spec: ModelSpec, plan: TrainingPlan, reverse: bool) -> list[tuple[in
 def extra_large(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> bool:
     """A bucket of one tensor larger than reduce_bucket_size: reduced in its own gradient, not copied (:1116)."""
     return len(tensors) == 1 and ordered_numels(spec)[tensors[0]] > plan.ds_reduce_bucket
+
+
+def flatten_numel(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> int:
+    """The largest flatten of one bucket's reduce: `average_tensor` (:1226) cuts the bucket, tensor by tensor in its
+    order, into one slice per destination partition (consecutive slices of one partition merged, :1287);
+    `allreduce_and_scatter` (:1190) gathers slices until their numel exceeds reduce_bucket_size and
+    `allreduce_bucket` (:1695) flattens each group, `_flatten_dense_tensors`, a new tensor for two slices or more
+    and a view of a single one (no memory): a bucket inside one partition, or an extra-large tensor's slices each
+    above the bucket size, flattens nothing."""
+    numels = ordered_numels(spec)
+    offsets = [sum(numels[:i]) for i in range(len(numels) + 1)]
+    s = partition_numel(spec, plan)
+    slices: list[list[int]] = []  # [partition, numel]
+    for i in tensors:
+        start, end = offsets[i], offsets[i + 1]
+        while start < end:
+            cut = min(end, (start // s + 1) * s)
+            if slices and slices[-1][0] == start // s:
+                slices[-1][1] += cut - start
+            else:
+                slices.append([start // s, cut - start])
+            start = cut
+    largest, group, count = 0, 0, 0
+    for _, n in slices:
+        group, count = group + n, count + 1
+        if group > plan.ds_reduce_bucket:
+            largest, group, count = max(largest, group if count > 1 else 0), 0, 0
+    return max(largest, group if count > 1 else 0)
 
 
 def owner_ranks(spec: ModelSpec, plan: TrainingPlan) -> list[range]:

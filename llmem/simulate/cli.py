@@ -18,7 +18,8 @@ def register(subparsers, add_plan_arguments, plan_from_args) -> None:
         "record every allocation and free; replay them through a model of the CUDA caching allocator.")
     add_plan_arguments(p)
     p.add_argument("--rank", type=int, default=None,
-                   help="rank to simulate (default: the one with the largest memory; rank 0 except ZeRO-1)")
+                   help="rank to simulate (default: the one with the largest memory; rank 0 except ZeRO-1; "
+                   "--pp (rank = stage) and --engine deepspeed: default every rank, the worst reported)")
     p.add_argument("--steps", type=int, default=2, help="training iterations (default 2)")
     p.add_argument("--timeline", default=None, metavar="FILE",
                    help="write every point of the timeline (op_index, live_bytes, phase) to this CSV file")
@@ -62,6 +63,9 @@ def render(sim, top: int = 20) -> str:
     for t in sim.top_tensors[:top]:
         lines.append(f"{t.nbytes:>16,}  {t.shape[:25]:<26}{t.op[:27]:<28}{f'{t.phase} {t.iteration}':<14}"
                      f"{t.module or '-'}")
+    if sim.rank_peaks:
+        lines.append(f"per {'stage (rank = stage)' if sim.stage_peaks else 'rank'}: "
+                     + ", ".join(f"{i}: {_mib(b)}" for i, b in enumerate(sim.rank_peaks)))
     for c in sim.closed_form:
         lines.append(f"closed form: {c}")
     for n in sim.notes:

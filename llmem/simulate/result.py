@@ -63,6 +63,13 @@ class Simulation:
     streams: int = 1  # CUDA streams the run allocated on (FSDP2: default, all-gather copy-in, reduce-scatter)
     paged_state_bytes: int = 0  # bitsandbytes' paged optimizer states in CUDA unified memory (not in the peak)
     closed_form: list[str] = field(default_factory=list)  # buffers added from the closed-form model
+    rank_peaks: list[int] = field(default_factory=list)  # --pp / DeepSpeed without --rank: every rank's peak (this
+    # Simulation is the worst rank's); under --pp rank i runs stage i
+
+    @property
+    def stage_peaks(self) -> list[int]:
+        """--pp: each stage's peak (rank i runs stage i), as the estimate's `stage_peaks`."""
+        return self.rank_peaks if self.plan.pp > 1 else []
     notes: list[str] = field(default_factory=list)
     ops: int = 0
     events: int = 0
@@ -95,6 +102,8 @@ class Simulation:
             "top_tensors": [t.to_dict() for t in self.top_tensors],
             "timeline": [list(p) for p in self.timeline_points(max_points)],
             "paged_state_bytes": self.paged_state_bytes, "closed_form": self.closed_form, "notes": self.notes,
+            "rank_peaks": self.rank_peaks, "stage_peaks": self.stage_peaks,
+            "worst_stage": self.rank if self.stage_peaks else None,
             "ops": self.ops, "events": self.events, "seconds": round(self.seconds, 3),
         }
 

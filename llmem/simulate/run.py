@@ -10,7 +10,8 @@ from the plan's explicit options (optimizer implementation, autocast dtype) — 
 Multi-rank schemes run in this process with torch's fake process group ("fake" backend, FakeStore) at the plan's
 world size, as rank `rank`. Classic DDP bucketing and ZeroRedundancyOptimizer do not run under fake tensors: their
 model and gradients run as one rank would, the optimizer over this rank's ZeRO-1 partition, and the gradient
-buckets are added from the closed-form model (marked `closed_form` wherever they show).
+buckets are added from the closed-form model (marked `closed_form` wherever they show). `--pp` and DeepSpeed
+ZeRO-1/2 run on the fake group too (`simulate/pipeline.py`, `simulate/deepspeed.py`), every rank unless one is asked.
 """
 
 
@@ -38,32 +39,26 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
     if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
-    if str(plan.engine) == "deepspeed":
-        raise InputError("engine", "DeepSpeed's engine is not simulated (it runs its own launcher checks and flat "
-                         "buffers on real tensors); measure it (measure --gpus N)")
     if str(plan.engine) == "fsdp1" and plan.scheme is Scheme.ZERO2:
         raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
                          "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
                          "have); measure it (measure --gpus N), or simulate --zero 3")
-    if plan.pp > 1:
-        raise InputError("pp", "the pipeline's stages exchange activations by send/recv between ranks, which the "
-                         "simulation (one rank on a fake process group) does not run; measure it (measure --gpus N "
-                         "--pp N)")
     if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
         raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")
 
 
 def _classic_ddp(plan: TrainingPlan) -> bool:
-    """DDP and ZeRO-1 (run as one rank, buckets in closed form); FSDP1's NO_SHARD runs under the fake group."""
-    return plan.scheme in DDP_SCHEMES and str(plan.engine) != "fsdp1"
+    """DDP and ZeRO-1 (run as one rank, buckets in closed form); FSDP1's NO_SHARD and DeepSpeed's ZeRO-1 run under
+    the fake group."""
+    return plan.scheme in DDP_SCHEMES and str(plan.engine) == "torch"
 
 
 def default_rank(plan: TrainingPlan, config: dict | None = None) -> int:
     """The rank whose memory is the per-GPU figure: rank 0 (FSDP2 pads the last shards; TP ranks are equal),
     except ZeRO-1 where it is the rank with the largest partition (simulate() resolves it), and LoRA under FSDP1,
     where the rank whose shards hold the most adapter elements keeps the most optimizer states
-    (`flat_param.largest_rank`)."""
+    (`flat_param.largest_rank`). `--pp` and DeepSpeed without a rank: every rank (`_every_rank`)."""
     from llmem.components.lora import is_lora
 
     if config is not None and plan.engine.value == "fsdp1" and plan.gpus > 1 and is_lora(plan):
@@ -122,7 +117,7 @@ def _install_module_tracking(tracker, model) -> list:
                 register_multi_grad_hook(outs, arrived, mode="any")
 
     handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
-    head = getattr(model, "module", model).get_output_embeddings()
+    head = _output_head(model)
     if head is not None:
         handles.append(head.register_forward_pre_hook(lambda *_: tracker.mark("loss")))
     return handles
@@ -137,6 +132,8 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from llmem.simulate import patches
+    from llmem.simulate.deepspeed import launcher_env
+    from llmem.simulate.pipeline import fake_p2p_values
     from llmem.simulate.quant import fake_bnb_params
 
     patches.preload_imports(plan)
@@ -147,7 +144,8 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
         with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(), \
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
                 patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
-                fake_bnb_params(plan), patches.bounded_fallback(), \
+                fake_bnb_params(plan), patches.bounded_fallback(), fake_p2p_values(plan, tracker), \
+                launcher_env(plan, sim_rank), \
                 patches.bnb_optimizer(plan, fake_mode, tracker) as paged_bytes, fake_mode, tracker:
             yield paged_bytes
     finally:
@@ -166,7 +164,7 @@ def _phase_marks(plan, tracker, steps: int, buckets: list[int], progress) -> Cal
     def mark(name: str) -> None:
         tracker.mark(name)
         tracker.host_scalars = reads_host and name == step_phase
-        if progress is not None and name in ("forward", "backward", "optimizer"):
+        if progress is not None and name in ("forward", "pipeline", "backward", "optimizer"):
             progress(f"iteration {tracker.phases[-1][1]} of {steps}: {name}")
         if name == "forward" and buckets and tracker.phases[-1][1] == 2:
             ddp.rebuild_buckets(tracker, buckets)
@@ -196,6 +194,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     from llmem.simulate.tracker import AllocationTracker
 
     _check(config, plan, rank, steps)
+    if rank is None and (plan.pp > 1 or plan.engine.value == "deepspeed"):
+        return _every_rank(config, plan, steps, progress)
     t0 = time.perf_counter()
     is_ddp = _classic_ddp(plan)
     run_plan = plan.with_(gpus=1, zero=0) if is_ddp else plan
@@ -237,15 +237,40 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     return sim
 
 
+def _every_rank(config: dict, plan: TrainingPlan, steps: int, progress) -> Simulation:
+    """Ranks whose memory differs by more than padding, without `--rank`: each simulated, the worst returned with
+    every rank's peak in `rank_peaks`. `--pp`: stage i on rank i (`stage_peaks`, as the estimate's); DeepSpeed
+    ZeRO-1/2: each rank owns a different partition and reduces its gradients at a different bucket."""
+    def ranked(r: int):
+        return None if progress is None else (lambda text: progress(f"rank {r} of {plan.gpus}: {text}"))
+
+    sims = [simulate(config, plan, rank=r, steps=steps, progress=ranked(r)) for r in range(plan.gpus)]
+    worst = max(sims, key=lambda s: (s.peak_bytes, -s.rank))
+    worst.rank_peaks = [s.peak_bytes for s in sims]
+    worst.seconds = sum(s.seconds for s in sims)
+    return worst
+
+
 def _install_tied_accumulation(tracker, model) -> None:
     """The real `InputBuffer` decision for a tied weight's two gradients (`stand_ins.tied_accumulation`)."""
     from llmem.simulate.stand_ins import tied_accumulation
 
     inner = getattr(model, "module", model)
+    if not hasattr(inner, "get_input_embeddings"):  # --pp: a stage (runtime.pipeline.Stage); pipelines are untied
+        return
     emb, head = inner.get_input_embeddings(), inner.get_output_embeddings()
     if emb is None or head is None or getattr(head, "weight", None) is not getattr(emb, "weight", None):
         return
     tracker.stand_ins[_aten_add()] = tied_accumulation({tuple(emb.weight.shape)}, tracker.in_backward)
+
+
+def _output_head(model):
+    """The output head whose forward starts the `loss` phase: a pipeline stage's `lm_head` (None but on the last
+    stage), else the (wrapped) model's output embeddings."""
+    inner = getattr(model, "module", model)
+    if not hasattr(inner, "get_output_embeddings"):
+        return getattr(inner, "lm_head", None)
+    return inner.get_output_embeddings()
 
 
 def _aten_add():

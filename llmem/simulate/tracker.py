@@ -60,12 +60,13 @@ class AllocationTracker(TorchDispatchMode):
         self._orig_resize = None
         self.paused = 0  # > 0: ops run untracked (DTensor's sharding propagation builds throw-away fake args)
         self.host_scalars = False  # True: `.item()` gives a stand-in value (see __torch_dispatch__)
+        self.scalar_answer = None  # not None: `.item()` gives this value (a value another rank sends: --pp's vote)
         self.stand_ins: dict = {}  # op -> stand-in(func, args, kwargs) run instead of the fake kernel (stand_ins.py)
         self.streams: list = [torch.cpu.current_stream()]  # stream objects seen, index = BlockInfo.stream
 
     # phases and modules ------------------------------------------------------------------------------------
     def mark(self, name: str) -> None:
-        if name == "forward":
+        if name in ("forward", "pipeline"):  # an iteration starts (--pp: the schedule's step runs both passes)
             self._iteration += 1
         self.module = ""
         self.phases.append((name, self._iteration, self.op_index, len(self.events)))
@@ -136,6 +137,8 @@ class AllocationTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t not in _PLAIN and not issubclass(t, _FakeTensor) for t in types):
             return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
+        if func is _aten._local_scalar_dense.default and self.scalar_answer is not None:
+            return self.scalar_answer
         if func is _aten._local_scalar_dense.default and self.host_scalars:
             return _stand_in_scalar(args[0])
         stand_in = self.stand_ins.get(func)
@@ -148,17 +151,23 @@ class AllocationTracker(TorchDispatchMode):
             self._track(args[0].untyped_storage(), func.__name__, args[0])
         if isinstance(out, torch.Tensor):
             name = func.__name__
-            self._track(out.untyped_storage(), name, out)
+            self._track_output(out, name)
         elif isinstance(out, (tuple, list)):
             name = func.__name__
             for t in out:
                 if isinstance(t, torch.Tensor):
-                    self._track(t.untyped_storage(), name, t)
+                    self._track_output(t, name)
                 elif isinstance(t, (tuple, list)):
                     for u in t:
                         if isinstance(u, torch.Tensor):
-                            self._track(u.untyped_storage(), name, u)
+                            self._track_output(u, name)
         return out
+
+    def _track_output(self, t: torch.Tensor, name: str) -> None:
+        """An op's output; a meta-device tensor has no memory in the real run either (DeepSpeed's ZeRO-1/2 keeps a
+        `zeros_like(param, device="meta")` per parameter, `stage_1_and_2.py:413`)."""
+        if t.device.type != "meta":
+            self._track(t.untyped_storage(), name, t)
 
     def __enter__(self):
         tracker = self

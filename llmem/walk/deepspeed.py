@@ -106,7 +106,8 @@ def _zero1_reduce(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) ->
     """`reduce_gradients` (:827) on `rank`, in registration order: each bucket's gradients copied into it (their own
     storage freed), its flatten beside the gradients not yet moved, then the partition gradients (:1534) once a
     tensor of the partition was reduced. A tensor larger than the bucket is reduced in its own gradient (:1116,
-    `extra_large_param_to_reduce`), which stays until the step unless the partition copies it."""
+    `extra_large_param_to_reduce`), which stays until the step unless the partition copies it, and flattened a
+    group of rank slices at a time (`zero_ds.flatten_numel`)."""
     b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
     alive, allocated, bucket = sum(numels) * b, False, z.bucket_bytes(plan)
     own = z.partition_grad_numel(spec, plan, rank) * b
@@ -116,7 +117,8 @@ def _zero1_reduce(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) ->
         extra = z.extra_large(spec, plan, tensors)
         alive -= 0 if extra else e
         phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank})", **base,
-                             gradients=bucket + alive + (own if allocated else 0), communication=e))
+                             gradients=bucket + alive + (own if allocated else 0),
+                             communication=z.flatten_numel(spec, plan, tensors) * b))
         if any(rank in owners[i] for i in tensors):  # allocated, then the tensor copied in (its own one freed)
             allocated = True
             phases.append(moment(f"ZeRO-1 reduce (bucket {k + 1}, rank {rank}, partition gradients)", **base,
@@ -135,7 +137,8 @@ def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) 
     e = sum(numels[i] for i in order[-1]) * b
     extra = e if z.extra_large(spec, plan, order[-1]) else 0
     held = z.bucket_bytes(plan) + (own if before else 0) + extra
-    return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=e),
+    flat = z.flatten_numel(spec, plan, order[-1]) * b
+    return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=flat),
             moment(f"ZeRO-2 epilogue reduce (rank {rank}, partition gradients)", **base,
                    gradients=z.bucket_bytes(plan) + own + (extra if any(rank in owners[i] for i in order[-1]) else 0))]
 

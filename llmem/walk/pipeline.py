@@ -103,7 +103,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         if m > 1:
             phases.append(moment(name + "later backward, embedding", **on, gradients=grads,
                                  activations=act + (later - 1) * one, temporaries=ex["m2-end"] + sent))
-    if last:
+    if last:  # `_excess` left the head's weight copy out (`t.head_cast`); a microbatch's own, in `one`
         phases.append(moment(name + "first backward, loss and lm_head", **on, activations=act + k * one,
                              temporaries=ex["m1-head"] - pl.head_held_bytes(spec, plan)))
         if m > 1:

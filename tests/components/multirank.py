@@ -1,6 +1,6 @@
 """Shared harness of the multi-process test modules: named plan rows measured in one torchrun launch (gloo, CPU) of
-the base plan's `gpus` processes (2 unless it says), cached per module, and one row's estimate checked against the
-measured max-over-ranks peak."""
+the base plan's `gpus` processes (2 unless it says), cached per module (and, under pytest-xdist, shared by the
+workers of one run: `shared_launch`), and one row's estimate checked against the measured max-over-ranks peak."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class TwoRankRows:
             rows = [{"id": n, "config": self.config_of(n), "plan": {**self.base, **self.rows[n]}, "steps": 2}
                     for n in self.rows if (n in self.sampled) == part]
             gpus = int(self.base.get("gpus", 2))
-            results, err = run_job(rows, gpus, "cpu", timeout=900)
+            results, err = shared_launch(rows, gpus, lambda: run_job(rows, gpus, "cpu", timeout=900))
             if not results:
                 pytest.fail(f"the {gpus}-process launch measured nothing: {err}")
             self._results.update({r["id"]: r for r in results})
@@ -70,6 +70,35 @@ class TwoRankRows:
         assert abs(est - res["peak_bytes"]) <= tolerance * res["peak_bytes"], (
             f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}"
             f" (launches: {res.get('launch_peaks', [res['peak_bytes']])})")
+
+
+def shared_launch(rows: list[dict], gpus: int, launch: Callable[[], tuple[list, str]]) -> tuple[list, str]:
+    """`launch()` once per test run for these rows: under pytest-xdist (`PYTEST_XDIST_TESTRUNUID`, one id per run)
+    the first worker launches under a file lock and stores the results, another worker asking for the same rows
+    (a module's tests split across workers, or tests/simulate reusing a module's rows) waits and reads them."""
+    import hashlib
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if uid is None:
+        return launch()
+    from filelock import FileLock
+
+    key = hashlib.sha256(json.dumps([rows, gpus], sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"llmem-rows-{uid}"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{key}.json"
+    with FileLock(str(path) + ".lock"):
+        if path.exists():
+            stored = json.loads(path.read_text())
+            return stored["results"], stored["err"]
+        results, err = launch()
+        if results:
+            path.write_text(json.dumps({"results": results, "err": err}))
+        return results, err
 
 
 def run_module_on_two_ranks(module: str, out) -> list[dict]:

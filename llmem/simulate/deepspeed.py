@@ -1,0 +1,72 @@
+"""`--engine deepspeed` (ZeRO-1/2) under fake tensors: DeepSpeed 0.19.0's engine and `DeepSpeedZeroOptimizer` run
+as they are (`llmem.runtime.deepspeed.initialize`, the step of `runtime.session.train_step`), as one rank on
+torch's fake process group (docs/SIMULATION.md): the flat fp16/bf16/fp32 buffer, the partitions, the fp32 master
+partition, the reduce buckets and the partition gradients are allocated by DeepSpeed's own code on fake tensors.
+Its collectives (`all_reduce` of a bucket, `all_gather_into_tensor` of the new partitions) allocate nothing on the
+fake group, as NCCL writes in place (gloo's CPU all-gather allocates an output of its own: not seen).
+What a launcher would have set up is set up here (`launcher_env`). Two host reads run on fake tensors and change no
+size: `partitioned_data.data_ptr()` (stage_1_and_2.py:468, an alignment assertion; a fake tensor's pointer is 0
+with a deprecation warning, silenced here) and the overflow / norm `.item()`s, not reached with fp32 / bf16 (no
+loss scaler, no gradient clipping in the Trainer's default ds_config)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+
+from llmem.plan import TrainingPlan
+
+GROUP_GLOBALS = ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "mpu",
+                 "_ALL_TO_ALL_GROUP", "mesh_device", "_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP",
+                 "_DATA_PARALLEL_GROUP", "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK")
+
+
+@contextlib.contextmanager
+def launcher_env(plan: TrainingPlan, rank: int):
+    """A fresh rank process as torchrun starts it, for each simulation in this process:
+      * the environment torchrun gives each rank (`DeepSpeedEngine._do_args_sanity_check`, runtime/engine.py:1360,
+        asserts `LOCAL_RANK`; `deepspeed.init_distributed` reads `RANK` / `WORLD_SIZE`);
+      * stdout sent to stderr while DeepSpeed runs (its logger prints there);
+      * DeepSpeed's process-wide state as at import: its communication backend (`deepspeed.comm.comm.cdb`) and
+        the groups `deepspeed.utils.groups` caches (`_WORLD_GROUP`, ...), which would otherwise name the process
+        group of the previous simulation, destroyed with it.
+    Both restored afterwards."""
+    if str(plan.engine) != "deepspeed":
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):  # `simulate --json` prints its JSON alone on stdout
+        yield from _launched(plan, rank)
+
+
+def _launched(plan: TrainingPlan, rank: int):
+    """`launcher_env`'s body, under stdout sent to stderr: DeepSpeed's logger writes to stdout (a handler on
+    `sys.stdout` made at import, deepspeed/utils/logging.py; its accelerator warning comes at the first import)."""
+    from deepspeed.comm import comm
+    from deepspeed.utils import groups
+
+    saved_groups = {name: _copy(getattr(groups, name)) for name in GROUP_GLOBALS}
+    saved_cdb = comm.cdb
+    env = {"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": str(plan.gpus),
+           "LOCAL_WORLD_SIZE": str(plan.gpus)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            yield
+    finally:
+        comm.cdb = saved_cdb
+        for name, value in saved_groups.items():
+            setattr(groups, name, _copy(value))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _copy(value):
+    return dict(value) if isinstance(value, dict) else value
