@@ -236,10 +236,11 @@ def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[
     are evaluated, next to the checkpointed and outermost layers — O(1) layers per plan instead of 2K, the same
     peak and peak phase (tests/test_ckpt_walk.py compares with the full spans).
 
-    Layers of several kinds (`varied`): the total is not linear in the layer index, so every layer is evaluated."""
+    Layers of several kinds (`varied`): linear along each residue class of their period (`llmem.derive.periodic`)."""
     n = spec.num_layers
     if varied(spec, plan):
-        return list(range(n - 1, -1, -1))
+        from llmem.derive import periodic
+        return periodic.backward_layers(spec, plan, edge)
     if plan.grad_ckpt is not GradCkpt.FULL or plan.ckpt_every == 1:
         return sorted({*range(min(edge, n)), *range(max(n - edge, 0), n)}, reverse=True)
     k = plan.ckpt_every

@@ -222,14 +222,14 @@ class Derived:
     def held_saved(self, plan: TrainingPlan) -> list[Saved]:
         """The layer arguments a checkpointed layer takes (an argument only layers the checkpointing skips take
         dies with the model forward)."""
-        lowest = self._lowest_holders(plan)
+        lowest = self.lowest_holders(plan)
         return [s for s, low in zip(self._saved(plan, "held"), lowest, strict=True) if low is not None]
 
     def held_released_bytes(self, plan: TrainingPlan, layer: int) -> int:
         """Of `held_saved`, the arguments released before decoder layer `layer`'s backward: a checkpointed layer's
         frame lets its arguments go when its backward is done, so each lives until the backward of the lowest
         checkpointed layer taking it."""
-        lowest = self._lowest_holders(plan)
+        lowest = self.lowest_holders(plan)
         return sum(s.bytes for s, low in zip(self._saved(plan, "held"), lowest, strict=True)
                    if low is not None and low > layer)
 
@@ -244,7 +244,7 @@ class Derived:
     def gradient_excess_bytes(self, plan: TrainingPlan) -> int:
         return self.fitted(plan).get("grad_excess", 0)  # the `.grad`s beyond their parameters: `Trace.grad_excess`
 
-    def _lowest_holders(self, plan: TrainingPlan) -> list[int | None]:
+    def lowest_holders(self, plan: TrainingPlan) -> list[int | None]:
         """Per held argument, the lowest checkpointed layer taking it (None: no checkpointed layer does)."""
         return [min((k for k in layers if plan.checkpointed(k)), default=None)
                 for layers in self.fitted(plan)["held_layers"]]

@@ -1,0 +1,47 @@
+"""Which decoder layers the walk evaluates when a derived model's layers are of several kinds (`activations.varied`:
+Gemma 2/3's sliding-window and full-attention layers, gpt-oss's alternating attention).
+
+Every term a layer's backward moments read is one of: the layer's own (its kind, whether it is checkpointed, its
+parameters), a prefix sum over the layers below it (their kept activations), a suffix sum over the layers above it
+(their gradients), a linear term in its index, or a step that a held or shared saved tensor makes where it is
+released (`Derived.held_released_bytes`, `Derived.outer_released_bytes`: at the lowest layer taking it). From the
+last such release on, when the layers' own terms repeat every Q layers, a moment's total along the layers l, l + Q,
+l + 2Q, ... changes by the same amount at each step (one period more below, one less above): it is linear there, so
+its largest value, and the first of equal ones in the walk's last-first order, is at one of the two ends. The walk
+then evaluates every layer up to one period past the last release, the last period, and the outermost layers —
+the same peak and peak phase as all layers (`tests/derive/test_periodic.py` compares them)."""
+
+from __future__ import annotations
+
+from llmem.plan import GradCkpt, TrainingPlan
+from llmem.spec import ModelSpec
+
+
+def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[int]:
+    """The layers to evaluate, last first (all of them when the layers do not repeat soon enough to save any)."""
+    return spec.memo(("periodic layers", plan.key, edge), lambda: _layers(spec, plan, edge), per_plan=True)
+
+
+def _layers(spec: ModelSpec, plan: TrainingPlan, edge: int) -> list[int]:
+    n, signature = spec.num_layers, _signature(spec, plan)
+    for start in range(_last_release(spec, plan), n):  # the layers may repeat only past a first different one
+        period = next((q for q in range(1, n - start) if signature[start:n - q] == signature[start + q:]), n)
+        low, high = max(start + period, edge + 1), min(n - period, n - edge - 1)
+        if low < high:
+            return sorted({*range(low), *range(high, n)}, reverse=True)
+    return list(range(n - 1, -1, -1))
+
+
+def _signature(spec: ModelSpec, plan: TrainingPlan) -> list[tuple]:
+    """What each layer's own terms depend on: its kind, whether it is checkpointed, its parameters' shapes."""
+    kinds = spec.derived.layer_kinds(plan)
+    return [(kinds[k], plan.checkpointed(k), tuple(p.shape for p in spec.layer_params(k)))
+            for k in range(spec.num_layers)]
+
+
+def _last_release(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The highest layer at whose backward a held argument or a shared saved tensor is released (0: none)."""
+    d = spec.derived
+    lows = [low for low in d.lowest_holders(plan) if low is not None] if plan.grad_ckpt is GradCkpt.FULL else []
+    lows += [min(layers) for layers in d.fitted(plan)["outer_layers"] if layers]
+    return max(lows, default=0)
