@@ -7,7 +7,7 @@ only the fp32 adapters get gradients (`llmem.components.lora`); the frozen embed
 `--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of 4096+ elements is dropped
 by its hook right after AccumulateGrad made it (`llmem.components.offload`; counted where made, `offloaded_*`)."""
 
-from llmem.components import lora, lora_moe, offload
+from llmem.components import chunked_ce, lora, lora_moe, offload
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, shard_summary
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
@@ -231,8 +231,12 @@ def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     the transposed weight, `mm(...).t()`, transposed back by TBackward0), so `can_accumulate_inplace` (sole owner of
     the storage) fails and the sum is out of place: `aten::add.Tensor` makes a third embedding-sized tensor beside
     its two addends. Under autocast the lm_head's gradient is ToCopyBackward0's fresh fp32 copy and the sum is
-    `add_` in place (0 here). LoRA: the frozen embedding runs no backward."""
+    `add_` in place (0 here). LoRA: the frozen embedding runs no backward. `--loss chunked-ce` with two chunks or
+    more: the lm_head's gradient is the out-of-place sum of the chunks' (`chunked_ce.lm_head_backward_bytes`), a fresh
+    tensor, so the embedding's is added into it in place (0; measured: no third tensor at the end of backward)."""
     if not spec.tie_word_embeddings or lora.is_lora(plan) or plan.precision.is_mixed:
+        return 0
+    if chunked_ce.is_chunked(plan) and len(chunked_ce.chunk_tokens(plan)) > 1:
         return 0
     emb = spec.outer_params[0]
     return local_numel(emb, plan) * plan.precision.param_bytes
