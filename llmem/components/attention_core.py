@@ -189,3 +189,42 @@ def forward_later_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return 0
     return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if _after_core(p.name)) \
         * plan.precision.compute_bytes
+
+
+# --- bloom's attention in a checkpointed layer's recompute: its locals at the residual add ---
+
+
+def recompute_locals_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """bloom, full fine-tuning on the hand-written table, one device / DDP / ZeRO-1: `BloomAttention.forward` runs
+    its residual `dropout_add` itself, so the attention's locals outlive the output projection."""
+    return spec.model_type == "bloom" and spec.derived is None and plan.method is Method.FULL and plan.tp == 1
+
+
+def recompute_locals_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """A checkpointed bloom layer's recompute at the residual add inside `BloomAttention.forward` (transformers 5.23
+    `modeling_bloom.py`): alive beside the saved tensors made so far are the block's locals — `layernorm_output`
+    (tokens × h, residual dtype, until the post-attention norm rebinds it), `fused_qkv` (tokens × 3h, compute dtype;
+    q, k and v are copies of its views), `alibi.baddbmm`'s scores (b × heads × s², compute dtype) and their sum with
+    the float mask (the mask's dtype wins: the parameters'), and the output projection's output (tokens × h)."""
+    cb, rb = _bytes(plan)
+    tokens, h = plan.batch_size * plan.seq_len, spec.hidden_size
+    scores = plan.batch_size * spec.num_heads * plan.seq_len ** 2
+    return tokens * h * rb + tokens * 3 * h * cb + scores * (cb + max(cb, plan.precision.param_bytes)) + tokens * h * cb
+
+
+def recompute_mlp_saved_bytes(spec: ModelSpec, plan: TrainingPlan, items: tuple[Saved, ...]) -> int:
+    """Of the layer's saved tensors (`items`), those made after the residual add (the MLP's), not recomputed yet."""
+    k = next((i for i, s in enumerate(items) if s.name.startswith("residual after attention")), len(items))
+    return sum(s.bytes for s in items[k + 1:])
+
+
+@per_spec("layout_key")
+def recompute_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Under autocast: the recompute's half copies of the attention's Linears (cached until it ends)."""
+    from llmem.components.autocast import _linear_weights
+    from llmem.components.autocast import applies as autocast_applies
+
+    if not autocast_applies(plan):
+        return 0
+    attention = [p for p in _linear_weights(spec, 0) if ".self_attention." in p.name]
+    return sum(local_numel(p, plan) for p in attention) * plan.precision.compute_bytes

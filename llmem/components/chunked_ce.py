@@ -19,7 +19,7 @@ k has e_k = batch × s_k × V logits. cb: compute bytes, hb: the hidden states' 
 
 from __future__ import annotations
 
-from llmem.components import lora
+from llmem.components import autocast, lora
 from llmem.plan import Loss, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -108,13 +108,30 @@ def _input_gradient(spec: ModelSpec, plan: TrainingPlan, tokens: int, cast: bool
 
 
 def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The lm_head's backward, beyond the one weight gradient the walk counts: at chunk n-1's MmBackward0 every
-    chunk's logits gradient and its input gradient; at the first sum of two chunks' weight gradients (InputBuffer:
-    `old + new`, out of place) the logits gradients of the chunks below and two more weight gradients."""
+    """The lm_head's backward, beyond the one weight gradient the walk counts (and, under autocast, its weight copy):
+    at chunk n-1's MmBackward0 every chunk's logits gradient and its input gradient; at chunk n-2's the second weight
+    gradient beside the first, with the logits gradients of chunks <= n-2; at the first sum of two chunks' weight
+    gradients (InputBuffer: `old + new`, out of place) the logits gradients of the chunks below and two more weight
+    gradients. With two chunks that sum comes after the last MmBackward0 has returned, which released what the
+    lm_head's nodes saved (`_released_before_sum`)."""
     e, cb, tokens = _elements(spec, plan), plan.precision.compute_bytes, chunk_tokens(plan)
     first = sum(e) * cb + _input_gradient(spec, plan, tokens[-1], True, False)
-    if len(e) < 2 or not head_weight_gradient_bytes(spec, plan):
+    wg = head_weight_gradient_bytes(spec, plan)
+    if len(e) < 2 or not wg:
         return first
-    summed = sum(e[:-2]) * cb + 2 * head_weight_gradient_bytes(spec, plan) \
-        + _input_gradient(spec, plan, tokens[-1], False, True) + _input_gradient(spec, plan, tokens[-2], True, True)
-    return max(first, summed)
+    done = _input_gradient(spec, plan, tokens[-1], False, True)  # chunk n-1's, after its ToCopyBackward0
+    second = sum(e[:-1]) * cb + wg + done + _input_gradient(spec, plan, tokens[-2], True, False)
+    summed = sum(e[:-2]) * cb + 2 * wg + done + _input_gradient(spec, plan, tokens[-2], True, True)
+    return max(first, second, summed - _released_before_sum(spec, plan))
+
+
+def _released_before_sum(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Two chunks: at the sum of their weight gradients no lm_head node is left, so autocast's half weight copy (saved
+    by the chunks' MmBackward0 alone; the cache was cleared when the forward's autocast region exited) and, where the
+    chunks' inputs are views of the final norm output (batch 1, no autocast cast), that output are gone (torch 2.13
+    `torch/csrc/autograd/engine.cpp`: a node's saved variables are released after it runs, `release_variables`)."""
+    if len(chunk_tokens(plan)) != 2:
+        return 0
+    views = plan.batch_size == 1 and not plan.precision.is_mixed
+    return autocast.head_weight_copy_bytes(spec, plan) + views * plan.batch_size * plan.seq_len * spec.hidden_size * \
+        plan.precision.compute_bytes

@@ -8,7 +8,7 @@ trains only its fp32 adapters, and the frozen embeddings run no backward); the t
 `--offload optimizer` without accumulation (torchao `offload_gradients=True`): a gradient of 4096+ elements is dropped
 by its hook right after AccumulateGrad made it (`llmem.components.offload`; counted where made, `offloaded_*`)."""
 
-from llmem.components import lora, lora_moe, offload
+from llmem.components import chunked_ce, lora, lora_moe, offload
 from llmem.components.sharding import local_numel
 from llmem.components.trainable import trainable
 from llmem.plan import Scheme, TrainingPlan
@@ -188,7 +188,7 @@ def embedding_gradient_accumulate_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return trainable(spec, plan).shared
 
 
-@per_spec("layout_key")
+@per_spec()  # (the chunk count reads the sequence length)
 def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Tied embeddings outside autocast: the shared weight's AccumulateGrad receives two gradients — the lm_head's
     first, then the embedding's dense one — and the engine's InputBuffer sums them before `.grad` sees them
@@ -196,8 +196,12 @@ def tied_gradient_sum_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     the transposed weight, `mm(...).t()`, transposed back by TBackward0), so `can_accumulate_inplace` (sole owner of
     the storage) fails and the sum is out of place: `aten::add.Tensor` makes a third embedding-sized tensor beside
     its two addends. Under autocast the lm_head's gradient is ToCopyBackward0's fresh fp32 copy and the sum is
-    `add_` in place (0 here). LoRA: the frozen embedding runs no backward."""
-    return 0 if plan.precision.is_mixed else trainable(spec, plan).shared
+    `add_` in place (0 here). LoRA: the frozen embedding runs no backward. `--loss chunked-ce` with two chunks or
+    more: the lm_head's gradient is the out-of-place sum of the chunks' (`chunked_ce.lm_head_backward_bytes`), a fresh
+    tensor, so the embedding's is added into it in place (0; measured: no third tensor at the end of backward)."""
+    if plan.precision.is_mixed or (chunked_ce.is_chunked(plan) and len(chunked_ce.chunk_tokens(plan)) > 1):
+        return 0
+    return trainable(spec, plan).shared
 
 
 @per_spec("layout_key")

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 17
+FORMAT = 18
 
 
 def _directory() -> Path:

@@ -80,6 +80,7 @@ class _Allocations(TorchDispatchMode):
         super().__init__()
         self.params, self.origin, self.copies = params, {}, set()
         self.autocast_dtype, self.keep = autocast_dtype, []
+        self.forward = True  # False once backward starts: see `__torch_dispatch__`
         self._alive: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -100,9 +101,11 @@ class _Allocations(TorchDispatchMode):
                 if ref is None or ref() is None:  # a new storage (an address can be reused after a free)
                     self.origin[key] = f"{name}[{i}]" if i else name  # e.g. native_layer_norm[1]: its mean
                     self._alive[key] = weakref.ref(st)
-                if copy:
+                if copy and self.forward:
                     self.copies.add(key)
-                    self.keep.append(st)  # alive to the end of the trace: no activation takes its address
+                    self.keep.append(st)  # alive to the end of the forward: no activation takes its address
+        # In backward (a checkpointed layer's recompute) a copy is not kept: the frozen base's copies, saved by their
+        # mm alone, go with their MmBackward0 as in the real step, before the attention core's backward
         return out
 
 
@@ -272,6 +275,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
+                rec.alloc.forward = False
                 logits.backward(torch.ones_like(logits))
             out.grad_excess = _grad_excess(model)
             grads = {tracker._live[k][0] for k in (_local(p.grad).untyped_storage()._cdata

@@ -64,7 +64,8 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
         if ph.name == "optimizer step":
             continue
         b = dict(ph.breakdown)
-        new = b[Category.GRADIENTS] - later.get(ph.name, 0)  # what this moment of micro-step 1 had just produced
+        # what this moment of micro-step 1 had just produced
+        new = b[Category.GRADIENTS] - later.get(ph.name, later.get(_base_moment(ph.name), 0))
         b[Category.GRADIENTS] = grads_all + new
         out.append(Phase(f"{ph.name}, gradients alive ({_when(plan)})", b))
     new_grad = accumulated_embedding_gradient_bytes(spec, plan)
@@ -74,6 +75,12 @@ def accumulation_phases(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]
         what = "tied gradients summed" if ph.name.endswith("summed") else "embedding gradient accumulated"
         out.append(Phase(f"backward end, {what} ({_when(plan)})", b))
     return out
+
+
+def _base_moment(name: str) -> str:
+    """QLoRA's layer-backward moments with a weight dequantized (`walk.single.qlora_moments`: `<moment>, <bits> weight
+    dequantized`) hold their base moment's gradients: the same `.grad`s made before it."""
+    return name.rsplit(", ", 1)[0] if name.endswith(" weight dequantized") else name
 
 
 def forward_core_moments(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase], grads_all: int) -> list[Phase]:

@@ -134,6 +134,27 @@ def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phas
         logits=t.logits, communication=t.gathered(layer + 1))
 
 
+def _bloom_recompute_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """A checkpointed bloom layer's recompute at its attention's residual add (`attention_core.recompute_locals_*`):
+    the layer output's gradient and, under autocast, its half cast for the last MLP Linear (the trigger), the
+    recompute's RNG state copy on the cpu profile."""
+    from llmem.components.activations import CPU_RNG_STATE_BYTES
+    from llmem.plan import Device
+
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    mlp = core.recompute_mlp_saved_bytes(spec, lp, tuple(act.layer_saved(spec, lp)))
+    tokens_h = plan.batch_size * plan.seq_len * spec.hidden_size
+    trigger_cast = tokens_h * plan.precision.compute_bytes if autocast.applies(plan) else 0
+    rng = CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
+    return moment(
+        f"{name[:-1]}, recompute at the attention's residual add)", **t.persistent,
+        activations=held + t.outer_act - mlp + core.recompute_locals_bytes(spec, lp),
+        gradients=t.grads_outer + later + layer_output_gradient_bytes(spec, plan) + trigger_cast,
+        temporaries=core.recompute_weight_copy_bytes(spec, plan) + rng,
+        logits=t.logits, communication=t.gathered(layer + 1))
+
+
 def _query_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
     """sdpa's backward, q's RoPE backward and q_norm's (`query_backward`), on the layer's table."""
     spec, plan = t.spec, t.plan
@@ -197,6 +218,8 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     phases += _recompute_moments(t, layer, name, held, later)
     if core.applies(spec, plan):
         phases.append(_core_moment(t, layer, name, held, later))
+    if core.recompute_locals_applies(spec, plan) and plan.checkpointed(layer):
+        phases.append(_bloom_recompute_moment(t, layer, name, held, later))
     if qb.applies_rope(spec, plan):
         for ph in _query_moments(t, layer, name, held, later):
             phases.append(ph)

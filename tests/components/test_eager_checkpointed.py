@@ -60,3 +60,19 @@ FSDP = TwoRankRows(dict(gpus=2, batch_size=2, seq_len=128, grad_ckpt="full", att
 def test_checkpointed_eager_fsdp_two_ranks_within_one_percent(name):
     """Measured within 0.04% (opt -9.9%, gpt_neox -9.7%, gemma2 -5.3%, llama -3.5% before)."""
     FSDP.check(name, tolerance=TOLERANCE)
+
+
+@pytest.mark.parametrize("precision", ["fp16-mixed", "bf16"])
+def test_bloom_recompute_holds_its_attention_locals_at_the_residual_add(precision):
+    """Seed 12's s12-2304 (bloom fp16-mixed checkpointed, ZeRO-1, grad-accum 2: -1.40 %): `BloomAttention.forward`
+    runs the residual add itself, so in a checkpointed layer's recompute its locals (the norm output, fused_qkv,
+    baddbmm's scores and their fp32 sum with the mask) are alive beside the recomputed saves there
+    (`attention_core.recompute_locals_bytes`). This plan with SGD: fp16-mixed -1.51 % -> -0.12 %; pure bf16 (half
+    locals, below the MLP moment) +0.04 % either way. Bound 1 % as above (what is left: 8 KiB, not pinned down)."""
+    cfg = SMALL["bloom"]
+    plan = TrainingPlan(device="cpu", batch_size=4, seq_len=128, precision=precision, grad_ckpt="full",
+                        optimizer="sgd", grad_accum=2)
+    est = estimate(ModelSpec.from_config(cfg), plan).peak_bytes
+    measured = measure_rank(cfg, plan)["peak_bytes"]
+    print(f"{precision}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
+    assert abs(est - measured) <= TOLERANCE * measured, (est, measured)

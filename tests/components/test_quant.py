@@ -176,6 +176,24 @@ def test_int8_estimate_matches_cpu_run(family, plan):
     assert abs(est.peak_bytes - trace.peak_bytes) / trace.peak_bytes < 0.02
 
 
+def test_dequantized_moments_of_micro_step_2_count_each_gradient_once():
+    """Seed 12's s12-1913 (mistral int8 QLoRA, lm_head trained as a copy, checkpointed, --grad-accum 2: +1.24 %): in
+    micro-step 2 a layer-backward moment with an 8-bit weight dequantized holds the `.grad`s its base moment holds
+    (the head copy's, the later layers'); they were counted as new beside every gradient, i.e. twice. Bound 1 %, the
+    project's bar (what is left here: under 0.05 %)."""
+    pytest.importorskip("bitsandbytes")
+    from llmem.measure.run import measure_rank
+    from llmem.sweep.models import SMALL
+
+    plan = TrainingPlan(device="cpu", method="qlora", quant="int8", precision="fp32", optimizer="sgd", batch_size=2,
+                        seq_len=128, grad_ckpt="full", lora_targets="all-linear", lora_dropout=0.1,
+                        lora_modules_to_save="lm_head", grad_accum=2)
+    est = estimate(ModelSpec.from_config(SMALL["mistral"]), plan).peak_bytes
+    measured = measure_rank(SMALL["mistral"], plan)["peak_bytes"]
+    print(f"estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
+    assert abs(est - measured) / measured < 0.01
+
+
 def test_int8_inputs_held_until_the_outputs_are_dropped():
     """After the backward, the 8-bit nodes still hold their inputs: the measured end of backward and the optimizer
     step match the estimate's phases with those inputs (without them the estimate would be ~28 % low there)."""

@@ -90,6 +90,22 @@ def test_traced_lora_within_one_percent(family, plan):
     assert abs(_error(family, **plan)) <= TOLERANCE
 
 
+@pytest.mark.parametrize("targets", ["qkv_proj", "o_proj"])
+def test_checkpointed_recompute_under_autocast_frees_the_frozen_weight_copies(targets):
+    """Seed 15's s15-73 (phi3 LoRA fp16-mixed, eager, checkpointed: +2.42 %; +3.0 % and +3.3 % for these plans): in a
+    checkpointed layer's recompute, autocast's copies of the frozen Linears after the attention core (o_proj,
+    gate_up_proj, down_proj; not cached: they are not leaves that require grad) are saved by their mm alone and go
+    with its MmBackward0, before the core's softmax backward peaks. The trace kept every copy made in backward alive
+    to its end (with qkv_proj 57,344 bytes, exactly those three copies). Bound 1 %: what is left is -0.06 %."""
+    cfg = SMALL["phi3"]
+    p = TrainingPlan(device="cpu", method="lora", batch_size=1, seq_len=128, precision="fp16-mixed", attn="eager",
+                     grad_ckpt="full", lora_targets=targets, lora_dropout=0.0, optimizer="sgd")
+    est = estimate(ModelSpec.from_config(cfg), p).peak_bytes
+    measured = measure_rank(cfg, p)["peak_bytes"]
+    print(f"{targets}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
+    assert abs(est - measured) <= TOLERANCE * measured, (est, measured)
+
+
 GRID = list(itertools.product(DERIVED + HAND_WRITTEN, ["sdpa", "eager"], ["attention", "all"], ["none", "full"]))
 
 
