@@ -54,7 +54,7 @@ def _launched(plan: TrainingPlan, rank: int):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_overflow():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             yield
     finally:
@@ -66,6 +66,39 @@ def _launched(plan: TrainingPlan, rank: int):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _no_overflow():
+    """ZeRO-0 under bf16 (`FP16_UnfusedOptimizer.step`) checks the gradients for inf/nan on the host:
+    `CheckOverflow._has_inf_or_nan` reads `float(x.float().sum())` (runtime/utils.py:322) and `has_overflow`
+    `overflow_gpu[0].item()` (:313), which a fake tensor cannot answer. The stand-ins make the same tensors (the fp32
+    copy of a half gradient, the sum, the one-byte flag) and answer "no overflow", the steady state's step; likewise
+    `get_weight_norm`'s `float(total_norm)` (runtime/utils.py:577): its per-gradient norms are made, 1.0 returned."""
+    from unittest import mock
+
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.utils import CheckOverflow
+
+    def has_inf_or_nan(x, i):
+        x.float().sum()
+        return False
+
+    def has_overflow(self, params, has_moe_params=None):
+        self.has_overflow_serial(params)
+        get_accelerator().ByteTensor([False])
+        return False
+
+    def get_weight_norm(parameters, norm_type=2, mpu=None):  # runtime/utils.py:563-577, `float(total_norm)` read
+        total = sum(p.data.float().norm(norm_type) ** norm_type for p in parameters)
+        get_accelerator().FloatTensor([0.0])
+        return 1.0 if isinstance(total, torch.Tensor) else total
+
+    with mock.patch.object(CheckOverflow, "_has_inf_or_nan", staticmethod(has_inf_or_nan)), \
+            mock.patch.object(CheckOverflow, "has_overflow", has_overflow), \
+            mock.patch("deepspeed.runtime.fp16.unfused_optimizer.get_weight_norm", get_weight_norm):
+        yield
 
 
 def _copy(value):

@@ -30,17 +30,23 @@ import contextlib
 from llmem.plan import TrainingPlan
 
 
-def _previous_outputs(split, model, plan: TrainingPlan, rank: int, device: str):
-    """The metadata stage `rank - 1` sends stage `rank`: the outputs of stages 0 .. rank-1 on one microbatch of
-    token ids (`split_args_kwargs_into_chunks`: the step batch split along dim 0 into M microbatches)."""
+def _previous_outputs(model, plan: TrainingPlan, stage_index: int, device: str):
+    """The metadata stage `stage_index - 1` sends stage `stage_index`: the outputs of stages 0 .. stage_index-1 on
+    one microbatch of token ids (`split_args_kwargs_into_chunks`: the step batch split along dim 0 into M
+    microbatches); under the looped schedule the stages of every rank, in stage order."""
     import torch
     from torch.distributed.pipelining._utils import _StageForwardMeta, extract_tensor_metas
 
+    from llmem.components.pipeline import num_stages
+    from llmem.runtime.pipeline import Stage, autocast_of, stage_layers
+
+    total = num_stages(plan)
+    layers = stage_layers(int(model.config.num_hidden_layers), total)
     micro = plan.batch_size // plan.microbatches
     x = torch.zeros(micro, plan.seq_len, dtype=torch.long, device=device)
     with torch.enable_grad():
-        for stage in range(rank):
-            x = split(model, plan, stage, device)(x)
+        for s in range(stage_index):
+            x = Stage(model, layers[s], first=s == 0, last=s == total - 1, autocast=autocast_of(plan, device))(x)
     return _StageForwardMeta(forward_metas=extract_tensor_metas((x,)))
 
 
@@ -91,12 +97,15 @@ def fake_p2p_values(plan: TrainingPlan, tracker):
     received: dict[int, object] = {}
 
     def split(model, run_plan, rank, device="cpu"):
-        if rank > 0 and rank not in received:
-            tracker.paused += 1
-            try:
-                received[rank] = _previous_outputs(orig_split, model, run_plan, rank, device)
-            finally:
-                tracker.paused -= 1
+        from llmem.components.pipeline import rank_stages
+
+        for stage_index in rank_stages(run_plan, rank):
+            if stage_index > 0 and stage_index not in received:
+                tracker.paused += 1
+                try:
+                    received[stage_index] = _previous_outputs(model, run_plan, stage_index, device)
+                finally:
+                    tracker.paused -= 1
         return orig_split(model, run_plan, rank, device)
 
     def warmup_p2p(self, stages, has_backward, p2p_done):

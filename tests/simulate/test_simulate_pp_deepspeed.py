@@ -29,8 +29,9 @@ def _check_ranks(runs, name: str) -> None:
     assert sim.peak_bytes == max(sim.rank_peaks) == sim.rank_peaks[sim.rank]
 
 
-PP = {"gpipe-fp32-none": pipeline_rows.RUNS}
-PP_HEAVY = {"1f1b-bf16-mixed-full": pipeline_rows.RUNS, "gpipe-bf16-mixed-none": pipeline_rows.HEAVY,
+PP = {"gpipe-fp32-none": pipeline_rows.RUNS, "interleaved-fp32-none": pipeline_rows.RUNS}
+PP_HEAVY = {"1f1b-bf16-mixed-full": pipeline_rows.RUNS, "interleaved-bf16-mixed-full": pipeline_rows.HEAVY,
+            "gpipe-bf16-mixed-none": pipeline_rows.HEAVY,
             "1f1b-m2-batch4": pipeline_rows.HEAVY, "pp4-1f1b-fp32": pipeline_rows.FOUR,
             "pp4-1f1b-bf16-mixed-full": pipeline_rows.FOUR}
 
@@ -52,8 +53,8 @@ def test_pipeline_stage_peaks_name_the_worst_stage():
     assert sim.to_dict(max_points=10)["worst_stage"] == sim.stage_peaks.index(max(sim.stage_peaks))
 
 
-DS_ROWS = ("llama-z1-fp32", "llama-z2-bf16")
-DS_HEAVY = ("llama-z2-bf16-default", "gpt2-z2-fp32-seq128", "llama-z1-bf16-sgd")
+DS_ROWS = ("llama-z1-fp32", "llama-z2-bf16", "llama-z0-bf16")  # ZeRO-0 bf16: FP16_UnfusedOptimizer's host reads
+DS_HEAVY = ("llama-z2-bf16-default", "gpt2-z2-fp32-seq128", "llama-z1-bf16-sgd", "llama-z0-fp32")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
