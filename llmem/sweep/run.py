@@ -144,17 +144,22 @@ def describe(r: dict) -> str:
     return f"{r['id']:<10} {r['model']:<15} {r.get('scheme', ''):<9} {what}"
 
 
-def _drop_accepted_since(out: Path, seed: int, size: str, device: str) -> None:
-    """Resuming: the rows of plans the estimator refused when the sweep ran but accepts now leave `out`, so that the
-    sweep draws them again (as the draw reads today) and runs the oracle on them."""
+def _drop_accepted_since(out: Path, seed: int, size: str) -> dict[int, Draw]:
+    """Resuming: the rows of plans the estimator refused when the sweep ran but accepts now leave `out`, and those
+    plans, as recorded (the draw of their index may have changed since, with options added to it), are returned
+    to be run by the oracle."""
     if not out.is_file():
-        return
-    rows = read_rows(out)
-    stale = {r["index"] for r in rows if r.get("seed") == seed and r.get("outcome") == REFUSED_ESTIMATOR
-             and "outcome" not in estimate_draw(d := draw_one(seed, r["index"], size, device),
-                                                 base_record(d, seed, size, "measure"))}
-    if stale:
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("seed") != seed or r["index"] not in stale))
+        return {}
+    rows, again = read_rows(out), {}
+    for r in rows:
+        config = models(size).get(r["model"]) if r.get("seed") == seed else None
+        if config is not None and r.get("outcome") == REFUSED_ESTIMATOR:
+            d = Draw(r["index"], r["model"], config, dict(r["plan"]))
+            if "outcome" not in estimate_draw(d, base_record(d, seed, size, "measure")):
+                again[r["index"]] = d
+    if again:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("seed") != seed or r["index"] not in again))
+    return again
 
 
 def sweep(n: int, seed: int, oracle: str, size: str, out: Path, resume: bool = False, block: int = 8,
@@ -165,11 +170,10 @@ def sweep(n: int, seed: int, oracle: str, size: str, out: Path, resume: bool = F
     if not resume:
         out.unlink(missing_ok=True)
         raw.unlink(missing_ok=True)
-    if resume:
-        _drop_accepted_since(out, seed, size, DEVICE[oracle])
+    again = _drop_accepted_since(out, seed, size) if resume else {}
     done = {r["index"] for r in read_rows(out) if r.get("seed") == seed}
     for start in range(0, n, block):
-        draws = [draw_one(seed, i, size, DEVICE[oracle]) for i in range(start, min(n, start + block))
+        draws = [again.get(i) or draw_one(seed, i, size, DEVICE[oracle]) for i in range(start, min(n, start + block))
                  if i not in done]
         records = [estimate_draw(d, base_record(d, seed, size, oracle)) for d in draws]
         _append(out, [r for r in records if "outcome" in r], log)

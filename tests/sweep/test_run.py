@@ -139,5 +139,27 @@ def test_resuming_draws_again_the_plans_refused_then_and_accepted_now(tmp_path):
     out = tmp_path / "sweep.jsonl"
     as_refused = accepted | {"outcome": REFUSED_ESTIMATOR, "field": "method", "reason": "method: not then"}
     out.write_text("".join(json.dumps(r) + "\n" for r in (as_refused, refused)))
-    _drop_accepted_since(out, 11, "small", "cpu")
+    again = _drop_accepted_since(out, 11, "small")
     assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [refused["index"]]
+    assert list(again) == [accepted["index"]] and again[accepted["index"]].fields == accepted["plan"]
+
+
+def test_resuming_runs_the_plan_as_recorded_when_the_draw_has_changed_since(tmp_path, fake_measure):
+    """A plan refused then and accepted now is run as the row recorded it, not as today's draw of its index (the
+    draw gains options over time, so the index may now give another plan)."""
+    from llmem.sweep.draw import draw_one
+
+    out = tmp_path / "sweep.jsonl"
+    rows = run.sweep(20, 11, "measure", "small", out, log=lambda _: None)
+    first = next(r for r in rows if r["outcome"] == COMPARED)
+    other = next(r for r in rows if r["outcome"] == COMPARED and r["plan"] != first["plan"])
+    # the row of `other`'s index recorded `first`'s plan, refused then
+    stale = other | {"plan": first["plan"], "model": first["model"], "outcome": run.REFUSED_ESTIMATOR,
+                     "field": "method", "reason": "method: not then"}
+    out.write_text("".join(json.dumps(stale if r["index"] == other["index"] else r) + "\n" for r in rows))
+    fake_measure.clear()
+    resumed = run.sweep(20, 11, "measure", "small", out, resume=True, log=lambda _: None)
+    assert sum(fake_measure, []) == [other["index"]]
+    (row,) = [r for r in resumed if r["index"] == other["index"]]
+    today = draw_one(11, other["index"], "small", "cpu").fields
+    assert row["outcome"] == COMPARED and row["plan"] == first["plan"] != today
