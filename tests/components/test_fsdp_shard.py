@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.components.multirank import TwoRankRows
 
 CONFIG = dict(model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=1024, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, num_local_experts=1, num_experts_per_tok=1,
@@ -25,40 +25,16 @@ ROWS = {f"{shard}-z{zero}-{prec}": dict(gpus=2, zero=zero, precision=prec, seq_l
 TOLERANCE = 0.01
 
 
-@pytest.fixture(scope="module")
-def measured() -> dict:
-    from llmem.measure.launch import run_job
-
-    rows = [{"id": name, "config": CONFIG, "plan": plan, "steps": 2} for name, plan in ROWS.items()]
-    results, err = run_job(rows, 2, "cpu", timeout=900)
-    if not results:
-        pytest.fail(f"the 2-process launch measured nothing: {err}")
-    return {r["id"]: r for r in results}
-
-
-def _measured_again(measured: dict, name: str) -> dict:
-    """A row read high measured again in a launch of its own, the lower peak kept (gloo's threads can delay a free,
-    never advance one; as `tests/components/multirank.TwoRankRows` does)."""
-    from llmem.measure.launch import run_job
-
-    results, _ = run_job([{"id": name, "config": CONFIG, "plan": ROWS[name], "steps": 2}], 2, "cpu", timeout=900)
-    if results and "error" not in results[0] and results[0]["peak_bytes"] < measured[name]["peak_bytes"]:
-        measured[name] = results[0]
-    return measured[name]
+RUNS = TwoRankRows({}, ROWS, lambda _name: CONFIG)  # one launch; a row read high is measured again
 
 
 @pytest.mark.parametrize("name", ROWS)
-def test_estimate_within_one_percent_of_the_measured_peak(measured, name):
-    res = measured[name]
-    assert "error" not in res, res.get("error")
-    est = estimate(ModelSpec.from_config(CONFIG), TrainingPlan(**ROWS[name], device="cpu")).peak_bytes
-    if est < (1 - TOLERANCE) * res["peak_bytes"]:
-        res = _measured_again(measured, name)
-    peak = res["peak_bytes"]
-    assert abs(est - peak) <= TOLERANCE * peak, f"{name}: {est:,} vs measured {peak:,} ({(est - peak) / peak:+.2%})"
+def test_estimate_within_one_percent_of_the_measured_peak(name):
+    RUNS.check(name, TOLERANCE)
 
 
-def test_sharding_on_dim_1_lowers_the_measured_peak(measured):
+def test_sharding_on_dim_1_lowers_the_measured_peak():
+    measured = RUNS.measured()
     for zero in (2, 3):
         for prec in ("fp32", "bf16-mixed"):
             dim1, dim0 = (measured[f"{shard}-z{zero}-{prec}"]["peak_bytes"] for shard in ("dim1-if-short", "dim0"))

@@ -9,36 +9,20 @@ import pytest
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.runtime.parallel import check_supported
+from tests.components.multirank import TwoRankRows
 from tests.components.test_activations import CONFIGS
 from tests.derive.configs import config
 
 FAMILIES = ("gpt_neox", "phi3", "phi", "starcoder2", "olmo2", "gemma3_text", "qwen3_moe")
 SAMPLE = ("gpt_neox", "qwen3_moe")
 BASE = {"batch_size": 2, "seq_len": 64, "gpus": 2, "tp": 2, "optimizer_impl": "forloop", "attn": "sdpa"}
-_MEASURED: dict = {}
 
 
 def _config(model_type: str) -> dict:
     return CONFIGS[model_type] if model_type in CONFIGS else config(model_type)
 
 
-def _measured(names: tuple[str, ...], again: bool = False) -> dict:
-    """One launch for the rows not measured yet; `again`: the rows measured anew in a launch of their own, the lower
-    peak kept (gloo's threads can delay a free, never advance one: a peak read high is read again, as
-    `tests/components/multirank.TwoRankRows` does)."""
-    missing = [n for n in names if again or n not in _MEASURED]
-    if missing:
-        from llmem.measure.launch import run_job
-
-        rows = [{"id": n, "config": _config(n), "plan": BASE, "steps": 2} for n in missing]
-        results, err = run_job(rows, 2, "cpu", timeout=900)
-        if not results:
-            pytest.fail(f"the 2-process launch measured nothing: {err}")
-        for r in results:
-            old = _MEASURED.get(r["id"])
-            keep = old is not None and "error" not in old and ("error" in r or old["peak_bytes"] <= r["peak_bytes"])
-            _MEASURED[r["id"]] = old if keep else r
-    return _MEASURED
+RUNS = TwoRankRows(BASE, {m: {} for m in FAMILIES}, _config, sampled=SAMPLE)  # the sample, then the rest
 
 
 @pytest.mark.parametrize("model_type", ["falcon", "bloom", "gpt2"])
@@ -49,23 +33,23 @@ def test_a_config_without_a_plan_is_refused_naming_tp(model_type):
     assert e.value.field == "tp" and "base_model_tp_plan" in str(e.value)
 
 
-def _check(model_type: str, names: tuple[str, ...]) -> None:
+def _check(model_type: str) -> None:
     from llmem.simulate.run import simulate
 
-    res = _measured(names)[model_type]
+    res = RUNS.measured(model_type)[model_type]
     assert "error" not in res, res.get("error")
-    sim = simulate(_config(model_type), TrainingPlan(**BASE, device="cpu")).peak_bytes
-    if sim < 0.99 * res["peak_bytes"]:  # read high: measured again in a launch of its own
-        res = _measured((model_type,), again=True)[model_type]
+    sim = simulate(_config(model_type), RUNS.plan(model_type)).peak_bytes
+    if sim < 0.99 * res["peak_bytes"]:  # read high: once more, in a launch of its own
+        res = RUNS.remeasure(model_type)
     assert abs(sim - res["peak_bytes"]) <= 0.01 * res["peak_bytes"], (model_type, sim, res["peak_bytes"])
 
 
 @pytest.mark.parametrize("model_type", SAMPLE)
 def test_the_models_plan_runs_on_two_ranks_and_simulate_follows(model_type):
-    _check(model_type, SAMPLE)
+    _check(model_type)
 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("model_type", [m for m in FAMILIES if m not in SAMPLE])
 def test_every_family_runs_on_two_ranks_and_simulate_follows(model_type):
-    _check(model_type, tuple(m for m in FAMILIES if m not in SAMPLE))
+    _check(model_type)
