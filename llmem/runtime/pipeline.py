@@ -85,13 +85,20 @@ class Stage(nn.Module):
 def split(model: nn.Module, plan: TrainingPlan, rank: int, device: str = "cpu") -> nn.Module:
     """This rank's stage of `model` (rank = stage index); `--pp-schedule interleaved-1f1b`: an `nn.ModuleList` of
     its stages `rank, rank + pp, ...` (`components.pipeline.rank_stages`, torchtitan's loop style)."""
-    from llmem.components.pipeline import num_stages, rank_stages
+    from llmem.components.pipeline import rank_stages
+
+    chunks = [stage_module(model, plan, s, device) for s in rank_stages(plan, rank)]
+    return chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
+
+
+def stage_module(model: nn.Module, plan: TrainingPlan, stage: int, device: str = "cpu") -> Stage:
+    """Stage `stage` of `model`: its decoder layers (`stage_layers` over every stage), the embedding on the first,
+    the final norm and lm_head on the last."""
+    from llmem.components.pipeline import num_stages
 
     total = num_stages(plan)
     layers = stage_layers(int(model.config.num_hidden_layers), total)
-    chunks = [Stage(model, layers[s], first=s == 0, last=s == total - 1, autocast=autocast_of(plan, device))
-              for s in rank_stages(plan, rank)]
-    return chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
+    return Stage(model, layers[stage], first=stage == 0, last=stage == total - 1, autocast=autocast_of(plan, device))
 
 
 def autocast_of(plan: TrainingPlan, device: str):

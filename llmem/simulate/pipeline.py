@@ -37,16 +37,13 @@ def _previous_outputs(model, plan: TrainingPlan, stage_index: int, device: str):
     import torch
     from torch.distributed.pipelining._utils import _StageForwardMeta, extract_tensor_metas
 
-    from llmem.components.pipeline import num_stages
-    from llmem.runtime.pipeline import Stage, autocast_of, stage_layers
+    from llmem.runtime.pipeline import stage_module
 
-    total = num_stages(plan)
-    layers = stage_layers(int(model.config.num_hidden_layers), total)
     micro = plan.batch_size // plan.microbatches
     x = torch.zeros(micro, plan.seq_len, dtype=torch.long, device=device)
     with torch.enable_grad():
         for s in range(stage_index):
-            x = Stage(model, layers[s], first=s == 0, last=s == total - 1, autocast=autocast_of(plan, device))(x)
+            x = stage_module(model, plan, s, device)(x)
     return _StageForwardMeta(forward_metas=extract_tensor_metas((x,)))
 
 
