@@ -36,6 +36,7 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
     Scheme,
 )
 from llmem.errors import InputError
+from llmem.memo import remembered
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
 __all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice",
@@ -61,12 +62,7 @@ def field_key(values: tuple) -> int:
     """A serial number for `values`, the same for equal values: per-spec caches look terms up by it (an int hashes
     and compares at once; hashing the plan hashes every field again). At most 4,096 are kept; past that, values
     seen again get a new number (a cache miss, never a wrong hit: numbers are not reused)."""
-    key = _INTERNED.get(values)
-    if key is None:
-        if len(_INTERNED) >= 4096:
-            _INTERNED.clear()
-        key = _INTERNED[values] = next(_SERIALS)
-    return key
+    return remembered(_INTERNED, values, lambda: next(_SERIALS))
 
 
 @dataclass(frozen=True)

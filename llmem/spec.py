@@ -15,6 +15,7 @@ from enum import Enum
 from functools import cached_property
 
 from llmem.errors import GAP, REFUSED, InputError
+from llmem.memo import remembered
 
 MEMO_LIMIT = 4096  # terms kept per spec (`ModelSpec.memo`)
 
@@ -93,14 +94,7 @@ class ModelSpec:
         keyed by a whole plan (`per_plan`: `TrainingPlan.key`) are kept apart from those over the spec's structure,
         which many plans share; each store starts afresh at `MEMO_LIMIT` keys (values are recomputed when asked
         again), so a long-running app stays bounded."""
-        memo = self._plan_memo if per_plan else self._memo
-        value = memo.get(key, _MISSING)  # one lookup: another thread may clear the store in between
-        if value is _MISSING:
-            value = compute()
-            if len(memo) >= MEMO_LIMIT:
-                memo.clear()
-            memo[key] = value
-        return value
+        return remembered(self._plan_memo if per_plan else self._memo, key, compute, MEMO_LIMIT)
 
     @cached_property
     def family(self):

@@ -29,6 +29,7 @@ from llmem.components.saved import Saved
 from llmem.derive import cache, depth, experts, kinds
 from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
 from llmem.errors import InputError
+from llmem.memo import remembered
 from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -100,15 +101,12 @@ class Derived:
 
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
-        fits = self._plan_fits.get(plan.key)
-        if fits is None:
-            k = self.key(plan)
-            if k not in self._fits:
-                self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
-            if len(self._plan_fits) >= 4096:
-                self._plan_fits.clear()
-            fits = self._plan_fits[plan.key] = self._fits[k]
-        return fits
+        return remembered(self._plan_fits, plan.key, lambda: self._fitted(self.key(plan)))
+
+    def _fitted(self, k: tuple) -> dict:
+        if k not in self._fits:
+            self._fits[k] = cache.load(self.config, k) or cache.store(self.config, k, self._trace_and_fit(k))
+        return self._fits[k]
 
     def _trace_and_fit(self, k: tuple) -> dict:
         from llmem.derive.tp import fake_group
@@ -194,17 +192,12 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        key = (plan.key, this, place)  # each layer of a kind asks for the same table: evaluated once per plan
-        saved = self._evaluated.get(key)
-        if saved is None:
-            table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
-                else fits[place][this] if place == "checkpointed backward" else fits[place]
-            b, s = plan.batch_size, plan.seq_len
-            saved = tuple(Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table)
-            if len(self._evaluated) >= 4096:
-                self._evaluated.clear()
-            self._evaluated[key] = saved
-        return list(saved)
+        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
+            else fits[place][this] if place == "checkpointed backward" else fits[place]
+        b, s = plan.batch_size, plan.seq_len
+        # each layer of a kind asks for the same table: evaluated once per plan
+        return list(remembered(self._evaluated, (plan.key, this, place), lambda: tuple(
+            Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table)))
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")

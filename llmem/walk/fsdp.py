@@ -28,7 +28,8 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
-from llmem.plan import Engine, GradCkpt, Offload, Precision, Scheme, TrainingPlan
+from llmem.memo import remembered
+from llmem.plan import Engine, GradCkpt, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.chunked import fsdp_head_moments
@@ -38,16 +39,8 @@ from llmem.walk.phase import Phase, moment, with_extra
 def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     """The plan whose single-device walk matches one FSDP2 rank's compute: TP-local tensors, unsharded; under a
     MixedPrecisionPolicy the whole forward runs in the half dtype (no autocast), as pure half precision does."""
-    cp = _COMPUTE_PLANS.get(plan.key)
-    if cp is None:
-        precision = plan.precision
-        if precision.is_mixed:
-            precision = Precision.BF16 if precision is Precision.BF16_MIXED else Precision.FP16
-        cp = plan.with_(gpus=plan.tp, zero=0, precision=precision, offload=Offload.NONE, engine=Engine.TORCH)
-        if len(_COMPUTE_PLANS) >= 1024:
-            _COMPUTE_PLANS.clear()
-        _COMPUTE_PLANS[plan.key] = cp
-    return cp
+    return remembered(_COMPUTE_PLANS, plan.key, lambda: plan.with_(
+        gpus=plan.tp, zero=0, precision=plan.precision.pure, offload=Offload.NONE, engine=Engine.TORCH), 1024)
 
 
 _COMPUTE_PLANS: dict = {}  # plan key -> compute plan (a plan is immutable; at most 1,024 kept)
