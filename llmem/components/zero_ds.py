@@ -27,6 +27,7 @@ b = bytes per element of the module: 2 under bf16 (the engine casts the module, 
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 
 from llmem.components.optimizer import STEP_TENSOR_BYTES
 from llmem.plan import Device, Optimizer, OptimizerImpl, Precision, TrainingPlan
@@ -163,7 +164,7 @@ def flatten_numel(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...])
     and a view of a single one (no memory): a bucket inside one partition, or an extra-large tensor's slices each
     above the bucket size, flattens nothing."""
     numels = ordered_numels(spec)
-    offsets = [sum(numels[:i]) for i in range(len(numels) + 1)]
+    offsets = list(accumulate(numels, initial=0))
     s = partition_numel(spec, plan)
     slices: list[list[int]] = []  # [partition, numel]
     for i in tensors:
