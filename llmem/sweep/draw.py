@@ -199,12 +199,21 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     stages = [v for v in (2, 3) if pp * v <= layers + 2]
     if stages and looped.random() < INTERLEAVED_SHARE:
         out |= {"pp_schedule": PpSchedule.INTERLEAVED_1F1B.value, "pp_stages_per_rank": looped.choice(stages)}
-    runs = {PpSchedule.GPIPE.value: lambda m: True, PpSchedule.ONE_F_ONE_B.value: lambda m: m >= pp,
-            PpSchedule.INTERLEAVED_1F1B.value: lambda m: m % max(1, m // pp) == 0}[out["pp_schedule"]]
-    divisors = [m for m in range(1, batch + 1) if batch % m == 0 and runs(m)]
+    divisors = [m for m in range(1, batch + 1) if _schedule_runs(out["pp_schedule"], pp, batch, m)]
     if not divisors:  # 1F1B on a batch smaller than the stages: GPipe runs it
         out["pp_schedule"], divisors = PpSchedule.GPIPE.value, [m for m in range(1, batch + 1) if batch % m == 0]
     return out | {"microbatches": rng.choice(divisors)}
+
+
+def _schedule_runs(schedule: str, pp: int, batch: int, microbatches: int) -> bool:
+    """Whether the support matrix's rows over the pipeline's own fields accept `microbatches` (a divisor of the
+    batch; 1F1B: at least the stages; interleaved: a multiple of its rounds)."""
+    from types import SimpleNamespace
+
+    from llmem import support
+
+    probe = SimpleNamespace(pp=pp, pp_schedule=PpSchedule(schedule), microbatches=microbatches, batch_size=batch)
+    return support.first_refusal(probe, among=("pp", "pp_schedule", "microbatches", "batch_size")) is None
 
 
 PP_SHARE = 0.25  # --pp = the GPU count in a quarter of the multi-GPU DDP plans of a model with a pipeline split
@@ -225,7 +234,8 @@ def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
     """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, no offload, the
     standard loss, one micro-step, gradients freed) in half of the cpu profile's plans it is modelled for that did
     not draw fsdp1, with a reduce bucket from DS_BUCKETS and, under ZeRO-1/2, overlap_comm in half of them (ZeRO-0
-    reads neither); from streams of their own. The cuda profile's oracle (the simulator) does not run DeepSpeed."""
+    reads neither); from streams of their own. Not on the cuda profile: the full-size sweeps' seeds keep their draws
+    (the simulator runs DeepSpeed since they were drawn)."""
     rng = random.Random(f"{seed}:{index}:deepspeed")
     if device != "cpu" or "engine" in fields or fields["gpus"] == 1 or fields["tp"] > 1 \
             or fields["zero"] not in (0, 1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
