@@ -97,7 +97,7 @@ def _zero(r: Reader) -> None:
     if own:
         rest = _zero_fields(r, stage, rest)
     if rest:
-        why = ("ZeRO-3's buffers and schedules and DeepSpeed's other ZeRO fields: not modelled yet" if own else
+        why = ("DeepSpeed's other ZeRO fields: not modelled yet" if own else
                "DeepSpeed's own buffers and schedules (buckets, prefetch, persistence): not modelled yet")
         r.ignore("zero_optimization." + ", ".join(str(k) for k in rest[:12]) + (" ..." if len(rest) > 12 else ""),
                  why, NO_VALUE)
