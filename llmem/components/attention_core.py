@@ -130,13 +130,9 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
 @per_spec("layout_key")
 def eager_core_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the q/k/v Linears (their MmBackward0 has not run yet)."""
-    from llmem.components.autocast import _linear_weights
-    from llmem.components.autocast import applies as autocast_applies
+    from llmem.components.autocast import weight_copy_bytes
 
-    if not autocast_applies(plan):
-        return 0
-    left = [p for p in _linear_weights(spec, 0) if not _after_core(p.name)]
-    return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes
+    return weight_copy_bytes(spec, plan, lambda name: not _after_core(name))
 
 
 
@@ -182,13 +178,9 @@ def forward_intermediate_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def forward_later_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the half copies of the layer's Linears after the core, not yet made at its softmax."""
-    from llmem.components.autocast import _linear_weights
-    from llmem.components.autocast import applies as autocast_applies
+    from llmem.components.autocast import weight_copy_bytes
 
-    if not autocast_applies(plan):
-        return 0
-    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if _after_core(p.name)) \
-        * plan.precision.compute_bytes
+    return weight_copy_bytes(spec, plan, _after_core)
 
 
 # --- bloom's attention in a checkpointed layer's recompute: its locals at the residual add ---
@@ -221,10 +213,6 @@ def recompute_mlp_saved_bytes(spec: ModelSpec, plan: TrainingPlan, items: tuple[
 @per_spec("layout_key")
 def recompute_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Under autocast: the recompute's half copies of the attention's Linears (cached until it ends)."""
-    from llmem.components.autocast import _linear_weights
-    from llmem.components.autocast import applies as autocast_applies
+    from llmem.components.autocast import weight_copy_bytes
 
-    if not autocast_applies(plan):
-        return 0
-    attention = [p for p in _linear_weights(spec, 0) if ".self_attention." in p.name]
-    return sum(local_numel(p, plan) for p in attention) * plan.precision.compute_bytes
+    return weight_copy_bytes(spec, plan, lambda name: ".self_attention." in name)

@@ -29,11 +29,17 @@ def _linear_weights(spec: ModelSpec, layer: int) -> list:
     return [p for p in spec.layer_params(layer) if p.name.endswith(".weight") and len(p.shape) >= 2]
 
 
-@per_spec("layout_key")
-def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan, kept=lambda name: True) -> int:
+    """The half copies autocast makes of a decoder layer's Linear weights whose name `kept` accepts (0 when autocast
+    does not apply): the one sum the moments' copy terms below and in `attention_core` take over their own Linears."""
     if not applies(plan):
         return 0
-    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)) * plan.precision.compute_bytes
+    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if kept(p.name)) * plan.precision.compute_bytes
+
+
+@per_spec("layout_key")
+def layer_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return weight_copy_bytes(spec, plan)
 
 
 @per_spec("layout_key")
@@ -109,7 +115,4 @@ def attention_backward_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) ->
     """Falcon (parallel attention) in its attention core's backward: of the layer's own copies only those of the
     Linears whose backward has not run yet are left (query_key_value); the MLP's and `dense`'s were released with
     their matmuls' saved tensors."""
-    if not applies(plan):
-        return 0
-    left = [p for p in _linear_weights(spec, 0) if ".mlp." not in p.name and "self_attention.dense" not in p.name]
-    return sum(local_numel(p, plan) for p in left) * plan.precision.compute_bytes
+    return weight_copy_bytes(spec, plan, lambda name: ".mlp." not in name and "self_attention.dense" not in name)
