@@ -162,14 +162,16 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
-    phases = plan_phases(spec, plan)
+    # the walk's moments, kept on the spec per plan (`ModelSpec.memo`): a plan equal to one asked before (the
+    # table again after a GPU-type change, an option toggled back) is not walked again; nothing mutates a Phase
+    phases = spec.memo(("phases", plan.key), lambda: tuple(plan_phases(spec, plan)), per_plan=True)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,
         plan=plan,
         peak_phase=peak.name,
         breakdown=dict(peak.breakdown),
-        phases=tuple(phases),
+        phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
         fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
         paged_state_bytes=paged_state_bytes(spec, plan),

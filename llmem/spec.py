@@ -122,10 +122,11 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
-    @property
+    @cached_property
     def supports_tp(self) -> bool:
         """A TP program exists: a hand-written unfused family's Megatron plan (`Family.tp_plan`), or the plan the
-        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`)."""
+        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`). Kept on the spec:
+        reading the config's plan builds its transformers configuration class (~1 ms)."""
         from llmem.families import FAMILIES
 
         if self.model_type in FAMILIES and self.family.tp_plan:

@@ -17,6 +17,18 @@ def test_public_functions_survive_importing_every_submodule():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_every_module_imports_first():
+    """Any module may be the first of the package a script imports: no import cycle depends on the order (each
+    module imported into a fresh copy of the package, torch and transformers kept loaded)."""
+    code = ("import importlib, pkgutil, sys, llmem\n"
+            "names = [m.name for m in pkgutil.walk_packages(llmem.__path__, 'llmem.') if '__main__' not in m.name]\n"
+            "for name in names:\n"
+            "    for loaded in [m for m in sys.modules if m == 'llmem' or m.startswith('llmem.')]:\n"
+            "        del sys.modules[loaded]\n"
+            "    importlib.import_module(name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_compare_passes_variants_through():
     from llmem import compare
     from llmem.compare import method_variants

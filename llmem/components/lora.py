@@ -337,18 +337,18 @@ def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: i
     return plan.lora_rank * (i + o) * elem_bytes
 
 
-# What the adapted layers keep for backward lives in its own module; its terms are read through this one.
-from llmem.components.lora_activations import (  # noqa: E402, F401 (it imports this module's terms)
-    check_supported,
-    current_layer_backward_bytes,
-    final_norm_bytes,
-    first_layer_saving_bytes,
-    first_layer_unsaved_copy_bytes,
-    kept_layers_bytes,
-    layer_activation_bytes,
-    layer_adapter_cast_bytes,
-    layer_saved,
-    mlp_backward_gradient_bytes,
-    recompute_bytes,
-    traced_spec,
-)
+# What the adapted layers keep for backward lives in its own module, which imports this one's terms; its terms are
+# read through this one, resolved on first use (PEP 562), so either module may be imported first.
+_ACTIVATION_TERMS = frozenset((
+    "check_supported", "current_layer_backward_bytes", "final_norm_bytes", "first_layer_saving_bytes",
+    "first_layer_unsaved_copy_bytes", "kept_layers_bytes", "layer_activation_bytes", "layer_adapter_cast_bytes",
+    "layer_saved", "mlp_backward_gradient_bytes", "recompute_bytes", "traced_spec"))
+
+
+def __getattr__(name: str):
+    if name not in _ACTIVATION_TERMS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from llmem.components import lora_activations
+
+    globals().update({term: getattr(lora_activations, term) for term in _ACTIVATION_TERMS})
+    return globals()[name]

@@ -30,7 +30,6 @@ def trace_key(plan: TrainingPlan) -> tuple:
     """The plan's fields that change the traced LoRA program: rank, alpha, dropout, targets, modules_to_save, and
     whether layer 0's input requires grad (`lora_activations.layer0_input_requires_grad`'s first cause), and whether
     layers are checkpointed (their backward window is traced on the checkpointed program too)."""
-    from llmem.components import lora  # noqa: F401 - lora_activations imports it first
     from llmem.components.lora_activations import embeddings_require_grad
 
     return ("lora", plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lora_targets,
