@@ -7,6 +7,7 @@ are a subset of the old ones, with identical breakdowns), and the planner's answ
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -59,10 +60,18 @@ def deep(family: str, layers: int) -> ModelSpec:
     return ModelSpec.from_config(cfg)
 
 
+def fresh(spec: ModelSpec) -> ModelSpec:
+    """The same model with empty memos: the estimate keeps each plan's walk on the spec, so a walk patched to the
+    old one must run on a spec that has not walked the plan yet (its other attributes, e.g. `source_config`, kept)."""
+    clone = copy.copy(spec)
+    clone.__dict__.update(_memo={}, _plan_memo={})
+    return clone
+
+
 def old_estimate(spec: ModelSpec, plan: TrainingPlan, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(act, "backward_layers", old_backward_layers)
-        return estimate(spec, plan)
+        return estimate(fresh(spec), plan)
 
 
 def assert_same_estimate(new, old) -> None:
@@ -168,7 +177,7 @@ def test_planner_matches_estimating_every_k(family, options, monkeypatch):
         full = estimate(spec, base).device_total_bytes
         with monkeypatch.context() as m:
             m.setattr(act, "backward_layers", old_backward_layers)
-            old_options = old_plan_checkpointing(spec, base, 1).options
+            old_options = old_plan_checkpointing(fresh(spec), base, 1).options
         for capacity in (full - 1, (full + none.device_total_bytes) // 2, none.device_total_bytes + 1):
             new_plan = checkpointing.plan_checkpointing(spec, base, capacity)
             old_plan = at_capacity(spec, base, old_options, capacity)

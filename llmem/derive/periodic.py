@@ -23,7 +23,7 @@ def backward_layers(spec: ModelSpec, plan: TrainingPlan, edge: int = 1) -> list[
 
 
 def _layers(spec: ModelSpec, plan: TrainingPlan, edge: int) -> list[int]:
-    n, signature = spec.num_layers, _signature(spec, plan)
+    n, signature = spec.num_layers, layer_signatures(spec, plan)
     for start in range(_last_release(spec, plan), n):  # the layers may repeat only past a first different one
         period = next((q for q in range(1, n - start) if signature[start:n - q] == signature[start + q:]), n)
         low, high = max(start + period, edge + 1), min(n - period, n - edge - 1)
@@ -32,11 +32,18 @@ def _layers(spec: ModelSpec, plan: TrainingPlan, edge: int) -> list[int]:
     return list(range(n - 1, -1, -1))
 
 
-def _signature(spec: ModelSpec, plan: TrainingPlan) -> list[tuple]:
-    """What each layer's own terms depend on: its kind, whether it is checkpointed, its parameters' shapes."""
-    kinds = spec.derived.layer_kinds(plan)
-    return [(kinds[k], plan.checkpointed(k), tuple(p.shape for p in spec.layer_params(k)))
-            for k in range(spec.num_layers)]
+def layer_signatures(spec: ModelSpec, plan: TrainingPlan) -> list[tuple]:
+    """What each layer's own terms depend on: its kind, whether it is checkpointed, its parameters' shapes (layers
+    of equal signatures have equal own terms: `activations.kept_layers_bytes` evaluates one of each)."""
+    def signatures():
+        kinds, shapes = spec.derived.layer_kinds(plan), _layer_shapes(spec)
+        return [(kinds[k], plan.checkpointed(k), shapes[k]) for k in range(spec.num_layers)]
+    return spec.memo(("layer signatures", plan.key), signatures, per_plan=True)
+
+
+def _layer_shapes(spec: ModelSpec) -> list[tuple]:
+    return spec.memo(("layer shapes",), lambda: [tuple(p.shape for p in spec.layer_params(k))
+                                                 for k in range(spec.num_layers)])
 
 
 def _last_release(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import operator
 
 from llmem.components.saved import Saved
 from llmem.derive import cache, depth, experts, kinds
-from llmem.derive.fit import REGIMES, evaluate, fit_sequence, regime, shifted
+from llmem.derive.fit import REGIMES, fit_sequence, monomials, regime, shifted
 from llmem.errors import InputError
 from llmem.memo import remembered
 from llmem.plan import GradCkpt, TrainingPlan
@@ -194,10 +195,8 @@ class Derived:
         this = fits["layer_kinds"][self.layer]
         table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
-        b, s = plan.batch_size, plan.seq_len
         # each layer of a kind asks for the same table: evaluated once per plan
-        return list(remembered(self._evaluated, (plan.key, this, place), lambda: tuple(
-            Saved(name, _cuda_bytes(name, evaluate(tuple(c), b, s), plan)) for name, c in table)))
+        return list(remembered(self._evaluated, (plan.key, this, place), lambda: _evaluated(table, plan)))
 
     def layer_saved(self, plan: TrainingPlan) -> list[Saved]:
         return self._saved(plan, "layer")
@@ -286,6 +285,12 @@ class Derived:
 
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",
                     "native_layer_norm[1] torch.float16", "native_layer_norm[2] torch.float16")
+
+
+def _evaluated(table: list, plan: TrainingPlan) -> tuple[Saved, ...]:
+    """A fitted table's tensors at the plan's micro-batch and sequence length (`fit.evaluate`, the monomials once)."""
+    terms = monomials(plan.batch_size, plan.seq_len)
+    return tuple(Saved(name, _cuda_bytes(name, sum(map(operator.mul, c, terms)), plan)) for name, c in table)
 
 
 def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
