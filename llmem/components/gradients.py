@@ -127,7 +127,10 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
             return max(adapted.backward_moments(spec, plan).values())
         return (lora_moe.frozen_moe_backward_peak_extra_bytes if lora.is_lora(plan)
                 else moe_layer_backward_peak_extra_bytes)(spec, plan)
-    if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`)
+    if spec.derived is not None:  # traced (`llmem.derive.Derived.backward_extra_bytes`); a gradient freed at its
+        # hook lives only through the event that makes it, as one added in place (`accumulated_backward_extra_bytes`)
+        if freed_at_hook(plan):
+            return spec.derived.accumulated_backward_extra_bytes(spec, plan)
         return spec.derived.backward_extra_bytes(spec, plan)
     mlp = [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
     # the last MLP Linear is the one registered last (down_proj, c_proj, fc2, dense_4h_to_h); phi3's fused

@@ -35,7 +35,9 @@ def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _mlp_weights(spec: ModelSpec) -> list:
-    return [p for p in spec.layer_params(0) if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2]
+    """Layer 0's MLP weight matrices, in the order of the inventory (kept on the spec)."""
+    return spec.memo(("mlp weights",), lambda: [p for p in spec.layer_params(0)
+                                                 if (".mlp." in p.name or ".fc" in p.name) and len(p.shape) >= 2])
 
 
 def _terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:

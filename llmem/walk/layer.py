@@ -60,12 +60,11 @@ def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase
         logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan))
 
 
-def _weight_gradient_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
+def _weight_gradient_moments(t: Terms, layer: int, name: str, mlp: Phase, later: int) -> list[Phase]:
     """`--ddp-bucket-view`: the last MLP Linear's weight gradient made, and under autocast its fp32 cast, before it
-    goes into its bucket (`weight_gradient`); as the MLP moment otherwise, the Linear's half copy still saved at
-    the first."""
+    goes into its bucket (`weight_gradient`); as the MLP moment (`mlp`) otherwise, the Linear's half copy still
+    saved at the first."""
     spec, plan = t.spec, t.plan
-    mlp = _mlp_moment(t, layer, name, held, later)
     b = dict(mlp.breakdown)
     own = b[Category.GRADIENTS] - t.grads_outer - later
     made = dict(b, **{Category.GRADIENTS: b[Category.GRADIENTS] - own + wgrad.made_gradient_bytes(spec, plan),
@@ -210,7 +209,7 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
     held = held_bytes(t, layer)
     phases = [_mlp_moment(t, layer, name, held, later)]
     if wgrad.applies(spec, plan):
-        phases += _weight_gradient_moments(t, layer, name, held, later)
+        phases += _weight_gradient_moments(t, layer, name, phases[0], later)
     if sib.layer_step_bytes(spec, plan) and not lora.is_lora(plan):  # (SGD, fused: no step temporaries)
         phases.append(_step_moment(t, name, phases[0], later))
     if norm_bwd.applies(spec) and not lora.is_lora(plan):
