@@ -45,6 +45,8 @@ MAX_APP_GRAD_ACCUM = 1024
 MAX_APP_LOSS_CHUNKS = 1024
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (runtime/zero/config.py)
 MAX_DS_BUCKET = 1 << 40
+DS_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size (runtime/zero/config.py:215)
+DS_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold (runtime/zero/config.py:221)
 
 _LORA = Needs("method", ("lora", "qlora"))
 
@@ -317,6 +319,23 @@ OPTIONS: tuple[Option, ...] = (
            link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
            widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,
+                         group=G_SAVERS)),
+    Option("ds_prefetch_bucket", int, DS_PREFETCH_BUCKET,
+           "With --engine deepspeed --zero 3: stage3_prefetch_bucket_size, in elements (DeepSpeed's default 5e7; "
+           "the HF Trainer's \"auto\" is 0.9 x hidden_size²). After a module's parameters are gathered, the "
+           "coordinator all-gathers the next ones of the recorded trace until this many elements are in flight.",
+           low=0, high=MAX_DS_BUCKET, link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "a prefetch bucket of {value} elements goes with --engine deepspeed"),
+           widget=Widget("DeepSpeed stage3_prefetch_bucket_size (elements)", "w_ds_prefetch", NUMBER,
+                         group=G_SAVERS)),
+    Option("ds_persistence_threshold", int, DS_PERSISTENCE_THRESHOLD,
+           "With --engine deepspeed --zero 3: stage3_param_persistence_threshold, in elements (DeepSpeed's "
+           "default 1e5; the HF Trainer's \"auto\" is 10 x hidden_size). A parameter of at most this many elements "
+           "is never partitioned: every GPU keeps it whole, as ZeRO-2 does.",
+           low=0, high=MAX_DS_BUCKET, link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "a persistence threshold of {value} elements goes with --engine "
+                       "deepspeed"),
+           widget=Widget("DeepSpeed stage3_param_persistence_threshold (elements)", "w_ds_persist", NUMBER,
                          group=G_SAVERS)),
 )
 

@@ -122,7 +122,7 @@ RULES: tuple[Rule, ...] = (
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and (p.gpus == 1 or p.zero == 3),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.gpus == 1,
        "deepspeed is modelled for ZeRO-0, 1 and 2 on 2+ GPUs (ZeRO-3 is not yet); use --gpus 2+ "
        "with --zero 0, 1 or 2, or --engine torch (DDP, FSDP2) or fsdp1", GAP, engine="deepspeed"),
     _r("engine precision", "precision",

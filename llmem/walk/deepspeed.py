@@ -186,6 +186,10 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """DeepSpeed ZeRO-0/1/2: the candidate peak moments of one steady-state iteration on the largest rank."""
     from llmem.walk.single import iteration_phases
 
+    if plan.zero == 3:
+        from llmem.walk.deepspeed3 import zero3_phases
+
+        return zero3_phases(spec, plan)
     if plan.zero == 0:
         return _zero0_phases(spec, plan, iteration_phases(spec, compute_plan(plan)))
     single = iteration_phases(spec, compute_plan(plan))
