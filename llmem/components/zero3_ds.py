@@ -29,7 +29,8 @@ of the module (2 under the bf16 section, 4 in fp32); the sum of the partitions i
                model of fewer than 1e9 elements stays gathered from its forward to its backward.
   reduce       `__reduce_and_partition_ipg_grads` (stage3.py:1403) with reduce_scatter on (the default):
                `reduce_scatter_coalesced` (runtime/comm/coalesced_collectives.py:158) concatenates the bucket's
-               gradients, each padded to W (`torch.cat` :199), a temporary of the bucket's aligned elements x b.
+               gradients, each padded to W (`torch.cat` :199), a temporary of the bucket's aligned elements x b,
+               and gloo's `reduce_scatter_tensor` a copy of it (CPU only).
   step         `_prepare_fp32_grad_for_sub_group` (:2208): `flatten(averaged_gradients)` (Sigma x b) `.to(float32)`
                (Sigma x 4 more under bf16), then the fp32 gradient alone beside the client's temporaries.
 """
@@ -99,19 +100,52 @@ def gathered_bytes(spec: ModelSpec, plan: TrainingPlan, indices) -> int:
     return sum(aligned(numels[i], plan) for i in indices if not persists(numels[i], plan)) * z.module_bytes(plan)
 
 
+_USE = (("input_layernorm", 0), ("ln_1", 0), ("post_attention_layernorm", 2), ("pre_feedforward_layernorm", 2),
+        ("ln_2", 2), ("attn", 1), ("mlp", 3))  # a decoder layer's tensors in the order its forward uses them
+
+
+def _use_rank(name: str) -> int:
+    return next((rank for key, rank in _USE if key in name), 4)
+
+
+def backward_order(spec: ModelSpec) -> list[int]:
+    """The tensors (indices of `ordered_numels`) in the order backward makes their gradients and runs their hooks:
+    the final norm and an untied lm_head (the lm_head first), each decoder layer from the last, its tensors in the
+    reverse of the order its forward uses them (llama registers its norms last but uses them first), then the
+    input embeddings."""
+    outer = spec.outer_params
+    first = [i for i, p in enumerate(outer) if z.EMBEDDING.search(p.name)]
+    start, layers = len(first), []
+    for k in range(spec.num_layers):
+        params = spec.layer_params(k)
+        layers.append([start + j for j in sorted(range(len(params)), key=lambda j: _use_rank(params[j].name))])
+        start += len(params)
+    last = range(start, start + len(outer) - len(first))
+    return [*reversed(last), *(i for idx in reversed(layers) for i in reversed(idx)), *reversed(first)]
+
+
 def buckets(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """The tensors (indices of `ordered_numels`) of each reduce, in backward's order (:1367: the bucket is reduced
     when the next gradient would overflow it)."""
-    return z.buckets(spec, plan, reverse=True)
+    numels, out, filled = z.ordered_numels(spec), [[]], 0
+    for i in backward_order(spec):
+        if filled + numels[i] > plan.ds_reduce_bucket and out[-1]:
+            out.append([])
+            filled = 0
+        out[-1].append(i)
+        filled += numels[i]
+    return [tuple(b) for b in out if b]
 
 
 def reduce_temporary_bytes(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> int:
     """`reduce_scatter_coalesced`' concatenation (coalesced_collectives.py:199) of one bucket: its tensors each
-    padded to W, b bytes; a single tensor divisible by W is reduced in place (:179)."""
+    padded to W, b bytes (a single tensor divisible by W is reduced in place, :179); then
+    `reduce_scatter_tensor` (:205): NCCL reduces in place, gloo (CPU) through a copy of its input it allocates on
+    the calling thread (measured: one input's bytes more, 2 ranks)."""
     numels = z.ordered_numels(spec)
-    if len(tensors) == 1 and numels[tensors[0]] % plan.dp == 0:
-        return 0
-    return sum(aligned(numels[i], plan) for i in tensors) * z.module_bytes(plan)
+    flat = sum(aligned(numels[i], plan) for i in tensors) * z.module_bytes(plan)
+    cat = 0 if len(tensors) == 1 and numels[tensors[0]] % plan.dp == 0 else flat
+    return cat + (flat if plan.device is Device.CPU else 0)
 
 
 def step_grad_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

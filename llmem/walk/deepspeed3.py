@@ -22,9 +22,10 @@ from __future__ import annotations
 from llmem.components import Category
 from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
+from llmem.components.gradients import bucket_view_pending_bytes
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
-from llmem.walk.deepspeed import _earlier_gradient_bytes, _layer_of, compute_plan
+from llmem.walk.deepspeed import _layer_of, compute_plan
 from llmem.walk.phase import Phase, moment
 
 
@@ -44,45 +45,45 @@ def _fixed_gradients(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def _moment_layer(name: str, spec: ModelSpec) -> int | None:
-    """The decoder layer of a one-device moment, `num_layers` for the lm_head's backward, None in forward."""
+    """The decoder layer of a one-device moment, `num_layers` for the lm_head's backward, -1 at the end of
+    backward, None in forward."""
     if name.startswith("lm_head backward"):
         return spec.num_layers
-    if name == "backward end":
+    if name.startswith("backward end"):
         return -1
     return _layer_of(name, spec.num_layers)
 
 
-def _own_gradients(spec: ModelSpec, plan: TrainingPlan, name: str, layer: int, grads: int) -> int:
-    """The gradients of the module being differentiated that its hooks did not move yet (as ZeRO-2's walk:
-    the one-device gradients less those made before the layer; an untied lm_head's own moved by its hook)."""
-    if layer == spec.num_layers:
-        return max(grads - z.untied_head_numel(spec) * z.module_bytes(plan), 0)
-    if layer < 0:
-        return 0
-    return max(grads - _earlier_gradient_bytes(spec, plan, layer), 0)
+def _compute_moments(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The one-device forward and backward moments with ZeRO-3's parameters, master, states and gradients. A
+    gradient lives on its own only until its hook copies it into the bucket (stage3.py:1390), as under
+    `--optimizer-in-backward`, whose one-device walk counts just those (the one being made, a tied lm_head's
+    waiting for the embedding's): that walk's gradients, without its in-backward steps, beside the persistent
+    partition gradients and bucket."""
+    from llmem.walk.single import iteration_phases
 
-
-def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
-    """The one-device forward and backward moments with ZeRO-3's parameters, master, states and gradients."""
+    single = iteration_phases(spec, compute_plan(plan).with_(optimizer_in_backward=True))
     optimizer = z3.master_bytes(spec, plan) + z3.state_bytes(spec, plan)
     fixed, out = _fixed_gradients(spec, plan), []
     for ph in single:
-        if ph.name == "optimizer step":
+        if "step" in ph.name:
             continue
         b = dict(ph.breakdown)
         layer = _moment_layer(ph.name, spec)
         b[Category.PARAMETERS] = _parameters(spec, plan, set() if layer is None else _released_before(spec, layer))
         b[Category.OPTIMIZER] = optimizer
-        own = 0 if layer is None else _own_gradients(spec, plan, ph.name, layer, b[Category.GRADIENTS])
-        b[Category.GRADIENTS] = fixed + own
+        b[Category.GRADIENTS] += fixed
         out.append(Phase(ph.name, b))
     return out
 
 
 def _reduce_moments(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) -> list[Phase]:
-    """Each bucket's reduce at the hook of the gradient that overflows it (at the start of that tensor's layer's
-    backward, with that gradient made) and the last bucket's in the epilogue (at the end of backward)."""
+    """Each bucket's reduce at the hook of the gradient that overflows it and the last bucket's in the epilogue
+    (at the end of backward). In a layer: the moment that starts its backward (every saved activation of the
+    layer held) with, of its gradients, only the persistent ones, a tied lm_head's waiting for the embedding's and
+    the one whose hook runs (the transient gradients there belong to the MLP's backward, after the hook)."""
     keys, numels, b = z.backward_keys(spec), z.ordered_numels(spec), z.module_bytes(plan)
+    pending = bucket_view_pending_bytes(spec, compute_plan(plan))
     starts = {}
     for ph in moments:
         layer = _moment_layer(ph.name, spec)
@@ -92,9 +93,9 @@ def _reduce_moments(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) -
     for k, tensors in enumerate(order):
         nxt = order[k + 1][0] if k + 1 < len(order) else None
         layer = keys[nxt] if nxt is not None else -1
-        base = starts.get(layer) or starts[-1]
-        br = dict(base.breakdown)
-        br[Category.GRADIENTS] += numels[nxt] * b if nxt is not None else 0
+        br = dict((starts.get(layer) or starts[-1]).breakdown)
+        if nxt is not None:
+            br[Category.GRADIENTS] = _fixed_gradients(spec, plan) + pending * (layer >= 0) + numels[nxt] * b
         br[Category.TEMPORARIES] += z3.reduce_temporary_bytes(spec, plan, tensors)
         out.append(Phase(f"ZeRO-3 reduce (bucket {k + 1})", br))
     return out
@@ -120,8 +121,7 @@ def zero3_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     parameter is split evenly)."""
     from llmem.walk.single import iteration_phases
 
-    single = iteration_phases(spec, compute_plan(plan))
-    step = next(ph for ph in single if ph.name == "optimizer step")
+    step = next(ph for ph in iteration_phases(spec, compute_plan(plan)) if ph.name == "optimizer step")
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
-    moments = _compute_moments(spec, plan, single)
+    moments = _compute_moments(spec, plan)
     return moments + _reduce_moments(spec, plan, moments) + _step_moments(spec, plan, held)
