@@ -35,6 +35,9 @@ HEAVY = {  # -m heavy: overlap in fp32, DeepSpeed's default 5e8 bucket, longer s
     "llama-z3-fp32-auto-seq256": {"precision": "fp32", **AUTO, "seq_len": 256},
     "llama-z3-bf16-auto-seq256": {"precision": "bf16-mixed", **AUTO, "seq_len": 256},
     "gpt2-z3-fp32-auto-seq128": {"precision": "fp32", **AUTO, "seq_len": 128},
+    "llama-z3-bf16-auto-sgd": {"precision": "bf16-mixed", **AUTO, "optimizer": "sgd"},
+    "llama-z3-fp32-auto-seq256-ckpt": {"precision": "fp32", **AUTO, "seq_len": 256, "grad_ckpt": "full"},
+    "mistral-z3-bf16-auto-seq64": {"precision": "bf16-mixed", **AUTO, "seq_len": 64},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed", "zero": 3}
 ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=CASES)
