@@ -298,8 +298,10 @@ OPTIONS: tuple[Option, ...] = (
            "partition and its states, a contiguous gradient bucket of --ds-reduce-bucket elements through backward, "
            "the partition's gradients; --zero 0: no ZeRO optimizer, the engine all-reduces the whole gradients in "
            "flattened buckets of 5e8 elements after backward, and bf16 wraps the torch optimizer in "
-           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step). "
-           "ZeRO-3 under deepspeed is not modelled yet.",
+           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step); "
+           "--zero 3: DeepSpeedZeroOptimizer_Stage3, every tensor split evenly, those above "
+           "--ds-persistence-threshold gathered as their module runs and kept from forward to their backward (the "
+           "default stage3_max_reuse_distance), one persistent bucket and this GPU's partition gradients.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
     Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
@@ -315,7 +317,8 @@ OPTIONS: tuple[Option, ...] = (
            "the contiguous gradient bucket is doubled (a second --ds-reduce-bucket buffer, so one fills while the "
            "other is reduced), and ZeRO-1 reduces the gradients in backward's hooks as ZeRO-2 does instead of all "
            "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size. ZeRO-0 "
-           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket.",
+           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket; ZeRO-3 (whose default is on) "
+           "keeps one bucket either way: the flag only picks the stream the reduce runs on.",
            link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
            widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,
