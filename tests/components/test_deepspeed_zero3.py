@@ -2,7 +2,8 @@
 AdamW as the client optimizer. Real CPU runs on 2 ranks (one launch, gloo; DeepSpeed's CPU accelerator), fp32 and
 bf16, overlap_comm on and off, at the Trainer's "auto" sizes for this llama (reduce bucket hidden², prefetch
 0.9 hidden², persistence threshold 10 hidden: the norms persist, every matrix is gathered) and at DeepSpeed's own
-defaults (threshold 1e5: every tensor of this llama persists) — the estimate within 1% of each measured peak."""
+defaults (threshold 1e5: every tensor of this llama persists) — the estimate within 1% of each measured peak; four
+ranks under -m heavy."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-"
 @pytest.mark.parametrize("name", ROWS.params())  # HEAVY's rows with -m heavy
 def test_deepspeed_zero3_estimate_within_1_percent_of_the_real_run(name):
     ROWS.check(name, tolerance=0.01)
+
+
+FOUR = TwoRankRows({**BASE, "gpus": 4}, {  # -m heavy: four ranks (a quarter of each tensor per rank)
+    "llama-z3-fp32-auto": {"precision": "fp32", **AUTO},
+    "llama-z3-bf16-auto": {"precision": "bf16-mixed", **AUTO},
+    "gpt2-z3-fp32-auto-seq128": {"precision": "fp32", **AUTO, "seq_len": 128},
+}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=())
+
+
+@pytest.mark.parametrize("name", FOUR.params())
+def test_deepspeed_zero3_on_four_ranks_within_1_percent_of_the_real_run(name):
+    FOUR.check(name, tolerance=0.01)
 
 
 def test_each_tensor_is_split_evenly_and_persistence_follows_the_threshold():
