@@ -137,6 +137,14 @@ def buckets(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     return [tuple(b) for b in out if b]
 
 
+def uncopied_bytes(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> int:
+    """A bucket of one tensor larger than reduce_bucket_size: its gradient is not copied into the bucket
+    (`__add_grad_to_ipg_bucket` :1390 copies only what fits) and stays a tensor of its own until its reduce."""
+    numels = z.ordered_numels(spec)
+    return numels[tensors[0]] * z.module_bytes(plan) if len(tensors) == 1 and numels[tensors[0]] > (
+        plan.ds_reduce_bucket) else 0
+
+
 def reduce_temporary_bytes(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> int:
     """`reduce_scatter_coalesced`' concatenation (coalesced_collectives.py:199) of one bucket: its tensors each
     padded to W, b bytes (a single tensor divisible by W is reduced in place, :179); then

@@ -93,9 +93,12 @@ def _reduce_moments(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) -
     for k, tensors in enumerate(order):
         nxt = order[k + 1][0] if k + 1 < len(order) else None
         layer = keys[nxt] if nxt is not None else -1
-        br = dict((starts.get(layer) or starts[-1]).breakdown)
+        # a hook after the lm_head's backward (the final norm's) runs once the logits' gradient is gone: as at the
+        # start of the last layer's backward
+        br = dict((starts.get(min(layer, spec.num_layers - 1)) or starts[-1]).breakdown)
         if nxt is not None:
-            br[Category.GRADIENTS] = _fixed_gradients(spec, plan) + pending * (layer >= 0) + numels[nxt] * b
+            br[Category.GRADIENTS] = (_fixed_gradients(spec, plan) + pending * (layer >= 0) + numels[nxt] * b
+                                      + z3.uncopied_bytes(spec, plan, tensors))
         br[Category.TEMPORARIES] += z3.reduce_temporary_bytes(spec, plan, tensors)
         out.append(Phase(f"ZeRO-3 reduce (bucket {k + 1})", br))
     return out
