@@ -26,11 +26,11 @@ AUTO = {"ds_reduce_bucket": HIDDEN ** 2, "ds_prefetch_bucket": int(0.9 * HIDDEN 
         "ds_persistence_threshold": 10 * HIDDEN}  # transformers/integrations/deepspeed.py:232-241
 CASES = {  # the default suite's launch
     "llama-z3-fp32-auto": {"precision": "fp32", **AUTO},
-    "llama-z3-bf16-auto": {"precision": "bf16-mixed", **AUTO},
     "llama-z3-bf16-auto-overlap": {"precision": "bf16-mixed", **AUTO, "ds_overlap_comm": True},
     "llama-z3-fp32-persist": {"precision": "fp32", "ds_reduce_bucket": 100_000},
 }
 HEAVY = {  # -m heavy: overlap in fp32, DeepSpeed's default 5e8 bucket, longer sequences (activations at the peak)
+    "llama-z3-bf16-auto": {"precision": "bf16-mixed", **AUTO},
     "llama-z3-fp32-auto-overlap": {"precision": "fp32", **AUTO, "ds_overlap_comm": True},
     "llama-z3-bf16-default": {"precision": "bf16-mixed"},
     "llama-z3-fp32-auto-seq256": {"precision": "fp32", **AUTO, "seq_len": 256},
