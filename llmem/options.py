@@ -45,6 +45,8 @@ MAX_APP_GRAD_ACCUM = 1024
 MAX_APP_LOSS_CHUNKS = 1024
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (runtime/zero/config.py)
 MAX_DS_BUCKET = 1 << 40
+DS_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size (runtime/zero/config.py:215)
+DS_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold (runtime/zero/config.py:221)
 
 _LORA = Needs("method", ("lora", "qlora"))
 
@@ -296,8 +298,10 @@ OPTIONS: tuple[Option, ...] = (
            "partition and its states, a contiguous gradient bucket of --ds-reduce-bucket elements through backward, "
            "the partition's gradients; --zero 0: no ZeRO optimizer, the engine all-reduces the whole gradients in "
            "flattened buckets of 5e8 elements after backward, and bf16 wraps the torch optimizer in "
-           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step). "
-           "ZeRO-3 under deepspeed is not modelled yet.",
+           "FP16_UnfusedOptimizer (an fp32 master copy of every parameter, fp32 gradients made at the step); "
+           "--zero 3: DeepSpeedZeroOptimizer_Stage3, every tensor split evenly, those above "
+           "--ds-persistence-threshold gathered as their module runs and kept from forward to their backward (the "
+           "default stage3_max_reuse_distance), one persistent bucket and this GPU's partition gradients.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
     Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
@@ -313,10 +317,28 @@ OPTIONS: tuple[Option, ...] = (
            "the contiguous gradient bucket is doubled (a second --ds-reduce-bucket buffer, so one fills while the "
            "other is reduced), and ZeRO-1 reduces the gradients in backward's hooks as ZeRO-2 does instead of all "
            "at once after backward: 4 GB of buckets in fp32 at the default size, whatever the model's size. ZeRO-0 "
-           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket.",
+           "builds no ZeRO optimizer and reads neither this nor --ds-reduce-bucket; ZeRO-3 (whose default is on) "
+           "keeps one bucket either way: the flag only picks the stream the reduce runs on.",
            link=WHEN_SET,
            needs=Needs("engine", ("deepspeed",), "overlap_comm goes with --engine deepspeed"),
            widget=Widget("DeepSpeed overlap_comm (double gradient buckets)", "w_ds_overlap", CHECK,
+                         group=G_SAVERS)),
+    Option("ds_prefetch_bucket", int, DS_PREFETCH_BUCKET,
+           "With --engine deepspeed --zero 3: stage3_prefetch_bucket_size, in elements (DeepSpeed's default 5e7; "
+           "the HF Trainer's \"auto\" is 0.9 x hidden_size²). After a module's parameters are gathered, the "
+           "coordinator all-gathers the next ones of the recorded trace until this many elements are in flight.",
+           low=0, high=MAX_DS_BUCKET, link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "a prefetch bucket of {value} elements goes with --engine deepspeed"),
+           widget=Widget("DeepSpeed stage3_prefetch_bucket_size (elements)", "w_ds_prefetch", NUMBER,
+                         group=G_SAVERS)),
+    Option("ds_persistence_threshold", int, DS_PERSISTENCE_THRESHOLD,
+           "With --engine deepspeed --zero 3: stage3_param_persistence_threshold, in elements (DeepSpeed's "
+           "default 1e5; the HF Trainer's \"auto\" is 10 x hidden_size). A parameter of at most this many elements "
+           "is never partitioned: every GPU keeps it whole, as ZeRO-2 does.",
+           low=0, high=MAX_DS_BUCKET, link=WHEN_SET,
+           needs=Needs("engine", ("deepspeed",), "a persistence threshold of {value} elements goes with --engine "
+                       "deepspeed"),
+           widget=Widget("DeepSpeed stage3_param_persistence_threshold (elements)", "w_ds_persist", NUMBER,
                          group=G_SAVERS)),
 )
 

@@ -118,13 +118,12 @@ RULES: tuple[Rule, ...] = (
        "pipeline parallelism is modelled with the standard loss, one micro-step, the step after backward, no "
        "offload and gradients freed by zero_grad; use --pp 1, or drop --loss/--grad-accum/--optimizer-in-backward/"
        "--offload/--keep-grads", GAP, pp=2, gpus=2, microbatches=2, batch_size=2, grad_accum=2),
-    # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-1/2 ---------------
+    # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-0/1/2/3 -----------
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and (p.gpus == 1 or p.zero == 3),
-       "deepspeed is modelled for ZeRO-0, 1 and 2 on 2+ GPUs (ZeRO-3 is not yet); use --gpus 2+ "
-       "with --zero 0, 1 or 2, or --engine torch (DDP, FSDP2) or fsdp1", GAP, engine="deepspeed"),
+    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.gpus == 1, "deepspeed is "
+       "modelled on 2+ GPUs (ZeRO-0, 1, 2 and 3); use --gpus 2+, or --engine torch", GAP, engine="deepspeed"),
     _r("engine precision", "precision",
        lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
        "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "
@@ -135,8 +134,7 @@ RULES: tuple[Rule, ...] = (
        engine="deepspeed", method="lora", gpus=2, zero=2),
     _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
        "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
-       "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2,
-       zero=2),
+       "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2, zero=2),
     _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer not in TORCH_OPTIMIZERS,
        "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw or sgd", GAP,
        engine="deepspeed", optimizer="adamw8bit", gpus=2, zero=2),
@@ -157,8 +155,12 @@ RULES: tuple[Rule, ...] = (
        "--ds-reduce-bucket {p.ds_reduce_bucket} sets DeepSpeed ZeRO's reduce_bucket_size; use --engine deepspeed, or "
        "leave it at 500000000", REFUSED, ds_reduce_bucket=1000),
     _r("ds_overlap_comm engine", "ds-overlap-comm", lambda p: p.ds_overlap_comm and p.engine is not Engine.DEEPSPEED,
-       "--ds-overlap-comm sets DeepSpeed ZeRO's overlap_comm; use --engine deepspeed, or drop it", REFUSED,
-       ds_overlap_comm=True),
+       "--ds-overlap-comm sets DeepSpeed's overlap_comm; use --engine deepspeed", REFUSED, ds_overlap_comm=True),
+    *(_r(f"{f} engine zero", f.replace("_", "-"), lambda p, f=f, d=d: getattr(p, f) != d and (
+        p.engine is not Engine.DEEPSPEED or p.zero != 3), f"--{f.replace('_', '-')} sets DeepSpeed's {key}; use "
+        f"--engine deepspeed --zero 3, or leave it at {d}", REFUSED, **{f: 1000}) for f, key, d in (
+        ("ds_prefetch_bucket", "stage3_prefetch_bucket_size", 50_000_000),
+        ("ds_persistence_threshold", "stage3_param_persistence_threshold", 100_000))),
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
        "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
        GAP, engine="fsdp1"),

@@ -161,13 +161,16 @@ def test_compare_shows_host_ram_beside_offloaded_rows():
     assert float(offloaded.split()[host]) > 1 and float(plain.split()[host]) == 0
 
 
-def test_engine_torch_is_the_default_and_deepspeed_is_modelled_for_zero_0_1_and_2():
+def test_engine_torch_is_the_default_and_deepspeed_is_modelled_for_zero_0_to_3_on_2_gpus():
     base = ["estimate", "--model", "gpt2", "--json"]
     torch_engine = run(*base, "--engine", "torch")
     assert torch_engine.returncode == 0 and json.loads(torch_engine.stdout) == json.loads(run(*base).stdout)
     ds = run(*base, "--engine", "deepspeed")
     assert ds.returncode == 2 and "Traceback" not in ds.stderr
-    assert "engine" in ds.stderr and "--zero 0, 1 or 2" in ds.stderr
+    assert "engine" in ds.stderr and "--gpus 2+" in ds.stderr
+    zero3 = run(*base, "--engine", "deepspeed", "--gpus", "2", "--zero", "3", "--ds-persistence-threshold", "7680")
+    assert zero3.returncode == 0, zero3.stderr
+    assert any(name.startswith("ZeRO-3 reduce") for name in json.loads(zero3.stdout)["phases"])
     zero2 = run(*base, "--engine", "deepspeed", "--gpus", "2", "--zero", "2", "--ds-reduce-bucket", "1000000")
     assert zero2.returncode == 0, zero2.stderr
     assert json.loads(zero2.stdout)["peak_bytes"] != json.loads(run(*base, "--gpus", "2", "--zero", "2").stdout)[

@@ -34,6 +34,8 @@ SAMPLES = {
     "microbatches": ("4", {"pp": "2", "gpus": "2", "batch_size": "4"}),
     "ds_reduce_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
     "ds_overlap_comm": ("true", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
+    "ds_prefetch_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "3"}),
+    "ds_persistence_threshold": ("1280", {"engine": "deepspeed", "gpus": "2", "zero": "3"}),
 }
 APP_ONLY = {"model": "gpt2", "gpu_type": "h100-sxm", "upload": "my-config.json", "methods": "lora,qlora"}
 

@@ -56,7 +56,7 @@ def install_layer_marks(session, mark) -> None:
 
     model = getattr(session.model, "module", session.model)
     for name, mod in model.named_modules():
-        m = re.fullmatch(r"(?:.*\.)?layers\.(\d+)", name)
+        m = re.fullmatch(r"(?:.*\.)?(?:layers|h)\.(\d+)", name)
         if m:
             i = int(m.group(1))
             mod.register_forward_pre_hook(lambda *_, i=i: mark(f"forward layer {i}"))

@@ -20,11 +20,14 @@ def ds_config(plan: TrainingPlan) -> dict:
     """The ds_config the Trainer hands DeepSpeed for `plan`: only what the plan sets, DeepSpeed's defaults for the
     rest (`runtime/zero/config.py`: reduce/allgather buckets 5e8 elements, contiguous gradients on, overlap_comm
     off for stages 1-2 unless the plan sets it; stage 0 builds no ZeRO optimizer and reads none of these)."""
+    zero = {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket, "overlap_comm": plan.ds_overlap_comm}
+    if plan.zero == 3:  # stage3_max_live_parameters and stage3_max_reuse_distance stay at DeepSpeed's 1e9
+        zero.update(stage3_prefetch_bucket_size=plan.ds_prefetch_bucket,
+                    stage3_param_persistence_threshold=plan.ds_persistence_threshold)
     return {
         "train_micro_batch_size_per_gpu": plan.batch_size,
         "gradient_accumulation_steps": plan.grad_accum,
-        "zero_optimization": {"stage": plan.zero, "reduce_bucket_size": plan.ds_reduce_bucket,
-                              "overlap_comm": plan.ds_overlap_comm},
+        "zero_optimization": zero,
         "bf16": {"enabled": plan.precision is Precision.BF16_MIXED},
         "zero_allow_untested_optimizer": True,  # transformers' deepspeed_optim_sched sets it for its own optimizer
         "steps_per_print": 1 << 30,

@@ -1,4 +1,4 @@
-"""`--engine deepspeed` (ZeRO-1/2) under fake tensors: DeepSpeed 0.19.0's engine and `DeepSpeedZeroOptimizer` run
+"""`--engine deepspeed` (ZeRO-0/1/2/3) under fake tensors: DeepSpeed 0.19.0's engine and its ZeRO optimizer run
 as they are (`llmem.runtime.deepspeed.initialize`, the step of `runtime.session.train_step`), as one rank on
 torch's fake process group (docs/SIMULATION.md): the flat fp16/bf16/fp32 buffer, the partitions, the fp32 master
 partition, the reduce buckets and the partition gradients are allocated by DeepSpeed's own code on fake tensors.
@@ -7,7 +7,10 @@ fake group, as NCCL writes in place (gloo's CPU all-gather allocates an output o
 What a launcher would have set up is set up here (`launcher_env`). Two host reads run on fake tensors and change no
 size: `partitioned_data.data_ptr()` (stage_1_and_2.py:468, an alignment assertion; a fake tensor's pointer is 0
 with a deprecation warning, silenced here) and the overflow / norm `.item()`s, not reached with fp32 / bf16 (no
-loss scaler, no gradient clipping in the Trainer's default ds_config)."""
+loss scaler, no gradient clipping in the Trainer's default ds_config). ZeRO-3's coordinator checks its recorded
+trace against rank 0's (`assert_ints_same_as_other_ranks`, runtime/zero/utils.py:106, a broadcast read back with
+`.item()`): a stand-in makes the same tensor and trusts the trace; its reduce-scatters allocate nothing on the
+fake group (gloo copies its input on CPU)."""
 
 from __future__ import annotations
 
@@ -95,9 +98,15 @@ def _no_overflow():
         get_accelerator().FloatTensor([0.0])
         return 1.0 if isinstance(total, torch.Tensor) else total
 
+    def same_ints(ints):  # ZeRO-3's trace check (runtime/zero/utils.py:106): rank 0's ids broadcast, read back
+        torch.tensor(ints, dtype=torch.int64)
+        get_accelerator().device_name()
+
     with mock.patch.object(CheckOverflow, "_has_inf_or_nan", staticmethod(has_inf_or_nan)), \
             mock.patch.object(CheckOverflow, "has_overflow", has_overflow), \
-            mock.patch("deepspeed.runtime.fp16.unfused_optimizer.get_weight_norm", get_weight_norm):
+            mock.patch("deepspeed.runtime.fp16.unfused_optimizer.get_weight_norm", get_weight_norm), \
+            mock.patch("deepspeed.runtime.zero.partitioned_param_coordinator.assert_ints_same_as_other_ranks",
+                       same_ints):
         yield
 
 

@@ -18,6 +18,7 @@ import re
 
 from llmem.components import Category
 from llmem.components import zero_ds as z
+from llmem.options import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET
 from llmem.plan import Engine, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.phase import Phase, moment
@@ -30,7 +31,8 @@ def compute_plan(plan: TrainingPlan) -> TrainingPlan:
     under bf16 (the engine casts the module), fp32 otherwise."""
     precision = Precision.BF16 if plan.precision is Precision.BF16_MIXED else Precision.FP32
     return plan.with_(gpus=1, zero=0, engine=Engine.TORCH, precision=precision, ds_reduce_bucket=DEFAULT_BUCKET,
-                      ds_overlap_comm=False)
+                      ds_overlap_comm=False, ds_prefetch_bucket=DS_PREFETCH_BUCKET,
+                      ds_persistence_threshold=DS_PERSISTENCE_THRESHOLD)
 
 
 def _persistent(spec: ModelSpec, plan: TrainingPlan) -> dict:
@@ -186,6 +188,10 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """DeepSpeed ZeRO-0/1/2: the candidate peak moments of one steady-state iteration on the largest rank."""
     from llmem.walk.single import iteration_phases
 
+    if plan.zero == 3:
+        from llmem.walk.deepspeed3 import zero3_phases
+
+        return zero3_phases(spec, plan)
     if plan.zero == 0:
         return _zero0_phases(spec, plan, iteration_phases(spec, compute_plan(plan)))
     single = iteration_phases(spec, compute_plan(plan))

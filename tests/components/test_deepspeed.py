@@ -100,5 +100,5 @@ def test_the_simulator_runs_deepspeed():
     these rows' real runs)."""
     from llmem.simulate.run import check_simulable
 
-    for zero in (1, 2):
+    for zero in (1, 2, 3):
         check_simulable(LLAMA, TrainingPlan(gpus=2, zero=zero, engine="deepspeed"))

@@ -1,4 +1,4 @@
-"""`simulate` of `--pp` (each stage as its rank) and of `--engine deepspeed` ZeRO-1/2 against the real 2- and 4-rank
+"""`simulate` of `--pp` (each stage as its rank) and of `--engine deepspeed` ZeRO-1/2/3 against the real 2- and 4-rank
 CPU runs (gloo) of the rows the estimate's tests measure: the same launches (`tests/components/test_pipeline.py`,
 `tests/components/test_deepspeed.py`; measured once per test process), every rank's simulated peak against that
 rank's measured peak. Bound: 64 B, the 0-dim host tensors a fake run cannot see (docs/SIMULATION.md: 8 B each;
@@ -64,3 +64,18 @@ def test_deepspeed_ranks_match_the_real_run(name):
     from tests.components import test_deepspeed as ds_rows
 
     _check_ranks(ds_rows.ROWS, name)
+
+
+DS3_HEAVY = ("llama-z3-bf16-auto-overlap", "llama-z3-fp32-auto", "gpt2-z3-fp32-auto-seq128", "llama-z3-bf16-auto-sgd")
+# (-m heavy only: each row simulates both ranks' DeepSpeed engines, about 45 s on 2 cores)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy) for n in DS3_HEAVY])
+def test_deepspeed_zero3_ranks_match_the_real_run(name):
+    """ZeRO-3 on fake tensors: the partitions, the coordinator's gathers and releases, the bucket, the step. Rows
+    whose peak is not a reduce: gloo's reduce_scatter_tensor copies its input on CPU, the fake group (as NCCL)
+    does not (`llmem.components.zero3_ds.reduce_temporary_bytes`)."""
+    from tests.components import test_deepspeed_zero3 as ds3_rows
+
+    _check_ranks(ds3_rows.ROWS, name)
