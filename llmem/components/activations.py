@@ -190,27 +190,14 @@ def kept_layers_bytes(spec: ModelSpec, plan: TrainingPlan, count: int) -> int:
     input is the previous layer's residual-add output, which that layer does not save itself, so the two kinds
     add up without overlap. Layers of several kinds (`varied`): the sum of each layer's `kept_layer_bytes`."""
     if varied(spec, plan):
-        sums = spec.memo(("kept_layers", plan.key), lambda: list(accumulate(_kept_by_layer(spec, plan), initial=0)),
-                         per_plan=True)
-        return sums[count]
+        from llmem.derive.periodic import per_signature  # (each kind evaluated once)
+        return spec.memo(("kept_layers", plan.key), lambda: list(accumulate(per_signature(
+            spec, plan, lambda layer: kept_layer_bytes(spec, plan, layer)), initial=0)), per_plan=True)[count]
     if plan.ckpt_every == 1 or plan.grad_ckpt is not GradCkpt.FULL:
         return count * kept_per_layer_bytes(spec, plan)
     ckpt = -(-count // plan.ckpt_every)  # layers 0, K, 2K, ... below `count`
     full = layer_activation_bytes(spec, layer_plan(plan, 1))
     return ckpt * (checkpointed_layer_bytes(spec, plan) + checkpoint_rng_state_bytes(plan)) + (count - ckpt) * full
-
-
-def _kept_by_layer(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
-    """Each decoder layer's `kept_layer_bytes`, evaluated once per signature (its kind, checkpointing and shapes:
-    `derive.periodic.layer_signatures`)."""
-    from llmem.derive.periodic import layer_signatures
-
-    signatures = layer_signatures(spec, plan)
-    first = {}
-    for layer, signature in enumerate(signatures):
-        first.setdefault(signature, layer)
-    kept = {signature: kept_layer_bytes(spec, plan, layer) for signature, layer in first.items()}
-    return [kept[signature] for signature in signatures]
 
 
 @per_spec()

@@ -13,6 +13,8 @@ the same peak and peak phase as all layers (`tests/derive/test_periodic.py` comp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmem.plan import GradCkpt, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -39,6 +41,17 @@ def layer_signatures(spec: ModelSpec, plan: TrainingPlan) -> list[tuple]:
         kinds, shapes = spec.derived.layer_kinds(plan), _layer_shapes(spec)
         return [(kinds[k], plan.checkpointed(k), shapes[k]) for k in range(spec.num_layers)]
     return spec.memo(("layer signatures", plan.key), signatures, per_plan=True)
+
+
+def per_signature(spec: ModelSpec, plan: TrainingPlan, value: Callable[[int], int]) -> list[int]:
+    """`value(layer)` for every decoder layer, evaluated at the first layer of each signature (`layer_signatures`)
+    and repeated for the others."""
+    signatures = layer_signatures(spec, plan)
+    first: dict[tuple, int] = {}
+    for layer, signature in enumerate(signatures):
+        first.setdefault(signature, layer)
+    values = {signature: value(layer) for signature, layer in first.items()}
+    return [values[signature] for signature in signatures]
 
 
 def _layer_shapes(spec: ModelSpec) -> list[tuple]:
