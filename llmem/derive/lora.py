@@ -16,8 +16,9 @@ layers at the forward's end).
 With `--ckpt-every K` > 1 the layers left uncheckpointed run as without checkpointing but with layer 0's input
 requiring grad (PEFT's hook); they are looked up by their own index in the tables of the uncheckpointed plan, whose
 layer 0 is a kind of its own (`activations.varied`; looked up as the first layer they read 3-6% low).
-Refused (one line naming the field): FSDP2 with bf16-/fp16-mixed (its policy's half adapters are written for
-llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data).
+FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
+(`_half_adapters`, `Derived.with_half_adapters`).
+Refused (one line naming the field): QLoRA (its 4-bit Linears), expert layers (routing depends on the data).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
 
     from llmem.runtime.lora import lora_config
 
-    _, rank, alpha, dropout, targets, to_save, input_grad, _ = key
+    _, rank, alpha, dropout, targets, to_save, input_grad, _ = key[:8]
     plan = TrainingPlan(method="lora", lora_rank=rank, lora_alpha=alpha, lora_dropout=dropout, lora_targets=targets,
                         lora_modules_to_save=to_save)
     to = torch.nn.Module.to
@@ -67,9 +68,26 @@ def wrap(model, key: tuple, checkpointed: bool = False):
     adapters = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_" in n]
     if any(p.dtype != torch.float32 for p in adapters):
         raise RuntimeError("the traced LoRA adapters are not fp32, as PEFT makes them")
+    if key[8:] == ("half adapters",):
+        _half_adapters(model)
     if input_grad and not checkpointed:  # a checkpointing base: PEFT called it
         model.enable_input_require_grads()
     return model
+
+
+def _half_adapters(model) -> None:
+    """FSDP2 with a MixedPrecisionPolicy(param_dtype=half): each group's all-gather casts every parameter, the fp32
+    adapter shards too, to param_dtype (`torch/distributed/fsdp/_fully_shard/_fsdp_param.py`:
+    `_get_param_all_gather_inputs`, `init_unsharded_param`), so forward and backward run on unsharded half adapters
+    (leaves that require grad: their gradients are half until `foreach_reduce` copies them to reduce_dtype). The
+    frozen base is already in the compute plan's half dtype."""
+    import torch
+
+    dtype = next(p.dtype for p in model.parameters() if not p.requires_grad)
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.requires_grad and p.dtype != dtype:
+                module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype))
 
 
 _DEEPCOPY = copy.deepcopy
@@ -98,16 +116,12 @@ def _deepcopy(obj, memo=None):
 
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
-    from llmem.components.sharding import FSDP_SCHEMES
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
     if plan.method is Method.QLORA:
         return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora",
                           GAP)
-    if plan.precision.is_mixed and plan.scheme in FSDP_SCHEMES:
-        return InputError("precision", f"{name} under FSDP2 (--zero 2/3) is modelled without a mixed-precision "
-                          "policy; use --precision fp32, bf16 or fp16, or --zero 0 or 1", GAP)
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full", GAP)
