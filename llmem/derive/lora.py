@@ -83,7 +83,7 @@ def _half_adapters(model) -> None:
     frozen base is already in the compute plan's half dtype."""
     import torch
 
-    dtype = next(p.dtype for p in model.parameters() if not p.requires_grad)
+    dtype = model.get_input_embeddings().weight.dtype  # the compute plan's half dtype (the model is built in it)
     for module in model.modules():
         for name, p in module._parameters.items():
             if p is not None and p.requires_grad and p.dtype != dtype:
