@@ -165,8 +165,15 @@ def checkpointed_layer_count(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def varied(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the decoder layers are of several kinds: a derived architecture's (`Derived.layer_kinds`, e.g.
-    Gemma 3's sliding-window and full-attention layers). The hand-written families' layers are uniform."""
-    return spec.derived is not None and len(set(spec.derived.layer_kinds(plan))) > 1
+    Gemma 3's sliding-window and full-attention layers). The hand-written families' layers are uniform.
+    With `--ckpt-every K` > 1 the uncheckpointed layers answer from the tables of the plan without checkpointing
+    (`layer_plan`), whose layers may be of several kinds where the checkpointed plan's are not: traced LoRA without
+    checkpointing has a layer 0 of its own (its input needs no gradient, `llmem.derive.lora`), so layer 1 must be
+    looked up as layer 1 there, not as the spec's first layer."""
+    if spec.derived is None:
+        return False
+    plans = {plan, layer_plan(plan, 1)}
+    return any(len(set(spec.derived.layer_kinds(p))) > 1 for p in plans)
 
 
 def layer_spec(spec: ModelSpec, plan: TrainingPlan, layer: int) -> ModelSpec:

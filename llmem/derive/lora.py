@@ -13,9 +13,12 @@ precisions FSDP2 runs the same program on gathered parameters).
 Under autocast the weight copies mm saves are traced into the layer tables (the frozen base's are made per use, the
 adapters' cached until the forward's autocast region exits: `walk.single._cast_terms` counts those of checkpointed
 layers at the forward's end).
-Refused (one line naming the field): FSDP2 with bf16-/fp16-mixed (its policy's half adapters are written for
-llama-like layers), QLoRA (its 4-bit Linears), expert layers (routing depends on the data), checkpointing every K-th
-layer for K > 1 (measured 3-25% above the estimate in the random sweep; cause not found yet).
+With `--ckpt-every K` > 1 the layers left uncheckpointed run as without checkpointing but with layer 0's input
+requiring grad (PEFT's hook); they are looked up by their own index in the tables of the uncheckpointed plan, whose
+layer 0 is a kind of its own (`activations.varied`; looked up as the first layer they read 3-6% low).
+FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
+(`_half_adapters`, `Derived.with_half_adapters`).
+Refused (one line naming the field): QLoRA (its 4-bit Linears), expert layers (routing depends on the data).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
 
     from llmem.runtime.lora import lora_config
 
-    _, rank, alpha, dropout, targets, to_save, input_grad, _ = key
+    _, rank, alpha, dropout, targets, to_save, input_grad, _ = key[:8]
     plan = TrainingPlan(method="lora", lora_rank=rank, lora_alpha=alpha, lora_dropout=dropout, lora_targets=targets,
                         lora_modules_to_save=to_save)
     to = torch.nn.Module.to
@@ -64,9 +67,26 @@ def wrap(model, key: tuple, checkpointed: bool = False):
     adapters = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_" in n]
     if any(p.dtype != torch.float32 for p in adapters):
         raise RuntimeError("the traced LoRA adapters are not fp32, as PEFT makes them")
+    if key[8:] == ("half adapters",):
+        _half_adapters(model)
     if input_grad and not checkpointed:  # a checkpointing base: PEFT called it
         model.enable_input_require_grads()
     return model
+
+
+def _half_adapters(model) -> None:
+    """FSDP2 with a MixedPrecisionPolicy(param_dtype=half): each group's all-gather casts every parameter, the fp32
+    adapter shards too, to param_dtype (`torch/distributed/fsdp/_fully_shard/_fsdp_param.py`:
+    `_get_param_all_gather_inputs`, `init_unsharded_param`), so forward and backward run on unsharded half adapters
+    (leaves that require grad: their gradients are half until `foreach_reduce` copies them to reduce_dtype). The
+    frozen base is already in the compute plan's half dtype."""
+    import torch
+
+    dtype = model.get_input_embeddings().weight.dtype  # the compute plan's half dtype (the model is built in it)
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.requires_grad and p.dtype != dtype:
+                module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype))
 
 
 _DEEPCOPY = copy.deepcopy
@@ -95,22 +115,15 @@ def _deepcopy(obj, memo=None):
 
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
-    from llmem.components.sharding import FSDP_SCHEMES
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
     if plan.method is Method.QLORA:
         return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora",
                           GAP)
-    if plan.precision.is_mixed and plan.scheme in FSDP_SCHEMES:
-        return InputError("precision", f"{name} under FSDP2 (--zero 2/3) is modelled without a mixed-precision "
-                          "policy; use --precision fp32, bf16 or fp16, or --zero 0 or 1", GAP)
     if spec.is_moe:
         return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
                           "depends on the data); use --method full", GAP)
-    if plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1:  # the random sweep: 3-25% below the measured peak
-        return InputError("ckpt-every", f"{name} with every K-th layer checkpointed (K > 1) is not modelled yet; use "
-                          "--ckpt-every 1 or --grad-ckpt none", GAP)
     return static_refusal(spec.derived.config)
 
 

@@ -42,7 +42,7 @@ class Derived:
     layer tables answer for decoder layer `layer` (0 unless a view made by `at`)."""
 
     def __init__(self, config: dict, model_type: str):
-        self.config, self.model_type, self.layer = config, model_type, 0
+        self.config, self.model_type, self.layer, self.half_adapters = config, model_type, 0, False
         self._fits: dict = {}
         self._plan_fits: dict = {}  # plan key -> its fits (`key` reads a dozen plan fields; asked ~100 times)
         self._evaluated: dict = {}  # (plan key, layer kind, place) -> its saved tensors (`_saved`)
@@ -51,6 +51,13 @@ class Derived:
         """The same tables (and fits, shared) answering for decoder layer `layer`."""
         view = copy.copy(self)
         view.layer = layer
+        return view
+
+    def with_half_adapters(self) -> Derived:
+        """The tables of the PEFT model whose adapters compute in the parameters' half dtype (FSDP2's
+        MixedPrecisionPolicy all-gathers them cast to it: `llmem.derive.lora.wrap`); fits of their own per plan."""
+        view = copy.copy(self)
+        view.half_adapters, view._plan_fits, view._evaluated = True, {}, {}
         return view
 
     def layer_kinds(self, plan: TrainingPlan) -> list[int]:
@@ -89,7 +96,7 @@ class Derived:
             return base
         from llmem.derive.lora import trace_key
 
-        return (*base, trace_key(plan))
+        return (*base, (*trace_key(plan), "half adapters") if self.half_adapters else trace_key(plan))
 
     def has_dropout(self) -> bool:
         """Whether the model runs a dropout: a dropout key above 0 in the config or its configuration class's

@@ -9,7 +9,7 @@ from its backward to its reduce-scatter. The compute is the single-device walk's
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmem.components import Category, chunked_ce, lora, offload, quant
 from llmem.components import activations as act
@@ -359,6 +359,9 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """FSDP2 (ZeRO-2/3, and TP x FSDP2): the candidate peak moments of one steady-state iteration on one rank."""
     from llmem.walk.fsdp_layer import fsdp_layer_moments
 
+    if spec.derived is not None and lora.half_adapters(plan):  # traced LoRA: the tables of half adapters
+        derived = spec.derived
+        spec = spec.memo(("half adapters",), lambda: replace(spec, derived=derived.with_half_adapters()))
     w = fsdp_terms(spec, plan)
     phases = forward_gather_moments(w) + head_moments(w)
     held: dict[str, int] = {}  # phase -> the sharded gradients micro-step 1 already holds there (for --grad-accum)

@@ -36,7 +36,10 @@ def lora_recompute_end(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) ->
     `act_fn(gate) * up` (tokens × intermediate). Not counted: the bf16 matmul's scratch inside lora_A (CPU kernel,
     25.6 KB on the test llama). Returns (activations beyond the recomputed layer's `recompute_bytes`, gradients
     beyond the layer output's), or None where this moment is not modelled (measured only in this configuration; with
-    dropout 0 the layer's backward peaks)."""
+    dropout 0 the layer's backward peaks). Traced LoRA (`spec.derived`): None, its layer backward's window is traced on
+    the checkpointed program, recompute included (`llmem.derive.lora.checkpointed_extra_bytes`)."""
+    if spec.derived is not None:
+        return None
     if not (lora.half_adapters(plan) and plan.grad_ckpt is GradCkpt.FULL and plan.lora_dropout > 0):
         return None
     if not any("down_proj" in p.name for p in lora.targeted(spec, plan)):

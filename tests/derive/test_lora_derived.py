@@ -61,11 +61,9 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 
 @pytest.mark.parametrize("family, plan, field", [
-    ("olmo2", dict(gpus=2, zero=3, precision="bf16-mixed"), "precision"),  # FSDP2's half adapters
     ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
     ("qwen3_moe", dict(), "method"),  # a derived MoE: its experts are not traced
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
-    ("olmo2", dict(grad_ckpt="full", ckpt_every=2), "ckpt-every"),  # below the measured peak in the sweep
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
     cfg = config_of(family)
@@ -176,3 +174,67 @@ def test_traced_falcon_lora_under_fsdp2_has_no_full_fine_tuning_attention_moment
     est = estimate(ModelSpec.from_config(SMALL["falcon"]), FALCON_FSDP.plan(name)).peak_bytes
     measured = FALCON_FSDP.measured()[name]["peak_bytes"]
     assert abs(est - measured) <= 0.01 * measured, (est, measured)
+
+
+# --ckpt-every K > 1: the uncheckpointed layers looked up by their own index in the tables without checkpointing
+# (`activations.varied`); looked up as layer 0 they read 3-6 % low (seed 12's s12-2876: -5.2 %, s12-1103: -2.1 %).
+EVERY = [("phi3", dict(precision="fp16", batch_size=1, seq_len=32, lora_targets="gate_up_proj,down_proj",
+                       lora_modules_to_save="lm_head", grad_accum=2, optimizer="adafactor")),
+         pytest.param("gpt2", dict(batch_size=4, seq_len=128, lora_targets="c_attn", lora_dropout=0.1),
+                      marks=pytest.mark.heavy),
+         pytest.param("olmo2", dict(precision="bf16-mixed", attn="eager", lora_targets="all-linear", ckpt_every=3,
+                                    cfg=dict(num_hidden_layers=4)), marks=pytest.mark.heavy),
+         pytest.param("granite", dict(precision="fp16", lora_targets="all-linear"), marks=pytest.mark.heavy)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, plan", EVERY)
+def test_traced_lora_checkpointing_every_kth_layer_one_rank(family, plan):
+    plan = {"precision": "fp32", "batch_size": 2, "seq_len": 64, "grad_ckpt": "full", "ckpt_every": 2, **plan}
+    if "cfg" in plan:  # more layers than the small config's two
+        cfg = config(family, **plan.pop("cfg"))
+        p = TrainingPlan(device="cpu", method="lora", **plan)
+        est, measured = estimate(ModelSpec.from_config(cfg), p).peak_bytes, measure_rank(cfg, p)["peak_bytes"]
+        assert abs(est - measured) <= TOLERANCE * measured, (est, measured)
+    else:
+        assert abs(_error(family, **plan)) <= TOLERANCE
+
+
+EVERY_TWO = TwoRankRows(dict(_BASE, grad_ckpt="full", ckpt_every=2),
+                        {"starcoder2-every2-zero0": dict(zero=0), "starcoder2-every2-zero3": dict(zero=3),
+                         "gpt2-every2-zero1": dict(zero=1, precision="fp16-mixed", attn="eager")},
+                        lambda name: config_of(name.split("-")[0]), sampled=[])  # `-m heavy`: the suite's 12 minutes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EVERY_TWO.params())
+def test_traced_lora_checkpointing_every_kth_layer_two_ranks(name):
+    est = estimate(ModelSpec.from_config(EVERY_TWO.config_of(name)), EVERY_TWO.plan(name)).peak_bytes
+    res = EVERY_TWO.measured(name)[name]
+    assert "error" not in res, res.get("error")
+    measured = res["peak_bytes"]
+    print(f"{name}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
+    assert abs(est - measured) <= TOLERANCE * measured
+
+
+# FSDP2 with bf16-/fp16-mixed: the MixedPrecisionPolicy all-gathers the fp32 adapters cast to half, so the tables are
+# traced with half adapters (`Derived.with_half_adapters`); with fp32-adapter tables olmo2's row read +21 %.
+MIXED_FSDP = TwoRankRows(dict(_BASE, precision="bf16-mixed", zero=3), {
+    "olmo2-mixed-zero3-all-dropout-ckpt": dict(grad_ckpt="full", lora_targets="all-linear", lora_dropout=0.1),
+    "starcoder2-mixed-zero3": dict(),
+    "gpt2-mixed-zero3-eager-ckpt": dict(precision="fp16-mixed", attn="eager", lora_targets="c_attn", grad_ckpt="full"),
+    "falcon-mixed-zero2-all": dict(zero=2, lora_targets="all-linear"),
+    "granite-mixed-zero3-every2": dict(grad_ckpt="full", ckpt_every=2, attn="eager", lora_dropout=0.05),
+    "gpt_neox-mixed-zero3-all-ckpt": dict(precision="fp16-mixed", lora_targets="all-linear", grad_ckpt="full"),
+}, lambda name: config_of(name.split("-")[0]), sampled=["olmo2-mixed-zero3-all-dropout-ckpt"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MIXED_FSDP.params())
+def test_traced_lora_under_fsdp2_mixed_precision_two_ranks(name):
+    est = estimate(ModelSpec.from_config(MIXED_FSDP.config_of(name)), MIXED_FSDP.plan(name)).peak_bytes
+    res = MIXED_FSDP.measured(name)[name]
+    assert "error" not in res, res.get("error")
+    measured = res["peak_bytes"]
+    print(f"{name}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
+    assert abs(est - measured) <= TOLERANCE * measured
