@@ -19,8 +19,9 @@ what FSDP2 reaches through `_get_device_handle(device.type)` (`_fsdp_param_group
   * the build: transformers probes the device context with `torch.tensor([])`
     (`modeling_utils.py: get_torch_context_manager_or_global_device`), and `torch.tensor` copies its data to the
     device below the Python dispatch (`internal_new_from_data`), i.e. a real kernel the backend does not have. The
-    model is built on the host (fake CPU tensors, before the peak is reset) and moved `.to("simgpu:0")`: the same
-    parameters and buffers on the device as building there;
+    model is built on the host (fake CPU tensors, before the peak is reset), the method applied (PEFT's adapters
+    follow their base layer's device), and moved to `simgpu:0`: the same parameters and buffers on the device as
+    building there;
   * the device RNG state activation checkpointing saves (`torch/utils/checkpoint.py: get_device_states`): CUDA's
     is a 16-byte host tensor (`torch.cuda.get_rng_state`).
 The rename is for the life of the process (torch cannot undo it); nothing else uses PrivateUse1 here.
@@ -180,13 +181,19 @@ def fake_device(plan, tracker):
     ensure_backend()
     tracker.device_type = DEVICE
     tracker.stand_ins.update(stand_ins())
-    orig_build, orig_sdpa = session.build_model, functional.scaled_dot_product_attention
+    orig = session.build_model, session.apply_method, functional.scaled_dot_product_attention
+    devices: list = []
 
     def build_model(config, plan, device="cpu"):
-        return _moved(orig_build(config, plan, "cpu"), device)
+        devices.append(device)
+        return orig[0](config, plan, "cpu")
 
-    session.build_model, functional.scaled_dot_product_attention = build_model, _sdpa(orig_sdpa)
+    def apply_method(model, plan):
+        return _moved(orig[1](model, plan), devices.pop())
+
+    session.build_model, session.apply_method = build_model, apply_method
+    functional.scaled_dot_product_attention = _sdpa(orig[2])
     try:
         yield
     finally:
-        session.build_model, functional.scaled_dot_product_attention = orig_build, orig_sdpa
+        session.build_model, session.apply_method, functional.scaled_dot_product_attention = orig
