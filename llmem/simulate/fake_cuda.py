@@ -76,6 +76,12 @@ class _Backend:
         return None
 
     @staticmethod
+    def get_amp_supported_dtype() -> list:
+        """Asked by `torch.amp.autocast(device_type)`, which activation checkpointing enters around its recompute
+        (`torch/utils/checkpoint.py`); CUDA's half dtypes."""
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
     def get_rng_state(device=None) -> torch.Tensor:
         return torch.empty(CUDA_RNG_STATE_BYTES, dtype=torch.uint8)
 

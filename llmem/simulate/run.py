@@ -5,8 +5,9 @@ CUDA caching allocator.
     sim = simulate(config, plan)          # config: a config.json dict; plan: TrainingPlan
     sim.peak_bytes, sim.peak_phase, sim.timeline, sim.top_tensors, sim.reserved_bytes, sim.to_dict()
 
-Fake tensors are CPU tensors (fake CUDA tensors do not work on a CPU-only torch build); what differs on CUDA comes
-from the plan's explicit options (optimizer implementation, autocast dtype) — see docs/SIMULATION.md for the rest.
+Fake tensors are CPU tensors (fake CUDA tensors abort in autograd on a CPU-only torch build); what differs on CUDA
+comes from the plan's explicit options (optimizer implementation, autocast dtype) — see docs/SIMULATION.md for the
+rest. `--offload optimizer+params` runs on a fake accelerator instead, host and device apart (`fake_cuda.py`).
 Multi-rank schemes run in this process with torch's fake process group ("fake" backend, FakeStore) at the plan's
 world size, as rank `rank`. Classic DDP bucketing and ZeroRedundancyOptimizer do not run under fake tensors: their
 model and gradients run as one rank would, the optimizer over this rank's ZeRO-1 partition, and the gradient
@@ -34,9 +35,11 @@ HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
     """The options a CPU fake run cannot run: InputError naming the option."""
-    if str(plan.offload) == "optimizer" and importlib.util.find_spec("torchao") is None:
-        raise InputError("offload", "optimizer runs torchao's CPUOffloadOptimizer, and torchao is not installed; "
-                         "install it to simulate this plan, or measure it on a GPU (measure --device cuda)")
+    if str(plan.offload) == "optimizer":
+        missing = "is not installed here, and " if importlib.util.find_spec("torchao") is None else ""
+        raise InputError("offload", f"optimizer runs torchao's CPUOffloadOptimizer, which {missing}asserts a CUDA or "
+                         "XPU device in its constructor (get_available_devices()[-1]), so it cannot run on fake "
+                         "tensors here; measure it on a GPU (measure --device cuda)")
     if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
