@@ -196,10 +196,13 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     from llmem.runtime.optim import make_optimizer
     from llmem.simulate import ddp
     from llmem.simulate.fake_cuda import DEVICE, uses_fake_device
+    from llmem.simulate.isolate import in_child, simulate_in_child
     from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
     _check(config, plan, rank, steps)
+    if uses_fake_device(plan) and not in_child():
+        return simulate_in_child(config, plan, rank, steps, progress)
     if rank is None and (plan.pp > 1 or plan.engine.value == "deepspeed"):
         return _every_rank(config, plan, steps, progress)
     t0 = time.perf_counter()
