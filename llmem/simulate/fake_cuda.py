@@ -145,16 +145,24 @@ def _moved(model, device):
 FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
 
 
+_CHOICES: dict = {}
+
+
 def _cpu_choice(query, key, value, attn_mask, is_causal, scale, enable_gqa) -> int:
-    """The backend CPU's SDPA picks for tensors of these shapes (`_fused_sdp_choice_cpp`), asked with real empty
-    tensors outside the fake modes (the fake op answers math whatever the shapes)."""
+    """The backend CPU's SDPA picks for tensors of these shapes (`_fused_sdp_choice_cpp`), asked once per layout
+    with real empty tensors outside the fake modes (the fake op answers math whatever the shapes; an untouched
+    empty tensor costs address space, not memory)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():
-        real = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-                for t in (query, key, value, attn_mask)]
-        return int(torch.ops.aten._fused_sdp_choice.default(*real[:3], real[3], 0.0, is_causal, scale=scale,
-                                                             enable_gqa=enable_gqa))
+    tensors = (query, key, value, attn_mask)
+    layout = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+    key_ = (layout, is_causal, scale, enable_gqa)
+    if key_ not in _CHOICES:
+        with _disable_current_modes():
+            real = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in tensors]
+            _CHOICES[key_] = int(torch.ops.aten._fused_sdp_choice.default(*real[:3], real[3], 0.0, is_causal,
+                                                                          scale=scale, enable_gqa=enable_gqa))
+    return _CHOICES[key_]
 
 
 def _sdpa(orig):
