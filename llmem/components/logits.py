@@ -6,7 +6,8 @@ With T = micro-batch × seq tokens, V = vocab (local to the rank), Lc = T*V*comp
             log_softmax output L32 (saved by nll_loss); labels padded (T + batch)*8 and shifted copy T*8
   softcap   gemma2 `final_logit_softcapping`: logits = tanh(logits / cap) * cap keeps the tanh output (Lc) until
             its backward (right after the loss's)
-  backward  nll_loss_backward L32 and _log_softmax_backward_data L32 while the log_softmax output lives
+  backward  nll_loss_backward L32 and _log_softmax_backward_data L32 while the log_softmax output lives (the
+            shifted labels nll_loss saved are released once its backward ran)
             lm_head: grad of logits (Lc), grad_weight V*h*compute_bytes (+ fp32 cast under mixed precision)
 `--loss chunked-ce` (torchtune's chunked program) has terms of its own (`llmem.components.chunked_ce`), which each
 function here returns for such a plan.
@@ -73,11 +74,13 @@ def final_hidden_held_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads."""
+    """Logits-related bytes during `_log_softmax_backward_data`: logits, log_softmax output, two fp32 grads. The
+    shifted labels are gone: nll_loss saved them as its target, and the engine releases a node's saved tensors
+    once it has run (`Node::release_variables`, no retain_graph), before LogSoftmaxBackward0 runs."""
     if chunked_ce.is_chunked(plan):
         return chunked_ce.loss_backward_peak_bytes(spec, plan)
-    lc, l32, tokens = _sizes(spec, plan)
-    return lc + 3 * l32 + tokens * INT64 + softcap_bytes(spec, plan)
+    lc, l32, _ = _sizes(spec, plan)
+    return lc + 3 * l32 + softcap_bytes(spec, plan)
 
 
 def lm_head_backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

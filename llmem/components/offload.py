@@ -39,7 +39,7 @@ accelerator) and with `pin_memory=False` every copy is a no-op (the device is th
 
 from __future__ import annotations
 
-from llmem.components import Category
+from llmem.components import Category, lora
 from llmem.components.optimizer import OFFLOAD_MINIMAL_SIZE as MINIMAL_SIZE
 from llmem.components.optimizer import optimized_params, optimizer_step_temporary_bytes
 from llmem.components.sharding import local_numel, shard_summary
@@ -108,34 +108,48 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else n
 
 
+def _fsdp_host_tensors(spec: ModelSpec, plan: TrainingPlan) -> tuple[list[int], list[int], int]:
+    """`--offload optimizer+params`: the bytes of each sharded parameter on the host (`_fsdp_param.py:312-315`:
+    every FSDP parameter, frozen or trainable; LoRA's fp32 adapters beside the base), the element counts of the
+    trainable ones (only they get a gradient, `foreach_reduce`'s copy to the host, and optimizer states) and their
+    bytes per element."""
+    pb = plan.precision.param_bytes
+    params = [n * pb for n in shard_summary(spec, plan).sizes]
+    trainable_bytes = pb
+    if lora.is_lora(plan):
+        trainable_bytes = lora.ADAPTER_BYTES
+        params += [n * trainable_bytes for n in lora.sharded_adapter_sizes(spec, plan)]
+    return params, optimized_params(spec, plan), trainable_bytes
+
+
 def host_breakdown(spec: ModelSpec, plan: TrainingPlan) -> dict:
     """Host bytes of one rank at its largest moment (the optimizer step), by category; empty when not offloaded."""
     if offloads_optimizer(plan):
         return optimizer_host_breakdown(spec, plan)
     if not is_offloaded(plan):
         return {}
-    pb = plan.precision.param_bytes
-    sizes = optimized_params(spec, plan)
+    params, sizes, tb = _fsdp_host_tensors(spec, plan)
     if plan.optimizer is Optimizer.SGD:
-        states = sum(sizes) * pb
+        states = sum(sizes) * tb
     else:  # exp_avg, exp_avg_sq and the 0-dim fp32 step, all on the host with the parameters
-        states = 2 * sum(sizes) * pb + len(sizes) * STEP_TENSOR_BYTES
+        states = 2 * sum(sizes) * tb + len(sizes) * STEP_TENSOR_BYTES
     return {
-        Category.PARAMETERS: shard_summary(spec, plan).total * pb,
-        Category.GRADIENTS: shard_summary(spec, plan).total * pb,
+        Category.PARAMETERS: sum(params),
+        Category.GRADIENTS: sum(sizes) * tb,
         Category.OPTIMIZER: states,
         Category.TEMPORARIES: optimizer_step_temporary_bytes(spec, plan),
     }
 
 
 def host_pinned_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Pinned host memory of one rank: each sharded parameter and gradient block rounded up to a power of two."""
+    """Pinned host memory of one rank: each sharded parameter and each trainable one's gradient block rounded up
+    to a power of two."""
     if offloads_optimizer(plan):
         return 2 * sum(_pow2(n * plan.precision.param_bytes) for n in _host_optimizer_sizes(spec, plan))
     if not is_offloaded(plan):
         return 0
-    pb = plan.precision.param_bytes
-    return 2 * sum(_pow2(n * pb) for n in shard_summary(spec, plan).sizes)
+    params, sizes, tb = _fsdp_host_tensors(spec, plan)
+    return sum(map(_pow2, params)) + sum(_pow2(n * tb) for n in sizes)
 
 
 def ranks_per_node(plan: TrainingPlan) -> int:

@@ -88,7 +88,10 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         if plan.scheme in FSDP_SCHEMES:
             return lora.sharded_adapter_sizes(spec, plan)
         return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
-    sizes = list(shard_summary(spec, plan).sizes)
+    # `model.parameters()` order, as the runtime hands them to the optimizer: a tied embedding first, not after
+    # the last layer as in spec order (the for-loop step's temporaries depend on it: optimizer_step_temporary_bytes)
+    local = shard_summary(spec, plan).sizes
+    sizes = [local[i] for i in _model_order_index(spec)]
     if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
         return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]
     if plan.scheme is not Scheme.ZERO1:
@@ -125,7 +128,7 @@ def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     if plan.scheme is not Scheme.TP:
         return [sizes]
     row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
-    dtensor = [p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in spec.params]
+    dtensor = [p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in model_order(spec)]
     pairs = list(zip(sizes, dtensor, strict=True))
     groups = [[n for n, d in pairs if d], [n for n, d in pairs if not d]]
     return [g for g in groups if g]
@@ -153,6 +156,15 @@ def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...
 
 
 _EMBEDDING_NAMES = ("emb", "wte", "wpe")
+
+
+def _model_order_index(spec: ModelSpec) -> list[int]:
+    """Positions in `spec.params` of the tensors in `model_order`."""
+    def build() -> list[int]:
+        index = {id(p): i for i, p in enumerate(spec.params)}
+        return [index[id(p)] for p in model_order(spec)]
+
+    return spec.memo(("model_order_index",), build)
 
 
 def model_order(spec: ModelSpec) -> list[ParamTensor]:

@@ -63,6 +63,8 @@ def render(sim, top: int = 20) -> str:
     for t in sim.top_tensors[:top]:
         lines.append(f"{t.nbytes:>16,}  {t.shape[:25]:<26}{t.op[:27]:<28}{f'{t.phase} {t.iteration}':<14}"
                      f"{t.module or '-'}")
+    if sim.host_bytes:
+        lines.append(f"host memory (offloaded, not in the peak): {sim.host_bytes:,} B ({_mib(sim.host_bytes)}) at most")
     if sim.rank_peaks:
         lines.append(f"per {'stage (rank = stage)' if sim.stage_peaks else 'rank'}: "
                      + ", ".join(f"{i}: {_mib(b)}" for i, b in enumerate(sim.rank_peaks)))

@@ -62,6 +62,7 @@ class Simulation:
     reserved_at_reset_bytes: int = 0  # reserved when the peaks are reset: what build and wrap left cached
     streams: int = 1  # CUDA streams the run allocated on (FSDP2: default, all-gather copy-in, reduce-scatter)
     paged_state_bytes: int = 0  # bitsandbytes' paged optimizer states in CUDA unified memory (not in the peak)
+    host_bytes: int = 0  # --offload: the largest host tensor memory after the reset (fake_cuda.py), as estimate's
     closed_form: list[str] = field(default_factory=list)  # buffers added from the closed-form model
     rank_peaks: list[int] = field(default_factory=list)  # --pp / DeepSpeed without --rank: every rank's peak (this
     # Simulation is the worst rank's); under --pp rank i runs stage i
@@ -101,7 +102,8 @@ class Simulation:
             "phases": [vars(p) for p in self.phases],
             "top_tensors": [t.to_dict() for t in self.top_tensors],
             "timeline": [list(p) for p in self.timeline_points(max_points)],
-            "paged_state_bytes": self.paged_state_bytes, "closed_form": self.closed_form, "notes": self.notes,
+            "paged_state_bytes": self.paged_state_bytes, "host_bytes": self.host_bytes,
+            "closed_form": self.closed_form, "notes": self.notes,
             "rank_peaks": self.rank_peaks, "stage_peaks": self.stage_peaks,
             "worst_stage": self.rank if self.stage_peaks else None,
             "ops": self.ops, "events": self.events, "seconds": round(self.seconds, 3),

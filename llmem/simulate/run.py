@@ -5,8 +5,9 @@ CUDA caching allocator.
     sim = simulate(config, plan)          # config: a config.json dict; plan: TrainingPlan
     sim.peak_bytes, sim.peak_phase, sim.timeline, sim.top_tensors, sim.reserved_bytes, sim.to_dict()
 
-Fake tensors are CPU tensors (fake CUDA tensors do not work on a CPU-only torch build); what differs on CUDA comes
-from the plan's explicit options (optimizer implementation, autocast dtype) — see docs/SIMULATION.md for the rest.
+Fake tensors are CPU tensors (fake CUDA tensors abort in autograd on a CPU-only torch build); what differs on CUDA
+comes from the plan's explicit options (optimizer implementation, autocast dtype) — see docs/SIMULATION.md for the
+rest. `--offload optimizer+params` runs on a fake accelerator instead, host and device apart (`fake_cuda.py`).
 Multi-rank schemes run in this process with torch's fake process group ("fake" backend, FakeStore) at the plan's
 world size, as rank `rank`. Classic DDP bucketing and ZeroRedundancyOptimizer do not run under fake tensors: their
 model and gradients run as one rank would, the optimizer over this rank's ZeRO-1 partition, and the gradient
@@ -18,6 +19,7 @@ ZeRO-1/2 run on the fake group too (`simulate/pipeline.py`, `simulate/deepspeed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import time
 from collections.abc import Callable
 
@@ -33,9 +35,11 @@ HOST_SCALAR_OPTIMIZERS = ("adafactor", "adamw8bit", "paged-adamw8bit")
 
 def check_simulable(config: dict, plan: TrainingPlan) -> None:
     """The options a CPU fake run cannot run: InputError naming the option."""
-    if str(plan.offload) != "none":
-        raise InputError("offload", f"{plan.offload} pins host memory and copies between host and device, which a "
-                         "CPU-only fake run cannot tell apart; measure it on a GPU (measure --device cuda)")
+    if str(plan.offload) == "optimizer":
+        missing = "is not installed here, and " if importlib.util.find_spec("torchao") is None else ""
+        raise InputError("offload", f"optimizer runs torchao's CPUOffloadOptimizer, which {missing}asserts a CUDA or "
+                         "XPU device in its constructor (get_available_devices()[-1]), so it cannot run on fake "
+                         "tensors here; measure it on a GPU (measure --device cuda)")
     if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")
@@ -133,6 +137,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
 
     from llmem.simulate import patches
     from llmem.simulate.deepspeed import launcher_env
+    from llmem.simulate.fake_cuda import fake_device
     from llmem.simulate.pipeline import fake_p2p_values
     from llmem.simulate.quant import fake_bnb_params
 
@@ -145,7 +150,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
                 patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
                 fake_bnb_params(plan), patches.bounded_fallback(), fake_p2p_values(plan, tracker), \
-                launcher_env(plan, sim_rank), \
+                launcher_env(plan, sim_rank), fake_device(plan, tracker), \
                 patches.bnb_optimizer(plan, fake_mode, tracker) as paged_bytes, fake_mode, tracker:
             yield paged_bytes
     finally:
@@ -190,17 +195,22 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
     from llmem.runtime import Topology, prepare, train_step
     from llmem.runtime.optim import make_optimizer
     from llmem.simulate import ddp
+    from llmem.simulate.fake_cuda import DEVICE, uses_fake_device
+    from llmem.simulate.isolate import in_child, simulate_in_child
     from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
     _check(config, plan, rank, steps)
+    if uses_fake_device(plan) and not in_child():
+        return simulate_in_child(config, plan, rank, steps, progress)
     if rank is None and (plan.pp > 1 or plan.engine.value == "deepspeed"):
         return _every_rank(config, plan, steps, progress)
     t0 = time.perf_counter()
     is_ddp = _classic_ddp(plan)
     run_plan = plan.with_(gpus=1, zero=0) if is_ddp else plan
     sim_rank = rank if rank is not None else default_rank(plan, config)
-    topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus, device_type="cpu")
+    topo = Topology(rank=0 if is_ddp else sim_rank, world_size=run_plan.gpus,
+                    device_type=DEVICE if uses_fake_device(plan) else "cpu")
     tracker = AllocationTracker()
     tracker.stand_ins = stand_ins()
     closed_form: list[str] = []
@@ -234,6 +244,8 @@ def simulate(config: dict, plan: TrainingPlan, rank: int | None = None, steps: i
                      "get_paged), outside the caching allocator and the peak")
     sim = build_result(plan, sim_rank, tracker, set(step_blocks), closed_form, notes, t0)
     sim.paged_state_bytes = paged_bytes[0]
+    if tracker.device_type is not None:
+        sim.host_bytes = tracker.host_peak
     return sim
 
 

@@ -63,6 +63,9 @@ class AllocationTracker(TorchDispatchMode):
         self.scalar_answer = None  # not None: `.item()` gives this value (a value another rank sends: --pp's vote)
         self.stand_ins: dict = {}  # op -> stand-in(func, args, kwargs) run instead of the fake kernel (stand_ins.py)
         self.streams: list = [torch.cpu.current_stream()]  # stream objects seen, index = BlockInfo.stream
+        self.device_type: str | None = None  # set: only its storages are the device's, the rest host (fake_cuda.py)
+        self.host_live = self.host_peak = 0  # host bytes of a fake-CUDA run, live and largest since the reset
+        self._host: dict[int, tuple[int, object]] = {}  # storage key -> (nbytes, weakref)
 
     # phases and modules ------------------------------------------------------------------------------------
     def mark(self, name: str) -> None:
@@ -76,6 +79,7 @@ class AllocationTracker(TorchDispatchMode):
         return self._phase >= 0 and self.phases[self._phase][0].startswith("backward")
 
     def reset_peak(self) -> None:
+        self.host_peak = self.host_live
         self.phases.append(("reset", self._iteration, self.op_index, len(self.events)))
         self._phase = len(self.phases) - 1
 
@@ -117,7 +121,32 @@ class AllocationTracker(TorchDispatchMode):
         key = storage._cdata
         self._live[key] = (-1, storage.nbytes(), weakref.ref(storage, lambda _r, key=key: self._live.pop(key, None)))
 
+    def _track_host(self, storage) -> None:
+        """A host storage of a fake-CUDA run: on the host ledger, never an allocator block."""
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        entry = self._host.get(key)
+        if entry is None:
+            entry = (0, weakref.ref(storage, lambda _r, key=key: self._host_freed(key)))
+        self.host_live += nbytes - entry[0]
+        self.host_peak = max(self.host_peak, self.host_live)
+        self._host[key] = (nbytes, entry[1])
+
+    def _on_host(self, storage, tensor: torch.Tensor | None) -> bool:
+        """A fake storage's own device is meta: its tensor's says where it lives (a resized one: where it was)."""
+        if tensor is None:
+            return storage._cdata in self._host
+        return tensor.device.type != self.device_type
+
+    def _host_freed(self, key: int) -> None:
+        entry = self._host.pop(key, None)
+        if entry is not None:
+            self.host_live -= entry[0]
+
     def _track(self, storage, op: str, tensor: torch.Tensor | None) -> None:
+        if self.device_type is not None and self._on_host(storage, tensor):
+            self._track_host(storage)
+            return
         key = storage._cdata
         nbytes = storage.nbytes()
         entry = self._live.get(key)
