@@ -37,9 +37,12 @@ def _layers(spec: ModelSpec, plan: TrainingPlan, edge: int) -> list[int]:
 def layer_signatures(spec: ModelSpec, plan: TrainingPlan) -> list[tuple]:
     """What each layer's own terms depend on: its kind, whether it is checkpointed, its parameters' shapes (layers
     of equal signatures have equal own terms: `activations.kept_layers_bytes` evaluates one of each)."""
+    from llmem.components.activations import layer_plan  # a layer's kind under the plan it runs (`--ckpt-every`)
+
     def signatures():
-        kinds, shapes = spec.derived.layer_kinds(plan), _layer_shapes(spec)
-        return [(kinds[k], plan.checkpointed(k), shapes[k]) for k in range(spec.num_layers)]
+        shapes = _layer_shapes(spec)
+        kinds = {p: spec.derived.layer_kinds(p) for p in {layer_plan(plan, k) for k in range(min(2, spec.num_layers))}}
+        return [(kinds[layer_plan(plan, k)][k], plan.checkpointed(k), shapes[k]) for k in range(spec.num_layers)]
     return spec.memo(("layer signatures", plan.key), signatures, per_plan=True)
 
 
