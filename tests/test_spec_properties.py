@@ -13,7 +13,9 @@ from llmem.plan import TrainingPlan
 from llmem.spec import modelled_spec
 from tests.test_cli_properties import MODEL_TYPES, SIZE_KEYS, values
 
-TRACE_SECONDS = 10.0
+# A traced LoRA plan under FSDP2 mixed precision traces two PEFT programs (fp32 and half adapters): 12 s for bloom
+# with the whole suite running on two cores. The bound catches a hang or a blow-up, not a slow machine.
+TRACE_SECONDS = 30.0
 FAMILY_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "gpt2",
                 "opt", "gpt_neox", "falcon", "bloom"]
 small = st.integers(0, 96) | values
@@ -35,5 +37,5 @@ def test_random_configs_give_an_estimate_or_a_named_error(config, plan):
     else:
         assert est.peak_bytes > 0 and all(b >= 0 for b in est.breakdown.values())
     # a LoRA plan on a family without a hand-written LoRA table traces the PEFT model on fake tensors the first time
-    # (about a second on an idle machine, kept per spec after that); anything else is a table lookup and a walk
+    # (a second or two on an idle machine, kept per spec after that); anything else is a table lookup and a walk
     assert time.perf_counter() - t0 < (TRACE_SECONDS if plan.method.value != "full" else 1.0)

@@ -166,12 +166,12 @@ def traced_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
 def _traced(spec: ModelSpec, config: dict) -> ModelSpec:
     import dataclasses
 
-    from llmem.derive import Derived
+    from llmem.derive.lora import traced_derived
 
     caveat = f"LoRA on {spec.model_type!r}: its activations are traced from transformers on fake tensors"
     cap = spec.options.get("final_logit_softcapping")  # the family's default (gemma2): the traced logits' tanh
     config = {**config, "final_logit_softcapping": cap} if cap and "final_logit_softcapping" not in config else config
-    return dataclasses.replace(spec, derived=Derived(config, spec.model_type), caveats=(*spec.caveats, caveat))
+    return dataclasses.replace(spec, derived=traced_derived(spec, config), caveats=(*spec.caveats, caveat))
 
 
 def _uniform_targets(spec: ModelSpec, plan: TrainingPlan) -> bool:

@@ -113,6 +113,23 @@ def _deepcopy(obj, memo=None):
     return new
 
 
+def traced_derived(spec, config: dict):
+    """The `Derived` whose tables are traced for LoRA on a hand-written family's spec. transformers builds the model
+    its configuration class reads: a layer count llmem read under a key that class does not map (e.g. `n_layer` in
+    an OPT config, whose `OPTConfig` keeps its default) would leave the spec and the traced model apart — refused,
+    naming the key."""
+    from llmem.derive import Derived
+    from llmem.runtime.model import hf_config
+
+    built = getattr(hf_config(config, TrainingPlan()), "num_hidden_layers", spec.num_layers)
+    if isinstance(built, int) and built != spec.num_layers:
+        key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if config.get(k) == spec.num_layers),
+                   "num_hidden_layers")
+        raise InputError(key, f"transformers' {spec.model_type} configuration does not read {key!r}: the model it "
+                         f"builds has {built} decoder layers, not {spec.num_layers}; set num_hidden_layers")
+    return Derived(config, spec.model_type)
+
+
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
     from llmem.derive.tables import static_refusal

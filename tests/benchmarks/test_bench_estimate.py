@@ -49,9 +49,12 @@ def test_estimate_with_a_fresh_plan(benchmark, model, name):
 
 CHANGED = [(model, name) for model in SPECS for name in PLANS
            if not (model == "gemma-2-2b" and name == "qlora") and not (model == "qwen3-30b-a3b" and "lora" in name)]
+# the traced MoE's tables for a scheme are traced the first time (~20 s without the on-disk cache): one in the suite
+_HEAVY = [pytest.param(*case, marks=pytest.mark.heavy) if case[0] == "qwen3-30b-a3b" and case[1] != "single" else case
+          for case in CHANGED]
 
 
-@pytest.mark.parametrize(("model", "name"), CHANGED)
+@pytest.mark.parametrize(("model", "name"), _HEAVY)
 def test_estimate_after_an_option_change(benchmark, model, name):
     """Each scheme and method with the sequence length changed every round: every term that reads the micro-batch
     or the sequence length is computed again (the spec keeps only those over the parameters)."""
