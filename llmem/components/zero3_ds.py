@@ -127,14 +127,7 @@ def backward_order(spec: ModelSpec) -> list[int]:
 def buckets(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """The tensors (indices of `ordered_numels`) of each reduce, in backward's order (:1367: the bucket is reduced
     when the next gradient would overflow it)."""
-    numels, out, filled = z.ordered_numels(spec), [[]], 0
-    for i in backward_order(spec):
-        if filled + numels[i] > plan.ds_reduce_bucket and out[-1]:
-            out.append([])
-            filled = 0
-        out[-1].append(i)
-        filled += numels[i]
-    return [tuple(b) for b in out if b]
+    return z.fill_buckets(z.ordered_numels(spec), backward_order(spec), plan.ds_reduce_bucket)
 
 
 def uncopied_bytes(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...]) -> int:

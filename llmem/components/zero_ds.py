@@ -140,10 +140,16 @@ def buckets(spec: ModelSpec, plan: TrainingPlan, reverse: bool) -> list[tuple[in
     `reduce_gradients`, :827) or in reverse (ZeRO-2's hooks in backward, roughly the backward's order)."""
     numels = ordered_numels(spec)
     order = range(len(numels) - 1, -1, -1) if reverse else range(len(numels))
+    return fill_buckets(numels, order, plan.ds_reduce_bucket)
+
+
+def fill_buckets(numels: list[int], order, bucket: int) -> list[tuple[int, ...]]:
+    """The tensors (indices of `numels`) of each reduce as their gradients come in `order`: a bucket is reduced
+    when the next gradient would overflow `bucket` elements (a tensor larger than it is a bucket of its own)."""
     out: list[list[int]] = [[]]
     filled = 0
     for i in order:
-        if filled + numels[i] > plan.ds_reduce_bucket and out[-1]:
+        if filled + numels[i] > bucket and out[-1]:
             out.append([])
             filled = 0
         out[-1].append(i)
