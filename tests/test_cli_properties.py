@@ -2,7 +2,7 @@
 stdout) or one stderr line naming the field (exit 2) — never a traceback. Nothing is written but stdout/stderr."""
 
 import json
-from datetime import timedelta
+import time
 from pathlib import Path
 
 import pytest
@@ -68,12 +68,16 @@ def check(capsys, argv: list[str]) -> dict | None:
     return None
 
 
-@settings(max_examples=1000, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.function_scoped_fixture])
+# No hypothesis deadline: a causal LM outside the families (e.g. olmo2 with a stray key) is traced on fake tensors the
+# first time its config is seen (8.8 s for olmo2's 7B default under the full suite); the bound catches a hang.
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(documents, st.sampled_from(["estimate", "compare"]))
 def test_random_config_files(folder, capsys, document, verb):
     path = folder / "config.json"
     path.write_text(document)
+    t0 = time.perf_counter()
     check(capsys, [verb, "--model", str(path), "--json", "--seq-len", "64"])
+    assert time.perf_counter() - t0 < 60
 
 
 # no deadline: a LoRA plan on gpt2 or pythia traces the PEFT model on fake tensors the first time (seconds)
