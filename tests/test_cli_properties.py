@@ -81,7 +81,7 @@ def test_random_config_files(folder, capsys, document, verb):
 
 
 # no deadline: a LoRA plan on gpt2 or pythia traces the PEFT model on fake tensors the first time (seconds)
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["estimate", "compare", "plan-ckpt"]), st.sampled_from(["gpt2", "opt-125m", "pythia-160m"]),
        options)
 def test_random_options_on_presets(capsys, verb, model, opts):
