@@ -209,12 +209,7 @@ EVERY_TWO = TwoRankRows(dict(_BASE, grad_ckpt="full", ckpt_every=2),
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EVERY_TWO.params())
 def test_traced_lora_checkpointing_every_kth_layer_two_ranks(name):
-    est = estimate(ModelSpec.from_config(EVERY_TWO.config_of(name)), EVERY_TWO.plan(name)).peak_bytes
-    res = EVERY_TWO.measured(name)[name]
-    assert "error" not in res, res.get("error")
-    measured = res["peak_bytes"]
-    print(f"{name}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
-    assert abs(est - measured) <= TOLERANCE * measured
+    EVERY_TWO.check(name, TOLERANCE)
 
 
 # FSDP2 with bf16-/fp16-mixed: the MixedPrecisionPolicy all-gathers the fp32 adapters cast to half, so the tables are
@@ -232,9 +227,4 @@ MIXED_FSDP = TwoRankRows(dict(_BASE, precision="bf16-mixed", zero=3), {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MIXED_FSDP.params())
 def test_traced_lora_under_fsdp2_mixed_precision_two_ranks(name):
-    est = estimate(ModelSpec.from_config(MIXED_FSDP.config_of(name)), MIXED_FSDP.plan(name)).peak_bytes
-    res = MIXED_FSDP.measured(name)[name]
-    assert "error" not in res, res.get("error")
-    measured = res["peak_bytes"]
-    print(f"{name}: estimate {est:,} measured {measured:,} ({(est - measured) / measured:+.3%})")
-    assert abs(est - measured) <= TOLERANCE * measured
+    MIXED_FSDP.check(name, TOLERANCE)
