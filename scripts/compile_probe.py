@@ -4,14 +4,14 @@
     PYTHONPATH=. python scripts/compile_probe.py peak   --mode compile --precision fp32 --batch 8 --seq 256
     PYTHONPATH=. python scripts/compile_probe.py window --mode compile --precision fp32 --batch 8 --seq 256
 
-Each decoder layer of the sweep's small llama-gqa is compiled as torchtitan and torchtune apply it (per transformer
-block, `fullgraph=True`, in place: `nn.Module.compile`).
+Each decoder layer of one of the sweep's small configs (`--model`, default llama-gqa) is compiled as torchtitan and
+torchtune apply it (per transformer block, `fullgraph=True`, in place: `nn.Module.compile`).
 `saved`: the model on fake CPU tensors (`llmem.derive.trace.build`), each layer compiled by inductor's own
 `compile_fx` with an `inner_compile` that generates no code (the FX graphs run as they are): the joint-graph passes
 and the min-cut partition are inductor's; the backward graph's inputs other than the tangents are what the forward
-saves. `peak`: the real step on CPU (inductor's C++ backend), `llmem.measure.run.measure_rank`'s peak, beside the
-eager estimate. `window`: the live bytes of each layer's forward and backward (profiler tracker, iteration 2),
-relative to the window's start.
+saves (`--mode eager`: the derive tracer's saved storages per layer instead). `peak`: the real step on CPU
+(inductor's C++ backend), `llmem.measure.run.measure_rank`'s peak, beside the eager estimate. `window`: the live
+bytes of each layer's forward and backward (profiler tracker, iteration 2), relative to the window's start.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from llmem.plan import TrainingPlan
 from llmem.sweep.models import models
 
-CONFIG = dict(models("small")["llama-gqa"])
+CONFIG: dict = {}
 
 
 def saved(args) -> dict:
@@ -42,7 +42,13 @@ def saved(args) -> dict:
         return make_boxed_func(gm.forward)
 
     mixed = args.precision.endswith("-mixed")
-    mode, model, layers, _ = build(CONFIG, "float32" if mixed or args.precision == "fp32" else "bfloat16", "sdpa")
+    built = build(CONFIG, "float32" if mixed or args.precision == "fp32" else "bfloat16", "sdpa")
+    if args.mode == "eager":  # the derive tracer's saved storages per layer (autocast's weight copies left out)
+        from llmem.derive.trace import trace
+
+        traced = trace(built, args.batch, args.seq, "bfloat16" if mixed else None)
+        return {"layer_saved_bytes": [sum(b for _, b in layer) for layer in traced.layers]}
+    mode, model, layers, _ = built
     def backend(gm, example_inputs):  # one backend for every layer, as `torch.compile`'s default: compiled once
         return compile_fx(gm, example_inputs, inner_compile=inner)
 
@@ -57,12 +63,18 @@ def saved(args) -> dict:
     backward = next(g for g in graphs if any(n.name.startswith("tangents") for n in g.graph.nodes))
     values = {n.name: n.meta["val"] for n in backward.graph.nodes
               if n.op == "placeholder" and not n.name.startswith("tangents")}
-    size = {k: v.untyped_storage().nbytes() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    size, seen = {}, set()  # bytes per storage: a saved view keeps its base's storage, counted once
+    for k, v in values.items():
+        if isinstance(v, torch.Tensor) and v.untyped_storage()._cdata not in seen:
+            seen.add(v.untyped_storage()._cdata)
+            size[k] = v.untyped_storage().nbytes()
     weights = {k for k, v in values.items() if k.startswith("permute") and v.dim() == 2 and v.dtype == torch.bfloat16}
     listed = {k: [list(values[k].shape), str(values[k].dtype), b] for k, b in size.items()}
     return {"graphs": len(graphs), "saved": listed,
             "activations_bytes": sum(b for k, b in size.items() if not k.startswith("primals") and k not in weights),
-            "layer_input_bytes": size.get("primals_1", 0), "weight_copies_bytes": sum(size[k] for k in weights)}
+            "layer_input_bytes": sum(b for k, b in size.items() if k.startswith("primals")
+                                     and tuple(values[k].shape[:2]) == (args.batch, args.seq)),
+            "weight_copies_bytes": sum(size[k] for k in weights)}
 
 
 def _plan(args) -> TrainingPlan:
@@ -73,11 +85,12 @@ def _plan(args) -> TrainingPlan:
 def peak(args) -> dict:
     from llmem.estimate import estimate
     from llmem.measure.run import measure_rank
+    from llmem.runtime.model import decoder_layers
     from llmem.spec import ModelSpec
 
     def hook(session, mark):
         if args.mode == "compile":
-            for layer in session.model.model.layers:
+            for layer in decoder_layers(session.model):
                 layer.compile(fullgraph=True)
 
     plan = _plan(args)
@@ -108,11 +121,12 @@ class _Marked(torch.nn.Module):
 def window(args) -> dict:
     from llmem.measure.cpu import CpuTracker
     from llmem.runtime import prepare, train_step
+    from llmem.runtime.model import decoder_layers
 
     torch.set_num_threads(1)
     with CpuTracker() as tr:
         session = prepare(CONFIG, _plan(args), mark=tr.mark)
-        layers = session.model.model.layers
+        layers = decoder_layers(session.model)
         for i in range(len(layers)):
             if args.mode == "compile":
                 layers[i].compile(fullgraph=True)
@@ -141,17 +155,20 @@ def window(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["saved", "peak", "window"])
+    p.add_argument("--model", default="llama-gqa", choices=list(models("small")))
     p.add_argument("--mode", choices=["eager", "compile"], default="compile")
     p.add_argument("--precision", default="fp32")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--grad-ckpt", default="none")
-    p.add_argument("--intermediate", type=int, default=CONFIG["intermediate_size"])
-    p.add_argument("--vocab", type=int, default=CONFIG["vocab_size"])
+    p.add_argument("--intermediate", type=int, default=None, help="intermediate_size (llama-like configs)")
+    p.add_argument("--vocab", type=int, default=None)
     args = p.parse_args()
-    CONFIG.update(intermediate_size=args.intermediate, vocab_size=args.vocab)
-    print(json.dumps({"what": args.what, "mode": args.mode, "precision": args.precision, "batch": args.batch,
-                      "seq": args.seq, "grad_ckpt": args.grad_ckpt,
+    CONFIG.update(models("small")[args.model])
+    CONFIG.update({k: v for k, v in (("intermediate_size", args.intermediate), ("vocab_size", args.vocab))
+                   if v is not None})
+    print(json.dumps({"what": args.what, "model": args.model, "mode": args.mode, "precision": args.precision,
+                      "batch": args.batch, "seq": args.seq, "grad_ckpt": args.grad_ckpt,
                       "intermediate": args.intermediate, "vocab": args.vocab, **globals()[args.what](args)}))
 
 
