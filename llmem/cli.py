@@ -12,7 +12,7 @@ import json
 import sys
 
 from llmem.errors import InputError
-from llmem.help import HELP
+from llmem.help import EAGER_ONLY, HELP
 from llmem.importers import cli as importing
 from llmem.options import ARGUMENT, BY_NAME, OPTIONS, PLAN_OPTIONS
 from llmem.plan import TrainingPlan
@@ -188,21 +188,22 @@ def cmd_plan_ckpt(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m llmem", description="Per-GPU memory of LLM fine-tuning, by strategy.")
+    parser = _Parser(prog="python -m llmem", description="Per-GPU memory of LLM fine-tuning, by strategy.",
+                     epilog=EAGER_ONLY)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    est = sub.add_parser("estimate", help="per-GPU peak memory of one plan")
+    est = sub.add_parser("estimate", help="per-GPU peak memory of one plan", epilog=EAGER_ONLY)
     add_plan_arguments(est)
     importing.add_from_argument(est)
     est.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default=None))
     est.set_defaults(func=cmd_estimate)
-    cmp_ = sub.add_parser("compare", help="every strategy for a GPU count and type")
+    cmp_ = sub.add_parser("compare", help="every strategy for a GPU count and type", epilog=EAGER_ONLY)
     add_plan_arguments(cmp_)
     importing.add_from_argument(cmp_)
     cmp_.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))
     cmp_.add_argument("--csv", default=None, help="write the comparison table to this CSV file")
     cmp_.add_argument("--methods", **BY_NAME["methods"].cli_argument(default=""))
     cmp_.set_defaults(func=cmd_compare)
-    pck = sub.add_parser("plan-ckpt", help=HELP["plan-ckpt"], description=HELP["plan-ckpt"])
+    pck = sub.add_parser("plan-ckpt", help=HELP["plan-ckpt"], description=HELP["plan-ckpt"], epilog=EAGER_ONLY)
     add_plan_arguments(pck)
     importing.add_from_argument(pck)
     pck.add_argument("--gpu-type", **BY_NAME["gpu_type"].cli_argument(default="h100-80gb"))

@@ -177,3 +177,22 @@ def test_engine_torch_is_the_default_and_deepspeed_is_modelled_for_zero_0_to_3_o
         "peak_bytes"]
     bad = run(*base, "--engine", "jax")
     assert bad.returncode == 2 and "engine" in bad.stderr and "jax" in bad.stderr
+
+
+def test_the_plan_commands_help_says_torch_compile_is_not_modelled_and_no_option_takes_it(capsys):
+    """docs/notes/2026-11-27-torch-compile.md: compile's saved set is derivable on the CPU profile only, so the
+    option is kept out; the help says so, and `--compile` is an unknown argument (exit 2, one line naming it)."""
+    from pathlib import Path
+
+    from llmem.cli import build_parser, main
+
+    parser = build_parser()
+    for command in ("estimate", "compare", "plan-ckpt"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        assert "torch.compile is not modelled" in " ".join(capsys.readouterr().out.split()), command
+    assert "torch.compile is not modelled" in " ".join(parser.format_help().split())
+    assert (Path(__file__).parent.parent / "docs" / "notes" / "2026-11-27-torch-compile.md").is_file()
+    assert main(["estimate", "--model", "gpt2", "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile" in err and err.count("\n") == 1
