@@ -171,14 +171,15 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_ta
 
 
 def draw_float8(seed: int, index: int, fields: dict) -> dict:
-    """`--float8 tensorwise|rowwise` (a stream of its own), in a share of the pure bf16 full fine-tunes on one GPU,
-    DDP or ZeRO-1 with the torch engine, with the plan's other options set to what float8 is modelled with
-    (`llmem.support_float8`: no checkpointing, one micro-step, gradients freed after the step, the standard loss, no
-    offload or bucket views); the model's own condition (a dense llama-like family with down_proj converted,
-    `components.float8.check`) is left to the estimator, which records its refusal."""
+    """`--float8 tensorwise|rowwise` (a stream of its own), in a share of the full fine-tunes in bf16 compute (pure
+    bf16; bf16-mixed under FSDP2) without TP, pipelines or another engine, with the plan's other options set to what
+    float8 is modelled with (`llmem.support_float8`: no checkpointing, one micro-step, gradients freed after the
+    step, the standard loss, no offload or bucket views); the model's own condition (a dense llama-like family with
+    down_proj converted, `components.float8.check`) is left to the estimator, which records its refusal."""
     rng = random.Random(f"{seed}:{index}:float8")
-    if not (fields["precision"] == Precision.BF16.value and fields["method"] == Method.FULL.value
-            and fields["tp"] == 1 and fields["zero"] in (0, 1) and "engine" not in fields
+    bf16 = fields["precision"] == Precision.BF16.value or (
+        fields["precision"] == Precision.BF16_MIXED.value and fields["gpus"] > 1 and fields["zero"] in (2, 3))
+    if not (bf16 and fields["method"] == Method.FULL.value and fields["tp"] == 1 and "engine" not in fields
             and "pp" not in fields) or rng.random() >= FLOAT8_SHARE:
         return {}
     return {"float8": rng.choice(("tensorwise", "rowwise")), "grad_ckpt": GradCkpt.NONE.value, "ckpt_every": 1,

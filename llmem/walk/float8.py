@@ -36,3 +36,17 @@ def float8_moments(t: Terms, edges: list[tuple[int, str]]) -> list[Phase]:
             temporaries=extra["temporaries"], logits=t.logits,
             communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan)))
     return phases
+
+
+def fsdp_float8_moments(w, layer: int, later: int, alive: int, communication: int) -> list[Phase]:
+    """FSDP2 (`fsdp_layer`): the same moment on the compute plan (`fsdp.compute_plan`: unsharded bf16 tensors under
+    the MixedPrecisionPolicy), over what the layer's MLP moment holds (`alive`: the layers' kept activations, the
+    outer ones and the layer's own, less the MLP-output dropout's) and its gathered parameters and retained
+    reduce-scatter input (`communication`). The float8 all-gather is not enabled (the recipes' default,
+    `config.py:225`), so the gathered weights stay bf16."""
+    if not float8.applies(w.plan):
+        return []
+    extra = float8.down_backward_extra_bytes(w.spec, w.cp)
+    return [moment(f"backward (layer {layer}, float8 cast of down_proj's input)", **w.persistent, activations=alive,
+                   gradients=w.root_grads_head + later + w.residual_grad + extra["gradients"],
+                   temporaries=extra["temporaries"], logits=w.logits, communication=communication)]
