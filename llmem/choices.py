@@ -196,3 +196,12 @@ class Engine(Choice):
     TORCH = "torch"
     FSDP1 = "fsdp1"
     DEEPSPEED = "deepspeed"
+
+
+class Float8(Choice):
+    """`--float8`: torchao's float8 training (`convert_to_float8_training`, torchao 0.18) of the decoder layers'
+    Linears, with the `Float8LinearConfig.from_recipe_name` recipe (torchao/float8/config.py)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"  # one fp32 scale per cast tensor (dynamic scaling)
+    ROWWISE = "rowwise"  # one fp32 scale per row of each cast operand (axiswise dynamic scaling)

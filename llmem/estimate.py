@@ -13,7 +13,7 @@ import functools
 import operator
 from dataclasses import dataclass, field
 
-from llmem.components import fused_ce, lora, offload, outside, reserved
+from llmem.components import float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import AllocConf, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
@@ -204,6 +204,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    float8.check(spec, plan)
     if plan.engine is Engine.FSDP1 and plan.gpus > 1 and lora.is_lora(plan) and (
             spec.derived is not None or not spec.family.lora_activations):
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "

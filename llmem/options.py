@@ -271,6 +271,14 @@ OPTIONS: tuple[Option, ...] = (
            "the gradients made before it) while one tensor's step temporaries join backward's peak.",
            link=WHEN_SET,
            widget=Widget("Optimizer step in backward (per-parameter)", "w_optim_bwd", CHECK, group=G_PRECISION)),
+    Option("float8", c.Float8, c.Float8.NONE,
+           "torchao float8 training of the decoder layers' Linears (torchtitan's filter: not lm_head, both dims "
+           "divisible by 16), bf16 compute: the weights, gradients, states and saved activations stay bf16 (torchao "
+           "saves each Linear's bf16 input, not an fp8 cast), but every cast of an input, weight or output gradient to "
+           "fp8 briefly holds two fp32 copies of it, so the peak rises by about 9 bytes per element of the largest "
+           "Linear input (the MLP's down projection in backward), without torch.compile, which fuses those casts.",
+           link=WHEN_SET, fallback=True,
+           widget=Widget("Float8 Linears (torchao)", "w_float8", SELECT, group=G_PRECISION)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

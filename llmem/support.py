@@ -1,14 +1,11 @@
 """The support matrix: which combinations of plan options are refused, and why, as one table (`RULES`).
 
 Each row names the plan fields its condition reads, the option the refusal blames, the one-line message with its
-fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e.g. an optimizer with no fused
-kernel, Liger's Triton kernels on CPU, bitsandbytes optimizers on FSDP2's DTensors) or a gap (`GAP`: it could run,
-llmem does not model it yet). The rows are model-independent; what depends on the model is checked by
-`llmem.estimate.validate_plan_for_model` against the family's traits.
-
-`TrainingPlan` raises the first row whose condition holds, in the table's order (`check`); link repair
-(`llmem.share`) asks the rows over the options it changes (`first_refusal` with `among`); the example of every row
-(`Rule.example`, the plan fields that trip it and no row before it) is what the tests run through both.
+fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e.g. Liger's Triton kernels on CPU)
+or a gap (`GAP`: it could run, llmem does not model it yet). The rows are model-independent (the model's checks:
+`llmem.estimate.validate_plan_for_model`); `--float8`'s rows are `llmem.support_float8`'s. `TrainingPlan` raises
+the first row whose condition holds (`check`); link repair (`llmem.share`) asks the rows over the options it changes
+(`first_refusal`, `among`); tests run each row's example (`Rule.example`: fields tripping it, no row before) in both.
 """
 
 from __future__ import annotations
@@ -376,6 +373,9 @@ RULES: tuple[Rule, ...] = (
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
 )
+from llmem.support_float8 import RULES_FLOAT8  # noqa: E402 (its rows are made with `_r` above)
+
+RULES += RULES_FLOAT8
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

@@ -92,6 +92,10 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     if plan.loss is Loss.CHUNKED_CE:
         chunked.chunk_output_head(model, plan.loss_chunks)
     model = apply_method(model, plan)
+    if plan.float8.value != "none":  # torchao's Float8Linear, before wrapping (`llmem.runtime.float8`)
+        from llmem.runtime.float8 import convert
+
+        convert(model, plan)
     mark("wrap")
     if plan.pp > 1:
         return _prepare_pipeline(model, plan, topo)

@@ -129,7 +129,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
 
 
 _NOT_PIPELINED = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save", "quant",
-                  "double_quant", "loss_chunks")
+                  "double_quant", "loss_chunks", "float8")
 
 
 def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_tables: bool = False) -> dict:
@@ -166,7 +166,28 @@ def draw_later_options(seed: int, index: int, fields: dict, device: str, lora_ta
         out |= {"loss": Loss.CHUNKED_CE.value, "loss_chunks": chunked.choice(LOSS_CHUNKS)}
     if in_backward_runs({**fields, **out}):  # --optimizer-in-backward, where the plan runs it (its own stream)
         out["optimizer_in_backward"] = random.Random(f"{seed}:{index}:in-backward").random() < IN_BACKWARD_SHARE
+    out |= draw_float8(seed, index, fields | out)
     return out
+
+
+def draw_float8(seed: int, index: int, fields: dict) -> dict:
+    """`--float8 tensorwise|rowwise` (a stream of its own), in a share of the full fine-tunes in bf16 compute (pure
+    bf16; bf16-mixed under FSDP2) without TP, pipelines or another engine, with the plan's other options set to what
+    float8 is modelled with (`llmem.support_float8`: no checkpointing, one micro-step, gradients freed after the
+    step, the standard loss, no offload or bucket views); the model's own condition (a dense llama-like family with
+    down_proj converted, `components.float8.check`) is left to the estimator, which records its refusal."""
+    rng = random.Random(f"{seed}:{index}:float8")
+    bf16 = fields["precision"] == Precision.BF16.value or (
+        fields["precision"] == Precision.BF16_MIXED.value and fields["gpus"] > 1 and fields["zero"] in (2, 3))
+    if not (bf16 and fields["method"] == Method.FULL.value and fields["tp"] == 1 and "engine" not in fields
+            and "pp" not in fields) or rng.random() >= FLOAT8_SHARE:
+        return {}
+    return {"float8": rng.choice(("tensorwise", "rowwise")), "grad_ckpt": GradCkpt.NONE.value, "ckpt_every": 1,
+            "grad_accum": 1, "keep_grads": False, "optimizer_in_backward": False, "offload": Offload.NONE.value,
+            "loss": Loss.STANDARD.value, "loss_chunks": 8, "ddp_bucket_view": False}
+
+
+FLOAT8_SHARE = 0.5
 
 
 

@@ -18,6 +18,7 @@ from llmem.components.lora_recompute import recompute_moments
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.accumulation import gradients_kept
+from llmem.walk.float8 import fsdp_float8_moments
 from llmem.walk.phase import Phase, moment
 
 if TYPE_CHECKING:
@@ -114,6 +115,8 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + peak_extra)]
+    phases += fsdp_float8_moments(w, layer, later, below + w.outer_act + current - w.first_saving - mlp_dropout,
+                                  gathered + retained)
     phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
     if w.recompute_end is not None:  # see `lora_recompute_end`
         live, grads = w.recompute_end

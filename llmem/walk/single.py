@@ -30,6 +30,7 @@ from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Engine, GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, gradients_kept
+from llmem.walk.float8 import float8_moments
 from llmem.walk.layer import layer_moments
 from llmem.walk.phase import Phase, moment, with_extra
 
@@ -254,6 +255,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     mlp_held: dict[str, int] | None = {} if gradients_kept(plan) else None
     for layer, name in backward_edges(t):
         phases += layer_moments(t, layer, name, backward_later, mlp_held)
+    phases += float8_moments(t, backward_edges(t))
     phases += qlora_moments(t, phases)
     phases += end_moments(t)
     if gradients_kept(plan):
