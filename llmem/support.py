@@ -65,8 +65,8 @@ RULES: tuple[Rule, ...] = (
     # --- the strategy: GPU count, tensor parallelism, ZeRO stage -------------------------------------------------
     _r("gpus tp", "tp", lambda p: p.gpus % p.tp != 0, "TP degree {p.tp} must divide the GPU count {p.gpus}", REFUSED,
        gpus=3, tp=2),
-    _r("gpus zero", "zero", lambda p: p.gpus == 1 and p.zero != 0,
-       "ZeRO shards across GPUs; with --gpus 1 use --zero 0", REFUSED, gpus=1, zero=1),
+    _r("gpus zero engine", "zero", lambda p: p.gpus == 1 and p.zero != 0 and p.engine is not Engine.DEEPSPEED,
+       "ZeRO shards across GPUs; with --gpus 1 use --zero 0 (or --engine deepspeed)", REFUSED, gpus=1, zero=1),
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus == p.tp and p.zero != 0,
        "with --tp {p.tp} on {p.gpus} GPUs there is no data-parallel group to shard over; use --zero 0, or more GPUs "
        "with --zero 3", REFUSED, gpus=2, tp=2, zero=3),
@@ -122,8 +122,6 @@ RULES: tuple[Rule, ...] = (
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.gpus == 1, "deepspeed is "
-       "modelled on 2+ GPUs (ZeRO-0, 1, 2 and 3); use --gpus 2+, or --engine torch", GAP, engine="deepspeed"),
     _r("engine precision", "precision",
        lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
        "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "

@@ -1,5 +1,5 @@
-"""Run a measuring job: in this process for one rank, under torchrun for several (spawned from here), or in the
-torchrun launch we are already part of (no second spawn; rank 0 gathers)."""
+"""Run a measuring job: in this process for one rank (a DeepSpeed one: under torchrun), under torchrun for several
+(spawned from here), or in the torchrun launch we are already part of (no second spawn; rank 0 gathers)."""
 
 from __future__ import annotations
 
@@ -59,11 +59,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _deepspeed(row: dict) -> bool:
+    """A DeepSpeed row runs as its own launcher runs it even on one rank (`deepspeed --num_gpus 1`: a process with
+    RANK / LOCAL_RANK / WORLD_SIZE set and a process group of one): under torchrun, which does the same, so that
+    DeepSpeed's process-wide state (its communication backend, the group) never stays in this process."""
+    return row.get("plan", {}).get("engine") == "deepspeed"
+
+
 def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | None = None,
             timeout: float | None = None) -> tuple[list[dict], str]:
     """Measure `rows` (all of `world_size` ranks). Returns (results of the rows that finished, launch error)."""
     job = {"device": device, "rows": rows}
-    if world_size == 1 and not under_torchrun():
+    if world_size == 1 and not under_torchrun() and not any(_deepspeed(r) for r in rows):
         from llmem.measure import worker
 
         return worker.run_job(job, str(out_path) if out_path else None), ""
