@@ -124,8 +124,9 @@ RULES: tuple[Rule, ...] = (
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
     _r("engine precision", "precision",
        lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
-       "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "
-       "its fp16 loss-scaled optimizer and pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
+       "deepspeed is modelled in fp32 and bf16-mixed (bf16 weights, fp32 master partitions); its fp16 loss-scaled "
+       "optimizer (unmeasured: DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16, engine.py:1391) and "
+       "pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
        engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
     _r("engine method", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is not Method.FULL,
        "{p.method} under DeepSpeed is not modelled; use --method full, or --engine torch", GAP,
@@ -140,11 +141,12 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.engine is Engine.DEEPSPEED and p.fsdp_shard is not FsdpShard.DIM0,
        "--fsdp-shard chooses FSDP2's shard dim; DeepSpeed partitions one flat buffer per parameter group; use "
        "--fsdp-shard dim0", REFUSED, engine="deepspeed", fsdp_shard="dim1-if-short", gpus=2, zero=2),
-    _r("engine grad_accum keep_grads optimizer_in_backward", "engine",
-       lambda p: p.engine is Engine.DEEPSPEED and (p.grad_accum > 1 or p.keep_grads or p.optimizer_in_backward),
-       "gradient accumulation, kept gradients and an optimizer in backward under DeepSpeed are not modelled; use "
-       "--grad-accum 1 without --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
-       grad_accum=2, gpus=2, zero=2),
+    _r("engine grad_accum zero ds_overlap_comm keep_grads optimizer_in_backward", "engine", lambda p: p.engine is
+       Engine.DEEPSPEED and ((p.grad_accum > 1 and p.zero == 1 and p.ds_overlap_comm) or p.keep_grads or
+                             p.optimizer_in_backward), "kept gradients, an optimizer in backward and ZeRO-1's "
+       "overlap_comm with gradient accumulation under DeepSpeed are not modelled; use --grad-accum 1 or no "
+       "--ds-overlap-comm, no --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
+       grad_accum=2, gpus=2, zero=1, ds_overlap_comm=True),
     _r("engine loss", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.loss is not Loss.STANDARD,
        "{p.loss.value} under DeepSpeed is not modelled; use --loss standard", GAP, engine="deepspeed",
        loss="fused-linear-ce", gpus=2, zero=2),
