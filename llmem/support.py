@@ -134,8 +134,8 @@ RULES: tuple[Rule, ...] = (
     _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
        "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
        "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2, zero=2),
-    _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer not in TORCH_OPTIMIZERS,
-       "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw or sgd", GAP,
+    _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer in BNB_OPTIMIZERS,
+       "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw/sgd/adafactor", GAP,
        engine="deepspeed", optimizer="adamw8bit", gpus=2, zero=2),
     _r("engine fsdp_shard", "fsdp-shard",
        lambda p: p.engine is Engine.DEEPSPEED and p.fsdp_shard is not FsdpShard.DIM0,
@@ -247,8 +247,8 @@ RULES: tuple[Rule, ...] = (
        "aten._fused_sgd_; use foreach", REFUSED, optimizer="sgd", optimizer_impl="fused", gpus=2, zero=2),
     _r("optimizer tp", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.tp > 1, _BNB_TP, GAP,
        optimizer="adafactor", gpus=2, tp=2, zero=0),
-    # Adafactor: an in-place pow_ on a partial norm; bitsandbytes: mixed Tensor and DTensor
-    _r("optimizer zero", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2,
+    _r("optimizer zero engine", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2
+       and p.engine is not Engine.DEEPSPEED,  # Adafactor: an in-place pow_ on a partial norm; bnb: Tensor + DTensor
        "{p.optimizer.value} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use --zero 0 or 1, or "
        "--optimizer adamw|sgd", REFUSED, optimizer="adamw8bit", gpus=2, zero=3),
     # --- activation checkpointing ---------------------------------------------------------------------------------
