@@ -132,7 +132,7 @@ class TrainingPlan(_PlanFields):
         """The scheme's label, naming FSDP1 and its sharding strategy under `--engine fsdp1`, and DeepSpeed."""
         if self.engine is Engine.FSDP1 and self.scheme in FSDP1_LABELS:
             return FSDP1_LABELS[self.scheme]
-        if self.engine is Engine.DEEPSPEED and self.gpus > 1:
+        if self.engine is Engine.DEEPSPEED:
             return f"ZeRO-{self.zero} (DeepSpeed)"
         return self.scheme.label
 

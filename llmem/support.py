@@ -62,8 +62,8 @@ RULES: tuple[Rule, ...] = (
     # --- the strategy: GPU count, tensor parallelism, ZeRO stage -------------------------------------------------
     _r("gpus tp", "tp", lambda p: p.gpus % p.tp != 0, "TP degree {p.tp} must divide the GPU count {p.gpus}", REFUSED,
        gpus=3, tp=2),
-    _r("gpus zero", "zero", lambda p: p.gpus == 1 and p.zero != 0,
-       "ZeRO shards across GPUs; with --gpus 1 use --zero 0", REFUSED, gpus=1, zero=1),
+    _r("gpus zero engine", "zero", lambda p: p.gpus == 1 and p.zero != 0 and p.engine is not Engine.DEEPSPEED,
+       "ZeRO shards across GPUs; with --gpus 1 use --zero 0 (or --engine deepspeed)", REFUSED, gpus=1, zero=1),
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus == p.tp and p.zero != 0,
        "with --tp {p.tp} on {p.gpus} GPUs there is no data-parallel group to shard over; use --zero 0, or more GPUs "
        "with --zero 3", REFUSED, gpus=2, tp=2, zero=3),
@@ -119,12 +119,11 @@ RULES: tuple[Rule, ...] = (
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
        GAP, engine="deepspeed", gpus=4, tp=2, zero=3),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.gpus == 1, "deepspeed is "
-       "modelled on 2+ GPUs (ZeRO-0, 1, 2 and 3); use --gpus 2+, or --engine torch", GAP, engine="deepspeed"),
     _r("engine precision", "precision",
        lambda p: p.engine is Engine.DEEPSPEED and p.precision.value not in ("fp32", "bf16-mixed"),
-       "deepspeed is modelled in fp32 and bf16-mixed (its bf16 section: bf16 weights, fp32 master partitions); "
-       "its fp16 loss-scaled optimizer and pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
+       "deepspeed is modelled in fp32 and bf16-mixed (bf16 weights, fp32 master partitions); its fp16 loss-scaled "
+       "optimizer (unmeasured: DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16, engine.py:1391) and "
+       "pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
        engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
     _r("engine method", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is not Method.FULL,
        "{p.method} under DeepSpeed is not modelled; use --method full, or --engine torch", GAP,
@@ -132,18 +131,19 @@ RULES: tuple[Rule, ...] = (
     _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
        "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
        "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2, zero=2),
-    _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer not in TORCH_OPTIMIZERS,
-       "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw or sgd", GAP,
+    _r("engine optimizer", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.optimizer in BNB_OPTIMIZERS,
+       "{p.optimizer.value} as DeepSpeed's client optimizer is not modelled; use --optimizer adamw/sgd/adafactor", GAP,
        engine="deepspeed", optimizer="adamw8bit", gpus=2, zero=2),
     _r("engine fsdp_shard", "fsdp-shard",
        lambda p: p.engine is Engine.DEEPSPEED and p.fsdp_shard is not FsdpShard.DIM0,
        "--fsdp-shard chooses FSDP2's shard dim; DeepSpeed partitions one flat buffer per parameter group; use "
        "--fsdp-shard dim0", REFUSED, engine="deepspeed", fsdp_shard="dim1-if-short", gpus=2, zero=2),
-    _r("engine grad_accum keep_grads optimizer_in_backward", "engine",
-       lambda p: p.engine is Engine.DEEPSPEED and (p.grad_accum > 1 or p.keep_grads or p.optimizer_in_backward),
-       "gradient accumulation, kept gradients and an optimizer in backward under DeepSpeed are not modelled; use "
-       "--grad-accum 1 without --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
-       grad_accum=2, gpus=2, zero=2),
+    _r("engine grad_accum zero ds_overlap_comm keep_grads optimizer_in_backward", "engine", lambda p: p.engine is
+       Engine.DEEPSPEED and ((p.grad_accum > 1 and p.zero == 1 and p.ds_overlap_comm) or p.keep_grads or
+                             p.optimizer_in_backward), "kept gradients, an optimizer in backward and ZeRO-1's "
+       "overlap_comm with gradient accumulation under DeepSpeed are not modelled; use --grad-accum 1 or no "
+       "--ds-overlap-comm, no --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
+       grad_accum=2, gpus=2, zero=1, ds_overlap_comm=True),
     _r("engine loss", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.loss is not Loss.STANDARD,
        "{p.loss.value} under DeepSpeed is not modelled; use --loss standard", GAP, engine="deepspeed",
        loss="fused-linear-ce", gpus=2, zero=2),
@@ -244,8 +244,8 @@ RULES: tuple[Rule, ...] = (
        "aten._fused_sgd_; use foreach", REFUSED, optimizer="sgd", optimizer_impl="fused", gpus=2, zero=2),
     _r("optimizer tp", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.tp > 1, _BNB_TP, GAP,
        optimizer="adafactor", gpus=2, tp=2, zero=0),
-    # Adafactor: an in-place pow_ on a partial norm; bitsandbytes: mixed Tensor and DTensor
-    _r("optimizer zero", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2,
+    _r("optimizer zero engine", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2
+       and p.engine is not Engine.DEEPSPEED,  # Adafactor: an in-place pow_ on a partial norm; bnb: Tensor + DTensor
        "{p.optimizer.value} does not run on FSDP2's DTensor parameters (ZeRO-2/3); use --zero 0 or 1, or "
        "--optimizer adamw|sgd", REFUSED, optimizer="adamw8bit", gpus=2, zero=3),
     # --- activation checkpointing ---------------------------------------------------------------------------------

@@ -161,13 +161,14 @@ def test_compare_shows_host_ram_beside_offloaded_rows():
     assert float(offloaded.split()[host]) > 1 and float(plain.split()[host]) == 0
 
 
-def test_engine_torch_is_the_default_and_deepspeed_is_modelled_for_zero_0_to_3_on_2_gpus():
+def test_engine_torch_is_the_default_and_deepspeed_is_modelled_for_zero_0_to_3_on_1_or_more_gpus():
     base = ["estimate", "--model", "gpt2", "--json"]
     torch_engine = run(*base, "--engine", "torch")
     assert torch_engine.returncode == 0 and json.loads(torch_engine.stdout) == json.loads(run(*base).stdout)
-    ds = run(*base, "--engine", "deepspeed")
-    assert ds.returncode == 2 and "Traceback" not in ds.stderr
-    assert "engine" in ds.stderr and "--gpus 2+" in ds.stderr
+    one = run(*base, "--engine", "deepspeed", "--zero", "2")  # one GPU: ZeRO over a world of one
+    assert one.returncode == 0 and any(n.startswith("ZeRO-2 epilogue") for n in json.loads(one.stdout)["phases"])
+    ds = run(*base, "--engine", "deepspeed", "--optimizer", "adamw8bit")
+    assert ds.returncode == 2 and "Traceback" not in ds.stderr and "engine" in ds.stderr
     zero3 = run(*base, "--engine", "deepspeed", "--gpus", "2", "--zero", "3", "--ds-persistence-threshold", "7680")
     assert zero3.returncode == 0, zero3.stderr
     assert any(name.startswith("ZeRO-3 reduce") for name in json.loads(zero3.stdout)["phases"])

@@ -24,10 +24,13 @@ def test_a_torchtune_lora_recipe_sets_the_model_and_its_lora_fields():
     assert any(n.startswith("used") for n in notes)
 
 
-def test_deepspeed_zero3_applies_only_with_the_pytorch_mapping_and_is_repaired_like_a_link():
-    current = share.AppInputs(gpus=8)
-    ignored, _ = imported_inputs(_files("ds_z3_offload.json"), False, current)
-    assert ignored.zero == current.zero  # the DeepSpeed engine is not modelled: reported, not applied
+def test_deepspeed_zero3_selects_its_engine_its_offload_is_repaired_like_a_link_and_maps_with_pytorch():
+    current = share.AppInputs(gpus=8, model="gpt2")
+    text = b'{"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}}'
+    own, _ = imported_inputs([(text, "ds.json")], False, current)
+    assert (str(own.engine), own.zero, own.ds_persistence_threshold) == ("deepspeed", 3, 10 * 768)
+    offloaded, notes = imported_inputs(_files("ds_z3_offload.json"), False, current)
+    assert str(offloaded.engine) == "torch" and any(n.startswith("engine: DeepSpeed's offload") for n in notes)
     mapped, notes = imported_inputs(_files("ds_z3_offload.json"), True, current)
     assert (mapped.zero, mapped.gpus, str(mapped.offload)) == (3, 8, "optimizer+params")
     assert any("ignored" in n for n in notes)

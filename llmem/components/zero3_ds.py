@@ -38,8 +38,7 @@ of the module (2 under the bf16 section, 4 in fp32); the sum of the partitions i
 from __future__ import annotations
 
 from llmem.components import zero_ds as z
-from llmem.components.optimizer import STEP_TENSOR_BYTES
-from llmem.plan import Device, Optimizer, OptimizerImpl, TrainingPlan
+from llmem.plan import Device, TrainingPlan
 from llmem.spec import ModelSpec
 
 
@@ -71,12 +70,8 @@ def master_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The client optimizer's states over the fp32 partition: AdamW exp_avg + exp_avg_sq (+ its step tensor where
-    torch keeps it on the device), SGD its momentum."""
-    s = master_bytes(spec, plan)
-    if plan.optimizer is Optimizer.SGD:
-        return s
-    on_device = plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
-    return 2 * s + (STEP_TENSOR_BYTES if on_device else 0)
+    torch keeps it on the device), SGD its momentum, Adafactor its 1-D variance (`zero_ds.flat_state_bytes`)."""
+    return z.flat_state_bytes(partition_sum(spec, plan), plan)
 
 
 def grad_partition_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -157,8 +152,5 @@ def step_grad_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The client AdamW's temporaries on the one fp32 partition (for-loop two tensors of Sigma, foreach one)."""
-    if plan.optimizer is not Optimizer.ADAMW:
-        return 0
-    count = {OptimizerImpl.FORLOOP: 2, OptimizerImpl.FOREACH: 1}.get(plan.effective_optimizer_impl, 0)
-    return count * master_bytes(spec, plan)
+    """The client optimizer's temporaries on the one fp32 partition (`zero_ds.flat_step_temporary_bytes`)."""
+    return z.flat_step_temporary_bytes(partition_sum(spec, plan), plan)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from itertools import accumulate
 
-from llmem.components.optimizer import STEP_TENSOR_BYTES
+from llmem.components.optimizer import STEP_TENSOR_BYTES, adafactor_foreach_peak, adafactor_forloop_peak
 from llmem.plan import Device, Optimizer, OptimizerImpl, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -90,8 +90,17 @@ def master_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The client optimizer's states over the one fp32 partition tensor: AdamW exp_avg + exp_avg_sq (and the step
-    tensor where torch keeps it as a tensor on the device), SGD its momentum buffer."""
-    s = partition_numel(spec, plan) * 4
+    tensor where torch keeps it as a tensor on the device), SGD its momentum buffer (`flat_state_bytes`)."""
+    return flat_state_bytes(partition_numel(spec, plan), plan)
+
+
+def flat_state_bytes(n: int, plan: TrainingPlan) -> int:
+    """The client optimizer's states over one fp32 tensor of n elements: AdamW's two (+ its step tensor on the
+    device), SGD's momentum, Adafactor's variance of a 1-D tensor (`Adafactor._init_group`: no row / column
+    factors below 2 dims; its step a tensor on CPU, as `optimizer.optimizer_state_bytes` counts it)."""
+    s = n * 4
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        return s + (STEP_TENSOR_BYTES if plan.device is Device.CPU else 0)
     if plan.optimizer is Optimizer.SGD:
         return s
     on_device = plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
@@ -99,13 +108,23 @@ def state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The client AdamW's temporaries on the one fp32 partition: for-loop `denom = (exp_avg_sq.sqrt() / c)` makes
-    two tensors of S (torch/optim/adam.py `_single_tensor_adam`), foreach one (`_multi_tensor_adam`), fused none."""
+    """The client optimizer's temporaries on the one fp32 partition (`flat_step_temporary_bytes`)."""
+    return flat_step_temporary_bytes(partition_numel(spec, plan), plan)
+
+
+def flat_step_temporary_bytes(n: int, plan: TrainingPlan) -> int:
+    """The client optimizer's step temporaries on one fp32 tensor of n elements: AdamW for-loop `denom =
+    (exp_avg_sq.sqrt() / c)` two tensors of n (torch/optim/adam.py `_single_tensor_adam`), foreach one, fused none;
+    Adafactor the 1-D path of `_single_tensor_adafactor` (grad², the variance's clone: `adafactor_forloop_peak`);
+    SGD none."""
+    impl = plan.effective_optimizer_impl
+    if plan.optimizer is Optimizer.ADAFACTOR:
+        peak = adafactor_foreach_peak if impl is OptimizerImpl.FOREACH else adafactor_forloop_peak
+        return peak([(n,)]) * 4
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
-    impl = plan.effective_optimizer_impl
     count = {OptimizerImpl.FORLOOP: 2, OptimizerImpl.FOREACH: 1}.get(impl, 0)
-    return count * partition_numel(spec, plan) * 4
+    return count * n * 4
 
 
 def bucket_bytes(plan: TrainingPlan) -> int:

@@ -93,13 +93,18 @@ class ImportResult:
     model_autos: list[Line] = field(default_factory=list)  # "auto"s the Trainer fills from the model's config
 
     def fill_from_model(self, hidden_size: int) -> None:
-        """Each "auto" the Trainer fills from the model (`reduce_bucket_size` = hidden_size², transformers
-        integrations/deepspeed.py `trainer_config_finalize`), once the model is known."""
+        """Each "auto" the Trainer fills from the model, once the model is known (transformers
+        integrations/deepspeed.py `trainer_config_finalize`, :232-242: `reduce_bucket_size` = h², ZeRO-3's
+        `stage3_prefetch_bucket_size` = int(0.9 h²) and `stage3_param_persistence_threshold` = 10 h)."""
+        h = hidden_size
+        fills = {"ds_prefetch_bucket": (int(0.9 * h * h), f"0.9 × hidden_size² (0.9 × {h}²)"),
+                 "ds_persistence_threshold": (10 * h, f"10 × hidden_size (10 × {h})")}
         for auto in self.model_autos:
-            value = BY_NAME[auto.option].coerce(hidden_size * hidden_size)
+            number, formula = fills.get(auto.option, (h * h, f"hidden_size² ({h}²)"))
+            value = BY_NAME[auto.option].coerce(number)
             self.options[auto.option] = value
             self.used.append(Line(auto.file, auto.key, auto.value, auto.option, value,
-                                  f"the model's hidden_size² ({hidden_size}²), as the HF Trainer fills it"))
+                                  f"the model's {formula}, as the HF Trainer fills it"))
             self.defaults = [x for x in self.defaults if x.option != auto.option]
         self.model_autos = []
 

@@ -1,8 +1,8 @@
 """DeepSpeed config JSON (`ds_config.json`): micro-batch, accumulation, bf16/fp16, the optimizer, and the ZeRO stage
-and offload. ZeRO-0/1/2 select `--engine deepspeed` (DeepSpeed's own program) with its reduce bucket and
-overlap_comm; ZeRO-3 is not modelled yet: mapped to the nearest PyTorch program only with --engine torch (as every
-stage is when the user asks for it). `"auto"` values are the HF Trainer's to fill: from another file's
-TrainingArguments, the model's hidden size, or defaults."""
+and offload. ZeRO-0/1/2/3 select `--engine deepspeed` (DeepSpeed's own program) with its reduce bucket and
+overlap_comm, and ZeRO-3's prefetch bucket and persistence threshold; mapped to the nearest PyTorch program only with
+--engine torch. `"auto"` values are the HF Trainer's to fill: from another file's TrainingArguments, the model's
+hidden size (transformers integrations/deepspeed.py:232-242), or defaults."""
 
 from __future__ import annotations
 
@@ -104,11 +104,10 @@ def _zero(r: Reader) -> None:
 
 
 def select_engine(r: Reader, path: str, stage: object, nearest: str) -> bool:
-    """ZeRO-0/1/2 select `--engine deepspeed --zero N` (DeepSpeed's own program, modelled) unless the user asked for
-    the nearest PyTorch program (--engine torch); ZeRO-3 is not modelled yet: mapped only with --engine torch.
-    Returns whether DeepSpeed's own program was selected."""
-    if stage == 3 or r.engine_torch:
-        r.engine(path, "zero", stage, "DeepSpeed", nearest, "ZeRO-3" if stage == 3 else "")
+    """ZeRO-0/1/2/3 select `--engine deepspeed --zero N` (DeepSpeed's own program, modelled) unless the user asked
+    for the nearest PyTorch program (--engine torch). Returns whether DeepSpeed's own program was selected."""
+    if r.engine_torch:
+        r.engine(path, "zero", stage, "DeepSpeed", nearest)
         return False
     r.set(path, "zero", stage, f"DeepSpeed ZeRO-{stage}, its own program")
     r.set(path, "engine", "deepspeed", "DeepSpeed 0.19's engine as the HF Trainer builds it")
@@ -119,15 +118,27 @@ MODELLED = {"contiguous_gradients": True, "reduce_scatter": True, "round_robin_g
             "allgather_partitions": True}  # DeepSpeed's defaults (runtime/zero/config.py), the program llmem runs
 NO_EFFECT_ZERO = {"allgather_bucket_size": "the step all-gathers whole partitions into the flat parameters "
                   "(runtime/utils.py all_gather_into_tensor_dp_groups); this bucket is not allocated on that path",
-                  "sub_group_size": "ZeRO-3 and offload's optimizer sub-groups"}
+                  "sub_group_size": "ZeRO-3 and offload's optimizer sub-groups",
+                  "stage3_gather_16bit_weights_on_model_save": "read when a checkpoint is saved, not in a step"}
+# ZeRO-3's fields modelled at DeepSpeed's default (runtime/zero/config.py): one optimizer sub-group per rank below 1e9
+# elements; every parameter kept gathered from its forward to its backward below 1e9 elements (docs/DEEPSPEED.md)
+MODELLED_ZERO3 = {"stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "sub_group_size": 1e9}
+ZERO3_SIZES = {"stage3_prefetch_bucket_size": ("ds_prefetch_bucket", "model's 0.9 × hidden_size² (transformers "
+                                               "integrations/deepspeed.py:236: stage3_prefetch_bucket_size 'auto')"),
+               "stage3_param_persistence_threshold": (
+                   "ds_persistence_threshold", "model's 10 × hidden_size (transformers integrations/deepspeed.py:240: "
+                   "stage3_param_persistence_threshold 'auto')")}
 
 
 def _zero_fields(r: Reader, stage: int, keys: list) -> list:
-    """ZeRO-0/1/2's own fields: the reduce bucket ("auto" = hidden_size², as the Trainer fills it), overlap_comm, the
-    fields whose modelled value is DeepSpeed's default; returns the keys left for the not-modelled line."""
+    """ZeRO's own fields: the reduce bucket ("auto" = hidden_size², as the Trainer fills it), overlap_comm, ZeRO-3's
+    sizes (`_zero3_field`), the fields whose modelled value is DeepSpeed's default; returns the keys left for the
+    not-modelled line."""
     rest = []
     for key in keys:
         path, value = f"zero_optimization.{key}", r.get(f"zero_optimization.{key}")
+        if stage == 3 and _zero3_field(r, key, path, value):
+            continue
         if stage == 0 and key in ("reduce_bucket_size", "overlap_comm", *MODELLED):
             r.ignore(path, "stage 0 builds no ZeRO optimizer: the engine all-reduces the gradients in buckets of "
                      "5e8 elements (engine.py MEMORY_OPT_ALLREDUCE_SIZE) whatever this says")
@@ -153,6 +164,24 @@ def _zero_fields(r: Reader, stage: int, keys: list) -> list:
     return rest
 
 
+def _zero3_field(r: Reader, key: str, path: str, value: object) -> bool:
+    """A ZeRO-3 field: the prefetch bucket and persistence threshold (numbers, or "auto" filled from the model's
+    hidden size), the fields modelled at DeepSpeed's default. Returns whether `key` was one."""
+    if key in ZERO3_SIZES:
+        option, why = ZERO3_SIZES[key]
+        if value == AUTO:
+            r.auto(path, option, why)
+        else:
+            number = int(value) if isinstance(value, float) and value.is_integer() else value
+            r.set(path, option, number, "in elements")
+    elif key in MODELLED_ZERO3:
+        if value != MODELLED_ZERO3[key]:
+            r.ignore(path, f"llmem models DeepSpeed's default {key} = 1e9; other values are not modelled")
+    else:
+        return False
+    return True
+
+
 HIDDEN_SQUARED = "model's hidden_size² (transformers integrations/deepspeed.py: reduce_bucket_size 'auto')"
 
 
@@ -176,12 +205,14 @@ def offload(r: Reader, optimizer_key: str, param_key: str, stage: object) -> Non
     par = str(r.get(param_key) or "none").strip().lower()
     if "nvme" in (opt, par):
         r.ignore(optimizer_key, "NVMe offload is not modelled", "nvme")
+    elif opt == "cpu" and str(r.options.get("engine")) == "deepspeed":  # ZeRO-0/1/2/3 selected DeepSpeed's program
+        both = par == "cpu" and stage == 3
+        r.set(param_key if both else optimizer_key, "offload", "optimizer+params" if both else "optimizer",
+              "DeepSpeed's ZeRO-Offload (DeepSpeedCPUAdam, pinned host buffers): not modelled, so the plan is "
+              "refused naming this key")
     elif opt == "cpu" and par == "cpu" and stage == 3:
         r.engine(param_key, "offload", "optimizer+params", "DeepSpeed",
                  "--offload optimizer+params, FSDP2's CPUOffloadPolicy", "ZeRO-3")
-    elif opt == "cpu" and str(r.options.get("engine")) == "deepspeed":  # ZeRO-0/1/2 selected DeepSpeed's program
-        r.set(optimizer_key, "offload", "optimizer", "DeepSpeed's ZeRO-Offload (DeepSpeedCPUAdam, pinned host "
-              "buffers): not modelled, so the plan is refused naming this key")
     elif opt == "cpu":
         r.engine(optimizer_key, "offload", "optimizer", "DeepSpeed",
                  "--offload optimizer, torchao's CPUOffloadOptimizer on one GPU", "ZeRO-Offload")

@@ -1,5 +1,5 @@
-"""Run a measuring job: in this process for one rank, under torchrun for several (spawned from here), or in the
-torchrun launch we are already part of (no second spawn; rank 0 gathers)."""
+"""Run a measuring job: in this process for one rank (a DeepSpeed one: under torchrun), under torchrun for several
+(spawned from here), or in the torchrun launch we are already part of (no second spawn; rank 0 gathers)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,13 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _deepspeed(row: dict) -> bool:
+    """A DeepSpeed row runs as its own launcher runs it even on one rank (`deepspeed --num_gpus 1`: a process with
+    RANK / LOCAL_RANK / WORLD_SIZE set and a process group of one): under torchrun, which does the same, so that
+    DeepSpeed's process-wide state (its communication backend, the group) never stays in this process."""
+    return row.get("plan", {}).get("engine") == "deepspeed"
+
+
 def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | None = None,
             timeout: float | None = None) -> tuple[list[dict], str]:
     """Measure `rows` (all of `world_size` ranks). Returns (results of the rows that finished, launch error)."""
@@ -66,7 +73,12 @@ def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | Non
     if world_size == 1 and not under_torchrun():
         from llmem.measure import worker
 
-        return worker.run_job(job, str(out_path) if out_path else None), ""
+        here = [r for r in rows if not _deepspeed(r)]  # in this process; DeepSpeed's under a launch of one
+        results = worker.run_job({**job, "rows": here}, str(out_path) if out_path else None) if here else []
+        if len(here) == len(rows):
+            return results, ""
+        launched, err = _launch({**job, "rows": [r for r in rows if _deepspeed(r)]}, 1, out_path, timeout)
+        return results + launched, err
     if under_torchrun():
         from llmem.measure import worker
 
@@ -76,6 +88,11 @@ def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | Non
             raise InputError("gpus", f"this torchrun launch has {os.environ['WORLD_SIZE']} ranks, the plan needs "
                              f"{world_size}")
         return worker.run_job(job, str(out_path) if out_path else None), ""
+    return _launch(job, world_size, out_path, timeout)
+
+
+def _launch(job: dict, world_size: int, out_path: Path | None, timeout: float | None) -> tuple[list[dict], str]:
+    """`job` under a torchrun launch of `world_size` processes spawned from here."""
     from llmem.measure.supervise import terminate_raises
 
     with terminate_raises(), tempfile.TemporaryDirectory(prefix="llmem-") as tmp:

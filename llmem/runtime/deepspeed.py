@@ -35,6 +35,23 @@ def ds_config(plan: TrainingPlan) -> dict:
     }
 
 
+def _one_rank_group(plan: TrainingPlan) -> None:
+    """`--gpus 1`: DeepSpeed runs ZeRO with a data-parallel world of one (its launcher `deepspeed --num_gpus 1` sets
+    RANK=0, WORLD_SIZE=1 and `init_distributed` makes the group, deepspeed/comm/comm.py:816-854). `measure` runs it
+    under a one-process torchrun (`llmem.measure.launch`), which does the same; a run outside a launch (a session
+    prepared in this process) gets the launcher's variables and a group of one here: gloo over an in-memory store."""
+    import os
+
+    import torch.distributed as dist
+
+    if plan.gpus == 1 and not dist.is_initialized():
+        for key in ("RANK", "LOCAL_RANK"):  # the engine reads LOCAL_RANK (engine.py asserts it is set)
+            os.environ.setdefault(key, "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        backend = "gloo" if not torch.cuda.is_available() else "nccl"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
 def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, plan: TrainingPlan):
     """The DeepSpeed engine over `model` (fp32; cast to bf16 by the engine under bf16) and its ZeRO optimizer."""
     import logging
@@ -54,5 +71,6 @@ def initialize(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Trainin
     # it keeps the measured training step the CUDA one and spares a compile of tens of seconds per fresh machine.
     # (`deepspeed.comm` binds the name `torch` to PyTorch itself: the module is taken from importlib, not by attribute.)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    _one_rank_group(plan)
     engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(plan))
     return engine, ds_optimizer

@@ -169,7 +169,9 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
             out = _forward_loss(session)
         mark("backward" + suffix)
         loss = out if isinstance(out, torch.Tensor) else out.loss
-        if session.plan.engine is Engine.DEEPSPEED:  # accelerate's DeepSpeedEngineWrapper.backward
+        if session.plan.engine is Engine.DEEPSPEED:  # accelerate's DeepSpeedEngineWrapper.backward (accelerate 1.15
+            # utils/deepspeed.py:267: the boundary set before each backward, the last micro-step's True)
+            session.model.set_gradient_accumulation_boundary(micro == session.plan.grad_accum - 1)
             session.model.backward(loss)
         else:
             loss.backward()

@@ -10,6 +10,12 @@ the bucket as its hook runs (:1118) and frees its own storage, so backward holds
 a tensor of this rank's partition was reduced, the partition gradients. Under overlap_comm ZeRO-1 reduces in its
 hooks as ZeRO-2 does (`z.reduces_in_backward`) and the bucket is doubled. ZeRO-0 builds no ZeRO optimizer: the
 one-device program with the engine's all-reduce after backward (`_zero0_phases`).
+
+`--grad-accum K` (`gradient_accumulation_steps`, the boundary set before each backward as accelerate does): ZeRO-0
+and ZeRO-1 reduce only at the boundary (engine.py `allreduce_gradients` :2428), so their `.grad`s accumulate whole
+in place as on one device (the one-device walk's micro-step moments), ZeRO-1's bucket alive from the first hook to
+the boundary's reduce; ZeRO-2 reduces every micro-step and keeps the partition gradients of the earlier ones
+(`all_grad_tensors`, `independent_gradient_partition_epilogue` :880, :899) beside the next one's (`_later_micro_steps`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from llmem.spec import ModelSpec
 from llmem.walk.phase import Phase, moment
 
 DEFAULT_BUCKET = 500_000_000
+MICRO = "(micro-step"  # the one-device walk's moments of a later micro-step (`walk.accumulation`)
 
 
 def compute_plan(plan: TrainingPlan) -> TrainingPlan:
@@ -97,7 +104,8 @@ def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -
         b = dict(ph.breakdown)
         b.update(persistent)
         grads = b[Category.GRADIENTS]
-        if ph.name.startswith("backward") or (untied and ph.name.startswith("lm_head backward")):
+        later = MICRO in ph.name  # ZeRO-1: the bucket opened in the first micro-step's backward, not yet released
+        if ph.name.startswith("backward") or later or (untied and ph.name.startswith("lm_head backward")):
             b[Category.GRADIENTS] = grads + bucket if not z.reduces_in_backward(plan) else _zero2_gradients(
                 spec, plan, ph.name, grads)
         out.append(Phase(ph.name, b))
@@ -143,6 +151,24 @@ def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) 
     return [moment(f"ZeRO-2 epilogue reduce (rank {rank})", **base, gradients=held, communication=flat),
             moment(f"ZeRO-2 epilogue reduce (rank {rank}, partition gradients)", **base,
                    gradients=z.bucket_bytes(plan) + own + (extra if any(rank in owners[i] for i in order[-1]) else 0))]
+
+
+def _later_micro_steps(spec: ModelSpec, plan: TrainingPlan, phases: list[Phase]) -> list[Phase]:
+    """ZeRO-2 under `--grad-accum K`: a later micro-step's forward, backward and epilogue moments are the first's
+    with the earlier partition gradients beside them. The epilogue (:880) keeps them as `all_grad_tensors` (views of
+    that micro-step's `grads_in_partition`, :899) when it releases the buffer (`_release_ipg_buffers`, :794); the
+    next micro-step's first reduce allocates a new one (:1534), which its epilogue adds into them (`add_`, :905) and
+    frees; the boundary's step reads them (:907) as it does after one micro-step."""
+    rank = re.compile(r"\(rank (\d+)")
+    out = []
+    for ph in phases:
+        match = rank.search(ph.name)
+        own = (z.partition_grad_numel(spec, plan, int(match[1])) * z.module_bytes(plan) if match
+               else _partition_grads(spec, plan))
+        b = dict(ph.breakdown)
+        b[Category.GRADIENTS] = b.get(Category.GRADIENTS, 0) + own
+        out.append(Phase(f"{ph.name} {MICRO} {plan.grad_accum})", b))
+    return out
 
 
 def _step_moments(spec: ModelSpec, plan: TrainingPlan, base: dict) -> list[Phase]:
@@ -194,7 +220,8 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         return zero3_phases(spec, plan)
     if plan.zero == 0:
         return _zero0_phases(spec, plan, iteration_phases(spec, compute_plan(plan)))
-    single = iteration_phases(spec, compute_plan(plan))
+    later = plan.grad_accum > 1 and z.reduces_in_backward(plan)  # ZeRO-2: every micro-step reduces
+    single = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1) if later else compute_plan(plan))
     step = next(ph for ph in single if ph.name == "optimizer step")
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
     persistent = _persistent(spec, plan)
@@ -203,4 +230,4 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     reduce = _zero2_epilogue if z.reduces_in_backward(plan) else _zero1_reduce
     for rank in z.candidate_ranks(spec, plan):
         phases += reduce(spec, plan, base, rank)
-    return phases + _step_moments(spec, plan, base)
+    return phases + (_later_micro_steps(spec, plan, phases) if later else []) + _step_moments(spec, plan, base)

@@ -59,10 +59,12 @@ def _compute_moments(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     gradient lives on its own only until its hook copies it into the bucket (stage3.py:1390), as under
     `--optimizer-in-backward`, whose one-device walk counts just those (the one being made, a tied lm_head's
     waiting for the embedding's): that walk's gradients, without its in-backward steps, beside the persistent
-    partition gradients and bucket."""
+    partition gradients and bucket. Under `--grad-accum K` each micro-step's hooks add their partitions into that
+    buffer in place (`__partition_grads`, stage3.py:1714-1720: copy at micro-step 0, `add_` after), so every
+    micro-step is the one-micro-step program."""
     from llmem.walk.single import iteration_phases
 
-    single = iteration_phases(spec, compute_plan(plan).with_(optimizer_in_backward=True))
+    single = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1, optimizer_in_backward=True))
     optimizer = z3.master_bytes(spec, plan) + z3.state_bytes(spec, plan)
     fixed, out = _fixed_gradients(spec, plan), []
     for ph in single:

@@ -41,8 +41,9 @@ def test_fsdp1_is_engine_fsdp1_unless_engine_torch():
 
 def test_deepspeed_plugin():
     r = load("accelerate_deepspeed.yaml")
-    assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "grad_accum": 4}
-    assert "DeepSpeed engine" in ignored(r, "deepspeed_config.zero_stage").why
+    assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "grad_accum": 4, "zero": 3, "engine": "deepspeed",
+                           "offload": "optimizer+params"}  # its offload set for the plan to refuse, naming the key
+    assert "DeepSpeed ZeRO-3, its own program" in used(r, "deepspeed_config.zero_stage")[0].why
     r = load("accelerate_deepspeed.yaml", engine_torch=True)
     assert settings(r) == {"gpus": 8, "precision": "bf16-mixed", "grad_accum": 4, "zero": 3,
                                 "offload": "optimizer+params"}

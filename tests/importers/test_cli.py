@@ -32,8 +32,11 @@ def test_estimate_prints_the_report_then_the_estimate(capsys):
 def test_deepspeed_zero2_is_estimated_as_deepspeeds_own_program(capsys):
     code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--grad-accum", "1")
     assert code == 0 and "--engine deepspeed" in out and "ZeRO-2 (DeepSpeed) on 8 GPU(s)" in out
-    code, _, err = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"))
-    assert code == 2 and "under DeepSpeed are not modelled" in err and "ds_z2_numeric.json" in err  # accumulation
+    code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"))
+    assert code == 0 and "ZeRO-2 (DeepSpeed) on 8 GPU(s)" in out  # its gradient_accumulation_steps 2, modelled
+    code, _, err = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--zero", "1")
+    assert code == 2 and "under DeepSpeed are not modelled" in err and "ds_z2_numeric.json" in err  # ZeRO-1
+    # overlap_comm with accumulation
 
 
 def test_an_auto_reduce_bucket_is_the_models_hidden_size_squared(capsys, tmp_path):

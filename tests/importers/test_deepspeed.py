@@ -1,5 +1,6 @@
-"""DeepSpeed JSON: batch and accumulation, bf16/fp16, the optimizer; ZeRO-0/1/2 select --engine deepspeed with the
-reduce bucket and overlap_comm, ZeRO-3 and offload map only with --engine torch; "auto" values filled from the
+"""DeepSpeed JSON: batch and accumulation, bf16/fp16, the optimizer; ZeRO-0/1/2/3 select --engine deepspeed with the
+reduce bucket and overlap_comm (ZeRO-3: its prefetch bucket and persistence threshold), and map to the nearest
+PyTorch program only with --engine torch; "auto" values filled from the
 Trainer's file (or the model's hidden size) or left at llmem's defaults, and said so."""
 
 import json
@@ -66,7 +67,7 @@ def test_engine_torch_maps_stage_and_offload_to_the_nearest_pytorch_program():
 
 def test_auto_values_alone_keep_the_defaults_and_say_why():
     r = load("ds_z3_offload.json")
-    assert r.options == {}
+    assert r.options == {"zero": 3, "engine": "deepspeed", "offload": "optimizer+params", "ds_overlap_comm": False}
     why = {line.option: line.why for line in r.defaults}
     assert "'auto'" in why["batch_size"] and "per_device_train_batch_size" in why["batch_size"]
     assert "'auto'" in why["grad_accum"] and "'auto'" in why["precision"]
@@ -107,3 +108,24 @@ def test_nvme_offload_is_ignored():
     r = import_bytes(b'{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}', "ds.json",
                      engine_torch=True)
     assert "offload" not in r.options and "NVMe" in r.ignored[0].why
+
+
+def test_zero3_selects_deepspeeds_own_program_with_its_sizes_filled_as_the_trainer_fills_them():
+    """ZeRO-3 is DeepSpeed's own program now (docs/DEEPSPEED.md): "auto" prefetch bucket and persistence threshold
+    wait for the model, then are transformers' int(0.9 h²) and 10 h (integrations/deepspeed.py:232-242); numbers
+    are taken as they are; a reuse distance other than the modelled 1e9 is reported, not taken."""
+    zero = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto", "stage3_max_reuse_distance": 1e8}
+    r = import_bytes(json.dumps({"zero_optimization": zero}).encode(), "ds.json")
+    assert settings(r) == {"zero": 3, "engine": "deepspeed"}
+    assert "not modelled" in ignored(r, "zero_optimization.stage3_max_reuse_distance").why
+    r.fill_from_model(1000)
+    assert {k: r.options[k] for k in ("ds_reduce_bucket", "ds_prefetch_bucket", "ds_persistence_threshold")} == {
+        "ds_reduce_bucket": 1_000_000, "ds_prefetch_bucket": 900_000, "ds_persistence_threshold": 10_000}
+    assert "10 × 1000" in used(r, "zero_optimization.stage3_param_persistence_threshold")[0].why
+    from llmem.plan import TrainingPlan
+
+    TrainingPlan(**r.options, gpus=2)  # the plan takes them
+    numeric = {"stage": 3, "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5}
+    r = import_bytes(json.dumps({"zero_optimization": numeric}).encode(), "ds.json")
+    assert r.options["ds_prefetch_bucket"] == 50_000_000 and r.options["ds_persistence_threshold"] == 100_000

@@ -1,7 +1,7 @@
 """Precedence: a later file overrides an earlier one, a command-line option overrides every file; the report says
 which line lost and to what."""
 
-from .conftest import ignored, load, settings
+from .conftest import CONFIGS, ignored, load, settings
 
 
 def test_a_later_file_overrides_an_earlier_one():
@@ -43,7 +43,11 @@ def test_a_launchers_mixed_precision_keeps_weights_a_file_loads_in_half():
     assert settings(load("accelerate_fsdp2.yaml", "training_args.json"))["precision"] == "fp16-mixed"
 
 
-def test_another_engines_key_says_when_the_command_line_sets_its_option():
-    r = load("ds_z3_offload.json", explicit={"zero": 3})
-    assert ignored(r, "zero_optimization.stage").why.endswith("; --zero on the command line sets it")
-    assert "the command line" not in ignored(r, "zero_optimization.offload_param.device").why
+def test_another_engines_key_says_when_the_command_line_sets_its_option(tmp_path):
+    from llmem.importers import import_files
+
+    fsdp1 = (CONFIGS / "accelerate_fsdp1.yaml").read_text().replace("fsdp_offload_params: false",
+                                                                   "fsdp_offload_params: true")
+    (tmp_path / "fsdp1.yaml").write_text(fsdp1)  # FSDP1's CPUOffload: the engine's own, not modelled
+    r = import_files([str(tmp_path / "fsdp1.yaml")], False, {"offload": "optimizer+params"})
+    assert ignored(r, "fsdp_config.fsdp_offload_params").why.endswith("; --offload on the command line sets it")

@@ -12,11 +12,10 @@ def test_report_lines():
     assert "  used     sft_config.yaml: per_device_train_batch_size = 2  →  --batch-size 2" in lines
     assert any(x.startswith("  used     ds_z3_offload.json: train_micro_batch_size_per_gpu = 'auto'  →  "
                             "--batch-size 2  (filled from sft_config.yaml") for x in lines)
-    assert any(x.startswith("  ignored  ds_z3_offload.json: zero_optimization.stage = 3  —  the DeepSpeed engine")
-               for x in lines)
+    assert any(x.startswith("  used     ds_z3_offload.json: zero_optimization.stage = 3  →  --zero 3") for x in lines)
     assert any(x.startswith("  ignored  sft_config.yaml: dataset_name, output_dir, learning_rate") and
                x.endswith("no effect on per-GPU memory") for x in lines)
-    assert lines[-1].startswith("  default  --gpus 1, --tp 1, --zero 0") and lines[-1].endswith("(no file sets them)")
+    assert lines[-1].startswith("  default  --gpus 1, --tp 1, --pp 1") and lines[-1].endswith("(no file sets them)")
 
 
 def test_to_dict_is_json():
