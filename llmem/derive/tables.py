@@ -358,18 +358,36 @@ def dropout_keys(config: dict) -> list[str]:
         return []
 
 
+# Libraries whose import-time warnings would print too: torchao (imported by PEFT's LoRA dispatch when installed)
+# logs each CUDA extension it cannot load and registers enums torch's pytree warns about; bitsandbytes its missing
+# CPU kernels package.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "bitsandbytes")
+
+
 @contextlib.contextmanager
 def _quiet_transformers():
-    """transformers' config warnings (e.g. a token id outside a small vocabulary) would print beside the estimate;
-    the estimate's own errors are one line."""
+    """transformers' config warnings (e.g. a token id outside a small vocabulary), the libraries' import warnings
+    (`QUIET_LOGGERS`) and their deprecation notes while a model is traced would print beside the estimate; the
+    estimate's own errors are one line."""
+    import logging as std
+    import warnings
+
     from transformers.utils import logging
 
     level = logging.get_verbosity()
+    loggers = [std.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [log.level for log in loggers]
     logging.set_verbosity_error()
+    for log in loggers:
+        log.setLevel(std.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logging.set_verbosity(level)
+        for log, old in zip(loggers, levels, strict=True):
+            log.setLevel(old)
 
 
 from llmem.derive.inventory import derived_spec, inventory, is_cached  # noqa: E402, F401 (re-exported)
