@@ -106,7 +106,8 @@ def test_a_target_without_peft_tp_hooks_is_a_gap():
 ROWS = {"llama-qkv-gate-up": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj"),
         "gpt_neox-fused-qkv-h4h": dict(lora_targets="query_key_value,dense_h_to_4h"),
         "qwen2-tied-qv-r8-nodrop": dict(lora_targets="q_proj,v_proj", lora_rank=8, lora_dropout=0.0,
-                                        batch_size=4, seq_len=128)}
+                                        batch_size=4, seq_len=128),
+        "llama-qv-bf16-sgd": dict(lora_targets="q_proj,v_proj", precision="bf16", optimizer="sgd")}
 TWO = TwoRankRows(BASE, ROWS, lambda name: CONFIGS[name.split("-")[0]], sampled=["gpt_neox-fused-qkv-h4h"])
 
 
