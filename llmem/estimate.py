@@ -229,10 +229,14 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     if not spec.supports_tp:
         raise InputError("tp", f"{spec.model_type!r} has no tensor-parallel plan (its config's base_model_tp_plan "
                          "is empty), so transformers cannot shard it; use --tp 1 (DDP or ZeRO)", REFUSED)
-    if not spec.family.tp_plan:  # the model's own plan: layers the derived path cannot take yet are refused here
+    if not spec.family.tp_plan or lora.is_lora(plan):  # the model's own plan: layers the derived path cannot take yet
+        from llmem.derive.tp import lora_target_refusal
         from llmem.spec import hf_tp_spec
 
-        hf_tp_spec(spec, plan)
+        tp_spec = hf_tp_spec(spec, plan)
+        refusal = lora_target_refusal(tp_spec, plan) if lora.is_lora(plan) else None
+        if refusal is not None:
+            raise refusal
     sizes = (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads))
     if spec.family.tp_plan:  # the Megatron plan splits the MLP evenly; transformers' styles need whole heads only
         sizes += (("intermediate_size", spec.intermediate_size),)

@@ -262,9 +262,11 @@ def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:
     (`llmem.runtime.parallel`): its spec then has each parameter's split from that plan and activation tables
     traced under TP (`llmem.derive.tp.tp_spec`). Every other plan keeps `spec` (a model without any plan is refused
     by `llmem.estimate.validate_plan_for_model`)."""
+    from llmem.components.lora import is_lora
     from llmem.families import FAMILIES
 
-    if plan.tp == 1 or (spec.model_type in FAMILIES and FAMILIES[spec.model_type].tp_plan) or not spec.supports_tp:
+    megatron = spec.model_type in FAMILIES and FAMILIES[spec.model_type].tp_plan and not is_lora(plan)
+    if plan.tp == 1 or megatron or not spec.supports_tp:  # LoRA + TP: transformers' plan (`runtime.lora_tp`)
         return spec
     from llmem.derive.tp import tp_spec
 

@@ -218,12 +218,6 @@ RULES: tuple[Rule, ...] = (
     _r("method quant", "quant", lambda p: p.method is not Method.QLORA and p.quant is not Quant.NONE,
        "--quant quantizes the frozen base of --method qlora; use --quant none or --method qlora", REFUSED,
        quant="nf4"),
-    # PEFT renames q_proj, v_proj, ...: the Megatron plan's module names no longer match. A gap, not a right
-    # refusal: LoRA on a tensor-parallel base runs elsewhere (the adapters split with the Linears they wrap).
-    _r("method tp", "tp", lambda p: p.method is not Method.FULL and p.tp > 1,
-       "{p.method} with tensor parallelism is not supported: PEFT replaces q_proj, v_proj, ... by LoRA layers, so "
-       "the Megatron TP plan's module names no longer match (and a quantized base split by TP is not modelled); use "
-       "--tp 1 (DDP, ZeRO-1, FSDP2 ZeRO-2/3) or --method full", GAP, method="lora", gpus=2, tp=2, zero=0),
     _r("method quant gpus", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.INT8 and p.gpus > 1,
        "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, or --quant nf4/fp4 for "
        "DDP/ZeRO-1", GAP, method="qlora", quant="int8", precision="bf16", gpus=2),
@@ -376,6 +370,11 @@ RULES: tuple[Rule, ...] = (
 from llmem.support_float8 import RULES_FLOAT8  # noqa: E402 (its rows are made with `_r` above)
 
 RULES += RULES_FLOAT8
+
+
+from llmem.support_lora_tp import LORA_TP_RULES  # noqa: E402 (its rows use `_r`)
+
+RULES = (*RULES, *LORA_TP_RULES)
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

@@ -49,9 +49,11 @@ of one side trains, the other side keeps the frozen shared weight): refused, not
 
 from __future__ import annotations
 
+import math
+
 from llmem.errors import GAP, InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor, per_spec
+from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
 
 ADAPTER_BYTES = 4  # fp32 adapters under every precision (see module docstring)
 _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings", "embed_in")
@@ -224,28 +226,41 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     for p in targeted(spec, plan):
         i, o = in_out(spec, p)
         m = _module(p)
-        out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer),
-                ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer)]
+        a_split, b_split = _tp_splits(p, plan)
+        out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer, a_split),
+                ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer, b_split)]
     from llmem.components import lora_experts  # mixtral's router and fused experts (PEFT's ParamWrapper)
 
     return out + lora_experts.adapter_params(spec, plan)
 
 
+def _tp_splits(p: ParamTensor, plan: TrainingPlan) -> tuple[TpSplit, TpSplit]:
+    """(lora_A's, lora_B's) TP split: PEFT shards lora_B with a column-parallel base (`Shard(0)`, its out/T rows)
+    and lora_A with a row-parallel one (`Shard(1)`), the other stays whole on every rank (`llmem.runtime.lora_tp`,
+    `peft/tuners/lora/model.py:398-440`)."""
+    if plan.tp == 1 or p.tp_split is TpSplit.NONE:
+        return TpSplit.NONE, TpSplit.NONE
+    return (TpSplit.NONE, TpSplit.COLWISE) if p.tp_split is TpSplit.COLWISE else (TpSplit.ROWWISE, TpSplit.NONE)
+
+
 def _summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(sizes of every adapter tensor, adapter elements per decoder layer, adapter elements outside the layers)."""
-    return spec.memo(("lora_summary", plan.lora_rank, plan.lora_targets), lambda: _adapter_summary(spec, plan))
+    return spec.memo(("lora_summary", plan.lora_rank, plan.lora_targets, plan.tp),
+                     lambda: _adapter_summary(spec, plan))
 
 
 def _adapter_summary(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    adapters = adapter_params(spec, plan)
+    from llmem.components.sharding import tp_local_shape
+
+    sizes = [math.prod(tp_local_shape(a, plan.tp)) for a in adapter_params(spec, plan)]  # the rank's (TP) shard
     per_layer = [0] * spec.num_layers
     outer = 0
-    for a in adapters:
+    for a, n in zip(adapter_params(spec, plan), sizes, strict=True):
         if a.layer is None:
-            outer += a.numel
+            outer += n
         else:
-            per_layer[a.layer] += a.numel
-    return tuple(a.numel for a in adapters), tuple(per_layer), outer
+            per_layer[a.layer] += n
+    return tuple(sizes), tuple(per_layer), outer
 
 
 @per_spec("layout_key")
@@ -254,7 +269,8 @@ def trainable_params(spec: ModelSpec, plan: TrainingPlan) -> int:
     `get_nb_trainable_parameters()[0]`)."""
     if not is_lora(plan):
         return spec.trainable_params
-    return sum(_summary(spec, plan)[0]) + sum(p.numel for p in module_copies(spec, plan))
+    adapters = sum(a.numel for a in adapter_params(spec, plan))  # global: PEFT counts a DTensor's full numel
+    return adapters + sum(p.numel for p in module_copies(spec, plan))
 
 
 def total_params(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -333,8 +349,13 @@ def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: i
     mlp = [p for p in layer0_targeted(spec, plan) if ".mlp." in p.name or ".fc" in p.name]
     if not mlp:
         return 0
+    from llmem.components.sharding import tp_local_shape
+
     i, o = in_out(spec, mlp[-1])
-    return plan.lora_rank * (i + o) * elem_bytes
+    a_split, b_split = _tp_splits(mlp[-1], plan)  # under TP: the rank's shard of each
+    a = tp_local_shape(ParamTensor("A", (plan.lora_rank, i), 0, a_split), plan.tp)
+    b = tp_local_shape(ParamTensor("B", (o, plan.lora_rank), 0, b_split), plan.tp)
+    return (math.prod(a) + math.prod(b)) * elem_bytes
 
 
 # What the adapted layers keep for backward lives in its own module, which imports this one's terms; its terms are

@@ -127,6 +127,10 @@ def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     sizes = optimized_params(spec, plan)
     if plan.scheme is not Scheme.TP:
         return [sizes]
+    if lora.is_lora(plan):  # the adapters PEFT shards are DTensors (`lora._tp_splits`), the others plain
+        dtensor = [a.tp_split is not TpSplit.NONE for a in lora.adapter_params(spec, plan)]
+        return [g for g in ([n for n, d in zip(sizes, dtensor, strict=True) if d],
+                            [n for n, d in zip(sizes, dtensor, strict=True) if not d]) if g]
     row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
     dtensor = [p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in model_order(spec)]
     pairs = list(zip(sizes, dtensor, strict=True))
@@ -147,7 +151,7 @@ def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...
     if _has_copies(spec, plan):
         return [shape for shape, _ in _lora_items(spec, plan)]
     if lora.is_lora(plan):
-        shapes = [a.shape for a in lora.adapter_params(spec, plan)]
+        shapes = [tp_local_shape(a, plan.tp) for a in lora.adapter_params(spec, plan)]
     else:
         shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
     if plan.scheme is not Scheme.ZERO1:

@@ -90,8 +90,10 @@ class Derived:
         base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
                 attention_implementation(self.model_type, plan.attn),
                 band(self.config, plan.seq_len), regime(plan.batch_size), "cuda" if cuda else "")
-        if plan.tp > 1:  # traced on TP rank 0 under the fake process group (`llmem.derive.tp`)
-            return (*base, ("tp", plan.tp))
+        if plan.tp > 1:  # traced on TP rank 0 under the fake process group (`llmem.derive.tp`); LoRA after TP
+            from llmem.derive.lora import trace_key
+
+            return (*base, ("tp", plan.tp), *((trace_key(plan),) if lora else ()))
         if not lora:
             return base
         from llmem.derive.lora import trace_key
@@ -120,7 +122,7 @@ class Derived:
         from llmem.derive.tp import fake_group
         (dtype, mixed, attn, offset, kind, kernels), rest = k[:6], k[6:]
         tp = rest[0][1] if rest and rest[0][:1] == ("tp",) else 1
-        lora = rest[0] if rest and tp == 1 else None
+        lora = rest[0] if rest and tp == 1 else (rest[1] if len(rest) > 1 else None)
         config, mapping = self._shallower()
         with fake_group(tp):
             built = self._build(config, dtype, attn, lora, tp=tp)

@@ -80,15 +80,18 @@ def _tp_spec(spec: ModelSpec, config: dict) -> ModelSpec:
     return dataclasses.replace(base, params=params)
 
 
-def wrap_tp(model, tp: int):
-    """The model wrapped by the runtime's TP (`llmem.runtime.parallel.wrap`) on `tp` ranks; a plan transformers
-    cannot apply to this model (a style its modules do not fit) is refused naming `tp`."""
+def wrap_tp(model, tp: int, lora: bool = False):
+    """The model wrapped by the runtime's TP (`llmem.runtime.parallel.wrap`) on `tp` ranks (`lora`: the base that
+    PEFT then adapts, `llmem.runtime.lora_tp.distribute`); a plan transformers cannot apply to this model (a style
+    its modules do not fit) is refused naming `tp`."""
     from llmem.errors import REFUSED, InputError
     from llmem.plan import TrainingPlan
+    from llmem.runtime.lora_tp import distribute
     from llmem.runtime.parallel import wrap
 
     try:
-        return wrap(model, TrainingPlan(gpus=tp, tp=tp, device="cpu"))
+        plan = TrainingPlan(gpus=tp, tp=tp, device="cpu")
+        return distribute(model, plan, "cpu") if lora else wrap(model, plan)
     except Exception as e:  # noqa: BLE001 - transformers' styles raise their own errors on a module they do not fit
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise InputError("tp", f"transformers cannot apply this model's tensor-parallel plan ({first}); use --tp 1",
@@ -117,3 +120,26 @@ def fake_group(tp: int):
             yield
     finally:
         dist.destroy_process_group()
+
+
+def lora_target_refusal(spec: ModelSpec, plan) -> Exception | None:
+    """LoRA + TP (`llmem.runtime.lora_tp`): PEFT's TP adapters run on a column-parallel target ("colwise"); a
+    row-parallel one fails in its forward (`llmem.support_lora_tp.LORA_TP_ROWWISE`); any other style, or a Linear
+    the plan leaves whole, is not measured."""
+    from llmem.components.lora import targeted
+    from llmem.errors import GAP, REFUSED, InputError
+    from llmem.support_lora_tp import LORA_TP_ROWWISE
+
+    config = getattr(spec, "source_config", None) or (spec.derived.config if spec.derived is not None else None)
+    by_name = styles(config) if config is not None else {}
+    for p in targeted(spec, plan):
+        style = by_name.get(p.name)
+        if style in ROWWISE_STYLES:
+            return InputError("lora-targets", f"{p.name.rsplit('.', 2)[-2]} is row-parallel ({style}): "
+                              f"{LORA_TP_ROWWISE}; adapt only column-parallel Linears", REFUSED)
+        if style != "colwise":
+            what = f"style {style!r}" if style else "no TP style (kept whole)"
+            return InputError("lora-targets", f"{p.name.rsplit('.', 2)[-2]} has {what} in {spec.model_type}'s TP plan: "
+                              "LoRA on it under TP is not measured (PEFT hooks colwise and rowwise Linears only); "
+                              "adapt only column-parallel Linears, or use --tp 1", GAP)
+    return None

@@ -130,16 +130,16 @@ def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: boo
     model.config.use_cache = False
     if checkpointed:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if tp > 1:  # with LoRA: TP first, then PEFT on the sharded base (`llmem.runtime.lora_tp`)
+        from llmem.derive.tp import wrap_tp
+
+        with mode:
+            model = wrap_tp(model, tp, lora=lora is not None)
     if lora is not None:
         from llmem.derive.lora import wrap
 
         with mode, torch.device("cpu"):
             model = wrap(model, lora, checkpointed)
-    if tp > 1:
-        from llmem.derive.tp import wrap_tp
-
-        with mode:
-            model = wrap_tp(model, tp)
     model.train()
     return mode, model, list(decoder_layers(model)), model.get_output_embeddings()
 

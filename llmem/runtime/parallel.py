@@ -114,20 +114,26 @@ def _apply_tp(model: nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     if uses_hf_plan(str(getattr(model.config, "model_type", ""))):
-        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
-
-        plan = hf_tp_plan(model, tp_mesh.size())
-        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-        tied = head is not None and embed is not None and head.weight is embed.weight
-        names = {m: n for n, m in model.named_modules()}
-        if tied:  # `from_pretrained` shards before it ties (`init.no_tie_weights`, then `tie_weights`): shard once
-            plan.pop(f"{names[head]}.weight", None)
-        apply_tensor_parallelism(model, tp_mesh, plan)
-        if tied:
-            model.tie_weights()
+        apply_hf_tp(model, tp_mesh)
         return
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, tp_layer_plan())
+
+
+def apply_hf_tp(model: nn.Module, tp_mesh) -> None:
+    """transformers' `apply_tensor_parallelism` with the model's resolved plan (`hf_tp_plan`); a tied lm_head is
+    sharded once, with the embedding (see `_apply_tp`)."""
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    plan = hf_tp_plan(model, tp_mesh.size())
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    names = {m: n for n, m in model.named_modules()}
+    if tied:  # `from_pretrained` shards before it ties (`init.no_tie_weights`, then `tie_weights`): shard once
+        plan.pop(f"{names[head]}.weight", None)
+    apply_tensor_parallelism(model, tp_mesh, plan)
+    if tied:
+        model.tie_weights()
 
 
 def _apply_fsdp(model: nn.Module, plan: TrainingPlan, dp_mesh, reshard: bool) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from llmem.errors import InputError
-from llmem.plan import Engine, Loss, Scheme, TrainingPlan
+from llmem.plan import Engine, Loss, Method, Scheme, TrainingPlan
 from llmem.runtime import chunked
 from llmem.runtime.lora import apply_method
 from llmem.runtime.model import build_model
@@ -91,15 +91,21 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         enable_selective(model)
     if plan.loss is Loss.CHUNKED_CE:
         chunked.chunk_output_head(model, plan.loss_chunks)
-    model = apply_method(model, plan)
-    if plan.float8.value != "none":  # torchao's Float8Linear, before wrapping (`llmem.runtime.float8`)
-        from llmem.runtime.float8 import convert
+    if plan.tp > 1 and plan.method is not Method.FULL:  # TP first, PEFT after (`llmem.runtime.lora_tp`)
+        from llmem.runtime.lora_tp import prepare_lora_tp
 
-        convert(model, plan)
-    mark("wrap")
-    if plan.pp > 1:
-        return _prepare_pipeline(model, plan, topo)
-    wrapped = wrap(model, plan, topo.device_type)
+        mark("wrap")
+        wrapped = model = prepare_lora_tp(model, plan, topo.device_type)
+    else:
+        model = apply_method(model, plan)
+        if plan.float8.value != "none":  # torchao's Float8Linear, before wrapping (`llmem.runtime.float8`)
+            from llmem.runtime.float8 import convert
+
+            convert(model, plan)
+        mark("wrap")
+        if plan.pp > 1:
+            return _prepare_pipeline(model, plan, topo)
+        wrapped = wrap(model, plan, topo.device_type)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     if plan.optimizer_in_backward:
         optimizer = InBackward(trainable, plan)

@@ -16,6 +16,7 @@ from llmem.choices import PpSchedule
 from llmem.errors import InputError
 from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
 
 MAX_GPUS = {"small": 4, "derived": 4, "full": 16}
@@ -123,6 +124,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "attn": _enum(rng, "attn"), **draw_method(rng, config), "grad_accum": rng.choice(GRAD_ACCUM),
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
     fields |= draw_later_options(seed, index, fields, device, _lora_tables(config))
+    fields |= draw_lora_tp(seed, index, fields, device)  # LoRA + TP where it runs (a stream of its own)
     if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning: the method's options dropped
         fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED} | pipeline
     return Draw(index, name, config, fields)

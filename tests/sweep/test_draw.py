@@ -154,3 +154,27 @@ def test_pipeline_plans_are_drawn_with_every_schedule_and_estimated(many):
         rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
         assert "outcome" not in rec, rec
         assert rec["estimate_bytes"] > 0
+
+
+def test_lora_with_tensor_parallelism_is_drawn_where_it_runs(many):
+    """A share of the LoRA plans drawn with --gpus = --tp gets the settings LoRA + TP runs with
+    (`llmem.sweep.lora_tp`): the plan accepts them, with column-parallel targets (without the share: none of seed
+    11's first 3,000 draws)."""
+    from llmem.sweep.lora_tp import COLWISE_TARGETS
+
+    drawn = [d for d in many if d.fields["method"] == "lora" and d.fields["tp"] > 1 and d.refusal() is None]
+    assert sum(d.fields["lora_targets"] in COLWISE_TARGETS for d in drawn) >= 20
+
+
+@pytest.mark.heavy
+def test_lora_with_tensor_parallelism_draws_are_estimated(many):
+    """The estimate answers for them (traced tables: -m heavy), but where the TP degree does not divide the heads."""
+    drawn = [d for d in many if d.fields["method"] == "lora" and d.fields["tp"] > 1 and d.refusal() is None]
+    estimated = set()
+    for d in drawn[:12]:
+        rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
+        if "outcome" not in rec:
+            estimated.add(d.model)
+        else:
+            assert rec["field"] == "tp" and "must divide" in rec["reason"], rec
+    assert len(estimated) >= 2
