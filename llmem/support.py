@@ -5,7 +5,6 @@ fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e
 kernel, Liger's Triton kernels on CPU, bitsandbytes optimizers on FSDP2's DTensors) or a gap (`GAP`: it could run,
 llmem does not model it yet). The rows are model-independent; what depends on the model is checked by
 `llmem.estimate.validate_plan_for_model` against the family's traits.
-
 `TrainingPlan` raises the first row whose condition holds, in the table's order (`check`); link repair
 (`llmem.share`) asks the rows over the options it changes (`first_refusal` with `among`); the example of every row
 (`Rule.example`, the plan fields that trip it and no row before it) is what the tests run through both.
@@ -31,6 +30,7 @@ from llmem.choices import (
     Scheme,
 )
 from llmem.errors import GAP, REFUSED, InputError
+from llmem.support_activation import activation_offload_rules
 
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
 BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
@@ -375,7 +375,7 @@ RULES: tuple[Rule, ...] = (
     _r("double_quant quant", "double-quant", lambda p: p.double_quant and p.quant not in (Quant.NF4, Quant.FP4),
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
-)
+) + activation_offload_rules(_r)
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:
