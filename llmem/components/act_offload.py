@@ -57,11 +57,12 @@ def check_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     make other packs."""
     if not applies(plan):
         return
-    held = {s.name for s in act.checkpoint_held_saved(spec, plan)}
-    outer = [s.name for s in act.outer_saved(spec, plan) if s.name not in held]
     family = spec.family
-    if spec.derived is not None or family.norm == "layer" or family.unit_offset_norm or family.embed_projection \
-            or any(name not in _DEVICE_OUTER for name in outer):
+    other = spec.derived is not None or family.norm == "layer" or family.unit_offset_norm or family.embed_projection
+    if not other:  # (a traced architecture is not traced for this: its own saves differ anyway)
+        held = {s.name for s in act.checkpoint_held_saved(spec, plan)}
+        other = any(s.name not in _DEVICE_OUTER and s.name not in held for s in act.outer_saved(spec, plan))
+    if other:
         raise InputError("activation-offload", f"activation offloading is modelled for the llama-like families (an "
                          f"RMSNorm before the lm_head, nothing else saved outside the layers); {spec.model_type!r} "
                          "is not one yet: leave --activation-offload off", GAP)
