@@ -13,7 +13,7 @@ import functools
 import operator
 from dataclasses import dataclass, field
 
-from llmem.components import float8, fused_ce, lora, offload, outside, reserved
+from llmem.components import Category, act_offload, float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import AllocConf, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
@@ -175,12 +175,21 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         cuda_context_bytes=outside.cuda_context_bytes(plan),
         fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
         paged_state_bytes=paged_state_bytes(spec, plan),
-        host_breakdown=offload.host_breakdown(spec, plan),
-        host_pinned_bytes=offload.host_pinned_bytes(spec, plan),
+        host_breakdown=_host_breakdown(spec, plan),
+        host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),
     )
 
 
 _TOTAL = operator.attrgetter("total")
+
+
+def _host_breakdown(spec: ModelSpec, plan: TrainingPlan) -> dict:
+    """The offloaded bytes by category (`offload.host_breakdown`), with `--activation-offload`'s pinned copies of the
+    saved activations (`act_offload.host_bytes`); both at their largest, summed (a bound when both apply)."""
+    host = dict(offload.host_breakdown(spec, plan))
+    if act_offload.applies(plan):
+        host[Category.ACTIVATIONS] = act_offload.host_bytes(spec, plan)
+    return host
 
 
 def plan_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
@@ -205,6 +214,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
     float8.check(spec, plan)
+    act_offload.check_model(spec, plan)
     if plan.engine is Engine.FSDP1 and plan.gpus > 1 and lora.is_lora(plan) and (
             spec.derived is not None or not spec.family.lora_activations):
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "

@@ -279,6 +279,13 @@ OPTIONS: tuple[Option, ...] = (
            "Linear input (the MLP's down projection in backward), without torch.compile, which fuses those casts.",
            link=WHEN_SET, fallback=True,
            widget=Widget("Float8 Linears (torchao)", "w_float8", SELECT, group=G_PRECISION)),
+    Option("activation_offload", bool, False,
+           "torchtune's activation offloading (OffloadActivations around the model's forward, the output projection "
+           "opted out by NoOpManager): every saved activation of 1 KiB or more is copied to pinned host memory, so the "
+           "GPU keeps only the small ones, the last five copied still in flight, the lm_head's input and the loss's, "
+           "and in backward the tensors of the node running and the one before it (host RAM shown separately).",
+           link=WHEN_SET, cuda_only=True,
+           widget=Widget("Offload activations to host memory (torchtune)", "w_act_offload", CHECK, group=G_SAVERS)),
     Option("upload", str, "",
            "Display name of an uploaded config.json; the file itself never travels in a link.",
            plan=False, cli=NO_CLI, parse=link_upload, link=WHEN_SET),

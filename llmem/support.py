@@ -3,8 +3,9 @@
 Each row names the plan fields its condition reads, the option the refusal blames, the one-line message with its
 fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e.g. Liger's Triton kernels on CPU)
 or a gap (`GAP`: it could run, llmem does not model it yet). The rows are model-independent (the model's checks:
-`llmem.estimate.validate_plan_for_model`); `--float8`'s rows are `llmem.support_float8`'s. `TrainingPlan` raises
-the first row whose condition holds (`check`); link repair (`llmem.share`) asks the rows over the options it changes
+`llmem.estimate.validate_plan_for_model`); `--float8`'s, LoRA with TP's and `--activation-offload`'s rows are in
+`llmem.support_float8`, `support_lora_tp`, `support_activation`. `TrainingPlan` raises the first row whose condition
+holds (`check`); link repair (`llmem.share`) asks the rows over the options it changes
 (`first_refusal`, `among`); tests run each row's example (`Rule.example`: fields tripping it, no row before) in both.
 """
 
@@ -28,6 +29,7 @@ from llmem.choices import (
     Scheme,
 )
 from llmem.errors import GAP, REFUSED, InputError
+from llmem.support_activation import activation_offload_rules
 
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
 BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
@@ -367,14 +369,10 @@ RULES: tuple[Rule, ...] = (
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
 )
-from llmem.support_float8 import RULES_FLOAT8  # noqa: E402 (its rows are made with `_r` above)
+from llmem.support_float8 import RULES_FLOAT8  # noqa: E402 (these modules' rows are made with `_r` above)
+from llmem.support_lora_tp import LORA_TP_RULES  # noqa: E402
 
-RULES += RULES_FLOAT8
-
-
-from llmem.support_lora_tp import LORA_TP_RULES  # noqa: E402 (its rows use `_r`)
-
-RULES = (*RULES, *LORA_TP_RULES)
+RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *activation_offload_rules(_r))
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

@@ -28,6 +28,7 @@ SAMPLES = {
     "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),
     "loss_chunks": ("4", {"loss": "chunked-ce"}),
     "optimizer_in_backward": ("true", {}),
+    "activation_offload": ("true", {"grad_ckpt": "full"}),
     "pp": ("2", {"gpus": "2", "microbatches": "2", "batch_size": "2"}),
     "pp_schedule": ("gpipe", {"pp": "2", "gpus": "2"}),
     "pp_stages_per_rank": ("3", {"pp": "2", "gpus": "2", "pp_schedule": "interleaved-1f1b", "microbatches": "2",

@@ -95,7 +95,7 @@ def test_link_repair_fixes_every_row(i, rule):
 
 def test_device_rows_are_the_ones_links_cannot_carry():
     assert "device" not in KEYS
-    assert {support.RULES[i].blame for i in NOT_IN_LINKS} == {"offload", "loss"}
+    assert {support.RULES[i].blame for i in NOT_IN_LINKS} == {"offload", "loss", "activation-offload"}
 
 
 def test_rows_are_right_refusals_or_gaps():

@@ -40,6 +40,7 @@ class Session:
     device_type: str
     schedule: object = None  # --pp: this rank's pipeline schedule (`runtime.pipeline`); `model` is its stage
     rank: int = 0
+    offload_ctx: object = None  # --activation-offload: torchtune's OffloadActivations (`runtime.act_offload`)
 
     def autocast(self):
         """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead, and under
@@ -120,7 +121,12 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
     vocab = int(model.config.vocab_size)
     ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
     seed_everything(SEED + 2 + dp_rank)
-    return Session(plan, wrapped, optimizer, ids, topo.device_type)
+    offload_ctx = None
+    if plan.activation_offload:
+        from llmem.runtime.act_offload import offloading_context
+
+        offload_ctx = offloading_context(model, torch.device(topo.device))
+    return Session(plan, wrapped, optimizer, ids, topo.device_type, offload_ctx=offload_ctx)
 
 
 def _prepare_pipeline(model: nn.Module, plan: TrainingPlan, topo: Topology) -> Session:
@@ -143,9 +149,28 @@ def _forward_loss(session: Session):
     """The forward and the loss: the model output with transformers' ForCausalLMLoss on its logits (the output,
     logits and all, kept by the caller), or with `--loss chunked-ce` the loss of torchtune's chunked program alone
     (its logits dropped before backward, `llmem.runtime.chunked`)."""
+    if session.offload_ctx is not None:  # torchtune: `with activations_handling_ctx: logits = model(...)`, then loss
+        return _offloaded_forward_loss(session)
     if session.plan.loss is Loss.CHUNKED_CE:
         return chunked.loss_step(session.model, session.input_ids, session.plan.loss_chunks)
     return session.model(input_ids=session.input_ids, labels=session.input_ids)
+
+
+def _offloaded_forward_loss(session: Session):
+    """`--activation-offload`: the forward under torchtune's OffloadActivations and the loss after it
+    (`recipes/full_finetune_single_device.py:636-650`), the same ops as `_forward_loss` otherwise: transformers'
+    `loss_function` (ForCausalLMLoss, which its forward calls on the logits), or torchtune's chunked loss."""
+    ids = session.input_ids
+    with session.offload_ctx:
+        out = session.model(input_ids=ids)
+    if session.plan.loss is Loss.CHUNKED_CE:
+        logits = out.logits
+        del out
+        loss = chunked.chunked_loss(logits, ids, session.plan.loss_chunks)
+        del logits
+        return loss
+    out.loss = session.model.loss_function(logits=out.logits, labels=ids, vocab_size=session.model.config.vocab_size)
+    return out
 
 
 def train_step(session: Session, mark: Mark = _no_mark) -> None:

@@ -92,11 +92,24 @@ class _Backend:
 
 def uses_fake_device(plan) -> bool:
     """Plans simulated on the fake accelerator: the offloading ones, where host and device memory differ."""
-    return str(plan.offload) != "none"
+    return str(plan.offload) != "none" or bool(getattr(plan, "activation_offload", False))
+
+
+# Ops with CPU and CUDA kernels and a CompositeImplicitAutograd one for other backends (torch 2.13: found by asking
+# the dispatcher for ops with a CPU kernel and a CompositeImplicitAutograd one; native_channel_shuffle aside).
+# Without a PrivateUse1 kernel the dispatcher runs that decomposition on `simgpu` (silu_backward: sigmoid, 1 - s,
+# x * (1 - s), 1 + ..., three products: five intermediates where CUDA's fused kernel makes only its output).
+_FUSED_ON_CUDA = ("silu_backward", "mish_backward")
+_LIBRARIES: list = []
+
+
+def _never_runs(*args, **kwargs):
+    raise RuntimeError("simgpu has no kernels: only fake tensors run on it")
 
 
 def ensure_backend() -> None:
-    """Register the `simgpu` backend once per process (module docstring)."""
+    """Register the `simgpu` backend once per process (module docstring), with a stand-in kernel for each of
+    `_FUSED_ON_CUDA`, so that the op itself reaches FakeTensorMode (its meta kernel) as it would on CUDA."""
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     name = torch._C._get_privateuse1_backend_name()
@@ -105,6 +118,10 @@ def ensure_backend() -> None:
     if name != "privateuseone":
         raise RuntimeError(f"the PrivateUse1 backend is already {name!r}; the offload simulation needs it")
     _setup_privateuseone_for_python_backend(rename=DEVICE, backend_module=_Backend())
+    library = torch.library.Library("aten", "IMPL")
+    for op in _FUSED_ON_CUDA:
+        library.impl(op, _never_runs, "PrivateUse1")
+    _LIBRARIES.append(library)
 
 
 def stand_ins() -> dict:

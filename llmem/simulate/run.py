@@ -40,6 +40,10 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
         raise InputError("offload", f"optimizer runs torchao's CPUOffloadOptimizer, which {missing}asserts a CUDA or "
                          "XPU device in its constructor (get_available_devices()[-1]), so it cannot run on fake "
                          "tensors here; measure it on a GPU (measure --device cuda)")
+    if plan.activation_offload and plan.precision.is_mixed:
+        raise InputError("precision", "activation offloading runs on the fake accelerator, which has no autocast "
+                         "kernels (torch registers none for PrivateUse1 here); simulate it with --precision bf16 or "
+                         "fp32 (torchtune trains in pure bf16), or measure it on a GPU (measure --device cuda)")
     if str(plan.loss) == "fused-linear-ce":
         raise InputError("loss", "fused-linear-ce runs Liger-Kernel's Triton kernels, which have no fake version; "
                          "measure it on a GPU (measure --device cuda)")

@@ -36,7 +36,8 @@ def held_bytes(t: Terms, layer: int) -> int:
     backward ran (and, checkpointed, of the one recomputing). Less the eager masks only the layers above took.
     Layers of several kinds (`varied`): each layer's own."""
     spec, plan = t.spec, t.plan
-    if t.partial or t.varied or lora.is_lora(plan):  # (LoRA: layer 0's recompute keeps what its no-grad input lets it)
+    if t.partial or t.varied or lora.is_lora(plan) or plan.activation_offload:  # (LoRA: layer 0's recompute keeps
+        # what its no-grad input lets it; --activation-offload: the layers below hold nothing)
         held = t.kept_layers(spec, plan, layer) + t.current_layer(spec, plan, layer)
     else:
         held = layer * t.kept + (t.recompute or t.kept)

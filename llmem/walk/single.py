@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, autocast, chunked_ce, fused_ce, lora, quant
+from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -106,6 +106,9 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
     else:
         forward_acts = spec.num_layers * kept + outer_act + final_norm
+    if act_offload.applies(plan):  # only the final norm's saved tensors stay (the forward stash); the layers' inputs
+        # are on the host, and a layer's backward holds its recompute alone
+        forward_acts, kept_layers = outer_act + final_norm, act_offload.layers_below_bytes
     return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
                 partial=partial, varied=varied, kept_layers=kept_layers, current_layer=current_layer,
                 forward_acts=forward_acts)
@@ -220,10 +223,13 @@ def end_moments(t: Terms) -> list[Phase]:
     end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient + excess,
                logits=t.logits, activations=held_all)
     accumulate = embedding_gradient_accumulate_bytes(spec, plan)
-    phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, plan))]
+    during, after = act_offload.embedding_backward_bytes(spec, plan) if act_offload.applies(plan) else (0, 0)
+    phases = [moment("backward end", **dict(end, activations=held_all + during),
+                     temporaries=accumulate + embedding_input_gradient_bytes(spec, plan))]
     tied_sum = tied_gradient_sum_bytes(spec, plan)
     if tied_sum:
-        phases.append(moment("backward end, tied gradients summed", **end, temporaries=accumulate + tied_sum))
+        phases.append(moment("backward end, tied gradients summed", **dict(end, activations=held_all + after),
+                             temporaries=accumulate + tied_sum))
     if sib.applies(plan):  # --optimizer-in-backward: the embedding's hook steps it, the last of backward; no step after
         stepped = dict(end, gradients=sib.embedding_gradient_bytes(spec, plan) + excess)
         step = sib.embedding_step_bytes(spec, plan)
