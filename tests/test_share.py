@@ -259,11 +259,12 @@ def test_tampered_method_values_warn_and_take_the_default(query, field):
     assert len(warnings) == 1 and warnings[0].startswith(f"{field}:") and "using" in warnings[0]
 
 
+# LoRA with TP: the default targets include row-parallel ones (o_proj, down_proj), refused first
 @pytest.mark.parametrize("query, named", [
     ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "4", "zero": "0"}, "tensor parallelism"),
     ({"method": "qlora", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"}, "tensor parallelism"),
-    ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "tensor parallelism"),
-    ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "tensor parallelism"),
+    ({"method": "lora", "gpus": "8", "tp": "2", "zero": "3"}, "row-parallel"),
+    ({"method": "lora", "gpus": "8", "tp": "8", "zero": "0"}, "row-parallel"),
 ])
 def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_method(query, named):
     inputs, warnings = decode(query)
