@@ -42,10 +42,13 @@ def _layout_rules(_r) -> tuple:
        "microbatches than stages): else the Reducer records its parameters twice and asserts at the next step's "
        "bucket rebuild (reducer.cpp:2003); use --pp-schedule 1f1b --microbatches {p.pp} + 1 or more, or --zero 3",
        REFUSED, pp=2, gpus=4, microbatches=2, batch_size=2),
-    _r("pp zero precision pp_schedule", "zero", lambda p: p.pp > 1 and p.zero == 3 and (
-        p.precision.is_mixed or p.pp_schedule is PpSchedule.INTERLEAVED_1F1B), "FSDP2 beside pipeline stages is "
-       "modelled in fp32 or pure bf16/fp16 with one stage per GPU (gpipe, 1f1b); use one of them, or --zero 0", GAP,
-       pp=2, gpus=4, zero=3, microbatches=2, batch_size=2, precision="bf16-mixed"),
+    _r("pp zero pp_schedule microbatches", "zero", lambda p: p.pp > 1 and p.zero == 3 and (
+        p.pp_schedule is PpSchedule.INTERLEAVED_1F1B or p.microbatches == 1), "FSDP2 beside pipeline stages is "
+       "modelled with one stage per GPU (gpipe, 1f1b) and 2 or more microbatches; use them, or --zero 0", GAP, pp=2,
+       gpus=4, zero=3, microbatches=1, batch_size=2, pp_schedule="gpipe"),
+    _r("pp zero precision", "zero", lambda p: p.pp > 1 and p.zero == 3 and p.precision.is_mixed, "FSDP2 beside "
+       "pipeline stages is modelled in fp32 or pure bf16/fp16 (not its MixedPrecisionPolicy); use one of them, or "
+       "--zero 0", GAP, pp=2, gpus=4, zero=3, microbatches=2, batch_size=2, precision="bf16-mixed"),
     _r("batch_size microbatches pp", "microbatches", lambda p: p.pp > 1 and p.batch_size % p.microbatches,
        "--microbatches {p.microbatches} must divide --batch-size {p.batch_size} (the pipeline's step batch; "
        "torchtitan refuses a remainder)", REFUSED, pp=2, gpus=2, batch_size=3, microbatches=2),

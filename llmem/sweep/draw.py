@@ -204,11 +204,12 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
             out["precision"] = fields["precision"].replace("-mixed", "")
         else:
             out["pp_schedule"] = PpSchedule.ONE_F_ONE_B.value
-        divisors = [m for m in range(1, batch + 1)
-                    if _schedule_runs(out["pp_schedule"], pp, batch, m, fields["gpus"], fields["zero"])]
-        if not divisors:  # FSDP2's 1F1B on a batch smaller than the stages: GPipe runs it
-            out["pp_schedule"], divisors = PpSchedule.GPIPE.value, [m for m in range(1, batch + 1) if batch % m == 0]
-        return out | {"microbatches": rng.choice(divisors)}
+        for schedule in (out["pp_schedule"], PpSchedule.GPIPE.value):  # FSDP2's 1F1B on a small batch: GPipe's
+            divisors = [m for m in range(1, batch + 1)
+                        if _schedule_runs(schedule, pp, batch, m, fields["gpus"], fields["zero"])]
+            if divisors:
+                return out | {"pp_schedule": schedule, "microbatches": rng.choice(divisors)}
+        return {}
     looped = random.Random(f"{seed}:{index}:interleaved")
     layers = int(config.get("num_hidden_layers", 0))
     stages = [v for v in (2, 3) if pp * v <= layers + 2]

@@ -116,8 +116,9 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     ends = pl.input_gradient_bytes(spec, plan, stage) if plan.pp_schedule is PpSchedule.GPIPE else 0
     if plan.pp_schedule is PpSchedule.GPIPE:
         phases.append(moment(name + "backward end", **on, gradients=grads, activations=act + ends))
-    if plan.zero == 3:  # `perform_reduce_grad`, then the step on the shards
-        return phases + pipeline_fsdp.reduce_phases(spec, plan, stage, name, on, act + ends, act)
+    if plan.zero == 3:  # the first forward's all-gathers; `perform_reduce_grad`, then the step on the shards
+        return (pipeline_fsdp.first_forward_phases(spec, plan, stage, name, on, act) + phases
+                + pipeline_fsdp.reduce_phases(spec, plan, stage, name, on, act + ends, act))
     phases.append(moment(name + "optimizer step", **on, gradients=grads,
                          activations=act,
                          temporaries=optimizer_step_temporary_bytes(s, q)))

@@ -57,6 +57,41 @@ def _groups(s: ModelSpec, q: TrainingPlan, q3: TrainingPlan, first: bool) -> lis
     return outer + layers if first else layers + outer
 
 
+def first_forward_phases(spec: ModelSpec, plan: TrainingPlan, stage: int, name: str, on: dict,
+                         act: int) -> list[Phase]:
+    """The step's first forward (microbatch 0, nothing else in flight, no gradient yet) all-gathers the stage's
+    groups one after another and keeps each (`reshard_after_forward=False`): its last decoder layer's all-gather and
+    copy-out, and on the last stage the [norm, lm_head] group's after the layers, with every earlier group gathered,
+    the previous group's all-gather output retained (`all_gather_state`, freed when the copy-out returns) and the
+    microbatch's activations so far (the one-GPU FSDP2 walk's `walk.fsdp.last_layer_gather_moments`). `act`: the
+    step's inputs."""
+    from llmem.components import activations as acts
+
+    s, q, q3 = pl.stage_spec(spec, plan, stage), pl.microbatch_plan(plan), shard_plan(plan)
+    n, layer, outer = s.num_layers, comm.layer_unsharded_bytes(s, q3), comm.root_unsharded_bytes(s, q3)
+    first, last = stage == 0, stage == pl.num_stages(plan) - 1
+    base = {"parameters": parameter_bytes(s, q3), "optimizer": on["optimizer"], "standing": on["standing"]}
+    x, kept = pl.hidden_bytes(spec, plan), acts.kept_per_layer_bytes(spec, q)
+    # layer 0 of stage 0 reads the embeddings' output; a later stage's first layer its receive buffer (standing),
+    # which that layer saves where `input_saved`
+    embeds = x if first and not acts.checkpoints_layers(q) and not acts.saves_layer_input(spec, q) else 0
+    ran = (n - 1) * kept - (x if not first and n > 1 and pl.input_saved(spec, plan, stage) else 0)
+    phases = []
+    groups = ([(f"layer {n - 1}", outer * first + (n - 1) * layer, layer if n > 1 else outer * first, layer,
+                False, ran + embeds + (x if first or n > 1 else 0))] if n else [])
+    if last:
+        groups.append(("norm and lm_head", n * layer, layer if n else 0, outer, True, n * kept + embeds + x
+                       - (x if not first and n and pl.input_saved(spec, plan, stage) else 0)))
+    for label, gathered, retained, new, root, held in groups:
+        held += act + (pl._outside_layers(spec, q) if n else 0)
+        on_now = dict(base, parameters=base["parameters"] + gathered, activations=held)
+        phases.append(moment(f"{name}first forward, {label} all-gather", **on_now,
+                             communication=retained + comm.all_gather_bytes(s, q3, root=root)))
+        phases.append(moment(f"{name}first forward, {label} all-gather copy-out", **on_now,
+                             communication=retained + 2 * new + comm.shard_dim1_copy_out_bytes(s, q3, root=root)))
+    return phases
+
+
 def reduce_phases(spec: ModelSpec, plan: TrainingPlan, stage: int, name: str, on: dict, held: int,
                   act: int) -> list[Phase]:
     """`perform_reduce_grad`, group by group (module docstring), each at its copy-in and at its collective, `held`

@@ -15,7 +15,7 @@ from tests.components.multirank import TwoRankRows
 from tests.components.test_pipeline import CONFIG
 
 BASE = dict(gpus=4, pp=2, batch_size=4, microbatches=4, seq_len=16)
-ROWS = {  # the default suite measures one row of each data-parallel program in one 4-rank launch
+ROWS = {  # the default suite measures the FSDP2 row (one 4-rank launch, about 1-2 min on 2 loaded cores)
     "ddp-1f1b-fp32": dict(pp_schedule="1f1b", precision="fp32"),
     "fsdp-1f1b-fp32": dict(pp_schedule="1f1b", precision="fp32", zero=3),
     # the rest under -m heavy (DDP runs 1F1B with more microbatches than stages only: `llmem.support`)
@@ -33,7 +33,7 @@ ROWS = {  # the default suite measures one row of each data-parallel program in 
     "fsdp-1f1b-sgd-m2": dict(pp_schedule="1f1b", precision="fp32", batch_size=2, microbatches=2, optimizer="sgd",
                              zero=3),
 }
-RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG), sampled=("ddp-1f1b-fp32", "fsdp-1f1b-fp32"))
+RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG), sampled=("fsdp-1f1b-fp32",))
 
 
 # torch.optim.Adafactor on the stages of a lone pipeline (2 ranks): its factored states of each stage's own tensors
@@ -75,6 +75,7 @@ def _check_ranks(runs: TwoRankRows, name: str) -> None:
     (dict(gpus=4, pp=2, zero=2), "pp"),  # ZeRO-1/2 beside the pipeline: not modelled
     (dict(gpus=4, pp=2, zero=3, precision="bf16-mixed"), "zero"),
     (dict(gpus=4, pp=2, zero=3, pp_schedule="interleaved-1f1b"), "zero"),
+    (dict(gpus=4, pp=2, zero=3, pp_schedule="gpipe", microbatches=1), "zero"),  # read -0.6 to -2.1 %: not modelled
 ])
 def test_combinations_not_modelled_are_refused_naming_the_field(fields, blame):
     with pytest.raises(InputError) as err:
