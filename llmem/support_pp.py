@@ -76,9 +76,6 @@ def _option_rules(_r) -> tuple:
        lambda p: p.pp > 1 and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
        "pipeline parallelism is modelled with --grad-ckpt none or full (every layer); use one of them", GAP, pp=2,
        gpus=2, microbatches=2, batch_size=2, grad_ckpt="selective"),
-    _r("pp attn", "attn", lambda p: p.pp > 1 and p.attn.value != "sdpa",
-       "pipeline stages are modelled with sdpa attention (no mask tensor); use --attn sdpa", GAP, pp=2, gpus=2,
-       microbatches=2, batch_size=2, attn="eager"),
     _r("pp optimizer zero", "optimizer", lambda p: p.pp > 1 and (p.optimizer in BNB_OPTIMIZERS or (
         p.optimizer is Optimizer.ADAFACTOR and p.zero == 3)), "pipeline parallelism is modelled with adamw, sgd or "
        "adafactor (not on FSDP2's shards); use one of them", GAP, pp=2, gpus=2,

@@ -199,7 +199,7 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
         out["optimizer_impl"] = "default"
     if pp < fields["gpus"]:  # data parallelism beside the stages (`llmem.support`): DDP runs 1F1B with M > pp,
         # FSDP2 pure precision with one stage per GPU
-        out["fsdp_shard"] = "dim0"
+        out |= {"fsdp_shard": "dim0", "attn": fields["attn"]}  # (lone pipelines keep sdpa: seeds 11-15's plans)
         if fields["zero"] == 3:
             out["precision"] = fields["precision"].replace("-mixed", "")
         else:

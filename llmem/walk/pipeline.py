@@ -119,10 +119,8 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     if plan.zero == 3:  # the first forward's all-gathers; `perform_reduce_grad`, then the step on the shards
         return (pipeline_fsdp.first_forward_phases(spec, plan, stage, name, on, act) + phases
                 + pipeline_fsdp.reduce_phases(spec, plan, stage, name, on, act + ends, act))
-    phases.append(moment(name + "optimizer step", **on, gradients=grads,
-                         activations=act,
-                         temporaries=optimizer_step_temporary_bytes(s, q)))
-    return phases
+    return phases + [moment(name + "optimizer step", **on, gradients=grads, activations=act,
+                            temporaries=optimizer_step_temporary_bytes(s, q))]
 
 
 def _layer_grads(s: ModelSpec, q: TrainingPlan) -> int:

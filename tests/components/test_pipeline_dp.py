@@ -26,6 +26,9 @@ ROWS = {  # the default suite measures the FSDP2 row (one 4-rank launch, about 1
     "ddp-1f1b-bf16-mixed-seq64": dict(pp_schedule="1f1b", precision="bf16-mixed", seq_len=64),
     "ddp-1f1b-sgd-m6": dict(pp_schedule="1f1b", precision="fp32", batch_size=6, microbatches=6, optimizer="sgd"),
     "ddp-1f1b-adafactor": dict(pp_schedule="1f1b", precision="fp32", optimizer="adafactor"),
+    "ddp-1f1b-eager-bf16-mixed-full": dict(pp_schedule="1f1b", precision="bf16-mixed", grad_ckpt="full",
+                                           attn="eager"),
+    "fsdp-1f1b-eager-fp32": dict(pp_schedule="1f1b", precision="fp32", attn="eager", zero=3),
     "fsdp-gpipe-fp32": dict(pp_schedule="gpipe", precision="fp32", zero=3),
     "fsdp-1f1b-fp32-full": dict(pp_schedule="1f1b", precision="fp32", grad_ckpt="full", zero=3),
     "fsdp-1f1b-bf16": dict(pp_schedule="1f1b", precision="bf16", zero=3),
@@ -36,11 +39,16 @@ ROWS = {  # the default suite measures the FSDP2 row (one 4-rank launch, about 1
 RUNS = TwoRankRows(BASE, ROWS, lambda _name: dict(CONFIG), sampled=("fsdp-1f1b-fp32",))
 
 
-# torch.optim.Adafactor on the stages of a lone pipeline (2 ranks): its factored states of each stage's own tensors
-ADAFACTOR = TwoRankRows(dict(BASE, gpus=2, optimizer="adafactor"), {
-    "adafactor-1f1b-fp32": dict(pp_schedule="1f1b", precision="fp32"),
-    "adafactor-gpipe-bf16-mixed-full": dict(pp_schedule="gpipe", precision="bf16-mixed", grad_ckpt="full"),
-    "adafactor-interleaved-fp32": dict(pp_schedule="interleaved-1f1b", precision="fp32"),
+# other options on the stages of a lone pipeline (2 ranks): torch.optim.Adafactor (its factored states of each
+# stage's own tensors), eager attention (each stage forward's mask, `create_causal_mask`)
+ON_STAGES = TwoRankRows(dict(BASE, gpus=2), {
+    "adafactor-1f1b-fp32": dict(pp_schedule="1f1b", precision="fp32", optimizer="adafactor"),
+    "adafactor-gpipe-bf16-mixed-full": dict(pp_schedule="gpipe", precision="bf16-mixed", grad_ckpt="full",
+                                            optimizer="adafactor"),
+    "adafactor-interleaved-fp32": dict(pp_schedule="interleaved-1f1b", precision="fp32", optimizer="adafactor"),
+    "eager-1f1b-fp32": dict(pp_schedule="1f1b", precision="fp32", attn="eager"),
+    "eager-gpipe-bf16-mixed-full": dict(pp_schedule="gpipe", precision="bf16-mixed", grad_ckpt="full", attn="eager"),
+    "eager-interleaved-bf16-seq32": dict(pp_schedule="interleaved-1f1b", precision="bf16", seq_len=32, attn="eager"),
 }, lambda _name: dict(CONFIG), sampled=())
 
 
@@ -49,9 +57,9 @@ def test_each_rank_within_1_percent_of_its_stage(name):
     _check_ranks(RUNS, name)
 
 
-@pytest.mark.parametrize("name", ADAFACTOR.params())
-def test_adafactor_stages_within_1_percent(name):
-    _check_ranks(ADAFACTOR, name)
+@pytest.mark.parametrize("name", ON_STAGES.params())
+def test_other_options_on_the_stages_within_1_percent(name):
+    _check_ranks(ON_STAGES, name)
 
 
 def _check_ranks(runs: TwoRankRows, name: str) -> None:
