@@ -4,7 +4,7 @@ the fields it reads, the option it blames, its one-line message with the fix, RE
 
 from __future__ import annotations
 
-from llmem.choices import Engine, GradCkpt, Loss, Method, Offload, Optimizer, PpSchedule
+from llmem.choices import Engine, FsdpShard, GradCkpt, Loss, Method, Offload, Optimizer, PpSchedule
 from llmem.errors import GAP, REFUSED
 
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
@@ -46,6 +46,10 @@ def _layout_rules(_r) -> tuple:
         p.pp_schedule is PpSchedule.INTERLEAVED_1F1B or p.microbatches == 1), "FSDP2 beside pipeline stages is "
        "modelled with one stage per GPU (gpipe, 1f1b) and 2 or more microbatches; use them, or --zero 0", GAP, pp=2,
        gpus=4, zero=3, microbatches=1, batch_size=2, pp_schedule="gpipe"),
+    _r("pp zero ddp_bucket_view fsdp_shard", "pp", lambda p: p.pp > 1 and (
+        p.ddp_bucket_view or (p.zero == 3 and p.fsdp_shard is not FsdpShard.DIM0)), "pipeline stages are wrapped "
+       "with DDP's default buckets and FSDP2's dim-0 shards; drop --ddp-bucket-view, use --fsdp-shard dim0", GAP,
+       pp=2, gpus=4, microbatches=4, batch_size=4, ddp_bucket_view=True),
     _r("pp zero precision", "zero", lambda p: p.pp > 1 and p.zero == 3 and p.precision.is_mixed, "FSDP2 beside "
        "pipeline stages is modelled in fp32 or pure bf16/fp16 (not its MixedPrecisionPolicy); use one of them, or "
        "--zero 0", GAP, pp=2, gpus=4, zero=3, microbatches=2, batch_size=2, precision="bf16-mixed"),
