@@ -70,8 +70,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
           f"{plan.precision}, {plan.optimizer} ({plan.effective_optimizer_impl}), profile {plan.device}")
     print(f"\nper-GPU peak (max_memory_allocated): {format_gib(est.peak_bytes)} at '{est.peak_phase}'")
     if est.stage_peaks:
-        runs = "stages i, i + pp, ..." if str(plan.pp_schedule) == "interleaved-1f1b" else "stage i"
-        print(f"per pipeline GPU (GPU i runs {runs}): "
+        runs = "GPU i runs stages i, i + pp, ..." if str(plan.pp_schedule) == "interleaved-1f1b" else \
+            "GPU i runs stage i"
+        if plan.dp > 1:  # torchtitan's mesh: pp outer, the stage's data-parallel replicas neighbours
+            runs = f"stage i on GPUs {plan.dp}·i .. {plan.dp}·i + {plan.dp - 1}"
+        print(f"per pipeline GPU ({runs}): "
               + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks)))
     width = max(len(str(c)) for c in est.breakdown)
     for cat, b in est.breakdown.items():

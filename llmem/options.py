@@ -78,7 +78,8 @@ OPTIONS: tuple[Option, ...] = (
            "every layer kept gathered until backward — can sit above ZeRO-0/1's one whole copy.",
            app_default=ALL, widget=Widget("Strategy", "w_strategy", SPECIAL, group=G_HARDWARE)),
     Option("pp", int, 1,
-           "Pipeline-parallel degree (torch.distributed.pipelining, one stage per GPU, --gpus equal to it): each GPU "
+           "Pipeline-parallel degree (torch.distributed.pipelining, one stage per GPU; --gpus a multiple of it puts "
+           "DDP, or FSDP2 with --zero 3, over each stage's gpus / pp GPUs, torchtitan's 2-D layout): each GPU "
            "holds only its stage's layers (stage 0 also the embedding, the last the final norm, lm_head and loss) "
            "with their gradients and optimizer states, but keeps the activations of every microbatch in flight: "
            "GPipe all of them, 1F1B pp - stage; the first stage is usually the worst.",

@@ -24,15 +24,13 @@ from llmem.choices import (
     Offload,
     Optimizer,
     OptimizerImpl,
-    PpSchedule,
     Quant,
     Scheme,
 )
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
+from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
 
-TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
-BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 LORA_METHODS = (Method.LORA, Method.QLORA)
 
 
@@ -72,51 +70,8 @@ RULES: tuple[Rule, ...] = (
     # 2-D DDP over TP groups would run; the runtime and the estimate model FSDP2 across the TP groups only
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus > p.tp and p.zero != 3,
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
-    # --- pipeline parallelism (torch.distributed.pipelining, one stage per GPU; llmem.walk.pipeline) ---------------
-    _r("pp_schedule pp", "pp-schedule", lambda p: p.pp_schedule is not PpSchedule.ONE_F_ONE_B and p.pp == 1, "--pp-"
-       "schedule {p.pp_schedule} needs pipeline stages; use --pp 2+ or leave it at 1f1b", REFUSED, pp_schedule="gpipe"),
-    _r("microbatches pp", "microbatches", lambda p: p.microbatches != 1 and p.pp == 1,
-       "--microbatches {p.microbatches} splits a pipeline's batch; use --pp 2 or more, or leave --microbatches at 1",
-       REFUSED, microbatches=2),
-    _r("gpus pp", "pp", lambda p: p.pp > 1 and p.gpus != p.pp,
-       "pipeline parallelism is modelled with one stage per GPU and no data parallelism beside it; use --gpus "
-       "{p.pp}", GAP, pp=2, gpus=4, microbatches=2, batch_size=2),
-    _r("pp tp zero engine", "pp", lambda p: p.pp > 1 and (p.tp > 1 or p.zero != 0 or p.engine is not Engine.TORCH),
-       "pipeline parallelism with TP, ZeRO or FSDP is not modelled; use --tp 1 --zero 0 --engine torch", GAP,
-       pp=2, gpus=2, zero=1, microbatches=2, batch_size=2),
-    _r("batch_size microbatches pp", "microbatches", lambda p: p.pp > 1 and p.batch_size % p.microbatches,
-       "--microbatches {p.microbatches} must divide --batch-size {p.batch_size} (the pipeline's step batch; "
-       "torchtitan refuses a remainder)", REFUSED, pp=2, gpus=2, batch_size=3, microbatches=2),
-    _r("pp pp_schedule microbatches", "microbatches",
-       lambda p: p.pp > 1 and p.pp_schedule is PpSchedule.ONE_F_ONE_B and p.microbatches < p.pp,
-       "Schedule1F1B needs at least as many microbatches as stages; use --microbatches {p.pp} or more, or "
-       "--pp-schedule gpipe", REFUSED, pp=2, gpus=2),
-    _r("pp_stages_per_rank pp_schedule", "pp-stages-per-rank", lambda p: p.pp_stages_per_rank != 2
-       and p.pp_schedule is not PpSchedule.INTERLEAVED_1F1B, "--pp-stages-per-rank {p.pp_stages_per_rank} needs "
-       "--pp-schedule interleaved-1f1b; use it, or leave it at 2", REFUSED, pp_stages_per_rank=3),
-    _r("pp pp_schedule microbatches", "microbatches", lambda p: p.pp_schedule is PpSchedule.INTERLEAVED_1F1B
-       and p.microbatches % max(1, p.microbatches // p.pp), "ScheduleInterleaved1F1B needs --microbatches a multiple"
-       " of its rounds, max(1, M // pp) (schedules.py:2935-2942); use a multiple of --pp {p.pp}", REFUSED, pp=2,
-       gpus=2, batch_size=5, microbatches=5, pp_schedule="interleaved-1f1b"),
-    _r("pp method", "method", lambda p: p.pp > 1 and p.method is not Method.FULL,
-       "pipeline parallelism is modelled for --method full only; use it", GAP, pp=2, gpus=2, microbatches=2,
-       batch_size=2, method="lora"),
-    _r("pp grad_ckpt ckpt_every", "grad-ckpt",
-       lambda p: p.pp > 1 and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
-       "pipeline parallelism is modelled with --grad-ckpt none or full (every layer); use one of them", GAP, pp=2,
-       gpus=2, microbatches=2, batch_size=2, grad_ckpt="selective"),
-    _r("pp attn", "attn", lambda p: p.pp > 1 and p.attn.value != "sdpa",
-       "pipeline stages are modelled with sdpa attention (no mask tensor); use --attn sdpa", GAP, pp=2, gpus=2,
-       microbatches=2, batch_size=2, attn="eager"),
-    _r("pp optimizer", "optimizer", lambda p: p.pp > 1 and p.optimizer not in TORCH_OPTIMIZERS,
-       "pipeline parallelism is modelled with adamw or sgd; use one of them", GAP, pp=2, gpus=2, microbatches=2,
-       batch_size=2, optimizer="adafactor"),
-    _r("pp loss grad_accum optimizer_in_backward offload keep_grads", "pp",
-       lambda p: p.pp > 1 and (p.loss is not Loss.STANDARD or p.grad_accum > 1 or p.optimizer_in_backward
-                               or p.offload is not Offload.NONE or p.keep_grads),
-       "pipeline parallelism is modelled with the standard loss, one micro-step, the step after backward, no "
-       "offload and gradients freed by zero_grad; use --pp 1, or drop --loss/--grad-accum/--optimizer-in-backward/"
-       "--offload/--keep-grads", GAP, pp=2, gpus=2, microbatches=2, batch_size=2, grad_accum=2),
+    # --- pipeline parallelism (torch.distributed.pipelining; llmem.walk.pipeline): llmem.support_pp ----------------
+    *pipeline_rules(_r),
     # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-0/1/2/3 -----------
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",

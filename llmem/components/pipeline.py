@@ -91,8 +91,8 @@ def later_in_flight(plan: TrainingPlan, stage: int) -> int:
 def microbatch_plan(plan: TrainingPlan) -> TrainingPlan:
     """A one-GPU plan of one microbatch (`batch_size / M` sequences): what the per-layer terms of a stage read.
     `split_args_kwargs_into_chunks` splits the step's batch along dim 0 into M views (microbatch.py)."""
-    return plan.with_(gpus=1, pp=1, pp_schedule=PpSchedule.ONE_F_ONE_B, pp_stages_per_rank=2, microbatches=1,
-                      batch_size=plan.batch_size // plan.microbatches)
+    return plan.with_(gpus=1, pp=1, zero=0, pp_schedule=PpSchedule.ONE_F_ONE_B, pp_stages_per_rank=2,
+                      microbatches=1, batch_size=plan.batch_size // plan.microbatches)
 
 
 def stage_spec(spec, plan: TrainingPlan, stage: int):
@@ -125,6 +125,23 @@ def buffer_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     per microbatch (T:2243-2273 `_setup_forward_recv_info`, `_make_tensor_from_meta` per chunk), every stage before
     the last one gradient receive buffer per microbatch (T:2286-2318 `_create_grad_recv_info`)."""
     return plan.microbatches * hidden_bytes(spec, plan) * ((stage > 0) + (stage < num_stages(plan) - 1))
+
+
+def ddp_bucket_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """`--gpus` = pp × dp with `--zero 0`: the `Reducer` buckets of the stage's `DistributedDataParallel`
+    (`runtime.pipeline.wrap_data_parallel` wraps each stage apart): one flat copy of the stage's gradients in the
+    parameters' dtype, allocated at construction and alive for the whole run (`communication.ddp_bucket_bytes`,
+    torch/csrc/distributed/c10d/reducer.cpp `Reducer::initialize_buckets`). The last backward copies each `.grad`
+    into its bucket view and the all-reduce runs in place, so nothing else is allocated for it."""
+    if plan.dp == 1 or plan.zero != 0:
+        return 0
+    return stage_spec(spec, plan, stage).total_params * plan.precision.param_bytes
+
+
+def standing_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """What a stage holds through the whole step beyond parameters and optimizer states: the pipeline's buffers
+    (`buffer_bytes`) and, with data parallelism beside it, DDP's buckets (`ddp_bucket_bytes`)."""
+    return buffer_bytes(spec, plan, stage) + ddp_bucket_bytes(spec, plan, stage)
 
 
 def input_gradient_bytes(spec, plan: TrainingPlan, stage: int) -> int:

@@ -55,6 +55,8 @@ class Stage(nn.Module):
     def __init__(self, model: nn.Module, layers: range, first: bool, last: bool, autocast=None) -> None:
         super().__init__()
         self.autocast = autocast or contextlib.nullcontext
+        if hasattr(model, "get_base_model"):  # --method lora: the PEFT model's base, its Linears now LoRA layers
+            model = model.get_base_model()
         inner = model.model
         self.config = model.config
         self.embed_tokens = inner.embed_tokens if first else None
@@ -103,24 +105,26 @@ def stage_module(model: nn.Module, plan: TrainingPlan, stage: int, device: str =
 
 def autocast_of(plan: TrainingPlan, device: str):
     """The forward's autocast context (bf16-mixed / fp16-mixed), else a null context."""
-    if not plan.precision.is_mixed:
+    if not plan.precision.is_mixed or plan.zero:  # FSDP2: its MixedPrecisionPolicy casts (`wrap_data_parallel`)
         return contextlib.nullcontext
     half = getattr(torch, plan.precision.compute_dtype_name)
     return functools.partial(torch.autocast, device.split(":")[0], dtype=half)
 
 
-def make_schedule(module: nn.Module, plan: TrainingPlan, rank: int, device):
+def make_schedule(module: nn.Module, plan: TrainingPlan, rank: int, device, group=None):
     """`PipelineStage` per stage of `module` (`split`) and the plan's schedule over them, with transformers'
     causal-LM loss divided by M. The looped schedule gets the list of this rank's stages, as torchtitan's
-    `build_pipeline_schedule` passes `stages if looped_schedule else stages[0]`."""
+    `build_pipeline_schedule` passes `stages if looped_schedule else stages[0]`. `rank` is the pipeline rank,
+    `group` the pipeline's process group (None: the whole world, `--gpus` = `--pp`)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from llmem.components.pipeline import num_stages, rank_stages
 
     chunks = list(module) if isinstance(module, nn.ModuleList) else [module]
-    stages = [PipelineStage(c, s, num_stages(plan), torch.device(device))
+    stages = [PipelineStage(c, s, num_stages(plan), torch.device(device), group=group)
               for c, s in zip(chunks, rank_stages(plan, rank), strict=True)]
-    vocab, m, autocast = int(chunks[0].config.vocab_size), plan.microbatches, chunks[0].autocast
+    inner = getattr(chunks[0], "module", chunks[0])  # a DDP-wrapped stage (`wrap_data_parallel`)
+    vocab, m, autocast = int(inner.config.vocab_size), plan.microbatches, inner.autocast
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     def loss_fn(logits, labels):
@@ -142,3 +146,62 @@ def pipeline_step(schedule, rank: int, pp: int, input_ids: torch.Tensor) -> None
         schedule.step(target=input_ids, losses=[], return_outputs=False)
     else:
         schedule.step(return_outputs=False)
+
+
+def process_groups(plan: TrainingPlan, device_type: str):
+    """(pipeline group, data-parallel mesh) of this rank, or (None, None) with one stage per GPU. torchtitan's
+    `ParallelDims` mesh puts "pp" outermost (torchtitan/distributed/parallel_dims.py at 018740b:
+    `["pp", "dp_replicate", "fsdp", "cp", "tp"]`): rank = pp_rank × dp + dp_rank, so the dp replicas of a stage are
+    neighbours and a pipeline's ranks are dp apart."""
+    if plan.dp == 1:
+        return None, None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (plan.pp, plan.dp), mesh_dim_names=("pp", "dp"))
+    return mesh["pp"].get_group(), mesh["dp"]
+
+
+def wrap_data_parallel(module: nn.Module, plan: TrainingPlan, dp_mesh) -> nn.Module:
+    """`--gpus` = pp × dp: each stage module wrapped for data parallelism over its dp mesh.
+
+    `--zero 0`: `DistributedDataParallel` (default bucket size, `gradient_as_bucket_view=False`). torch's
+    `PipelineStage` runs a DDP stage's forwards and every backward but the last under `no_sync` and calls
+    `reducer.prepare_for_backward` before the last (torch/distributed/pipelining/stage.py at 2.13.0,
+    `forward_maybe_with_nosync`, `backward_maybe_with_nosync`), so the gradients of the M microbatches accumulate
+    in `.grad` and are all-reduced once. (torchtitan itself refuses DDP beside PP: its `parallelize_llama` raises
+    "DDP has not supported > 1D parallelism".)
+
+    `--zero 3`: FSDP2 as torchtitan's `apply_fsdp` (torchtitan/models/llama3/infra/parallelize.py at 018740b)
+    applies it to a pipeline stage: `fully_shard` on the embedding, each decoder layer and [final norm, lm_head]
+    with `reshard_after_forward = not pp_enabled` (False: "do not reshard after forward to avoid per-microbatch
+    all-gathers"), then on the stage (the root); `MixedPrecisionPolicy(param_dtype=<half>, reduce_dtype=float32)`
+    under mixed precision. `PipelineStage` runs every backward with `set_requires_gradient_sync(False)` and
+    `set_reshard_after_backward(False)` and reduce-scatters once in `perform_reduce_grad` after the last
+    (stage.py `backward_maybe_with_nosync`, `perform_reduce_grad`)."""
+    if dp_mesh is None:
+        return module
+    chunks = list(module) if isinstance(module, nn.ModuleList) else [module]
+    if plan.zero == 0:
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = [DistributedDataParallel(c, process_group=dp_mesh.get_group()) for c in chunks]
+    else:
+        wrapped = [_fully_shard_stage(c, plan, dp_mesh) for c in chunks]
+    return wrapped[0] if len(wrapped) == 1 else nn.ModuleList(wrapped)
+
+
+def _fully_shard_stage(stage: Stage, plan: TrainingPlan, dp_mesh) -> nn.Module:
+    """torchtitan's `apply_fsdp` on one stage (`wrap_data_parallel`)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": dp_mesh}
+    if plan.precision.is_mixed:
+        half = getattr(torch, plan.precision.compute_dtype_name)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    if stage.embed_tokens is not None:
+        fully_shard(stage.embed_tokens, reshard_after_forward=False, **kwargs)
+    for layer in stage.layers:
+        fully_shard(layer, reshard_after_forward=False, **kwargs)
+    if stage.norm is not None:
+        fully_shard([stage.norm, stage.lm_head], reshard_after_forward=False, **kwargs)
+    return fully_shard(stage, **kwargs)

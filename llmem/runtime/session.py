@@ -130,19 +130,23 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
 
 
 def _prepare_pipeline(model: nn.Module, plan: TrainingPlan, topo: Topology) -> Session:
-    """`--pp`: this rank's stage of `model` (the rest freed), its schedule and optimizer; every rank draws the same
-    step batch (stage 0 reads it as inputs, the last stage as labels)."""
+    """`--pp`: this rank's stage of `model` (the rest freed), its schedule and optimizer; every rank of a pipeline
+    draws the same step batch (stage 0 reads it as inputs, the last stage as labels), each data-parallel replica
+    its own (`--gpus` = pp × dp: each stage wrapped for data parallelism, `pipeline.wrap_data_parallel`)."""
     from llmem.runtime import pipeline
 
-    stage = pipeline.split(model, plan, topo.rank, topo.device)
+    pp_rank, dp_rank = divmod(topo.rank, plan.dp)  # `pipeline.process_groups`: pp outer, dp inner
+    pp_group, dp_mesh = pipeline.process_groups(plan, topo.device_type)
+    stage = pipeline.split(model, plan, pp_rank, topo.device)
     vocab = int(model.config.vocab_size)
     del model
-    schedule = pipeline.make_schedule(stage, plan, topo.rank, topo.device)
+    stage = pipeline.wrap_data_parallel(stage, plan, dp_mesh)
+    schedule = pipeline.make_schedule(stage, plan, pp_rank, topo.device, group=pp_group)
     optimizer = make_optimizer([p for p in stage.parameters() if p.requires_grad], plan)
-    gen = torch.Generator().manual_seed(SEED + 1)
+    gen = torch.Generator().manual_seed(SEED + 1 + dp_rank)
     ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
-    seed_everything(SEED + 2)
-    return Session(plan, stage, optimizer, ids, topo.device_type, schedule=schedule, rank=topo.rank)
+    seed_everything(SEED + 2 + dp_rank)
+    return Session(plan, stage, optimizer, ids, topo.device_type, schedule=schedule, rank=pp_rank)
 
 
 def _forward_loss(session: Session):

@@ -51,6 +51,10 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
         raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
                          "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
                          "have); measure it (measure --gpus N), or simulate --zero 3")
+    if plan.pp > 1 and plan.dp > 1:
+        raise InputError("gpus", f"--gpus {plan.gpus} puts data parallelism beside --pp {plan.pp}: DDP's Reducer "
+                         "cannot be built on fake tensors, and the simulation places its buckets in closed form only "
+                         f"for plain DDP; measure it (measure --gpus {plan.gpus}), or simulate --gpus {plan.pp}")
     if plan.ddp_bucket_view and str(plan.scheme) in ("ddp", "zero1"):
         raise InputError("ddp-bucket-view", "the simulation places DDP's buckets in closed form and keeps each .grad "
                          "a tensor of its own (no Reducer runs on fake tensors); measure it (measure --gpus N)")

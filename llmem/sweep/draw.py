@@ -195,20 +195,23 @@ FLOAT8_SHARE = 0.5
 
 
 def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
-    """`--pp`, from a stream of its own: in a share of the multi-GPU plans drawn as DDP (tp 1, ZeRO-0, the torch
-    engine) of a model with a pipeline split (`components.pipeline.PP_FAMILIES`, untied, dense) one pipeline stage
-    per GPU, a schedule (the looped one from a stream of its own, with 2 or 3 stages per GPU where the split has
-    them), and a microbatch count dividing the batch that the schedule runs; the plan's other options are set to
-    what the pipeline is modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa,
-    adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
+    """`--pp`, from a stream of its own: in a share of the multi-GPU plans drawn as DDP or FSDP2 ZeRO-3 (tp 1, the
+    torch engine) of a model with a pipeline split (`components.pipeline.PP_FAMILIES`, untied, dense) pipeline
+    stages (`_draw_pp`: one per GPU, or with data parallelism beside them; FSDP2: pure precision), a schedule (the
+    looped one from a stream of its own, with 2 or 3 stages per GPU where the split has them), and a microbatch
+    count dividing the batch that the schedule runs; the plan's other options are set to what the pipeline is
+    modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa, adamw or sgd, no or full checkpointing of
+    every layer, one micro-step, the standard loss, no offload)."""
     from llmem.components.pipeline import PP_FAMILIES
 
     rng = random.Random(f"{seed}:{index}:pipeline")
     modelled = config.get("model_type") in PP_FAMILIES and not config.get("tie_word_embeddings", False)
-    if fields["gpus"] < 2 or fields["tp"] != 1 or fields["zero"] != 0 or "engine" in fields \
+    if fields["gpus"] < 2 or fields["tp"] != 1 or fields["zero"] not in (0, 3) or "engine" in fields \
             or rng.random() >= PP_SHARE or not modelled:
         return {}
-    pp, batch = fields["gpus"], fields["batch_size"]
+    pp, batch = _draw_pp(seed, index, fields), fields["batch_size"]
+    if not pp:
+        return {}
     schedule = rng.choice((PpSchedule.GPIPE.value, PpSchedule.ONE_F_ONE_B.value))
     out = {"pp": pp, "pp_schedule": schedule, "method": Method.FULL.value, "attn": "sdpa",
            "optimizer": fields["optimizer"] if fields["optimizer"] in ("adamw", "sgd") else "adamw",
@@ -217,6 +220,19 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
            "optimizer_in_backward": False, "ddp_bucket_view": False}
     if out["optimizer"] != fields["optimizer"]:
         out["optimizer_impl"] = "default"
+    if pp < fields["gpus"]:  # data parallelism beside the stages (`llmem.support`): DDP runs 1F1B with M > pp,
+        # FSDP2 pure precision with one stage per GPU
+        out |= {"fsdp_shard": "dim0", "attn": fields["attn"]}  # (lone pipelines keep sdpa: seeds 11-15's plans)
+        if fields["zero"] == 3:
+            out["precision"] = fields["precision"].replace("-mixed", "")
+        else:
+            out["pp_schedule"] = PpSchedule.ONE_F_ONE_B.value
+        for schedule in (out["pp_schedule"], PpSchedule.GPIPE.value):  # FSDP2's 1F1B on a small batch: GPipe's
+            divisors = [m for m in range(1, batch + 1)
+                        if _schedule_runs(schedule, pp, batch, m, fields["gpus"], fields["zero"])]
+            if divisors:
+                return out | {"pp_schedule": schedule, "microbatches": rng.choice(divisors)}
+        return {}
     looped = random.Random(f"{seed}:{index}:interleaved")
     layers = int(config.get("num_hidden_layers", 0))
     stages = [v for v in (2, 3) if pp * v <= layers + 2]
@@ -228,18 +244,34 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     return out | {"microbatches": rng.choice(divisors)}
 
 
-def _schedule_runs(schedule: str, pp: int, batch: int, microbatches: int) -> bool:
-    """Whether the support matrix's rows over the pipeline's own fields accept `microbatches` (a divisor of the
-    batch; 1F1B: at least the stages; interleaved: a multiple of its rounds)."""
+def _draw_pp(seed: int, index: int, fields: dict) -> int:
+    """The pipeline degree, from a stream of its own: DDP plans keep one stage per GPU but in `DP_SHARE` of them,
+    which (like every FSDP2 plan) draw a proper divisor of the GPU count, leaving a data-parallel group of 2 or
+    more ranks per stage; 0 where the GPU count has none."""
+    gpus, rng = fields["gpus"], random.Random(f"{seed}:{index}:pipeline-dp")
+    if fields["zero"] == 0 and rng.random() >= DP_SHARE:
+        return gpus
+    ddp = fields["zero"] == 0  # DDP beside the stages runs 1F1B with more microbatches than stages
+    degrees = [d for d in range(2, gpus) if gpus % d == 0 and gpus // d >= 2 and (fields["batch_size"] > d or not ddp)]
+    return rng.choice(degrees) if degrees else (gpus if ddp else 0)
+
+
+def _schedule_runs(schedule: str, pp: int, batch: int, microbatches: int, gpus: int = 0, zero: int = 0) -> bool:
+    """Whether the support matrix's rows over the pipeline's own fields (and the GPU count and ZeRO stage beside
+    them; default: one stage per GPU) accept `microbatches` (a divisor of the batch; 1F1B: at least the stages;
+    interleaved: a multiple of its rounds; DDP beside the stages: 1F1B with more than the stages)."""
     from types import SimpleNamespace
 
     from llmem import support
 
-    probe = SimpleNamespace(pp=pp, pp_schedule=PpSchedule(schedule), microbatches=microbatches, batch_size=batch)
-    return support.first_refusal(probe, among=("pp", "pp_schedule", "microbatches", "batch_size")) is None
+    probe = SimpleNamespace(pp=pp, pp_schedule=PpSchedule(schedule), microbatches=microbatches, batch_size=batch,
+                            gpus=gpus or pp, zero=zero)
+    among = ("pp", "pp_schedule", "microbatches", "batch_size", "gpus", "zero")
+    return support.first_refusal(probe, among=among) is None
 
 
 PP_SHARE = 0.25  # --pp = the GPU count in a quarter of the multi-GPU DDP plans of a model with a pipeline split
+DP_SHARE = 1 / 3  # of the DDP ones, data parallelism beside the stages (--gpus = pp × dp; every FSDP2 one)
 INTERLEAVED_SHARE = 1 / 3  # of those, ScheduleInterleaved1F1B with 2 or 3 stages per GPU where the split has them
 
 

@@ -237,8 +237,11 @@ def render(result: Result, link: str, apply: Callable, stale: bool = False) -> N
         st.caption(f"Offload: host memory {format_gib(est.host_bytes)} per rank, {format_gib(est.host_node_bytes)} "
                    "per node (not in the GPU figures).")
     if est.stage_peaks:  # --pp: the figures above are the worst stage's
-        runs = "stages i, i + pp, ..." if str(est.plan.pp_schedule) == "interleaved-1f1b" else "stage i"
-        st.caption(f"Pipeline GPUs (GPU i runs {runs}): "
+        runs = "GPU i runs stages i, i + pp, ..." if str(est.plan.pp_schedule) == "interleaved-1f1b" else \
+            "GPU i runs stage i"
+        if est.plan.dp > 1:  # torchtitan's mesh: pp outer, the stage's data-parallel replicas neighbours
+            runs = f"stage i on GPUs {est.plan.dp}·i .. {est.plan.dp}·i + {est.plan.dp - 1}"
+        st.caption(f"Pipeline GPUs ({runs}): "
                    + ", ".join(f"{i}: {format_gib(b)}" for i, b in enumerate(est.stage_peaks))
                    + "; the verdict and the breakdown are the worst stage's.")
     st.subheader(f"{result.row.label}: breakdown and curves")

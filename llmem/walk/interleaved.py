@@ -97,7 +97,7 @@ def rank_phases(spec: ModelSpec, plan: TrainingPlan, rank: int) -> list[Phase]:
     r = rank_spec(spec, plan, rank)
     stages = {s: _Stage(spec, plan, q, s) for s in pl.rank_stages(plan, rank)}
     on = dict(parameters=parameter_bytes(r, q), optimizer=optimizer_state_bytes(r, q),
-              standing=sum(pl.buffer_bytes(spec, plan, s) for s in stages))
+              standing=sum(pl.standing_bytes(spec, plan, s) for s in stages))
     act = pl.step_input_bytes(spec, plan, rank)
     ex = _excess(spec, q)
     name = rank_name(plan, rank)

@@ -19,6 +19,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import parameter_bytes
 from llmem.plan import PpSchedule, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk import pipeline_fsdp
 from llmem.walk.phase import Phase, moment
 
 _LAST, _FIRST, _ALIVE = "backward (last layer", "backward (first layer", "gradients alive"
@@ -70,7 +71,9 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     one = pl.microbatch_bytes(spec, plan, stage)  # one microbatch's activations held on this stage
     later = pl.later_in_flight(plan, stage)
     on = dict(parameters=parameter_bytes(s, q), optimizer=optimizer_state_bytes(s, q),
-              standing=pl.buffer_bytes(spec, plan, stage), activations=pl.step_input_bytes(spec, plan, stage))
+              standing=pl.standing_bytes(spec, plan, stage), activations=pl.step_input_bytes(spec, plan, stage))
+    if plan.zero == 3:  # FSDP2 beside the pipeline: sharded and (kept) unsharded parameters, sharded states
+        on.update(pipeline_fsdp.persistent(spec, plan, stage))
     act, grads = on.pop("activations"), gradient_bytes(s, q)
     ex = _excess(spec, q)
     x = pl.hidden_bytes(spec, plan)
@@ -110,13 +113,14 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
             phases.append(moment(name + "later backward, loss and lm_head", **on, gradients=grads,
                                  activations=act + later * one,
                                  temporaries=ex["m2-head"] - pl.head_held_bytes(spec, plan) + sent))
+    ends = pl.input_gradient_bytes(spec, plan, stage) if plan.pp_schedule is PpSchedule.GPIPE else 0
     if plan.pp_schedule is PpSchedule.GPIPE:
-        phases.append(moment(name + "backward end", **on, gradients=grads,
-                             activations=act + pl.input_gradient_bytes(spec, plan, stage)))
-    phases.append(moment(name + "optimizer step", **on, gradients=grads,
-                         activations=act,
-                         temporaries=optimizer_step_temporary_bytes(s, q)))
-    return phases
+        phases.append(moment(name + "backward end", **on, gradients=grads, activations=act + ends))
+    if plan.zero == 3:  # the first forward's all-gathers; `perform_reduce_grad`, then the step on the shards
+        return (pipeline_fsdp.first_forward_phases(spec, plan, stage, name, on, act) + phases
+                + pipeline_fsdp.reduce_phases(spec, plan, stage, name, on, act + ends, act))
+    return phases + [moment(name + "optimizer step", **on, gradients=grads, activations=act,
+                            temporaries=optimizer_step_temporary_bytes(s, q))]
 
 
 def _layer_grads(s: ModelSpec, q: TrainingPlan) -> int:

@@ -179,14 +179,14 @@ def test_tied_embeddings_are_refused_as_torchtitan_refuses_them():
 BAD = [
     (dict(gpus=2, pp=2, batch_size=2, microbatches=1), "microbatches"),  # 1F1B needs M >= pp
     (dict(gpus=2, pp=2, batch_size=3, microbatches=2), "microbatches"),  # M must divide the batch
-    (dict(gpus=4, pp=2, batch_size=2, microbatches=2), "pp"),  # data parallelism beside the pipeline
+    (dict(gpus=3, pp=2, batch_size=2, microbatches=2), "pp"),  # GPUs not pp × dp
     (dict(gpus=2, pp=2, tp=2, batch_size=2, microbatches=2), "pp"),
-    (dict(gpus=2, pp=2, zero=3, batch_size=2, microbatches=2), "pp"),
+    (dict(gpus=2, pp=2, zero=3, batch_size=2, microbatches=2), "zero"),  # FSDP2 with no dp rank to shard over
     (dict(gpus=7, pp=7, batch_size=7, microbatches=7), "pp"),  # 7 stages > 4 layers + 2
     (dict(gpus=1, microbatches=2), "microbatches"),  # microbatches without a pipeline
     (dict(gpus=1, pp_schedule="gpipe"), "pp-schedule"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, method="lora"), "method"),
-    (dict(gpus=2, pp=2, batch_size=2, microbatches=2, attn="eager"), "attn"),
+    (dict(gpus=2, pp=2, batch_size=2, microbatches=2, grad_ckpt="selective"), "grad-ckpt"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, pp_stages_per_rank=3), "pp-stages-per-rank"),  # 1f1b
     (dict(gpus=2, pp=2, batch_size=5, microbatches=5, pp_schedule="interleaved-1f1b"), "microbatches"),  # rounds 2
     (dict(gpus=2, pp=2, batch_size=4, microbatches=4, pp_schedule="interleaved-1f1b", pp_stages_per_rank=4),

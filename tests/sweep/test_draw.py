@@ -150,6 +150,7 @@ def test_pipeline_plans_are_drawn_with_every_schedule_and_estimated(many):
     options the pipeline is modelled with, so the estimate accepts every one of them."""
     pp = [d for d in many if d.fields.get("pp", 1) > 1]
     assert {d.fields["pp_schedule"] for d in pp} == {"gpipe", "1f1b", "interleaved-1f1b"}
+    assert {d.fields["zero"] for d in pp if d.fields["gpus"] > d.fields["pp"]} == {3}  # FSDP2 beside the stages
     for d in pp:
         rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
         assert "outcome" not in rec, rec
@@ -178,3 +179,20 @@ def test_lora_with_tensor_parallelism_draws_are_estimated(many):
         else:
             assert rec["field"] == "tp" and "must divide" in rec["reason"], rec
     assert len(estimated) >= 2
+
+
+def test_pipelined_ddp_plans_put_data_parallelism_beside_the_stages_where_it_runs():
+    """Of the pipelined 4-GPU DDP draws, a share gets 2 stages × 2 replicas, always 1F1B with more microbatches than
+    stages (torch 2.13's Reducer asserts otherwise, `llmem.support_pp`); the plan is accepted."""
+    from llmem.sweep.draw import draw_pipeline
+    from llmem.sweep.models import models
+
+    config = models("small")["llama-gqa"]
+    fields = {"gpus": 4, "tp": 1, "zero": 0, "batch_size": 8, "optimizer": "adamw", "grad_ckpt": "none",
+              "precision": "fp32", "attn": "eager", "device": "cpu"}
+    drawn = [out for i in range(400) if (out := draw_pipeline(11, i, fields, config))]
+    beside = [out for out in drawn if out["pp"] < fields["gpus"]]
+    assert beside and len(beside) < len(drawn)
+    for out in beside:
+        assert out["pp_schedule"] == "1f1b" and out["microbatches"] > out["pp"], out
+        TrainingPlan(**(fields | out))
