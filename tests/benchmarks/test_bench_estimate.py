@@ -32,7 +32,9 @@ PLANS = {
     "deepspeed3": {"gpus": 8, "zero": 3, "engine": "deepspeed"}, "fsdp1": {"gpus": 8, "zero": 3, "engine": "fsdp1"},
     "pp": {"gpus": 4, "pp": 4, "microbatches": 4, "batch_size": 4},
 }
-CASES = [("llama-3.3-70b", name) for name in PLANS] + [("gemma-2-2b", name) for name in PLANS if "lora" not in name]
+REFUSED = {("gemma-2-2b", "pp"), ("qwen3-30b-a3b", "pp")}  # pipeline stages are modelled for dense llama-likes
+CASES = [("llama-3.3-70b", name) for name in PLANS] + [("gemma-2-2b", name) for name in PLANS
+                                                       if "lora" not in name and ("gemma-2-2b", name) not in REFUSED]
 
 
 def test_one_estimate(benchmark):
@@ -50,8 +52,8 @@ def test_estimate_with_a_fresh_plan(benchmark, model, name):
     assert est.peak_bytes > 0
 
 
-CHANGED = [(model, name) for model in SPECS for name in PLANS
-           if not (model == "gemma-2-2b" and name == "qlora") and not (model == "qwen3-30b-a3b" and "lora" in name)]
+CHANGED = [(model, name) for model in SPECS for name in PLANS if (model, name) not in REFUSED
+           and not (model == "gemma-2-2b" and name == "qlora") and not (model == "qwen3-30b-a3b" and "lora" in name)]
 # the traced MoE's tables for a scheme are traced the first time (~20 s without the on-disk cache): one in the suite
 _HEAVY = [pytest.param(*case, marks=pytest.mark.heavy) if case[0] == "qwen3-30b-a3b" and case[1] != "single" else case
           for case in CHANGED]
