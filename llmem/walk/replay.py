@@ -5,7 +5,8 @@ seq_len), as polynomials with integer coefficients (`llmem.symbolic`).
 The second time a layout is walked at a new (batch, seq_len), the walk runs once more on symbols (`Tape`,
 `Sym`): its moments come out as polynomials, with the decisions it took on batch and seq_len as guards (`batch ==
 1`, a comparison with a sliding window, a chunk count...). That record is compiled into one Python function
-(`compile_walk`: the guards, then every moment's bytes per category as a sum of monomials) and kept on the spec per
+(`compile_walk`: the guards, then every moment's bytes per category as a sum of monomials; moments with equal
+breakdowns share one dict, as nothing mutates a Phase) and kept on the spec per
 layout. A later plan of that layout evaluates it: the same `Phase`s as the walk, to the byte, when every guard holds
 (checked at the traced point against the walk itself before it is kept); else the walk runs, and may be traced
 again (at most `MAX_TRACES` per layout). Nothing here changes a number: it only skips recomputing the structure."""
@@ -105,11 +106,14 @@ def compile_walk(tape: Tape, phases: list[Phase]):
     source = _Source(tape)
     for step in tape.steps:
         source.step(step)
-    rows = []
+    rows, breakdowns = [], {}  # equal breakdowns (a layer's moment repeated per layer) built once, shared
     for i, phase in enumerate(phases):
         source.names[f"N{i}"] = phase.name
         items = ", ".join(f"{source.category(c)}: {source.value(v)}" for c, v in phase.breakdown.items())
-        rows.append(f"Phase(N{i}, {{{items}}}, {source.value(phase.total)}),")
+        if items not in breakdowns:
+            breakdowns[items] = f"d{len(breakdowns)}"
+            source.lines.append(f"{breakdowns[items]} = {{{items}}}")
+        rows.append(f"Phase(N{i}, {breakdowns[items]}, {source.value(phase.total)}),")
     body = "\n    ".join([*source.lines, "return (", *rows, ")"])
     namespace = {"Phase": Phase, **source.names}
     exec(f"def replay(a0, a1):\n    {body}\n", namespace)  # noqa: S102 - code made here from integers and names
