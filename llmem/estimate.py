@@ -21,6 +21,7 @@ from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phase
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp_layer import lora_recompute_end  # noqa: F401 (re-exported)
 from llmem.walk.phase import Phase  # noqa: F401 (re-exported)
+from llmem.walk.replay import walked
 from llmem.walk.single import iteration_phases
 
 FITS, RISKY, NO_FIT = "fits", "risky", "no"  # a plan's verdict on a GPU (`Estimate.verdict`)
@@ -163,8 +164,9 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
     # the walk's moments, kept on the spec per plan (`ModelSpec.memo`): a plan equal to one asked before (the
-    # table again after a GPU-type change, an option toggled back) is not walked again; nothing mutates a Phase
-    phases = spec.memo(("phases", plan.key), lambda: tuple(plan_phases(spec, plan)), per_plan=True)
+    # table again after a GPU-type change, an option toggled back) is not walked again; nothing mutates a Phase.
+    # A new batch or sequence length of a layout walked before evaluates its compiled record (`walk.replay`)
+    phases = spec.memo(("phases", plan.key), lambda: walked(spec, plan, plan_phases), per_plan=True)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,

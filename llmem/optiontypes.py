@@ -10,6 +10,7 @@ from functools import cached_property
 
 from llmem import choices as c
 from llmem.errors import InputError
+from llmem.symbolic import Sym
 
 ALL_LINEAR = "all-linear"
 MAX_UPLOAD_NAME_CHARS = 80
@@ -120,7 +121,8 @@ class Option:
             return lambda value: as_probability(key, value)
         if kind is int:
             def whole(value: object) -> int:
-                number = value if type(value) is int else as_int(key, value)
+                # a Sym: the walk traced on symbols (`llmem.walk.replay`), its bound guarded by the comparison
+                number = value if type(value) is int or type(value) is Sym else as_int(key, value)
                 if low is not None and number < low:
                     raise InputError(key, f"must be a positive whole number, got {number}")
                 return number

@@ -31,9 +31,12 @@ def is_chunked(plan: TrainingPlan) -> bool:
 
 
 def chunk_tokens(plan: TrainingPlan) -> list[int]:
-    """Tokens per chunk: `hidden.chunk(N, dim=1)` (torch's `chunk`: ceil(s / N) per chunk, the last the rest)."""
+    """Tokens per chunk: `hidden.chunk(N, dim=1)` (torch's `chunk`: ceil(s / N) per chunk, n = ceil(s / size) of
+    them, the last the rest). Written with the count apart, so a replayed walk (`llmem.walk.replay`) holds for every
+    length that makes as many chunks."""
     s, size = plan.seq_len, -(-plan.seq_len // plan.loss_chunks)
-    return [plan.batch_size * min(size, s - start) for start in range(0, s, size)]
+    n = -(-s // size)
+    return [plan.batch_size * size] * (n - 1) + [plan.batch_size * (s - (n - 1) * size)]
 
 
 def _elements(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
