@@ -52,6 +52,7 @@ ON_STAGES = TwoRankRows(dict(BASE, gpus=2), {
 }, lambda _name: dict(CONFIG), sampled=())
 
 
+@pytest.mark.heavy  # the suite's 4-rank pp x dp rows measure it by default (tests/accuracy)
 @pytest.mark.parametrize("name", RUNS.params())
 def test_each_rank_within_1_percent_of_its_stage(name):
     _check_ranks(RUNS, name)

@@ -58,7 +58,7 @@ def _built_params(raw: dict) -> int | None:
     return sum(p.numel() for p in model.parameters())
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_any_mix_of_spellings_counts_the_model_transformers_builds(raw):
     built = _built_params(raw)

@@ -112,6 +112,7 @@ TWO = TwoRankRows(BASE, ROWS, lambda name: CONFIGS[name.split("-")[0]], sampled=
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the suite's d2-*-lora-tp-* rows measure it by default (tests/accuracy)
 @pytest.mark.parametrize("name", TWO.params())
 def test_lora_tp_two_ranks_within_one_percent(name):
     """The estimate against `measure` on 2 gloo ranks (the max over ranks), 1 %; a peak read high is re-read."""
