@@ -11,8 +11,7 @@ holds (`check`); link repair (`llmem.share`) asks the rows over the options it c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from llmem.choices import (
     Device,
@@ -29,29 +28,12 @@ from llmem.choices import (
 )
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
+from llmem.support_float8 import RULES_FLOAT8
+from llmem.support_lora_tp import LORA_TP_RULES
 from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
+from llmem.support_rule import Rule, _r
 
 LORA_METHODS = (Method.LORA, Method.QLORA)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One refused combination: `when(plan)` holds for the refused plans (it reads only `fields`, and `scheme`
-    when it names gpus, tp and zero); the error names `blame`, says `message` (formatted with the plan as `p`)."""
-
-    fields: tuple[str, ...]
-    blame: str
-    when: Callable[[object], bool]
-    message: str
-    kind: str
-    example: dict = field(default_factory=dict, compare=False)
-
-    def error(self, plan) -> InputError:
-        return InputError(self.blame, self.message.format(p=plan), self.kind)
-
-
-def _r(fields: str, blame: str, when: Callable[[object], bool], message: str, kind: str, **example) -> Rule:
-    return Rule(tuple(fields.split()), blame, when, message, kind, example)
 
 
 _BNB_TP = "{p.optimizer.value} is not modelled with tensor parallelism; use --tp 1, or --optimizer adamw|sgd"
@@ -71,7 +53,7 @@ RULES: tuple[Rule, ...] = (
     _r("gpus tp zero", "zero", lambda p: p.tp > 1 and p.gpus > p.tp and p.zero != 3,
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
     # --- pipeline parallelism (torch.distributed.pipelining; llmem.walk.pipeline): llmem.support_pp ----------------
-    *pipeline_rules(_r),
+    *pipeline_rules(),
     # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-0/1/2/3 -----------
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
@@ -324,10 +306,7 @@ RULES: tuple[Rule, ...] = (
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
 )
-from llmem.support_float8 import RULES_FLOAT8  # noqa: E402 (these modules' rows are made with `_r` above)
-from llmem.support_lora_tp import LORA_TP_RULES  # noqa: E402
-
-RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *activation_offload_rules(_r))
+RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *activation_offload_rules())
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

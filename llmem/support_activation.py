@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from llmem.choices import Device, GradCkpt, Loss, Method
 from llmem.errors import GAP, REFUSED
+from llmem.support_rule import _r
 
 
-def activation_offload_rules(_r) -> tuple:
-    """The rows, made with `support._r`."""
+def activation_offload_rules() -> tuple:
+    """The rows, made with `llmem.support_rule._r`."""
     on = "activation_offload"
     return (
         # recipes/full_finetune_single_device.py:166-170 (and every recipe): RuntimeError unless the device is CUDA

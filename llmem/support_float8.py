@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmem.choices import Engine, Float8, GradCkpt, Loss, Method, Offload, Precision, Scheme
 from llmem.errors import GAP, REFUSED
-from llmem.support import _r
+from llmem.support_rule import _r
 
 _ON = Float8.NONE
 

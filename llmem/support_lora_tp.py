@@ -11,7 +11,7 @@ from __future__ import annotations
 from llmem.choices import GradCkpt, Loss, Method
 from llmem.errors import GAP, REFUSED
 from llmem.optiontypes import ALL_LINEAR
-from llmem.support import _r
+from llmem.support_rule import _r
 
 LORA_TP_ROWWISE = ("PEFT 0.21.2 sizes the lora_A of a row-parallel Linear (o_proj, down_proj, ...) from its local "
                    "shard (`_get_in_out_features`) and transformers 5.23's rowwise hook takes that local in_features "

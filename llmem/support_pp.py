@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from llmem.choices import Engine, FsdpShard, GradCkpt, Loss, Method, Offload, Optimizer, PpSchedule
 from llmem.errors import GAP, REFUSED
+from llmem.support_rule import _r
 
 TORCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD)
 BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 
 
-def pipeline_rules(_r) -> tuple:
-    """The rows, made with `llmem.support._r`: the pipeline's layout and schedule, then the options on its stages."""
-    return _layout_rules(_r) + _option_rules(_r)
+def pipeline_rules() -> tuple:
+    """The rows (`llmem.support_rule._r`): the pipeline's layout and schedule, then the options on its stages."""
+    return _layout_rules() + _option_rules()
 
 
-def _layout_rules(_r) -> tuple:
+def _layout_rules() -> tuple:
     """The schedule, the microbatches and the GPUs: stages, and the data parallelism beside them."""
     return (
     # the rows keep the indentation of `llmem.support.RULES`, where they were
@@ -70,7 +71,7 @@ def _layout_rules(_r) -> tuple:
     )
 
 
-def _option_rules(_r) -> tuple:
+def _option_rules() -> tuple:
     """What runs on the stages: the method, checkpointing, attention, the optimizer, the loss and the step."""
     return (
     _r("pp method", "method", lambda p: p.pp > 1 and p.method is not Method.FULL,

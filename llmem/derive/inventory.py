@@ -4,7 +4,8 @@ and the spec it gets with its traced tables attached (`derived_spec`)."""
 from __future__ import annotations
 
 from llmem.derive import cache, experts
-from llmem.derive.tables import Derived, _quiet_transformers, static_refusal
+from llmem.derive.tables import Derived, static_refusal
+from llmem.quiet import quiet_libraries
 from llmem.spec import ModelSpec
 
 
@@ -51,7 +52,7 @@ def inventory(config: dict) -> ModelSpec:
     if cached is None:
         from llmem.meta import meta_spec
 
-        with _quiet_transformers():
+        with quiet_libraries():
             spec = meta_spec(config)
             moe = _refuse_experts(config)
         cached = cache.store(config, ("inventory",), {

@@ -50,7 +50,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
     from peft import get_peft_model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    from llmem.derive.tables import _quiet_transformers
+    from llmem.quiet import quiet_libraries
     from llmem.runtime.lora import lora_config
 
     _, rank, alpha, dropout, targets, to_save, input_grad, _ = key[:8]
@@ -64,7 +64,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
 
     with mock.patch.object(BaseTunerLayer, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
             mock.patch.object(torch.nn.Module, "to", same_device), mock.patch.object(copy, "deepcopy", _deepcopy), \
-            _quiet_transformers():
+            quiet_libraries():
         model = get_peft_model(model, lora_config(plan))
     adapters = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_" in n]
     if any(p.dtype != torch.float32 for p in adapters):

@@ -22,7 +22,6 @@ Refused (one line naming the field): TP without a plan in the config (by the wal
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import operator
 
@@ -32,6 +31,7 @@ from llmem.derive.fit import REGIMES, fit_sequence, monomials, regime, shifted
 from llmem.errors import InputError
 from llmem.memo import remembered
 from llmem.plan import GradCkpt, TrainingPlan
+from llmem.quiet import quiet_libraries
 from llmem.spec import ModelSpec
 
 MOE_KEYS = experts.EXPERT_KEYS
@@ -140,7 +140,7 @@ class Derived:
         from llmem.derive.trace import build
 
         try:
-            with _quiet_transformers():
+            with quiet_libraries():
                 return build(config, dtype, attn, lora, checkpointed, tp)
         except ValueError as e:  # e.g. an architecture without an sdpa path (a TP refusal passes through)
             if isinstance(e, InputError):
@@ -161,7 +161,7 @@ class Derived:
         from llmem.plan import TrainingPlan
         from llmem.runtime.model import hf_config
 
-        with _quiet_transformers():
+        with quiet_libraries():
             values = hf_config(self.config, TrainingPlan()).to_dict()
         layers = values.get("num_hidden_layers")
         if not isinstance(layers, int):
@@ -354,42 +354,10 @@ def dropout_keys(config: dict) -> list[str]:
         from transformers import AutoConfig
 
         rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-        with _quiet_transformers():
+        with quiet_libraries():
             return _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
     except Exception:  # noqa: BLE001 - a config transformers rejects is named when it is built
         return []
-
-
-# Libraries whose import-time warnings would print too: torchao (imported by PEFT's LoRA dispatch when installed)
-# logs each CUDA extension it cannot load and registers enums torch's pytree warns about; bitsandbytes its missing
-# CPU kernels package.
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "bitsandbytes")
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers' config warnings (e.g. a token id outside a small vocabulary), the libraries' import warnings
-    (`QUIET_LOGGERS`) and their deprecation notes while a model is traced would print beside the estimate; the
-    estimate's own errors are one line."""
-    import logging as std
-    import warnings
-
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    loggers = [std.getLogger(name) for name in QUIET_LOGGERS]
-    levels = [log.level for log in loggers]
-    logging.set_verbosity_error()
-    for log in loggers:
-        log.setLevel(std.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.set_verbosity(level)
-        for log, old in zip(loggers, levels, strict=True):
-            log.setLevel(old)
 
 
 from llmem.derive.inventory import derived_spec, inventory, is_cached  # noqa: E402, F401 (re-exported)

@@ -6,12 +6,11 @@ built in its dtype and before it is wrapped for the scheme; the memory terms are
 
 from __future__ import annotations
 
-import logging
-
 from torch import nn
 
 from llmem.components.float8 import converted
 from llmem.plan import TrainingPlan
+from llmem.quiet import quiet_libraries
 
 OUTPUT_LAYERS = ("lm_head",)  # torchtitan's filter_fqns names its output layer ("output")
 
@@ -25,15 +24,10 @@ def module_filter(module: nn.Module, fqn: str) -> bool:
 
 
 def _import_torchao():
-    """torchao's import tries its CUDA extensions and logs a warning per library it cannot load (a CPU-only
-    machine has none to load): those warnings are silenced, nothing else."""
-    log = logging.getLogger("torchao")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    """torchao's import logs a warning per CUDA extension it cannot load (a CPU-only machine has none to load):
+    `llmem.quiet` silences those."""
+    with quiet_libraries():
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    finally:
-        log.setLevel(level)
     return Float8LinearConfig, convert_to_float8_training
 
 
