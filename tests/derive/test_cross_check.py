@@ -32,8 +32,9 @@ def test_llama_tables_agree_term_by_term():
     _agree(config("llama"), FEW)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+@pytest.mark.slow  # llama by default (the time budget); mistral and qwen2 under -m heavy
+@pytest.mark.parametrize("model_type", ["llama", pytest.param("mistral", marks=pytest.mark.heavy),
+                                        pytest.param("qwen2", marks=pytest.mark.heavy)])
 def test_llama_like_tables_agree_term_by_term_on_every_plan(model_type):
     _agree(config(model_type), PLANS)
 
@@ -47,9 +48,10 @@ def _agree(cfg: dict, plans: list):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type, extra", [
-    ("qwen3", {}), ("gpt2", {"resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0, "n_inner": 128}),
-    ("gpt_neox", {"hidden_dropout": 0, "attention_dropout": 0}),
+@pytest.mark.parametrize("model_type, extra", [  # gpt2 by default (the time budget); the others under -m heavy
+    pytest.param("qwen3", {}, marks=pytest.mark.heavy),
+    ("gpt2", {"resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0, "n_inner": 128}),
+    pytest.param("gpt_neox", {"hidden_dropout": 0, "attention_dropout": 0}, marks=pytest.mark.heavy),
 ])
 def test_saved_tensor_tables_agree_under_autocast_and_fp32(model_type, extra):
     """Saved tensors agree (pure bf16 under the cuda profile: CPU keeps a half LayerNorm's mean/rstd in bf16, the
