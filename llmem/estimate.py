@@ -93,11 +93,13 @@ class Estimate:
         """(low, high) `max_memory_reserved` over the allocator state the user did not say: low is `reserved_bytes`
         (the flat allowance: a build that leaves nothing cached), high what the caching allocator's rules reserve
         for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
-        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`."""
+        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`.
+        Where the rules give less than the flat allowance (expandable segments: any freed page serves any request, so
+        reserved is the peak in 20 MiB pages), both ends are the rules' figure: the allowance is no bound there."""
         peak = next(p for p in self.phases if p.name == self.peak_phase)
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
         high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
-        return self.reserved_bytes, max(self.reserved_bytes, high)
+        return min(self.reserved_bytes, high), high
 
     @property
     def device_total_bytes_range(self) -> tuple[int, int]:
