@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmem.components import Category, act_offload, float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import AllocConf, Engine, GradCkpt, Loss, Scheme, TrainingPlan
+from llmem.plan import AllocConf, Device, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -95,8 +95,9 @@ class Estimate:
         for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
         tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`.
         With expandable segments any freed page serves any later request of its stream, so the rules give the peak
-        in 20 MiB pages (within 2.1 % of `simulate` on 29 full-size rows): both ends are then the rules' figure where
-        it is below the flat allowance. With default segments the allowance stays a floor of the high end (the
+        in 20 MiB pages (within 2.1 % of `simulate` on 29 full-size rows): both ends are the rules' figure (the
+        point figure's allowance is derived from them, `_fragmentation_bytes`). With default segments the flat
+        allowance stays the low end and a floor of the high end (the
         category high-water misses cross-kind reuse: −14 … +19 % against `simulate`,
         docs/notes/2026-11-27-reserved-agreement.md)."""
         peak = next(p for p in self.phases if p.name == self.peak_phase)
@@ -182,7 +183,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=outside.fragmentation_bytes(peak.total, plan),
+        fragmentation_bytes=_fragmentation_bytes(spec, plan, phases, peak),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=_host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),
@@ -190,6 +191,16 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 
 
 _TOTAL = operator.attrgetter("total")
+
+
+def _fragmentation_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak) -> int:
+    """Reserved minus the peak: the flat allowance (`outside.fragmentation_bytes`), except under `--alloc-conf
+    expandable-segments` on CUDA, where the caching allocator's rules (`reserved.reserved_bytes`: the peak or the
+    build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it — within 2.1 % of `simulate` on 29 full-size
+    rows (docs/notes/2026-11-27-reserved-agreement.md)."""
+    if plan.alloc_conf is not AllocConf.EXPANDABLE or plan.device is not Device.CUDA:
+        return outside.fragmentation_bytes(peak.total, plan)
+    return max(0, reserved.reserved_bytes(spec, plan, phases, peak, True) - peak.total)
 
 
 def _host_breakdown(spec: ModelSpec, plan: TrainingPlan) -> dict:
