@@ -97,7 +97,7 @@ def test_expandable_reserved_against_simulate_per_scheme(plan):
     """qwen2.5-0.5b, 1 × 1024, bf16-mixed, `expandable_segments:True`: the rules' figure (the default stream's peak
     or the build's bytes in 20 MiB pages, plus FSDP2's side-stream pools) within 2 % of simulate's replay for TP,
     ZeRO-1 and ZeRO-2 (docs/notes/2026-11-27-reserved-agreement.md: 29 full-size rows within 2.1 %). The bound is the
-    free interior pages the rule does not see (−1.4 … −2.1 % on qwen3-4b's single/DDP/ZeRO-1/TP rows)."""
+    free interior pages the rule does not see (−1.3 … −2.1 %: qwen3-4b's single/DDP/ZeRO-1/TP, the 7-8B ZeRO-1 rows)."""
     config = load_preset("qwen2.5-0.5b")
     p = TrainingPlan(batch_size=1, seq_len=1024, precision="bf16-mixed", **plan)
     sim = simulate(config, p)
