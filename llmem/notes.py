@@ -52,7 +52,25 @@ def moe_routing_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
             "one figure.")
 
 
+def reserved_order_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
+    """FSDP2 on CUDA with default segments, when the root's reduce-scatter input is larger than every segment the
+    build left (`reserved.oversize_bytes` > 0): the reserved high end (a category sum) cannot see the order effects
+    that make the caching allocator cut that segment again in iteration 2 and give the fp32 log-softmax tensors
+    segments of their own — `simulate`'s replay reads 10–14 % above it on llama-3.1-8b ZeRO-3 and TP × FSDP2
+    (docs/notes/2026-11-27-reserved-agreement.md); with expandable segments the rules agree within 2.1 %."""
+    from llmem.components import reserved
+    from llmem.plan import AllocConf, Device
+
+    if (plan.scheme not in FSDP_SCHEMES or plan.engine is not Engine.TORCH or plan.device is not Device.CUDA
+            or plan.alloc_conf is not AllocConf.DEFAULT or not reserved.oversize_bytes(spec, plan)):
+        return None
+    return ("Reserved memory under FSDP2 with default allocator segments: the high end can read low here (the "
+            "root's reduce-scatter input is larger than any cached segment, and the order of later requests can "
+            "make the allocator reserve it twice; simulate reads up to 14 % above the high end on Llama-3.1-8B). "
+            "Check with `llmem simulate`, or plan with --alloc-conf expandable-segments (modelled within 2.1 %).")
+
+
 def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
     """Every note that applies to this plan, in a stable order."""
-    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan))
+    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan), reserved_order_note(spec, plan))
     return tuple(n for n in notes if n)

@@ -5,7 +5,8 @@ cuDNN, NCCL, PyTorch's own kernels) — commonly 0.5–1.3 GiB; we state 1 GiB o
 guide measured 1,343 MiB on a V100 with CUDA 11). The CPU profile has none.
 Fragmentation allowance: the caching allocator rounds blocks up (512 B small, 2 MiB large segments) and keeps
 freed blocks cached, so `max_memory_reserved` exceeds `max_memory_allocated`; we allow 5 % of the peak, a
-documented allowance until the allocator replay (simulation) predicts it per run.
+documented allowance until the allocator replay (simulation) predicts it per run. Under `--alloc-conf
+expandable-segments` the allowance is derived from the allocator's rules instead (`estimate._fragmentation_bytes`).
 """
 
 from __future__ import annotations

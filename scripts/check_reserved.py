@@ -1,0 +1,112 @@
+"""`estimate`'s reserved high end against `simulate`'s caching-allocator replay at full size, both allocator settings.
+
+    PYTHONPATH=. .venv/bin/python scripts/check_reserved.py [--cache out/check_reserved.jsonl] [--only MODEL ...]
+        [--markdown FILE]
+
+Rows: the models of docs/notes/2026-11-26-reserved-model.md × the schemes of llmem/simulate/sweep.py (single, DDP,
+ZeRO-1/2/3 on 8, TP 2, TP 2 × FSDP2 on 8; llama-3.1-8b also ZeRO-3 with full checkpointing), micro-batch 1 × 2048,
+bf16-mixed, AdamW. `simulate` takes 10–60 s a row at full size, so its figures (peak, `max_memory_reserved` with
+default and with expandable segments) are kept in the cache (JSON lines, one per row) and reused; the estimate is
+computed afresh each run. Prints one table row per plan and the distribution of est − sim for each setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+MODELS = ["qwen2.5-1.5b", "qwen3-4b", "mistral-7b-v0.3", "llama-3.1-8b"]
+SCHEMES = {
+    "single": {}, "ddp": {"gpus": 8}, "zero1": {"gpus": 8, "zero": 1}, "zero2": {"gpus": 8, "zero": 2},
+    "zero3": {"gpus": 8, "zero": 3}, "tp": {"gpus": 2, "tp": 2}, "tp+zero3": {"gpus": 8, "tp": 2, "zero": 3},
+    "zero3 ckpt": {"gpus": 8, "zero": 3, "grad_ckpt": "full"},
+}
+BASE = {"batch_size": 1, "seq_len": 2048, "precision": "bf16-mixed"}
+GIB = 1 << 30
+
+
+def row_names(only: list[str] | None):
+    for model in MODELS:
+        if only and model not in only:
+            continue
+        for scheme in SCHEMES:
+            if scheme == "zero3 ckpt" and model != "llama-3.1-8b":
+                continue
+            yield model, scheme
+
+
+def simulated(model: str, scheme: str, cache: Path) -> dict:
+    """The row's simulated figures, from the cache or simulated now (and appended to the cache)."""
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            r = json.loads(line)
+            if (r["model"], r["scheme"]) == (model, scheme):
+                return r
+    from llmem.plan import TrainingPlan
+    from llmem.presets import load_preset
+    from llmem.simulate import simulate
+
+    sim = simulate(load_preset(model), TrainingPlan(**BASE, **SCHEMES[scheme]))
+    r = {"model": model, "scheme": scheme, "peak": sim.peak_bytes, "reserved": sim.reserved_bytes,
+         "expandable": sim.reserved_expandable_bytes, "at_reset": sim.reserved_at_reset_bytes}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with cache.open("a") as fh:
+        fh.write(json.dumps(r) + "\n")
+    return r
+
+
+def estimated(model: str, scheme: str) -> tuple[int, int, int]:
+    """(peak, reserved high end, reserved high end with --alloc-conf expandable-segments)."""
+    from llmem.estimate import estimate
+    from llmem.plan import TrainingPlan
+    from llmem.presets import load_preset
+    from llmem.spec import ModelSpec
+
+    spec = ModelSpec.from_config(load_preset(model))
+    plan = TrainingPlan(**BASE, **SCHEMES[scheme])
+    est = estimate(spec, plan)
+    exp = estimate(spec, plan.with_(alloc_conf="expandable-segments"))
+    return est.peak_bytes, est.reserved_bytes_range[1], exp.reserved_bytes_range[1]
+
+
+def table(rows: list[tuple]) -> str:
+    lines = ["| model | scheme | peak sim | reserved est | sim | est − sim | expandable est | sim | est − sim |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for model, scheme, sim, est in rows:
+        d, e = est[1] / sim["reserved"] - 1, est[2] / sim["expandable"] - 1
+        lines.append(f"| {model} | {scheme} | {sim['peak'] / GIB:.2f} | {est[1] / GIB:.2f} | "
+                     f"{sim['reserved'] / GIB:.2f} | {100 * d:+.1f}% | {est[2] / GIB:.2f} | "
+                     f"{sim['expandable'] / GIB:.2f} | {100 * e:+.1f}% |")
+    for label, i, key in (("default segments", 1, "reserved"), ("expandable segments", 2, "expandable")):
+        errs = [100 * (est[i] / sim[key] - 1) for _, _, sim, est in rows]
+        if errs:
+            absd = sorted(abs(e) for e in errs)
+            lines.append(f"\n{label}: {len(errs)} rows, {sum(a <= 3 for a in absd)} within 3 %, median |err| "
+                         f"{statistics.median(absd):.1f} %, worst {max(errs, key=abs):+.1f} %, "
+                         f"range {min(errs):+.1f} … {max(errs):+.1f} %")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", default="out/check_reserved.jsonl")
+    p.add_argument("--only", nargs="*", default=None, help="model presets")
+    p.add_argument("--markdown", default=None, help="also write the table to this file")
+    args = p.parse_args(argv)
+    rows = []
+    for model, scheme in row_names(args.only):
+        sim = simulated(model, scheme, Path(args.cache))
+        rows.append((model, scheme, sim, estimated(model, scheme)))
+        print(f"{model:<18}{scheme:<12}done", file=sys.stderr, flush=True)
+    out = table(rows)
+    if args.markdown:
+        Path(args.markdown).write_text(out + "\n")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
