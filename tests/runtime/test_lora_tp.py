@@ -85,7 +85,6 @@ def test_a_row_parallel_target_fails_in_the_real_forward():
 @pytest.mark.parametrize("kw,field,kind", [
     (dict(lora_targets="all-linear"), "lora-targets", REFUSED),
     (dict(method="qlora", quant="nf4", precision="bf16", lora_targets="q_proj"), "tp", GAP),
-    (dict(precision="bf16-mixed", lora_targets="q_proj"), "tp", GAP),
     (dict(gpus=4, zero=3, lora_targets="q_proj"), "tp", GAP),
     (dict(grad_ckpt="full", lora_targets="q_proj"), "tp", GAP)])
 def test_what_still_cannot_run_is_named(kw, field, kind):
@@ -107,7 +106,10 @@ ROWS = {"llama-qkv-gate-up": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,u
         "gpt_neox-fused-qkv-h4h": dict(lora_targets="query_key_value,dense_h_to_4h"),
         "qwen2-tied-qv-r8-nodrop": dict(lora_targets="q_proj,v_proj", lora_rank=8, lora_dropout=0.0,
                                         batch_size=4, seq_len=128),
-        "llama-qv-bf16-sgd": dict(lora_targets="q_proj,v_proj", precision="bf16", optimizer="sgd")}
+        "llama-qv-bf16-sgd": dict(lora_targets="q_proj,v_proj", precision="bf16", optimizer="sgd"),
+        "llama-qkv-gate-up-bf16mix": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj",
+                                          precision="bf16-mixed"),
+        "gpt_neox-qkv-fp16mix-nodrop": dict(lora_targets="query_key_value", precision="fp16-mixed", lora_dropout=0.0)}
 TWO = TwoRankRows(BASE, ROWS, lambda name: CONFIGS[name.split("-")[0]], sampled=["gpt_neox-fused-qkv-h4h"])
 
 
