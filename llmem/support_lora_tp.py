@@ -17,6 +17,10 @@ LORA_TP_ROWWISE = ("PEFT 0.21.2 sizes the lora_A of a row-parallel Linear (o_pro
                    "shard (`_get_in_out_features`) and transformers 5.23's rowwise hook takes that local in_features "
                    "for the global one (`_from_local_last_dim_shard`): the forward fails")
 
+LORA_TP_GATHERED = ("PEFT 0.21.2 installs TP hooks on colwise and rowwise Linears only (`peft/tuners/lora/model.py:"
+                    "414-420`) and sizes the adapter from the local shard, while transformers 5.23 gathers the "
+                    "base's output to the full width: the adapter's out/T output is added to it and the forward fails")
+
 
 def _not_modelled(p) -> bool:
     return p.method is not Method.FULL and p.tp > 1 and (

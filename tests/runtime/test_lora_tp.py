@@ -93,13 +93,26 @@ def test_what_still_cannot_run_is_named(kw, field, kind):
     assert err.value.field == field and err.value.kind == kind
 
 
-def test_a_target_without_peft_tp_hooks_is_a_gap():
-    """phi3's fused qkv_proj is `colwise_gather_output` in its plan: PEFT installs no TP hooks on it."""
+def test_a_gathered_column_parallel_target_fails_in_the_real_forward():
+    """phi3's fused qkv_proj is `colwise_gather_output` in its plan: PEFT installs no TP hooks on it and sizes the
+    adapter from the local shard, transformers gathers the base's output: the forward raises, and the estimate
+    refuses it naming lora-targets (phi3's plan has no plain colwise Linear: --tp 1)."""
+    import torch
+
+    from llmem.derive.lora import trace_key
+    from llmem.derive.tp import fake_group
+    from llmem.derive.trace import build
     from tests.components.test_activations import CONFIGS as FAMILIES
 
+    plan = _plan(lora_targets="qkv_proj", seq_len=16)
+    with fake_group(2):
+        mode, model, _, _ = build(FAMILIES["phi3"], "float32", "sdpa", lora=trace_key(plan), tp=2)
+        with mode, pytest.raises(RuntimeError, match="broadcast"):
+            ids = torch.zeros((2, 16), dtype=torch.long)
+            model(input_ids=ids, labels=ids)
     with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(FAMILIES["phi3"]), _plan(lora_targets="qkv_proj"))
-    assert err.value.field == "lora-targets" and err.value.kind == GAP
+        estimate(ModelSpec.from_config(FAMILIES["phi3"]), plan)
+    assert err.value.field == "lora-targets" and err.value.kind == REFUSED and "--tp 1" in str(err.value)
 
 
 ROWS = {"llama-qkv-gate-up": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj"),
