@@ -233,13 +233,13 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     from llmem.components import activations as act
     from llmem.components import lora_experts
     from llmem.components.activations import Saved
-    from llmem.components.lora_moe import frozen_moe_dropped
+    from llmem.components.lora_moe import frozen_moe_dropped, moe_needs, shared_expert_grad
 
     if spec.derived is not None:  # traced with the PEFT model (`llmem.derive.lora`): layer 0 is a kind of its own
         return list((spec.derived.at(0) if first else spec.derived).layer_saved(plan))
     tokens = plan.batch_size * plan.seq_len
     adapted, groups = _adapted_groups(spec, plan)
-    grad = _requires_grad(adapted, first)
+    grad, needs = shared_expert_grad(spec, _requires_grad(adapted, first), adapted), _NEEDS | moe_needs(spec)
     items, in_attention, in_mlp = [], False, False
     experts = lora_experts.adapts_experts(spec, plan)  # mixtral all-linear: the stacks' inputs are kept
     dropped = (_DROPPED | frozen_moe_dropped(spec)) - (lora_experts.KEPT if experts else frozenset())
@@ -251,7 +251,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
         if s.name in dropped or s.name.endswith(".normalized"):
             continue
         after = "attention" if in_attention else "residual" if in_mlp else "input"
-        if not grad[_NEEDS.get(s.name, after)]:
+        if not grad[needs.get(s.name, after)]:
             continue
         items.append(s)
     # the o_proj input is the sdpa output itself (fused sdpa, which saves it when it records a node); after eager or

@@ -1,5 +1,5 @@
 """LoRA on a grouped-experts MoE layer (mixtral, qwen2_moe) with the routed experts frozen (adapters on the
-attention Linears, and with `all-linear` on qwen2_moe's shared expert: `moe_targets_refusal`): the candidate peaks
+attention Linears and on qwen2_moe's shared expert, `all-linear` included: `moe_targets_refusal`): the candidate peaks
 of its backward. The saved tensors are `lora_activations.layer_saved` (full fine-tuning's `layer_tables.moe_saved`
 without `frozen_moe_dropped`). mixtral's `all-linear` adapts the router and experts too: `lora_experts`."""
 
@@ -34,6 +34,36 @@ SHARED_EXPERT_GROUPS = (
     (("gate_proj", "up_proj", "shared_expert_gate"), "h", ("autocast input cast shared gate/up, shared_expert_gate",)),
     (("down_proj",), "si", ("shared_expert silu(gate) * up",)),
 )
+
+# Which of the shared expert's entries a LoRA layer saves follows whose output requires grad
+# (`lora_activations._requires_grad`): in layer 0 without attention adapters (its input, so the residual, needs no
+# gradient) only the shared expert's adapted Linears start a graph, and the routed experts save nothing. Ops as
+# transformers 5.23 `modeling_qwen2_moe.py` runs them: `down(act(gate(x)) * up(x))`, then
+# `sigmoid(shared_expert_gate(x)) * shared_out`; SiluBackward0 saves its input, a mul saves each operand for the
+# other's gradient, SigmoidBackward0 its output.
+SHARED_EXPERT_NEEDS = {
+    "shared_expert gate_proj": "gate_proj",  # silu's input
+    "shared_expert up_proj": "gate_proj",  # saved by the mul for silu(gate)'s gradient
+    "shared_expert silu(gate)": "up_proj",  # ... and silu(gate) for up's
+    "shared_expert output": "shared_expert_gate",  # saved by the gate mul for the sigmoid's gradient
+    "shared_expert_gate sigmoid": "shared gate mul",  # by SigmoidBackward0, or by the mul for shared_out's gradient
+    "silu(gate)": "residual",  # the routed experts' (the MLP names are the shared expert's here)
+}
+
+
+def moe_needs(spec: ModelSpec) -> dict[str, str]:
+    return SHARED_EXPERT_NEEDS if spec.family.shared_expert else {}
+
+
+def shared_expert_grad(spec: ModelSpec, grad: dict[str, bool], adapted) -> dict[str, bool]:
+    """`lora_activations._requires_grad` with the shared expert's gate branch: `shared_expert_gate`'s output requires
+    grad when the residual does or it is adapted; the gate mul saves when that or the shared output (down_proj's:
+    its input requires grad, or down_proj is adapted) does."""
+    if not spec.family.shared_expert:
+        return grad
+    gate = grad["residual"] or "shared_expert_gate" in adapted
+    down = grad["down_proj input"] or "down_proj" in adapted
+    return {**grad, "shared_expert_gate": gate, "shared gate mul": gate or down}
 
 
 def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
@@ -74,16 +104,24 @@ def _targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
     gate) then also adapts the router's `gate.weight` and the 3-D `experts.gate_up_proj` / `experts.down_proj`
     through `ParamWrapper` (`peft/tuners/lora/layer.py:2335`), whose forward materialises each adapted expert
     stack (`_LoraFactorsProxy`, `layer.py:2305-2323`), modelled for `all-linear` (`lora_experts`). qwen2_moe has
-    no such rewrite (its model type is not in that table), so MLP names adapt the shared expert's Linears only;
-    modelled as part of `all-linear` (with the attention adapters), not alone."""
+    no such rewrite (its model type is not in that table), so MLP names adapt the shared expert's Linears only
+    (`SHARED_EXPERT_GROUPS`), with or without attention adapters (layer 0 then: `SHARED_EXPERT_NEEDS`)."""
     if plan.lora_targets == ALL_LINEAR:
         return None if spec.family.shared_expert else _param_wrapper_refusal(spec, plan)
-    other = sorted({t for t in plan.lora_targets.split(",") if t.rsplit(".", 1)[-1] not in _ATTENTION_LINEARS})
+    allowed = _ATTENTION_LINEARS + (sum((g[0] for g in SHARED_EXPERT_GROUPS), ()) if spec.family.shared_expert
+                                    else ())
+    short = {t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")}
+    if spec.family.shared_expert and plan.grad_ckpt is not GradCkpt.NONE and "shared_expert_gate" in short \
+            and not short & {"gate_proj", "up_proj"}:
+        return InputError("lora-targets", "an adapted shared_expert_gate without gate_proj or up_proj under "
+                          "checkpointing is not modelled yet (+1.0 % on a tiny qwen2_moe: its recompute's peak, not "
+                          "pinned down); add gate_proj,up_proj, or use --grad-ckpt none", GAP)
+    other = sorted(short - set(allowed))
     if other:
         return InputError("lora-targets", f"lora on {spec.model_type!r} is modelled with adapters on the attention "
-                          f"Linears or all-linear; {', '.join(other)} adapts (or may adapt) part of the "
-                          "mixture-of-experts block, which is not modelled yet (-1.8 % on a tiny qwen2_moe with the "
-                          "shared expert's Linears alone); use all-linear or e.g. q_proj,k_proj,v_proj,o_proj", GAP)
+                          f"Linears{', the shared expert' if spec.family.shared_expert else ''} or all-linear; "
+                          f"{', '.join(other)} adapts (or may adapt) the routed part of the mixture-of-experts block, "
+                          "which is not modelled yet; use all-linear or e.g. q_proj,k_proj,v_proj,o_proj", GAP)
     return None
 
 

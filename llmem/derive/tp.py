@@ -24,6 +24,7 @@ from llmem.spec import ModelSpec, TpSplit
 
 COLWISE_STYLES = ("colwise", "colwise_gather_output", "colwise_rep", "packed_colwise", "embedding_rowwise")
 ROWWISE_STYLES = ("rowwise", "rowwise_split_input", "rowwise_rep", "packed_rowwise", "embedding_colwise")
+GATHERED_STYLES = ("colwise_gather_output", "colwise_rep")  # the weight sharded by rows, the output all-gathered
 
 
 def split(style: str | None, ndim: int) -> TpSplit:
@@ -124,11 +125,12 @@ def fake_group(tp: int):
 
 def lora_target_refusal(spec: ModelSpec, plan) -> Exception | None:
     """LoRA + TP (`llmem.runtime.lora_tp`): PEFT's TP adapters run on a column-parallel target ("colwise"); a
-    row-parallel one fails in its forward (`llmem.support_lora_tp.LORA_TP_ROWWISE`); any other style, or a Linear
-    the plan leaves whole, is not measured."""
+    row-parallel one fails in its forward (`llmem.support_lora_tp.LORA_TP_ROWWISE`), and so does a gathered column-
+    parallel one (`GATHERED_STYLES`, `llmem.support_lora_tp.LORA_TP_GATHERED`); any other style, or a Linear the
+    plan leaves whole, is not measured."""
     from llmem.components.lora import targeted
     from llmem.errors import GAP, REFUSED, InputError
-    from llmem.support_lora_tp import LORA_TP_ROWWISE
+    from llmem.support_lora_tp import LORA_TP_GATHERED, LORA_TP_ROWWISE
 
     config = getattr(spec, "source_config", None) or (spec.derived.config if spec.derived is not None else None)
     by_name = styles(config) if config is not None else {}
@@ -137,6 +139,13 @@ def lora_target_refusal(spec: ModelSpec, plan) -> Exception | None:
         if style in ROWWISE_STYLES:
             return InputError("lora-targets", f"{p.name.rsplit('.', 2)[-2]} is row-parallel ({style}): "
                               f"{LORA_TP_ROWWISE}; adapt only column-parallel Linears", REFUSED)
+        if style in GATHERED_STYLES:
+            plain = any(v == "colwise" for v in by_name.values())
+            return InputError("lora-targets", f"{p.name.rsplit('.', 2)[-2]} is column-parallel with its output "
+                              f"gathered ({style}): {LORA_TP_GATHERED}; " + (
+                                  "adapt only column-parallel Linears" if plain else
+                                  f"{spec.model_type}'s TP plan has no other column-parallel Linear: use --tp 1"),
+                              REFUSED)
         if style != "colwise":
             what = f"style {style!r}" if style else "no TP style (kept whole)"
             return InputError("lora-targets", f"{p.name.rsplit('.', 2)[-2]} has {what} in {spec.model_type}'s TP plan: "

@@ -107,6 +107,40 @@ def fenced_functional_all_reduce(original):
     return all_reduce
 
 
+def fenced_functional_all_gather(original):
+    """`torch.distributed._functional_collectives.all_gather_single` as the functional op runs it (an output of
+    `world` times the input's rows, gathered into by gloo's `_allgather_base`: one chunk per rank), waited and
+    fenced, then `_maybe_view_chunk_cat` for another gather dim as the original does. DTensor's Shard -> Replicate
+    goes through it (transformers' `colwise_gather_output` lm_head under TP): unfenced, gloo's worker thread kept
+    the gathered logits and their local shard alive into the loss now and then (+196,608 B on one rank of a bf16
+    LoRA+TP row, docs/notes/2026-11-27-lora-tp.md)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._utils import _maybe_view_chunk_cat
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    gather = dist.all_gather  # taken before `fenced` replaces it
+
+    def all_gather_single(self, gather_dim: int, group, tag: str = ""):
+        if not self.is_contiguous() or self.is_complex():
+            return original(self, gather_dim, group, tag)
+        resolved = funcol._resolve_group(group, tag)
+        pg = resolved if isinstance(resolved, dist.ProcessGroup) else _resolve_process_group(
+            funcol._group_or_group_name(resolved))
+        world = pg.size()
+        out = self.new_empty((world * self.shape[0], *self.shape[1:]))
+        chunks = list(out.chunk(world))
+        view = self.view(self.shape)
+        refs = [weakref.ref(t) for t in (*chunks, view)]
+        work = gather(chunks, view, group=pg, async_op=True)
+        del chunks, view
+        work.wait()
+        del work
+        wait_released(refs)
+        return _maybe_view_chunk_cat(out, world, gather_dim) if gather_dim != 0 else out
+
+    return all_gather_single
+
+
 def fsdp1_collectives(all_gather, reduce_scatter_single):
     """FSDP1's two collectives on CPU, fenced: `FlatParamHandle._all_gather_flat_param` calls
     `dist.all_gather(chunks, shard)` on CPU tensors (gloo's allgather copies through a flat output it allocates on the
@@ -202,8 +236,8 @@ def _deepspeed_fenced(all_gather):
 
 @contextlib.contextmanager
 def fenced(model):
-    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces,
-    FSDP1's all-gather and reduce-scatter (`fsdp1_collectives`), and DeepSpeed's reduce and all-gather
+    """While inside: FSDP2 modules of `model` use the fenced collectives, and so do DTensor's all-reduces and
+    all-gathers, FSDP1's all-gather and reduce-scatter (`fsdp1_collectives`), and DeepSpeed's reduce and all-gather
     (`_deepspeed_fenced`)."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.fsdp import FSDPModule
@@ -212,13 +246,14 @@ def fenced(model):
         if isinstance(module, FSDPModule):
             module.set_custom_all_gather(FencedAllGather())
             module.set_custom_reduce_scatter(FencedReduceScatter())
-    original = funcol.all_reduce
+    original, original_gather = funcol.all_reduce, funcol.all_gather_single
     originals = dist.all_gather, dist.reduce_scatter_single
     funcol.all_reduce = fenced_functional_all_reduce(original)
+    funcol.all_gather_single = fenced_functional_all_gather(original_gather)
     dist.all_gather, dist.reduce_scatter_single = fsdp1_collectives(*originals)
     try:
         with _deepspeed_fenced(originals[0]):
             yield
     finally:
-        funcol.all_reduce = original
+        funcol.all_reduce, funcol.all_gather_single = original, original_gather
         dist.all_gather, dist.reduce_scatter_single = originals

@@ -23,7 +23,7 @@ What runs (transformers 5.23, peft 0.21.2):
      (`tensor_parallel.py:250-262`, `_from_local_last_dim_shard`): the forward fails ("shape '[32, 16]' is invalid
      for input of size 1024" on a 64-wide o_proj at T = 2). Refused (`llmem.support`).
    - any other style (phi3's `colwise_gather_output`, ...): no TP hooks (model.py:414-420 warns), the adapter sized
-     from the local shard but added to a gathered output: refused.
+     from the local shard but added to a gathered output: the forward fails, refused (`llmem.derive.tp`).
    PEFT first and TP after does not run either: the plan names `q_proj.weight`, PEFT moved it to
    `q_proj.base_layer.weight`, so the base stays a plain tensor while the installed hook hands it a DTensor input
    ("aten.mm.default got mixed torch.Tensor and DTensor").

@@ -1,7 +1,7 @@
 """LoRA with tensor parallelism in the sweep's draws (pure, torch-free).
 
 Drawn independently, a LoRA plan with TP almost never lands on what runs (`llmem.support_lora_tp`: column-parallel
-targets, --gpus = --tp, no checkpointing, a pure precision, one micro-step, ...): seed 11's first 3,000 draws hold
+targets, --gpus = --tp, no checkpointing, one micro-step, ...): seed 11's first 3,000 draws hold
 342 LoRA/QLoRA plans with TP and not one the estimate accepts. So in a share of the cpu profile's LoRA plans drawn
 with --gpus = --tp, from a stream of its own (every other draw stays the same), the plan's other options are set to
 what LoRA + TP is modelled with and the targets drawn among the model's column-parallel Linears."""
@@ -22,8 +22,7 @@ def draw_lora_tp(seed: int, index: int, fields: dict, device: str) -> dict:
     if device != "cpu" or fields["method"] != "lora" or fields["tp"] < 2 or fields["gpus"] != fields["tp"] \
             or rng.random() >= LORA_TP_SHARE:
         return {}
-    precision = fields["precision"] if fields["precision"] in ("fp32", "bf16", "fp16") else "fp32"
-    out = {"lora_targets": rng.choice(COLWISE_TARGETS), "precision": precision, "grad_ckpt": "none",
+    out = {"lora_targets": rng.choice(COLWISE_TARGETS), "grad_ckpt": "none",
            "ckpt_every": 1, "lora_modules_to_save": "", "grad_accum": 1, "loss": "standard", "keep_grads": False,
            "offload": "none", "optimizer_in_backward": False}
     if fields["optimizer"] not in ("adamw", "sgd"):

@@ -129,16 +129,44 @@ def test_mixtral_recompute_holds_the_forward_locals(precision):
     assert abs(estimated - measured) / measured < 0.01
 
 
-@pytest.mark.parametrize("family,targets", [
-    ("qwen2_moe", "gate_proj,up_proj,down_proj"),  # the shared expert alone: measured -1.8 %, not pinned down
-    ("qwen2_moe", "q_proj,shared_expert_gate"),
-    ("mixtral", "q_proj,gate"),  # transformers-4 names PEFT maps onto the router and the fused experts
-    ("mixtral", "w1,w3"),
+@pytest.mark.parametrize("family,targets,ckpt", [
+    ("qwen2_moe", "q_proj,shared_expert_gate", "full"),  # checkpointed: measured +1.0 %, not pinned down
+    ("qwen2_moe", "down_proj,shared_expert_gate", "full"),
+    ("mixtral", "q_proj,gate", "none"),  # transformers-4 names PEFT maps onto the router and the fused experts
+    ("mixtral", "w1,w3", "none"),
 ])
-def test_part_of_the_moe_block_is_a_gap_naming_the_field(family, targets):
+def test_part_of_the_moe_block_is_a_gap_naming_the_field(family, targets, ckpt):
     with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(CONFIGS[family]), _plan(targets, "fp32", "none", 0.0))
+        estimate(ModelSpec.from_config(CONFIGS[family]), _plan(targets, "fp32", ckpt, 0.0))
     assert err.value.field == "lora-targets" and err.value.gap
+
+
+SHARED_EXPERT = [  # (targets, precision, ckpt, dropout, optimizer); -2.35 % for the first before layer 0 was right
+    ("gate_proj,up_proj,down_proj", "fp32", "none", 0.0, "adamw"),
+    ("gate_proj,up_proj,down_proj", "bf16-mixed", "none", 0.0, "adamw"),
+    ("gate_proj,up_proj,down_proj", "fp32", "full", 0.0, "sgd"),
+    ("up_proj,down_proj,shared_expert_gate", "bf16-mixed", "none", 0.05, "adamw"),
+    ("q_proj,shared_expert_gate", "fp32", "none", 0.0, "adamw"),
+    ("gate_proj,up_proj", "bf16", "full", 0.05, "adamw"),
+]
+
+
+@pytest.mark.parametrize("targets,precision,ckpt,dropout,optimizer",
+                         [SHARED_EXPERT[0]] + [pytest.param(*c, marks=pytest.mark.heavy) for c in SHARED_EXPERT[1:]])
+def test_qwen2_moe_shared_expert_adapters_within_1_percent(targets, precision, ckpt, dropout, optimizer):
+    """MLP names on qwen2_moe adapt the shared expert only (its Linears; the routed experts are not Linears). Without
+    attention adapters layer 0's attention and routed experts save nothing, and the shared expert saves what its
+    adapted Linears' outputs need (`lora_moe.SHARED_EXPERT_NEEDS`). Against a real CPU run, 1 % as the rows above."""
+    pytest.importorskip("torch")
+    from llmem.measure.counting import CountingTracker
+    from llmem.measure.run import measure_rank
+
+    plan = TrainingPlan(device="cpu", optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora",
+                        lora_targets=targets, lora_dropout=dropout, precision=precision, grad_ckpt=ckpt,
+                        optimizer=optimizer)
+    measured = measure_rank(CONFIGS["qwen2_moe"], plan, tracker=CountingTracker())["peak_bytes"]
+    estimated = estimate(ModelSpec.from_config(CONFIGS["qwen2_moe"]), plan).peak_bytes
+    assert abs(estimated - measured) / measured < 0.01, f"estimate {estimated:,} measured {measured:,}"
 
 
 def test_mixtral_all_linear_with_dropout_is_refused_as_peft_refuses_it():

@@ -85,7 +85,6 @@ def test_a_row_parallel_target_fails_in_the_real_forward():
 @pytest.mark.parametrize("kw,field,kind", [
     (dict(lora_targets="all-linear"), "lora-targets", REFUSED),
     (dict(method="qlora", quant="nf4", precision="bf16", lora_targets="q_proj"), "tp", GAP),
-    (dict(precision="bf16-mixed", lora_targets="q_proj"), "tp", GAP),
     (dict(gpus=4, zero=3, lora_targets="q_proj"), "tp", GAP),
     (dict(grad_ckpt="full", lora_targets="q_proj"), "tp", GAP)])
 def test_what_still_cannot_run_is_named(kw, field, kind):
@@ -94,20 +93,36 @@ def test_what_still_cannot_run_is_named(kw, field, kind):
     assert err.value.field == field and err.value.kind == kind
 
 
-def test_a_target_without_peft_tp_hooks_is_a_gap():
-    """phi3's fused qkv_proj is `colwise_gather_output` in its plan: PEFT installs no TP hooks on it."""
+def test_a_gathered_column_parallel_target_fails_in_the_real_forward():
+    """phi3's fused qkv_proj is `colwise_gather_output` in its plan: PEFT installs no TP hooks on it and sizes the
+    adapter from the local shard, transformers gathers the base's output: the forward raises, and the estimate
+    refuses it naming lora-targets (phi3's plan has no plain colwise Linear: --tp 1)."""
+    import torch
+
+    from llmem.derive.lora import trace_key
+    from llmem.derive.tp import fake_group
+    from llmem.derive.trace import build
     from tests.components.test_activations import CONFIGS as FAMILIES
 
+    plan = _plan(lora_targets="qkv_proj", seq_len=16)
+    with fake_group(2):
+        mode, model, _, _ = build(FAMILIES["phi3"], "float32", "sdpa", lora=trace_key(plan), tp=2)
+        with mode, pytest.raises(RuntimeError, match="broadcast"):
+            ids = torch.zeros((2, 16), dtype=torch.long)
+            model(input_ids=ids, labels=ids)
     with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(FAMILIES["phi3"]), _plan(lora_targets="qkv_proj"))
-    assert err.value.field == "lora-targets" and err.value.kind == GAP
+        estimate(ModelSpec.from_config(FAMILIES["phi3"]), plan)
+    assert err.value.field == "lora-targets" and err.value.kind == REFUSED and "--tp 1" in str(err.value)
 
 
 ROWS = {"llama-qkv-gate-up": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj"),
         "gpt_neox-fused-qkv-h4h": dict(lora_targets="query_key_value,dense_h_to_4h"),
         "qwen2-tied-qv-r8-nodrop": dict(lora_targets="q_proj,v_proj", lora_rank=8, lora_dropout=0.0,
                                         batch_size=4, seq_len=128),
-        "llama-qv-bf16-sgd": dict(lora_targets="q_proj,v_proj", precision="bf16", optimizer="sgd")}
+        "llama-qv-bf16-sgd": dict(lora_targets="q_proj,v_proj", precision="bf16", optimizer="sgd"),
+        "llama-qkv-gate-up-bf16mix": dict(lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj",
+                                          precision="bf16-mixed"),
+        "gpt_neox-qkv-fp16mix-nodrop": dict(lora_targets="query_key_value", precision="fp16-mixed", lora_dropout=0.0)}
 TWO = TwoRankRows(BASE, ROWS, lambda name: CONFIGS[name.split("-")[0]], sampled=["gpt_neox-fused-qkv-h4h"])
 
 
