@@ -23,10 +23,12 @@ from __future__ import annotations
 import re
 
 from llmem.components import Category
+from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
 from llmem.options import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET
 from llmem.plan import Engine, Precision, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk import deepspeed_hooks as hooks
 from llmem.walk.phase import Phase, moment
 
 DEFAULT_BUCKET = 500_000_000
@@ -60,55 +62,48 @@ def _layer_of(name: str, layers: int) -> int | None:
     return layers - 1 if match[1] == "last layer" else 0 if match[1] == "first layer" else int(match[2])
 
 
-def _earlier_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """The gradients made before layer `layer`'s backward (the final norm, an untied lm_head, the later layers): in
-    the bucket or reduced under ZeRO-2, no more tensors of their own."""
-    outer = sum(p.numel for p in spec.outer_params if not z.EMBEDDING.search(p.name))
-    later = sum(p.numel for k in range(layer + 1, spec.num_layers) for p in spec.layer_params(k))
-    return (outer + later) * z.module_bytes(plan)
-
-
-def _partition_grads_before(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """ZeRO-2: the partition gradients of the rank with the most of them among those a bucket reduced before layer
-    `layer`'s backward began held a tensor of (a bucket is reduced when the next tensor's hook finds it full)."""
-    order, keys, owners = z.buckets(spec, plan, reverse=True), z.backward_keys(spec), z.owner_ranks(spec, plan)
-    ranks = {r for done, nxt in zip(order, order[1:], strict=False) if keys[nxt[0]] >= layer
-             for i in done for r in owners[i]}
-    return max((z.partition_grad_numel(spec, plan, r) for r in ranks), default=0) * z.module_bytes(plan)
-
-
-def _zero2_gradients(spec: ModelSpec, plan: TrainingPlan, name: str, grads: int) -> int:
-    """ZeRO-2's gradients at a one-device backward moment: the bucket, the partition gradients reduced so far and
-    the gradients of the layer being differentiated made since it began (earlier ones in the bucket); in the
-    lm_head's backward its own gradient is already in the bucket (its hook, the first, opens it)."""
-    bucket = z.bucket_bytes(plan)
-    if name.startswith("lm_head backward") and z.untied_head_numel(spec):
-        return bucket + max(grads - z.untied_head_numel(spec) * z.module_bytes(plan), 0)
-    layer = _layer_of(name, spec.num_layers)
-    if layer is None:  # the end of backward: the embeddings' gradient made and moved too
-        return bucket + _partition_grads_before(spec, plan, -1)
-    own = grads - _earlier_gradient_bytes(spec, plan, layer)
-    return bucket + _partition_grads_before(spec, plan, layer) + max(own, 0)
-
-
 def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
-    """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. The bucket
-    opens at the first gradient hook (an untied lm_head's, inside its backward; else once the lm_head's backward
-    returned): ZeRO-1 holds it beside the whole gradients, ZeRO-2 as `_zero2_gradients` says."""
+    """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. ZeRO-1
+    holds its bucket, opened at the first gradient hook (an untied lm_head's, inside its backward; else once the
+    lm_head's backward returned), beside the whole gradients; where the hooks reduce (ZeRO-2, overlap_comm) `single`
+    is the walk of gradients freed at their hooks and `deepspeed_hooks` adds what the hooks hold by then."""
     persistent, bucket = _persistent(spec, plan), z.bucket_bytes(plan)
-    untied = bool(z.untied_head_numel(spec))
+    untied, in_backward = bool(z.untied_head_numel(spec)), z.reduces_in_backward(plan)
     out = []
     for ph in single:
-        if ph.name == "optimizer step":
+        if ph.name == "optimizer step" or "step in backward" in ph.name:
             continue
         b = dict(ph.breakdown)
         b.update(persistent)
-        grads = b[Category.GRADIENTS]
-        later = MICRO in ph.name  # ZeRO-1: the bucket opened in the first micro-step's backward, not yet released
-        if ph.name.startswith("backward") or later or (untied and ph.name.startswith("lm_head backward")):
-            b[Category.GRADIENTS] = grads + bucket if not z.reduces_in_backward(plan) else _zero2_gradients(
-                spec, plan, ph.name, grads)
+        if in_backward:
+            b[Category.GRADIENTS] += hooks.largest_held(spec, plan, hooks.hooks_done(spec, plan, ph.name))
+        elif (ph.name.startswith("backward") or MICRO in ph.name
+              or (untied and ph.name.startswith("lm_head backward"))):
+            b[Category.GRADIENTS] += bucket  # (micro-step 2+: the bucket opened in micro-step 1, not yet released)
         out.append(Phase(ph.name, b))
+    return out
+
+
+def _hook_reduces(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
+    """Each reduce the hooks run in backward (ZeRO-2, overlap_comm): at the hook of the gradient that overflows the
+    bucket (`deepspeed_hooks.hook_state`), the bucket's flatten (`zero_ds.flatten_numel`) beside what the hooks held
+    before, then the partition gradients it allocates."""
+    persistent, b = _persistent(spec, plan), z.module_bytes(plan)
+    moments = {ph.name: ph for ph in single}
+    buckets, keys, order = hooks.hook_buckets(spec, plan), z.backward_keys(spec), z3.backward_order(spec)
+    out = []
+    for k, pos in enumerate(hooks.trigger_positions(spec, plan)):
+        inner = 0 <= keys[order[pos]] < spec.num_layers
+        state = hooks.hook_state(spec, plan, moments, pos) if inner else hooks.outer_hook_state(spec, moments, pos)
+        state.update(persistent)
+        state[Category.TEMPORARIES] = 0
+        grads = state[Category.GRADIENTS]
+        flat = dict(state, **{Category.GRADIENTS: grads + hooks.largest_held(spec, plan, pos),
+                              Category.COMMUNICATION: state[Category.COMMUNICATION]
+                              + z.flatten_numel(spec, plan, buckets[k]) * b})
+        after = dict(state, **{Category.GRADIENTS: grads + hooks.largest_held(spec, plan, pos + 1)})
+        out += [Phase(f"ZeRO-2 reduce in backward (bucket {k + 1})", flat),
+                Phase(f"ZeRO-2 reduce in backward (bucket {k + 1}, partition gradients)", after)]
     return out
 
 
@@ -141,7 +136,7 @@ def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) 
     """The epilogue's reduce of the last bucket (`independent_gradient_partition_epilogue`, :880) on `rank` (a
     tensor larger than the bucket: in its own gradient, beside its flatten)."""
     b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
-    order = z.buckets(spec, plan, reverse=True)
+    order = hooks.hook_buckets(spec, plan)
     before = any(rank in owners[i] for tensors in order[:-1] for i in tensors)
     own = z.partition_grad_numel(spec, plan, rank) * b
     e = sum(numels[i] for i in order[-1]) * b
@@ -226,7 +221,13 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
     persistent = _persistent(spec, plan)
     base = {"parameters": persistent[Category.PARAMETERS], "optimizer": persistent[Category.OPTIMIZER], **held}
-    phases = _compute_moments(spec, plan, single)
+    if z.reduces_in_backward(plan):  # gradients freed at their hooks (`deepspeed_hooks`)
+        freed = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1, optimizer_in_backward=True))
+        named = {ph.name: ph for ph in freed}
+        freed += hooks.final_norm_moment(spec, plan, named) + hooks.head_hook_moment(spec, plan, named)
+        phases = _compute_moments(spec, plan, freed) + _hook_reduces(spec, plan, freed)
+    else:
+        phases = _compute_moments(spec, plan, single)
     reduce = _zero2_epilogue if z.reduces_in_backward(plan) else _zero1_reduce
     for rank in z.candidate_ranks(spec, plan):
         phases += reduce(spec, plan, base, rank)
