@@ -28,6 +28,8 @@ layer's MLP moment bounds it. A layer without moments of its own: the next later
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from itertools import accumulate
 
 from llmem.components import Category
 from llmem.components import weight_gradient as wgrad
@@ -39,21 +41,49 @@ from llmem.walk.phase import Phase
 
 PRE_HOOK = ("MLP weight gradient", "step in backward")  # a layer's moments before its last MLP Linear's hook
 LAYER_START = ("recompute", "post-feedforward norm")  # before any of the layer's hooks
+HEAD_HOOK = "lm_head hook (the bucket opened)"
 MLP_MOMENT = re.compile(r"backward \((last layer|first layer|layer (\d+))(, checkpointed)?\)")
+
+
+class _Table:
+    """The hooks' order and what each count of hooks done holds, computed once per (spec, plan) (`table`)."""
+
+    def __init__(self, spec, plan: TrainingPlan) -> None:
+        self.order, self.keys, self.numels = z3.backward_order(spec), z.backward_keys(spec), z.ordered_numels(spec)
+        self.names = _param_names(spec)
+        self.buckets = z.fill_buckets(self.numels, self.order, plan.ds_reduce_bucket)
+        self.triggers = list(accumulate(len(t) for t in self.buckets[:-1]))
+        self.position = {i: p for p, i in enumerate(self.order)}
+        self.layers: dict[int, list[int]] = {}
+        for p, i in enumerate(self.order):
+            self.layers.setdefault(self.keys[i], []).append(p)
+        b = z.module_bytes(plan)
+        self.suffix = [0] * (len(self.order) + 1)  # bytes of the tensors at positions >= done
+        for p in range(len(self.order) - 1, -1, -1):
+            self.suffix[p] = self.suffix[p + 1] + self.numels[self.order[p]] * b
+        ranks, self.owners = z.candidate_ranks(spec, plan), z.owner_ranks(spec, plan)
+        self.extra = [z.extra_large(spec, plan, tensors) for tensors in self.buckets]
+        self.first_bucket: dict[int, int] = {}  # rank -> the first bucket holding one of its tensors
+        for k, tensors in enumerate(self.buckets):
+            for i in tensors:
+                for r in self.owners[i]:
+                    self.first_bucket.setdefault(r, k)
+        self.held = [max(_held(spec, plan, self, done, r) for r in ranks) for done in range(len(self.order) + 1)]
+
+
+def table(spec, plan: TrainingPlan) -> _Table:
+    """`_Table` for (spec, plan), kept on the spec (a `ds_lora` view keeps its own)."""
+    return spec.memo(("deepspeed hooks", plan), lambda: _Table(spec, plan), per_plan=True)
 
 
 def hook_buckets(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """The tensors (indices of `ordered_numels`) of each reduce, filled in the hooks' order (:1091)."""
-    return z.fill_buckets(z.ordered_numels(spec), z3.backward_order(spec), plan.ds_reduce_bucket)
+    return table(spec, plan).buckets
 
 
 def trigger_positions(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Per bucket but the last (the epilogue's), the position in the hooks' order of the hook that reduces it."""
-    out, pos = [], 0
-    for tensors in hook_buckets(spec, plan)[:-1]:
-        pos += len(tensors)
-        out.append(pos)
-    return out
+    return table(spec, plan).triggers
 
 
 def _param_names(spec: ModelSpec) -> list[str]:
@@ -72,13 +102,12 @@ def _dense(spec: ModelSpec, plan: TrainingPlan) -> bool:
 def layer_positions(spec: ModelSpec, plan: TrainingPlan, layer: int) -> tuple[int, int, int]:
     """(layer `layer`'s first hook, its last MLP Linear's weight's hook (the first where it has no dense table),
     one past its last hook): positions in the hooks' order."""
-    order, keys = z3.backward_order(spec), z.backward_keys(spec)
-    positions = [p for p, i in enumerate(order) if keys[i] == layer]
+    t = table(spec, plan)
+    positions = t.layers[layer]
     first = positions[0]
     if _dense(spec, plan):
         suffix = wgrad.last_mlp_weight_name(spec).split(".0.", 1)[-1]
-        names = _param_names(spec)
-        first = next((p for p in positions if names[order[p]].endswith(f".{layer}.{suffix}")), first)
+        first = next((p for p in positions if t.names[t.order[p]].endswith(f".{layer}.{suffix}")), first)
     return positions[0], first, positions[-1] + 1
 
 
@@ -94,9 +123,9 @@ def hooks_done(spec: ModelSpec, plan: TrainingPlan, name: str) -> int:
     layer = moment_layer(name, spec.num_layers)
     if layer is None:
         if name == "final norm backward":  # after the final norm's hook: every hook before the last layer's
-            return sum(1 for k in z.backward_keys(spec) if k == spec.num_layers)
+            return len(table(spec, plan).layers.get(spec.num_layers, ()))
         if name.startswith("backward end"):
-            return len(z.ordered_numels(spec)) - sum(1 for p in spec.outer_params if z.EMBEDDING.search(p.name))
+            return len(z.ordered_numels(spec)) - len(table(spec, plan).layers.get(-1, ()))
         return 0
     start, first, end = layer_positions(spec, plan, layer)
     if any(label in name for label in LAYER_START):
@@ -106,30 +135,35 @@ def hooks_done(spec: ModelSpec, plan: TrainingPlan, name: str) -> int:
     return first + 1 if MLP_MOMENT.fullmatch(name.split(" (micro-step")[0]) else end
 
 
-def held_gradients(spec: ModelSpec, plan: TrainingPlan, done: int, rank: int) -> int:
+def _held(spec: ModelSpec, plan: TrainingPlan, t: _Table, done: int, rank: int) -> int:
     """Rank `rank`'s gradient bytes beside those in flight once `done` hooks ran: the bucket (from the first hook),
     its partition gradients (from the first reduce holding one of its tensors), a tensor larger than the bucket not
     yet reduced (ZeRO-1: also each one reduced and not copied into the rank's partition)."""
     if done == 0:
         return 0
-    b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
-    order, buckets = z3.backward_order(spec), hook_buckets(spec, plan)
-    reduced = [t for t, pos in zip(buckets, trigger_positions(spec, plan), strict=False) if pos < done]
+    b, owners = z.module_bytes(plan), t.owners
+    reduced = bisect_left(t.triggers, done)  # the buckets whose reduce ran (at a hook before `done`)
     held = z.bucket_bytes(plan)
-    if any(rank in owners[i] for t in reduced for i in t):
+    if t.first_bucket.get(rank, len(t.buckets)) < reduced:
         held += z.partition_grad_numel(spec, plan, rank) * b
-    if len(reduced) < len(buckets):
-        pending = buckets[len(reduced)]
-        if z.extra_large(spec, plan, pending) and order.index(pending[0]) < done:
-            held += numels[pending[0]] * b
+    if reduced < len(t.buckets):
+        pending = t.buckets[reduced]
+        if t.extra[reduced] and t.position[pending[0]] < done:
+            held += t.numels[pending[0]] * b
     if plan.zero == 1:
-        held += sum(numels[t[0]] * b for t in reduced if z.extra_large(spec, plan, t) and rank not in owners[t[0]])
+        held += sum(t.numels[t.buckets[k][0]] * b for k in range(reduced)
+                    if t.extra[k] and rank not in owners[t.buckets[k][0]])
     return held
 
 
+def bucket_open(name: str) -> bool:
+    """A moment with the bucket open though no hook finished: the first hook's own (an untied lm_head's)."""
+    return name == HEAD_HOOK
+
+
 def largest_held(spec: ModelSpec, plan: TrainingPlan, done: int) -> int:
-    """`held_gradients` on the rank where it is largest."""
-    return max(held_gradients(spec, plan, done, r) for r in z.candidate_ranks(spec, plan))
+    """`_held` on the rank where it is largest."""
+    return table(spec, plan).held[done]
 
 
 def hook_state(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Phase], pos: int) -> dict:
@@ -137,8 +171,9 @@ def hook_state(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Phase], p
     decoder layer (`moments`: the one-device moments under `--optimizer-in-backward`, by name)."""
     from llmem.walk.deepspeed import compute_plan
 
-    order, numels, names = z3.backward_order(spec), z.ordered_numels(spec), _param_names(spec)
-    layer = z.backward_keys(spec)[order[pos]]
+    t = table(spec, plan)
+    order, numels, names = t.order, t.numels, t.names
+    layer = t.keys[order[pos]]
     evaluated = sorted({k for nm in moments if (k := moment_layer(nm, spec.num_layers)) is not None})
     at = next((k for k in evaluated if k >= layer), evaluated[-1])  # a later layer holds more
     mine = {nm: ph for nm, ph in moments.items() if moment_layer(nm, spec.num_layers) == at}
@@ -204,9 +239,27 @@ def head_hook_moment(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Pha
     the one-device moment."""
     head = next((ph for nm, ph in moments.items() if nm == "lm_head backward"), None)
     mlp = _last_layer_mlp(spec, moments)
-    if not z.untied_head_numel(spec) or head is None or mlp is None:
+    if plan.method is not Method.FULL or not z.untied_head_numel(spec) or head is None or mlp is None:
         return []
     b = dict(head.breakdown)
     b[Category.LOGITS] = mlp.breakdown[Category.LOGITS]
-    b[Category.GRADIENTS] += z.bucket_bytes(plan)
-    return [Phase("lm_head hook (the bucket opened)", b)]
+    return [Phase(HEAD_HOOK, b)]  # (the bucket: `bucket_open`)
+
+
+def freed_moments(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
+    """The one-device moments of one micro-step with each gradient freed at its hook (`--optimizer-in-backward`),
+    with the untied lm_head's hook and the final norm's backward."""
+    from llmem.walk.deepspeed import compute_plan
+    from llmem.walk.single import iteration_phases
+
+    freed = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1, optimizer_in_backward=True))
+    named = {ph.name: ph for ph in freed}
+    return freed + final_norm_moment(spec, plan, named) + head_hook_moment(spec, plan, named)
+
+
+def unhooked_bytes(spec: ModelSpec, plan: TrainingPlan, done: int) -> int:
+    """ZeRO-1 under overlap_comm with `--grad-accum K`: its hooks reduce only in the boundary micro-step
+    (`reduce_ready_partitions_and_remove_grads` :1621-1622, `partition_gradients or
+    is_gradient_accumulation_boundary`), so there each `.grad` accumulated whole over the K micro-steps until its
+    hook moves it into the bucket (:1118): the gradients of the hooks after the first `done`, bytes."""
+    return table(spec, plan).suffix[done]

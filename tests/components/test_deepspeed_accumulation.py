@@ -28,6 +28,18 @@ ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepsp
     "llama-z2-bf16": {"zero": 2, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL},
     "llama-z1-fp32": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": SMALL},
     "llama-z0-bf16": {"zero": 0, "precision": "bf16-mixed"},
+    # ZeRO-1 under overlap_comm: micro-step 1 keeps ZeRO-1's whole .grads, the boundary's hooks reduce (ZeRO-2's walk
+    # with the accumulated .grads not yet moved): the boundary's loss backward, its last layer's MLP moment, the step
+    "llama-z1-fp32-overlap-seq256": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 256,
+                                     "ds_overlap_comm": True},
+    "llama-z1-bf16-overlap-seq256-k3": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL,
+                                        "seq_len": 256, "ds_overlap_comm": True, "grad_accum": 3},
+    "gpt2-z1-fp32-overlap-seq128": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 16_384, "seq_len": 128,
+                                    "ds_overlap_comm": True},
+    "llama-z1-bf16-overlap": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL,
+                              "ds_overlap_comm": True},
+    "mistral-z1-fp32-overlap-seq64": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64,
+                                      "ds_overlap_comm": True},
 }, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=("gpt2-z2-fp32-seq128",))
 
 
