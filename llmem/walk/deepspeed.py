@@ -105,10 +105,11 @@ def _hook_reduces(spec: ModelSpec, plan: TrainingPlan, single: list[Phase], boun
     persistent, b = _persistent(spec, plan), z.module_bytes(plan)
     moments = {ph.name: ph for ph in single}
     buckets, keys, order = hooks.hook_buckets(spec, plan), z.backward_keys(spec), z3.backward_order(spec)
-    out = []
+    out, cache = [], {}
     for k, pos in enumerate(hooks.trigger_positions(spec, plan)):
         inner = 0 <= keys[order[pos]] < spec.num_layers
-        state = hooks.hook_state(spec, plan, moments, pos) if inner else hooks.outer_hook_state(spec, moments, pos)
+        state = hooks.hook_state(spec, plan, moments, pos, cache) if inner else hooks.outer_hook_state(
+            spec, moments, pos)
         state.update(persistent)
         state[Category.TEMPORARIES] = 0
         grads = state[Category.GRADIENTS] + (hooks.unhooked_bytes(spec, plan, pos + 1) if boundary else 0)

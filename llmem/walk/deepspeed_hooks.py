@@ -54,6 +54,7 @@ class _Table:
         self.buckets = z.fill_buckets(self.numels, self.order, plan.ds_reduce_bucket)
         self.triggers = list(accumulate(len(t) for t in self.buckets[:-1]))
         self.position = {i: p for p, i in enumerate(self.order)}
+        self.spans: dict[int, tuple[int, int, int]] = {}  # `layer_positions`, filled as asked
         self.layers: dict[int, list[int]] = {}
         for p, i in enumerate(self.order):
             self.layers.setdefault(self.keys[i], []).append(p)
@@ -101,8 +102,14 @@ def _dense(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def layer_positions(spec: ModelSpec, plan: TrainingPlan, layer: int) -> tuple[int, int, int]:
     """(layer `layer`'s first hook, its last MLP Linear's weight's hook (the first where it has no dense table),
-    one past its last hook): positions in the hooks' order."""
+    one past its last hook): positions in the hooks' order (kept in the table)."""
     t = table(spec, plan)
+    if layer not in t.spans:
+        t.spans[layer] = _layer_span(spec, plan, t, layer)
+    return t.spans[layer]
+
+
+def _layer_span(spec: ModelSpec, plan: TrainingPlan, t: _Table, layer: int) -> tuple[int, int, int]:
     positions = t.layers[layer]
     first = positions[0]
     if _dense(spec, plan):
@@ -166,19 +173,29 @@ def largest_held(spec: ModelSpec, plan: TrainingPlan, done: int) -> int:
     return table(spec, plan).held[done]
 
 
-def hook_state(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Phase], pos: int) -> dict:
+def _layer_moments(spec: ModelSpec, moments: dict[str, Phase], layer: int, cache: dict) -> tuple:
+    """(the MLP moment, the weight-gradient moment or None) of the evaluated layer at or after `layer` (a later
+    layer holds more), found once per layer (`cache`)."""
+    if layer not in cache:
+        evaluated = sorted({k for nm in moments if (k := moment_layer(nm, spec.num_layers)) is not None})
+        at = next((k for k in evaluated if k >= layer), evaluated[-1])
+        mine = {nm: ph for nm, ph in moments.items() if moment_layer(nm, spec.num_layers) == at}
+        cache[layer] = (next(ph for nm, ph in mine.items() if MLP_MOMENT.fullmatch(nm)),
+                        next((ph for nm, ph in mine.items() if nm.endswith(", MLP weight gradient)")), None))
+    return cache[layer]
+
+
+def hook_state(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Phase], pos: int,
+               cache: dict | None = None) -> dict:
     """The one-device breakdown (gradients in flight only) at the hook at position `pos` of the hooks' order, in a
-    decoder layer (`moments`: the one-device moments under `--optimizer-in-backward`, by name)."""
+    decoder layer (`moments`: the one-device moments under `--optimizer-in-backward`, by name; `cache`: a dict kept
+    across the calls of one walk)."""
     from llmem.walk.deepspeed import compute_plan
 
     t = table(spec, plan)
     order, numels, names = t.order, t.numels, t.names
     layer = t.keys[order[pos]]
-    evaluated = sorted({k for nm in moments if (k := moment_layer(nm, spec.num_layers)) is not None})
-    at = next((k for k in evaluated if k >= layer), evaluated[-1])  # a later layer holds more
-    mine = {nm: ph for nm, ph in moments.items() if moment_layer(nm, spec.num_layers) == at}
-    mlp = next(ph for nm, ph in mine.items() if MLP_MOMENT.fullmatch(nm))
-    made = next((ph for nm, ph in mine.items() if nm.endswith(", MLP weight gradient)")), None)
+    mlp, made = _layer_moments(spec, moments, layer, {} if cache is None else cache)
     _, first, _ = layer_positions(spec, plan, layer)
     first_name = names[order[first]]
     bias = pos < first and names[order[pos]] == first_name[: -len("weight")] + "bias"
