@@ -64,9 +64,14 @@ RULES: tuple[Rule, ...] = (
        "optimizer (unmeasured: DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16, engine.py:1391) and "
        "pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
        engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
-    _r("engine method", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is not Method.FULL,
-       "{p.method} under DeepSpeed is not modelled; use --method full, or --engine torch", GAP,
-       engine="deepspeed", method="lora", gpus=2, zero=2),
+    _r("engine method precision zero ds_overlap_comm lora_modules_to_save", "engine", lambda p: p.engine is
+       Engine.DEEPSPEED and p.method is not Method.FULL and (
+           p.method is not Method.LORA or p.precision.value != "fp32" or p.zero not in (0, 1) or p.ds_overlap_comm
+           or bool(p.lora_modules_to_save)),
+       "{p.method} under DeepSpeed is modelled as LoRA in fp32 under ZeRO-0/1 without overlap_comm or "
+       "--lora-modules-to-save (the bf16 engine casts PEFT's fp32 adapters to bf16; ZeRO-2's reduces in the LoRA "
+       "layers' hooks and ZeRO-3's partitioned frozen base are not modelled); use that, --method full, or --engine "
+       "torch", GAP, engine="deepspeed", method="lora", precision="bf16-mixed", gpus=2, zero=2),
     _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
        "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
        "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2, zero=2),
@@ -77,12 +82,10 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.engine is Engine.DEEPSPEED and p.fsdp_shard is not FsdpShard.DIM0,
        "--fsdp-shard chooses FSDP2's shard dim; DeepSpeed partitions one flat buffer per parameter group; use "
        "--fsdp-shard dim0", REFUSED, engine="deepspeed", fsdp_shard="dim1-if-short", gpus=2, zero=2),
-    _r("engine grad_accum zero ds_overlap_comm keep_grads optimizer_in_backward", "engine", lambda p: p.engine is
-       Engine.DEEPSPEED and ((p.grad_accum > 1 and p.zero == 1 and p.ds_overlap_comm) or p.keep_grads or
-                             p.optimizer_in_backward), "kept gradients, an optimizer in backward and ZeRO-1's "
-       "overlap_comm with gradient accumulation under DeepSpeed are not modelled; use --grad-accum 1 or no "
-       "--ds-overlap-comm, no --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
-       grad_accum=2, gpus=2, zero=1, ds_overlap_comm=True),
+    _r("engine keep_grads optimizer_in_backward", "engine", lambda p: p.engine is Engine.DEEPSPEED and (
+       p.keep_grads or p.optimizer_in_backward), "kept gradients and an optimizer in backward under DeepSpeed are "
+       "not modelled; no --keep-grads or --optimizer-in-backward, or --engine torch", GAP, engine="deepspeed",
+       keep_grads=True, gpus=2, zero=1),
     _r("engine loss", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.loss is not Loss.STANDARD,
        "{p.loss.value} under DeepSpeed is not modelled; use --loss standard", GAP, engine="deepspeed",
        loss="fused-linear-ce", gpus=2, zero=2),

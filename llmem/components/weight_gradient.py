@@ -48,6 +48,17 @@ def _terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
     return weight, inter, tokens * spec.hidden_size * plan.precision.param_bytes
 
 
+def terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
+    """(the last MLP Linear's weight numel, one intermediate-sized gradient's bytes, the layer output gradient's bytes)
+    on this rank; read by DeepSpeed's hook moments (`llmem.walk.deepspeed_hooks`)."""
+    return _terms(spec, plan)
+
+
+def last_mlp_weight_name(spec: ModelSpec) -> str:
+    """Layer 0's last MLP weight matrix (the first whose gradient backward makes in a layer)."""
+    return _mlp_weights(spec)[-1].name
+
+
 def made_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Gradients in flight when MmBackward0 has made the weight gradient: the layer output's, the node's own input
     gradient where it is a tensor of its own (`output_gradient_bytes`), the input gradient and the weight gradient

@@ -44,12 +44,16 @@ def module_bytes(plan: TrainingPlan) -> int:
 
 def ordered_numels(spec: ModelSpec) -> tuple[int, ...]:
     """The trainable tensors in `model.parameters()` order: the input embeddings, the decoder layers, then the rest
-    (final norm, an untied lm_head): the order `bit16_groups` keeps (`round_robin_gradients` off)."""
-    outer = spec.outer_params
-    first = [p.numel for p in outer if EMBEDDING.search(p.name)]
-    last = [p.numel for p in outer if not EMBEDDING.search(p.name)]
-    layers = [p.numel for layer in range(spec.num_layers) for p in spec.layer_params(layer)]
-    return tuple(first + layers + last)
+    (final norm, an untied lm_head): the order `bit16_groups` keeps (`round_robin_gradients` off). Kept on the spec
+    (asked per bucket)."""
+    def compute() -> tuple[int, ...]:
+        outer = spec.outer_params
+        first = [p.numel for p in outer if EMBEDDING.search(p.name)]
+        last = [p.numel for p in outer if not EMBEDDING.search(p.name)]
+        layers = [p.numel for layer in range(spec.num_layers) for p in spec.layer_params(layer)]
+        return tuple(first + layers + last)
+
+    return spec.memo(("deepspeed ordered numels",), compute)
 
 
 def backward_keys(spec: ModelSpec) -> tuple[int, ...]:

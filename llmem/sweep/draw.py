@@ -286,19 +286,23 @@ DS_OVERLAP_SHARE = 0.5
 
 
 def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
-    """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, no offload, the
-    standard loss, one micro-step, gradients freed) in half of the cpu profile's plans it is modelled for that did
-    not draw fsdp1, with a reduce bucket from DS_BUCKETS and, under ZeRO-1/2, overlap_comm in half of them (ZeRO-0
-    reads neither); from streams of their own. Not on the cuda profile: the full-size sweeps' seeds keep their draws
-    (the simulator runs DeepSpeed since they were drawn)."""
+    """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, or LoRA in fp32
+    under ZeRO-0/1 without overlap_comm; no offload, the standard loss, the plan's own micro-steps, gradients freed)
+    in half of the cpu profile's plans it is modelled for that did not draw fsdp1, with a reduce bucket from
+    DS_BUCKETS and, under ZeRO-1/2 (full fine-tuning), overlap_comm in half of them (ZeRO-0 reads neither); from
+    streams of their own. Not on the cuda profile: the full-size sweeps' seeds keep their draws (the simulator runs
+    DeepSpeed since they were drawn)."""
     rng = random.Random(f"{seed}:{index}:deepspeed")
+    lora = fields["method"] == Method.LORA.value and fields["precision"] == "fp32" and fields["zero"] in (0, 1) \
+        and _fsdp1_runs(fields, lora=True)
     if device != "cpu" or "engine" in fields or fields["gpus"] == 1 or fields["tp"] > 1 \
             or fields["zero"] not in (0, 1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
-            or not _fsdp1_runs(fields) or rng.random() >= DEEPSPEED_SHARE:
+            or not (_fsdp1_runs(fields) or lora) or rng.random() >= DEEPSPEED_SHARE:
         return {}
     bucket = rng.choice(DS_BUCKETS)
-    overlap = fields["zero"] != 0 and random.Random(f"{seed}:{index}:ds-overlap").random() < DS_OVERLAP_SHARE
-    return {"engine": "deepspeed", "grad_accum": 1, "keep_grads": False, "ds_reduce_bucket": bucket,
+    overlap = fields["zero"] != 0 and not lora \
+        and random.Random(f"{seed}:{index}:ds-overlap").random() < DS_OVERLAP_SHARE
+    return {"engine": "deepspeed", "keep_grads": False, "ds_reduce_bucket": bucket,
             "ds_overlap_comm": overlap, "fsdp_shard": "dim0", "ddp_bucket_view": False}
 
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import re
 
-from llmem.components import Category
+from llmem.components import Category, ds_lora
+from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
 from llmem.options import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET
 from llmem.plan import Engine, Precision, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk import deepspeed_hooks as hooks
 from llmem.walk.phase import Phase, moment
 
 DEFAULT_BUCKET = 500_000_000
@@ -43,7 +45,10 @@ def compute_plan(plan: TrainingPlan) -> TrainingPlan:
 
 
 def _persistent(spec: ModelSpec, plan: TrainingPlan) -> dict:
-    return {Category.PARAMETERS: z.flat_param_bytes(spec, plan),
+    """The module's flat parameters (under LoRA `spec` is the adapters' view, `ds_lora`: the frozen base beside
+    them), the fp32 master partition and the client optimizer's states over it."""
+    frozen = ds_lora.frozen_numel(spec.base, plan) if isinstance(spec, ds_lora.TrainableView) else 0
+    return {Category.PARAMETERS: z.flat_param_bytes(spec, plan) + frozen * z.module_bytes(plan),
             Category.OPTIMIZER: z.master_bytes(spec, plan) + z.state_bytes(spec, plan)}
 
 
@@ -60,55 +65,60 @@ def _layer_of(name: str, layers: int) -> int | None:
     return layers - 1 if match[1] == "last layer" else 0 if match[1] == "first layer" else int(match[2])
 
 
-def _earlier_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """The gradients made before layer `layer`'s backward (the final norm, an untied lm_head, the later layers): in
-    the bucket or reduced under ZeRO-2, no more tensors of their own."""
-    outer = sum(p.numel for p in spec.outer_params if not z.EMBEDDING.search(p.name))
-    later = sum(p.numel for k in range(layer + 1, spec.num_layers) for p in spec.layer_params(k))
-    return (outer + later) * z.module_bytes(plan)
-
-
-def _partition_grads_before(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """ZeRO-2: the partition gradients of the rank with the most of them among those a bucket reduced before layer
-    `layer`'s backward began held a tensor of (a bucket is reduced when the next tensor's hook finds it full)."""
-    order, keys, owners = z.buckets(spec, plan, reverse=True), z.backward_keys(spec), z.owner_ranks(spec, plan)
-    ranks = {r for done, nxt in zip(order, order[1:], strict=False) if keys[nxt[0]] >= layer
-             for i in done for r in owners[i]}
-    return max((z.partition_grad_numel(spec, plan, r) for r in ranks), default=0) * z.module_bytes(plan)
-
-
-def _zero2_gradients(spec: ModelSpec, plan: TrainingPlan, name: str, grads: int) -> int:
-    """ZeRO-2's gradients at a one-device backward moment: the bucket, the partition gradients reduced so far and
-    the gradients of the layer being differentiated made since it began (earlier ones in the bucket); in the
-    lm_head's backward its own gradient is already in the bucket (its hook, the first, opens it)."""
-    bucket = z.bucket_bytes(plan)
-    if name.startswith("lm_head backward") and z.untied_head_numel(spec):
-        return bucket + max(grads - z.untied_head_numel(spec) * z.module_bytes(plan), 0)
-    layer = _layer_of(name, spec.num_layers)
-    if layer is None:  # the end of backward: the embeddings' gradient made and moved too
-        return bucket + _partition_grads_before(spec, plan, -1)
-    own = grads - _earlier_gradient_bytes(spec, plan, layer)
-    return bucket + _partition_grads_before(spec, plan, layer) + max(own, 0)
-
-
-def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
-    """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. The bucket
-    opens at the first gradient hook (an untied lm_head's, inside its backward; else once the lm_head's backward
-    returned): ZeRO-1 holds it beside the whole gradients, ZeRO-2 as `_zero2_gradients` says."""
+def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase], in_backward: bool,
+                     boundary: bool = False) -> list[Phase]:
+    """The one-device forward and backward moments with DeepSpeed's persistent bytes and its gradients. ZeRO-1
+    holds its bucket, opened at the first gradient hook (an untied lm_head's, inside its backward; else once the
+    lm_head's backward returned), beside the whole gradients; where the hooks reduce (`in_backward`: ZeRO-2,
+    overlap_comm) `single` is the walk of gradients freed at their hooks and `deepspeed_hooks` adds what the hooks
+    hold by then, and at ZeRO-1's `boundary` micro-step the accumulated gradients their hooks have not moved yet."""
     persistent, bucket = _persistent(spec, plan), z.bucket_bytes(plan)
     untied = bool(z.untied_head_numel(spec))
     out = []
     for ph in single:
-        if ph.name == "optimizer step":
+        if ph.name == "optimizer step" or "step in backward" in ph.name:
             continue
         b = dict(ph.breakdown)
         b.update(persistent)
-        grads = b[Category.GRADIENTS]
-        later = MICRO in ph.name  # ZeRO-1: the bucket opened in the first micro-step's backward, not yet released
-        if ph.name.startswith("backward") or later or (untied and ph.name.startswith("lm_head backward")):
-            b[Category.GRADIENTS] = grads + bucket if not z.reduces_in_backward(plan) else _zero2_gradients(
-                spec, plan, ph.name, grads)
-        out.append(Phase(ph.name, b))
+        name = ph.name
+        if in_backward:
+            done = hooks.hooks_done(spec, plan, ph.name)
+            held = hooks.largest_held(spec, plan, done)
+            if boundary or hooks.bucket_open(ph.name):  # (at the boundary: open since micro-step 1's first hook)
+                held = max(held, bucket)
+            if boundary:  # the .grads accumulated whole until their hooks
+                held += hooks.unhooked_bytes(spec, plan, done + hooks.bucket_open(ph.name))
+                name = f"{ph.name} {MICRO} {plan.grad_accum}, the boundary)"
+            b[Category.GRADIENTS] += held
+        elif (ph.name.startswith("backward") or MICRO in ph.name
+              or (untied and ph.name.startswith("lm_head backward"))):
+            b[Category.GRADIENTS] += bucket  # (micro-step 2+: the bucket opened in micro-step 1, not yet released)
+        out.append(Phase(name, b))
+    return out
+
+
+def _hook_reduces(spec: ModelSpec, plan: TrainingPlan, single: list[Phase], boundary: bool = False) -> list[Phase]:
+    """Each reduce the hooks run in backward (ZeRO-2, overlap_comm): at the hook of the gradient that overflows the
+    bucket (`deepspeed_hooks.hook_state`), the bucket's flatten (`zero_ds.flatten_numel`) beside what the hooks held
+    before, then the partition gradients it allocates; at ZeRO-1's `boundary` micro-step beside the accumulated
+    gradients of the later hooks."""
+    persistent, b = _persistent(spec, plan), z.module_bytes(plan)
+    moments = {ph.name: ph for ph in single}
+    buckets, keys, order = hooks.hook_buckets(spec, plan), z.backward_keys(spec), z3.backward_order(spec)
+    out, cache = [], {}
+    for k, pos in enumerate(hooks.trigger_positions(spec, plan)):
+        inner = 0 <= keys[order[pos]] < spec.num_layers
+        state = hooks.hook_state(spec, plan, moments, pos, cache) if inner else hooks.outer_hook_state(
+            spec, moments, pos)
+        state.update(persistent)
+        state[Category.TEMPORARIES] = 0
+        grads = state[Category.GRADIENTS] + (hooks.unhooked_bytes(spec, plan, pos + 1) if boundary else 0)
+        flat = dict(state, **{Category.GRADIENTS: grads + hooks.largest_held(spec, plan, pos),
+                              Category.COMMUNICATION: state[Category.COMMUNICATION]
+                              + z.flatten_numel(spec, plan, buckets[k]) * b})
+        after = dict(state, **{Category.GRADIENTS: grads + hooks.largest_held(spec, plan, pos + 1)})
+        out += [Phase(f"ZeRO-2 reduce in backward (bucket {k + 1})", flat),
+                Phase(f"ZeRO-2 reduce in backward (bucket {k + 1}, partition gradients)", after)]
     return out
 
 
@@ -141,7 +151,7 @@ def _zero2_epilogue(spec: ModelSpec, plan: TrainingPlan, base: dict, rank: int) 
     """The epilogue's reduce of the last bucket (`independent_gradient_partition_epilogue`, :880) on `rank` (a
     tensor larger than the bucket: in its own gradient, beside its flatten)."""
     b, numels, owners = z.module_bytes(plan), z.ordered_numels(spec), z.owner_ranks(spec, plan)
-    order = z.buckets(spec, plan, reverse=True)
+    order = hooks.hook_buckets(spec, plan)
     before = any(rank in owners[i] for tensors in order[:-1] for i in tensors)
     own = z.partition_grad_numel(spec, plan, rank) * b
     e = sum(numels[i] for i in order[-1]) * b
@@ -218,16 +228,28 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         from llmem.walk.deepspeed3 import zero3_phases
 
         return zero3_phases(spec, plan)
+    walk_spec, spec = spec, ds_lora.trainable_spec(spec, plan)  # the walks read the model, ZeRO its trainables
     if plan.zero == 0:
-        return _zero0_phases(spec, plan, iteration_phases(spec, compute_plan(plan)))
+        return _zero0_phases(spec, plan, iteration_phases(walk_spec, compute_plan(plan)))
     later = plan.grad_accum > 1 and z.reduces_in_backward(plan)  # ZeRO-2: every micro-step reduces
-    single = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1) if later else compute_plan(plan))
+    boundary = later and plan.zero == 1  # ZeRO-1 under overlap_comm: only the boundary's hooks reduce (:1622)
+    single = iteration_phases(walk_spec, compute_plan(plan).with_(grad_accum=1) if later and not boundary
+                              else compute_plan(plan))
     step = next(ph for ph in single if ph.name == "optimizer step")
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
     persistent = _persistent(spec, plan)
     base = {"parameters": persistent[Category.PARAMETERS], "optimizer": persistent[Category.OPTIMIZER], **held}
-    phases = _compute_moments(spec, plan, single)
+    if z.reduces_in_backward(plan):  # gradients freed at their hooks (`deepspeed_hooks`)
+        freed = hooks.freed_moments(walk_spec, plan)
+        phases = (_compute_moments(spec, plan, freed, True, boundary)
+                  + _hook_reduces(spec, plan, freed, boundary))
+        if boundary:  # the micro-steps before: ZeRO-1's whole gradients beside the bucket (the last one's: above)
+            phases += _compute_moments(spec, plan, [ph for ph in single if MICRO not in ph.name or (
+                plan.grad_accum > 2 and "backward" in ph.name)], False)
+    else:
+        phases = _compute_moments(spec, plan, single, False)
     reduce = _zero2_epilogue if z.reduces_in_backward(plan) else _zero1_reduce
     for rank in z.candidate_ranks(spec, plan):
         phases += reduce(spec, plan, base, rank)
-    return phases + (_later_micro_steps(spec, plan, phases) if later else []) + _step_moments(spec, plan, base)
+    return (phases + (_later_micro_steps(spec, plan, phases) if later and not boundary else [])
+            + _step_moments(spec, plan, base))

@@ -44,7 +44,6 @@ CASES = {  # the default suite's launch: each kind of peak moment once, ZeRO-1 a
 }
 HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a default bucket under ZeRO-1, a
     # checkpointed layer's backward with tensors larger than the bucket, SGD's momentum as the client's state
-    # (ZeRO-2 with SGD on this llama peaks inside a layer's backward and reads 3% above: docs/DEEPSPEED.md)
     "llama-z2-fp32": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL},
     "llama-z1-bf16": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL},
     "llama-z1-fp32-default": {"zero": 1, "precision": "fp32"},
@@ -52,7 +51,12 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
                                   "grad_ckpt": "full"},
     "llama-z1-fp32-seq256": {"zero": 1, "precision": "fp32", "ds_reduce_bucket": 30_000, "seq_len": 256},
     "llama-z1-bf16-sgd": {"zero": 1, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL, "optimizer": "sgd"},
+    # ZeRO-2 in backward (llmem.walk.deepspeed_hooks): mistral's untied lm_head hook opens the bucket at the peak;
+    # llama's MLP moment before the up projection's hook allocates the partition gradients; llama bf16's final norm
     "mistral-z2-fp32-seq64": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 64},
+    "llama-z2-fp32-seq256": {"zero": 2, "precision": "fp32", "ds_reduce_bucket": SMALL, "seq_len": 256},
+    "llama-z2-bf16-seq256-sgd": {"zero": 2, "precision": "bf16-mixed", "ds_reduce_bucket": SMALL, "seq_len": 256,
+                                 "optimizer": "sgd"},
     # ZeRO-0 in fp32 (the engine's all-reduce of the flattened gradients after backward), with SGD, a tied model's
     # and an untied one's, activations at the peak; overlap_comm with both buckets at the peak (the default size:
     # 4 GB in fp32) and with small ones

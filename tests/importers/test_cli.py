@@ -34,9 +34,10 @@ def test_deepspeed_zero2_is_estimated_as_deepspeeds_own_program(capsys):
     assert code == 0 and "--engine deepspeed" in out and "ZeRO-2 (DeepSpeed) on 8 GPU(s)" in out
     code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"))
     assert code == 0 and "ZeRO-2 (DeepSpeed) on 8 GPU(s)" in out  # its gradient_accumulation_steps 2, modelled
-    code, _, err = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--zero", "1")
-    assert code == 2 and "under DeepSpeed are not modelled" in err and "ds_z2_numeric.json" in err  # ZeRO-1
-    # overlap_comm with accumulation
+    code, out, _ = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--zero", "1")
+    assert code == 0 and "ZeRO-1 (DeepSpeed) on 8 GPU(s)" in out  # overlap_comm with accumulation, modelled
+    code, _, err = run(capsys, "estimate", "--model", "gpt2", "--from", cfg("ds_z2_numeric.json"), "--keep-grads")
+    assert code == 2 and "under DeepSpeed are not modelled" in err and "ds_z2_numeric.json" in err
 
 
 def test_an_auto_reduce_bucket_is_the_models_hidden_size_squared(capsys, tmp_path):

@@ -128,11 +128,16 @@ def test_derived_draws_cover_the_catalogue_and_leave_the_small_draws_alone():
 
 def test_deepspeed_is_drawn_on_the_cpu_profile_where_it_is_modelled(many):
     """--engine deepspeed: ZeRO-0, 1 and 2, buckets below and at DeepSpeed's default, overlap_comm on and off under
-    ZeRO-1/2 (never under ZeRO-0, which reads none), every such plan accepted; never on the cuda profile (the
+    ZeRO-1/2 (never under ZeRO-0, which reads none), the plans' own micro-steps (ZeRO-1 overlap_comm with
+    accumulation among them), LoRA in fp32 under ZeRO-0/1, every such plan accepted; never on the cuda profile (the
     simulator does not run DeepSpeed)."""
     ds = [d for d in many if d.fields.get("engine") == "deepspeed"]
-    assert {d.fields["zero"] for d in ds} == {1, 2}  # this seed's ZeRO-0 plans it could run drew fsdp1
-    base = {k: v for k, v in ds[0].fields.items() if k != "engine"}  # a plan it runs, every stage drawn again
+    assert {d.fields["zero"] for d in ds} == {0, 1, 2}  # (ZeRO-0: LoRA; its full plans here drew fsdp1)
+    assert any(d.fields["grad_accum"] > 1 and d.fields["zero"] == 1 and d.fields["ds_overlap_comm"] for d in ds)
+    lora = [d for d in ds if d.fields["method"] == "lora"]
+    assert lora and all(d.fields["precision"] == "fp32" and d.fields["zero"] in (0, 1)
+                        and not d.fields["ds_overlap_comm"] for d in lora)
+    base = {k: v for k, v in next(d for d in ds if d.fields["method"] == "full").fields.items() if k != "engine"}
     drawn = [_draw_deepspeed(11, i, {**base, "zero": z}, "cpu") for i in range(200) for z in (0, 1, 2)]
     assert {(x["ds_overlap_comm"], x["ds_reduce_bucket"] > 1_000_000) for x in drawn if x} == {
         (a, b) for a in (True, False) for b in (True, False)}
