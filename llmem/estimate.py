@@ -201,6 +201,10 @@ def plan_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         from llmem.walk.pipeline import pipeline_phases
 
         return pipeline_phases(program_spec(spec, plan), plan)
+    if plan.cp > 1:  # the FSDP2 walk of the sequence shard, with the ring's buffers (`walk.context_parallel`)
+        from llmem.walk.context_parallel import cp_phases
+
+        return cp_phases(spec, plan, iteration_phases)
     return iteration_phases(spec, plan)
 
 

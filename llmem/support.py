@@ -29,6 +29,7 @@ from llmem.choices import (
 )
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
+from llmem.support_cp import context_parallel_rules
 from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
 
 LORA_METHODS = (Method.LORA, Method.QLORA)
@@ -72,6 +73,8 @@ RULES: tuple[Rule, ...] = (
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
     # --- pipeline parallelism (torch.distributed.pipelining; llmem.walk.pipeline): llmem.support_pp ----------------
     *pipeline_rules(_r),
+    # --- context parallelism (torch's ring attention; llmem.runtime.context_parallel): llmem.support_cp ---------
+    *context_parallel_rules(_r),
     # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-0/1/2/3 -----------
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",
