@@ -96,3 +96,17 @@ def ring_backward_bytes(spec: ModelSpec, plan, last: bool = False) -> int:
     else:  # rank 0's partial step: half of q, and its logsumexp half made contiguous (`_attention.py:590-592`)
         second = (q // 2 + 2 * kv) * cb + tokens // 2 * spec.num_heads * FP32
     return accumulators + sent + gathered + exchanged + second
+
+
+MEASURED_FAMILIES = ("llama",)
+
+
+def check(spec: ModelSpec, plan) -> None:
+    """The model's side of `--cp`: measured on llama (full causal attention in every layer); other families are a
+    gap (sliding-window ones could not run at all: accelerate refuses layers whose mask is stricter than causal,
+    `big_modeling.py:810-826`, as its hook drops the mask)."""
+    from llmem.errors import GAP, InputError
+
+    if plan.cp > 1 and (spec.model_type not in MEASURED_FAMILIES or spec.derived is not None):
+        raise InputError("cp", f"context parallelism is modelled and measured for llama models; {spec.model_type!r} "
+                         "is not modelled yet: use --cp 1", GAP)

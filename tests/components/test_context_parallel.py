@@ -109,5 +109,15 @@ def test_refused_in_one_line(fields, blame):
     assert err.value.field == blame
 
 
+def test_other_families_are_a_gap():
+    from llmem.estimate import estimate
+    from llmem.spec import ModelSpec
+
+    qwen2 = dict(LLAMA, model_type="qwen2")
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(qwen2), TrainingPlan(**BASE))
+    assert err.value.field == "cp" and err.value.kind == "gap"
+
+
 if __name__ == "__main__":
     _worker(sys.argv[1])
