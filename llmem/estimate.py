@@ -219,6 +219,10 @@ def plan_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         from llmem.walk.pipeline import pipeline_phases
 
         return pipeline_phases(program_spec(spec, plan), plan)
+    if plan.cp > 1:  # the FSDP2 walk of the sequence shard, with the ring's buffers (`walk.context_parallel`)
+        from llmem.walk.context_parallel import cp_phases
+
+        return cp_phases(spec, plan, iteration_phases)
     return iteration_phases(spec, plan)
 
 
@@ -235,6 +239,10 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     lora.check_supported(spec, plan)
     float8.check(spec, plan)
     act_offload.check_model(spec, plan)
+    if plan.cp > 1:
+        from llmem.components import context_parallel
+
+        context_parallel.check(spec, plan)
     if plan.engine is Engine.FSDP1 and plan.gpus > 1 and lora.is_lora(plan) and (
             spec.derived is not None or not spec.family.lora_activations):
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "

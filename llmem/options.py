@@ -107,6 +107,14 @@ OPTIONS: tuple[Option, ...] = (
            "after the first keeps a receive buffer and an input gradient per microbatch.",
            low=1, high=MAX_APP_BATCH, link=WHEN_SET, compared=False,
            widget=Widget("Pipeline microbatches", "w_microbatches", NUMBER, group=G_HARDWARE)),
+    Option("cp", int, 1,
+           "Context-parallel degree (PyTorch's ring attention, torch.distributed.tensor.experimental.context_parallel,"
+           " as torchtitan and the HF Trainer run it, with FSDP2 --zero 2/3 sharding over all --gpus): each group "
+           "of cp GPUs splits every sequence into cp shards, so every activation, the logits and the loss hold "
+           "seq_len / cp tokens per GPU; attention all-gathers the group's keys and values (cp shards of them) for "
+           "the layer running, and its backward adds fp32 query/key/value gradient accumulators.",
+           low=1, high=MAX_APP_GPUS, link=WHEN_SET, compared=False,
+           widget=Widget("Context parallelism (cp)", "w_cp", NUMBER, group=G_HARDWARE)),
     Option("batch_size", int, 1,
            "Micro-batch per GPU. Activations and logits grow linearly with it. With --pp: the step's batch of the "
            "pipeline, split into --microbatches.",

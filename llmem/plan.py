@@ -154,7 +154,7 @@ class TrainingPlan(_PlanFields):
     @property
     def tokens_per_step(self) -> int:
         """Tokens the whole job processes per optimizer step (micro-batch × seq × data-parallel ranks)."""
-        return self.batch_size * self.seq_len * self.dp
+        return self.batch_size * self.seq_len * self.dp // self.cp  # --cp: a group of cp ranks shares a sequence
 
     def with_(self, **changes) -> TrainingPlan:
         return replace(self, **changes)

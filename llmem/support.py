@@ -3,8 +3,9 @@
 Each row names the plan fields its condition reads, the option the refusal blames, the one-line message with its
 fix, and its kind: a right refusal (`REFUSED`: the real program cannot run it, e.g. Liger's Triton kernels on CPU)
 or a gap (`GAP`: it could run, llmem does not model it yet). The rows are model-independent (the model's checks:
-`llmem.estimate.validate_plan_for_model`); `--float8`'s, LoRA with TP's and `--activation-offload`'s rows are in
-`llmem.support_float8`, `support_lora_tp`, `support_activation`. `TrainingPlan` raises the first row whose condition
+`llmem.estimate.validate_plan_for_model`); the pipeline's, `--cp`'s, `--float8`'s, LoRA with TP's and
+`--activation-offload`'s rows are in `llmem.support_pp`, `support_cp`, `support_float8`, `support_lora_tp`,
+`support_activation` (each made with `llmem.support_rule`). `TrainingPlan` raises the first row whose condition
 holds (`check`); link repair (`llmem.share`) asks the rows over the options it changes
 (`first_refusal`, `among`); tests run each row's example (`Rule.example`: fields tripping it, no row before) in both.
 """
@@ -28,6 +29,7 @@ from llmem.choices import (
 )
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
+from llmem.support_cp import context_parallel_rules
 from llmem.support_float8 import RULES_FLOAT8
 from llmem.support_lora_tp import LORA_TP_RULES
 from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
@@ -54,6 +56,8 @@ RULES: tuple[Rule, ...] = (
        "TP combined with data parallelism runs FSDP2 across the TP groups; use --zero 3", GAP, gpus=4, tp=2, zero=1),
     # --- pipeline parallelism (torch.distributed.pipelining; llmem.walk.pipeline): llmem.support_pp ----------------
     *pipeline_rules(),
+    # --- context parallelism (torch's ring attention; llmem.runtime.context_parallel): llmem.support_cp ---------
+    *context_parallel_rules(),
     # --- the engine: PyTorch's own programs, FSDP1 (FullyShardedDataParallel), DeepSpeed ZeRO-0/1/2/3 -----------
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.tp > 1,
        "DeepSpeed ZeRO has no tensor parallelism of its own (AutoTP is not modelled); use --tp 1, or --engine torch",

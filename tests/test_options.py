@@ -34,6 +34,7 @@ SAMPLES = {
     "pp_stages_per_rank": ("3", {"pp": "2", "gpus": "2", "pp_schedule": "interleaved-1f1b", "microbatches": "2",
                                  "batch_size": "2"}),
     "microbatches": ("4", {"pp": "2", "gpus": "2", "batch_size": "4"}),
+    "cp": ("2", {"gpus": "2", "zero": "3"}),
     "ds_reduce_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
     "ds_overlap_comm": ("true", {"engine": "deepspeed", "gpus": "2", "zero": "2"}),
     "ds_prefetch_bucket": ("1000000", {"engine": "deepspeed", "gpus": "2", "zero": "3"}),

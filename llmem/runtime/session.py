@@ -41,6 +41,7 @@ class Session:
     schedule: object = None  # --pp: this rank's pipeline schedule (`runtime.pipeline`); `model` is its stage
     rank: int = 0
     offload_ctx: object = None  # --activation-offload: torchtune's OffloadActivations (`runtime.act_offload`)
+    cp_mesh: object = None  # --cp: the context-parallel mesh dim (`runtime.context_parallel`)
 
     def autocast(self):
         """Autocast for mixed precision, except under FSDP2 where the MixedPrecisionPolicy casts instead, and under
@@ -97,6 +98,7 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
 
         mark("wrap")
         wrapped = model = prepare_lora_tp(model, plan, topo.device_type)
+        cp_mesh = None
     else:
         model = apply_method(model, plan)
         if plan.float8.value != "none":  # torchao's Float8Linear, before wrapping (`llmem.runtime.float8`)
@@ -106,6 +108,7 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         mark("wrap")
         if plan.pp > 1:
             return _prepare_pipeline(model, plan, topo)
+        cp_mesh = _prepare_context_parallel(model, plan, topo) if plan.cp > 1 else None
         wrapped = wrap(model, plan, topo.device_type)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     if plan.optimizer_in_backward:
@@ -116,7 +119,7 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         wrapped, optimizer = deepspeed.initialize(wrapped, make_optimizer(trainable, plan), plan)
     else:
         optimizer = make_optimizer(trainable, plan, zero1=plan.scheme is Scheme.ZERO1)
-    dp_rank = topo.rank // plan.tp
+    dp_rank = topo.rank // (plan.tp * plan.cp)  # a TP group, or a context-parallel group, shares its batch
     gen = torch.Generator().manual_seed(SEED + 1 + dp_rank)
     vocab = int(model.config.vocab_size)
     ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len), generator=gen).to(topo.device)
@@ -126,7 +129,21 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         from llmem.runtime.act_offload import offloading_context
 
         offload_ctx = offloading_context(model, torch.device(topo.device))
-    return Session(plan, wrapped, optimizer, ids, topo.device_type, offload_ctx=offload_ctx)
+    return Session(plan, wrapped, optimizer, ids, topo.device_type, offload_ctx=offload_ctx, cp_mesh=cp_mesh)
+
+
+def _prepare_context_parallel(model: nn.Module, plan: TrainingPlan, topo: Topology):
+    """`--cp`: the ("dp", "cp") mesh (cp inner, as torchtitan's and accelerate's), the self_attn mask hooks, and on
+    CPU the ring's handler for torch's CPU flash kernel (`runtime.context_parallel`). FSDP2 shards over every rank
+    (`wrap`): torchtitan's and accelerate's flattened dp_shard × cp mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from llmem.runtime import context_parallel
+
+    if topo.device_type == "cpu":
+        context_parallel.enable_cpu_kernel()
+    context_parallel.attach_mask_hooks(model)
+    return init_device_mesh(topo.device_type, (plan.gpus // plan.cp, plan.cp), mesh_dim_names=("dp", "cp"))["cp"]
 
 
 def _prepare_pipeline(model: nn.Module, plan: TrainingPlan, topo: Topology) -> Session:
@@ -200,17 +217,33 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
         suffix = f" (micro-step {micro + 1})" if micro else ""
         del out  # the previous micro-step's outputs (logits, loss) are dropped before the next forward
         mark("forward" + suffix)
-        with session.autocast():
-            out = _forward_loss(session)
-        mark("backward" + suffix)
-        loss = out if isinstance(out, torch.Tensor) else out.loss
-        if session.plan.engine is Engine.DEEPSPEED:  # accelerate's DeepSpeedEngineWrapper.backward (accelerate 1.15
-            # utils/deepspeed.py:267: the boundary set before each backward, the last micro-step's True)
-            session.model.set_gradient_accumulation_boundary(micro == session.plan.grad_accum - 1)
-            session.model.backward(loss)
-        else:
-            loss.backward()
-        del loss
+        cp_ctx = contextlib.nullcontext()
+        if session.cp_mesh is not None:  # this step's shards of the batch, the ring around forward and backward
+            from llmem.runtime.context_parallel import shard_inputs
+
+            cp_ctx, cp_inputs = shard_inputs(session.cp_mesh, session.input_ids)
+        with cp_ctx:
+            with session.autocast():
+                out = session.model(**cp_inputs) if session.cp_mesh is not None else _forward_loss(session)
+            mark("backward" + suffix)
+            loss = out if isinstance(out, torch.Tensor) else out.loss
+            _backward(session, loss, micro)
+            del loss
+    _step(session, mark)
+    del out
+    mark("end")
+
+
+def _backward(session: Session, loss, micro: int) -> None:
+    if session.plan.engine is Engine.DEEPSPEED:  # accelerate's DeepSpeedEngineWrapper.backward (accelerate 1.15
+        # utils/deepspeed.py:267: the boundary set before each backward, the last micro-step's True)
+        session.model.set_gradient_accumulation_boundary(micro == session.plan.grad_accum - 1)
+        session.model.backward(loss)
+    else:
+        loss.backward()
+
+
+def _step(session: Session, mark: Mark = _no_mark) -> None:
     if session.plan.engine is Engine.DEEPSPEED:
         mark("optimizer")
         session.model.step()  # the step, zero_grad and the all-gather of the new partitions
@@ -219,5 +252,3 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
         session.optimizer.step()
         mark("zero_grad")
         session.optimizer.zero_grad(set_to_none=not session.plan.keep_grads)  # --keep-grads
-    del out
-    mark("end")

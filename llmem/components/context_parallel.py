@@ -1,0 +1,112 @@
+"""`--cp N`: what context parallelism adds to a rank's memory beyond FSDP2 on its sequence shard.
+
+A rank of a cp group runs the plan's program on seq_len / cp tokens (the local plan, `local_plan`: every activation,
+the logits and the loss at seq_len / cp; FSDP2 shards parameters, gradients and states over all GPUs, torchtitan's
+and accelerate's dp_shard × cp mesh). On top of it (torch 2.13 `torch/distributed/tensor/experimental/
+_context_parallel/_attention.py`, transformers 5.23, accelerate 1.15), each term below, for the worst rank: every rank
+but the last of its group (the last one's shards are adjacent and it never merges a partial block).
+"""
+
+from __future__ import annotations
+
+from llmem.components.activations import _bytes
+from llmem.spec import ModelSpec
+
+INT64 = 8
+FP32 = 4
+BUFFERS = 4  # input_ids, labels, shift_labels, position_ids (transformers `trainer.py:2393-2487`)
+
+
+def local_plan(plan):
+    """The plan a rank runs on its shard: the same plan on seq_len / cp tokens, without cp."""
+    return plan.with_(cp=1, seq_len=plan.seq_len // plan.cp)
+
+
+def _local(plan) -> int:
+    return plan.seq_len // plan.cp
+
+
+def step_buffers_bytes(plan) -> int:
+    """The step's buffers while the step runs and after it, until the next step's: input_ids, labels, shift_labels
+    (int64, batch × seq) and position_ids, which `context_parallel` resizes in place to their shard
+    (`_attention.py:1599-1601`, `buffer.resize_`: a smaller shape keeps the storage, so each keeps its full
+    batch × seq bytes; position_ids is an expanded arange of seq, unless the shard needs more), plus the rank's own
+    copy of the whole batch's input_ids beyond the local plan's (the session's, batch × seq)."""
+    b, s, sl = plan.batch_size, plan.seq_len, _local(plan)
+    return (3 * b * s + max(s, b * sl)) * INT64 + b * (s - sl) * INT64
+
+
+def context_held_bytes(plan) -> int:
+    """Inside the context (forward and backward): `context_parallel`'s generator frame keeps `shards` (each buffer's
+    contiguous local shard from `distribute_tensor(...).to_local()`, `_attention.py:1163-1165`) and the last
+    `shard.clone()` (`_attention.py:1599`): five int64 shards of batch × seq / cp."""
+    return (BUFFERS + 1) * plan.batch_size * _local(plan) * INT64
+
+
+def rope_batch_bytes(spec: ModelSpec, plan) -> int:
+    """RoPE's cos and sin for position_ids of the whole micro-batch (batch × seq / cp × rotary dim, in the hidden
+    states' dtype) instead of the local plan's batch-1 position ids (`activations.outer_saved`): (batch − 1) more
+    rows of each."""
+    if not spec.family.rope:
+        return 0
+    _, rb = _bytes(plan)
+    return 2 * (plan.batch_size - 1) * _local(plan) * spec.head_dim * rb
+
+
+def packed_mask_bytes(plan) -> int:
+    """During the forward, on every rank but the last: the load-balanced position ids jump (chunks r and 2cp-1-r),
+    so transformers' mask builder takes them for packed sequences (`masking_utils.py:750-779`,
+    `find_packed_sequence_indices`) and builds a boolean (batch, 1, seq/cp, seq/cp) mask that accelerate's self_attn
+    hook then drops (`big_modeling.py:828`); freed when the decoder stack returns."""
+    sl = _local(plan)
+    return plan.batch_size * sl * sl
+
+
+def attention_copy_bytes(spec: ModelSpec, plan) -> int:
+    """Per decoder layer, saved until o_proj's backward, on every rank but the last: the merged attention output of
+    a rank that merged a partial block is `torch.cat`'s contiguous (batch, heads, seq, head_dim) tensor
+    (`_partial_update`, `_attention.py:113-136`), so transformers' `attn_output.transpose(1, 2).contiguous()`
+    (`integrations/sdpa_attention.py`) copies it for o_proj, which keeps the copy; without cp (and on the last
+    rank) the kernel's output is laid out (batch, seq, heads, head_dim) and the same call returns it as is."""
+    cb, _ = _bytes(plan)
+    return plan.batch_size * _local(plan) * spec.num_heads * spec.head_dim * cb
+
+
+def ring_backward_bytes(spec: ModelSpec, plan, last: bool = False) -> int:
+    """The ring's backward (`_templated_ring_attention_backward`, `_attention.py:488-655`) at its largest instant, the
+    second block's kernel call, beyond the local plan's sdpa backward (whose kernel outputs, q's, k's and v's
+    gradients, are the first block's here): fp32 accumulators of q's, k's and v's gradients (`zeros_like(...,
+    dtype=float32)`, `_cp_options.convert_to_f32`); the flattened k and v sent round the ring (`torch.cat`, held to
+    the end) and the group's all-gathered copy of them (`_AllGatherRotater`: cp × the rank's k and v; the
+    `key.contiguous()` / `value.contiguous()` copies are released as the first received block replaces them); the
+    flattened fp32 k and v gradients sent to the next rank and the buffer received (`_AllToAllRotater`,
+    `permute_tensor`); and the second call's gradients while the first's are held. The load-balanced second block
+    (`_attention.py:566-593`) is a full q with half the keys and values on a rank past its first step (every rank
+    but rank 0; with `last`, the last rank), and half of q with all the keys and values on rank 0, the worst rank of
+    a 2-rank group otherwise, with its logsumexp's half copied."""
+    cb, _ = _bytes(plan)
+    tokens = plan.batch_size * _local(plan)
+    q, kv = tokens * spec.num_heads * spec.head_dim, tokens * spec.num_kv_heads * spec.head_dim
+    accumulators = (q + 2 * kv) * FP32
+    sent = 2 * kv * cb
+    gathered = plan.cp * 2 * kv * cb
+    exchanged = 2 * (2 * kv * FP32)
+    if last or plan.cp > 2:
+        second = (q + kv) * cb
+    else:  # rank 0's partial step: half of q, and its logsumexp half made contiguous (`_attention.py:590-592`)
+        second = (q // 2 + 2 * kv) * cb + tokens // 2 * spec.num_heads * FP32
+    return accumulators + sent + gathered + exchanged + second
+
+
+MEASURED_FAMILIES = ("llama",)
+
+
+def check(spec: ModelSpec, plan) -> None:
+    """The model's side of `--cp`: measured on llama (full causal attention in every layer); other families are a
+    gap (sliding-window ones could not run at all: accelerate refuses layers whose mask is stricter than causal,
+    `big_modeling.py:810-826`, as its hook drops the mask)."""
+    from llmem.errors import GAP, InputError
+
+    if plan.cp > 1 and (spec.model_type not in MEASURED_FAMILIES or spec.derived is not None):
+        raise InputError("cp", f"context parallelism is modelled and measured for llama models; {spec.model_type!r} "
+                         "is not modelled yet: use --cp 1", GAP)
