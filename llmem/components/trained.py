@@ -1,0 +1,85 @@
+"""The tensors the optimizer gets, one entry each, in the order it walks them: the trainable inventory
+(`llmem.components.trainable`) as the optimizer sees it. The method substitutes here, once; the optimizer's states
+and step temporaries (`llmem.components.optimizer`) read this list whatever the method.
+
+The runtime hands the optimizer the parameters with `requires_grad` in `model.parameters()` order
+(`llmem.runtime.optim`). Full fine-tuning: every parameter, in the plan's parameter dtype, as the scheme shards it.
+LoRA and QLoRA: PEFT's fp32 adapters (`LoraLayer.update_layer`, `llmem.components.lora`; FSDP2 shards them with
+their layer, TP shards lora_B of a column-parallel Linear and lora_A of a row-parallel one), and the trainable copies
+of `--lora-modules-to-save` in the parameter dtype, the embedding's registered before the layers, the lm_head's after
+(`peft/utils/other.py: ModulesToSaveWrapper`); the frozen (or quantized) base gets no state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from llmem.components import lora
+from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_numel, shard_summary, tp_local_shape
+from llmem.plan import TrainingPlan
+from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
+
+
+class Trained(NamedTuple):
+    """One tensor the optimizer updates."""
+
+    numel: int  # its elements on this rank (TP and FSDP2: its shard)
+    shape: tuple[int, ...]  # its shape on this rank under TP (before FSDP2's flat sharding)
+    elem_bytes: int  # bytes per element: of the tensor, its gradient and its optimizer states
+    dtensor: bool  # under TP, a DTensor parameter (`llmem.runtime.optim.param_groups`: a group of its own)
+
+
+@per_spec("layout_key")
+def trained_tensors(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+    """Every tensor the plan trains on this rank (before ZeRO-1 partitions them or an offload moves them)."""
+    return _adapters(spec, plan) if lora.is_lora(plan) else _full(spec, plan)
+
+
+def _full(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+    """Every parameter, in `model.parameters()` order; under TP a DTensor when its Linear is split (a row-wise
+    Linear's bias too: replicated, but a DTensor of its module)."""
+    local, pb = shard_summary(spec, plan).sizes, plan.precision.param_bytes
+    row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
+    return tuple(
+        Trained(local[i], tp_local_shape(p, plan.tp), pb,
+                p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split)
+        for i, p in zip(_model_order_index(spec), model_order(spec), strict=True))
+
+
+def _adapters(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+    """The embedding's trainable copy, the adapters layer by layer, the lm_head's copy (copies: one rank, no TP)."""
+    pb, fsdp = plan.precision.param_bytes, plan.scheme in FSDP_SCHEMES
+    copies = lora.module_copies(spec, plan)
+    heads = [c.name.removesuffix(".modules_to_save.default.weight").endswith(lora._HEADS) for c in copies]
+    embed = [Trained(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if not h]
+    head = [Trained(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
+    adapters = []
+    for a in lora.adapter_params(spec, plan):
+        shape = tp_local_shape(a, plan.tp)
+        numel = fsdp_shard_numel(a.shape, plan) if fsdp else math.prod(shape)
+        adapters.append(Trained(numel, shape, lora.ADAPTER_BYTES, a.tp_split is not TpSplit.NONE))
+    return tuple(embed + adapters + head)
+
+
+_EMBEDDING_NAMES = ("emb", "wte", "wpe")
+
+
+def _model_order_index(spec: ModelSpec) -> list[int]:
+    """Positions in `spec.params` of the tensors in `model_order`."""
+    def build() -> list[int]:
+        index = {id(p): i for i, p in enumerate(spec.params)}
+        return [index[id(p)] for p in model_order(spec)]
+
+    return spec.memo(("model_order_index",), build)
+
+
+def model_order(spec: ModelSpec) -> list[ParamTensor]:
+    """`model.parameters()` order as transformers registers modules: the embedding tables first, then the decoder
+    layers, then the final norm and the output head (spec order keeps the layers first). Checked against the
+    models on the meta device for llama, gpt2 and falcon; a family registering other modules before its layers
+    (OPT's project_in/out, final norm) only moves small tensors in the for-loop walk."""
+    outer = [p for p in spec.params if p.layer is None]
+    first = [p for p in outer if any(e in p.name.rsplit(".", 2)[-2] for e in _EMBEDDING_NAMES)]
+    rest = [p for p in outer if p not in first]
+    return first + [p for p in spec.params if p.layer is not None] + rest
