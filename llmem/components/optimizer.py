@@ -45,6 +45,7 @@ bitsandbytes AdamW8bit / PagedAdamW8bit (bitsandbytes/optim/optimizer.py: Optimi
 from __future__ import annotations
 
 import math
+import operator
 
 from llmem.components.trained import Trained, trained_tensors
 from llmem.plan import Device, Engine, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
@@ -55,18 +56,24 @@ OFFLOAD_MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer(minimal_size=4096): s
 
 
 @per_spec("layout_key")
-def optimized(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+def optimized(spec: ModelSpec, plan: TrainingPlan) -> Trained:
     """The tensors this rank's optimizer updates, in the order it walks them: the trained ones
     (`trained.trained_tensors`, whatever the method), of which torchao's `CPUOffloadOptimizer` keeps the small ones
     on the GPU (`--offload optimizer`), and ZeRO-1 this rank's partition (largest first; the rank with the most
     bytes is taken)."""
     items = trained_tensors(spec, plan)
     if plan.offload is Offload.OPTIMIZER:
-        items = tuple(t for t in items if t.numel < OFFLOAD_MINIMAL_SIZE)
+        items = items.select([k for k, n in enumerate(items.numel) if n < OFFLOAD_MINIMAL_SIZE])
     if plan.scheme is not Scheme.ZERO1:
         return items
-    parts = greedy_partition(items, plan.dp, size=lambda t: t.numel)
-    return tuple(max(parts, key=lambda part: sum(t.numel * t.elem_bytes for t in part)))
+    index = spec.memo(("zero1_partition", plan.dp, items.numel, items.elem_bytes),  # compare asks many times
+                      lambda: _largest_partition(items, plan.dp))
+    return items.select(index)
+
+
+def _largest_partition(items: Trained, world: int) -> list[int]:
+    parts = greedy_partition(range(len(items.numel)), world, size=items.numel.__getitem__)
+    return max(parts, key=lambda part: sum(items.numel[k] * items.elem_bytes[k] for k in part))
 
 
 def _fsdp1(plan: TrainingPlan) -> bool:
@@ -80,19 +87,26 @@ def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
         from llmem.components.flat_param import optimized_sizes
 
         return list(optimized_sizes(spec, plan))
-    return [t.numel for t in optimized(spec, plan)]
+    return list(optimized(spec, plan).numel)
 
 
 def _group_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     """Bytes of the optimized tensors per parameter group (`param_groups`)."""
     if _fsdp1(plan):  # one dtype: the trained tensors' (FSDP1 trains no module copies)
-        pb = max((t.elem_bytes for t in trained_tensors(spec, plan)), default=plan.precision.param_bytes)
+        pb = max(trained_tensors(spec, plan).elem_bytes, default=plan.precision.param_bytes)
         return [[n * pb for n in optimized_params(spec, plan)]]
     items = optimized(spec, plan)
+    nbytes = list(map(operator.mul, items.numel, items.elem_bytes))
     if plan.scheme is not Scheme.TP:
-        return [[t.numel * t.elem_bytes for t in items]]
-    return [[t.numel * t.elem_bytes for t in items if t.dtensor is d] for d in (True, False)
-            if any(t.dtensor is d for t in items)]
+        return [nbytes]
+    return _split(nbytes, items.dtensor)
+
+
+def _split(values: list, dtensor: tuple[bool, ...]) -> list[list]:
+    """TP: the DTensors' group, then the plain tensors' (a group only if it has a tensor)."""
+    groups = [[v for v, d in zip(values, dtensor, strict=True) if d],
+              [v for v, d in zip(values, dtensor, strict=True) if not d]]
+    return [g for g in groups if g]
 
 
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
@@ -121,7 +135,7 @@ def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     if plan.scheme is not Scheme.TP or _fsdp1(plan):
         return [optimized_params(spec, plan)]
     items = optimized(spec, plan)
-    return [[t.numel for t in items if t.dtensor is d] for d in (True, False) if any(t.dtensor is d for t in items)]
+    return _split(list(items.numel), items.dtensor)
 
 
 BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
@@ -134,7 +148,7 @@ BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """Shapes of the tensors this rank's optimizer updates, in the order it walks them (single GPU and DDP:
     `model.parameters()` order; ZeRO-1: this rank's partition, largest first, as ZeroRedundancyOptimizer sorts)."""
-    return [t.shape for t in optimized(spec, plan)]
+    return list(optimized(spec, plan).shape)
 
 
 def adafactor_state_elements(shape: tuple[int, ...]) -> int:
@@ -217,8 +231,9 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged)
     if plan.optimizer is Optimizer.ADAFACTOR:
         items = optimized(spec, plan)
-        steps = len(items) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
-        return sum(adafactor_state_elements(t.shape) * t.elem_bytes for t in items) + steps
+        steps = len(items.numel) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
+        return sum(adafactor_state_elements(sh) * pb for sh, pb in zip(items.shape, items.elem_bytes, strict=True)) \
+            + steps
     groups = _group_bytes(spec, plan)
     nbytes, count = sum(map(sum, groups)), sum(map(len, groups))
     if plan.optimizer is Optimizer.SGD:
@@ -233,10 +248,11 @@ def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     impl = plan.effective_optimizer_impl
     if plan.optimizer is Optimizer.ADAFACTOR:
         items = optimized(spec, plan)
+        pairs = list(zip(items.shape, items.elem_bytes, strict=True))
         if impl is OptimizerImpl.FOREACH:  # one dtype group after the other: the larger group's peak
-            return max((adafactor_foreach_peak([t.shape for t in items if t.elem_bytes == pb]) * pb
-                        for pb in {t.elem_bytes for t in items}), default=0)
-        return adafactor_forloop_peak([t.shape for t in items], [t.elem_bytes for t in items])
+            return max((adafactor_foreach_peak([sh for sh, b in pairs if b == pb]) * pb
+                        for pb in set(items.elem_bytes)), default=0)
+        return adafactor_forloop_peak(list(items.shape), list(items.elem_bytes))
     if plan.optimizer in BNB_OPTIMIZERS:
         # bitsandbytes' 8-bit step is one operator per tensor (`optimizer_update_8bit_blockwise`): its CUDA kernel
         # updates the states in place; the CPU kernel's fp32 working copies are freed before it returns (kernel

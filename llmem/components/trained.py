@@ -13,6 +13,7 @@ of `--lora-modules-to-save` in the parameter dtype, the embedding's registered b
 from __future__ import annotations
 
 import math
+import operator
 from typing import NamedTuple
 
 from llmem.components import lora
@@ -22,47 +23,65 @@ from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
 
 
 class Trained(NamedTuple):
-    """One tensor the optimizer updates."""
+    """The tensors the optimizer updates, column by column (entry k of each column is tensor k's): a 70B model's
+    ~700 tensors per layout are sizes in tuples, not objects."""
 
-    numel: int  # its elements on this rank (TP and FSDP2: its shard)
-    shape: tuple[int, ...]  # its shape on this rank under TP (before FSDP2's flat sharding)
-    elem_bytes: int  # bytes per element: of the tensor, its gradient and its optimizer states
-    dtensor: bool  # under TP, a DTensor parameter (`llmem.runtime.optim.param_groups`: a group of its own)
+    numel: tuple[int, ...]  # elements on this rank (TP and FSDP2: the shard)
+    shape: tuple[tuple[int, ...], ...]  # shape on this rank under TP (before FSDP2's flat sharding)
+    elem_bytes: tuple[int, ...]  # bytes per element: of the tensor, its gradient and its optimizer states
+    dtensor: tuple[bool, ...]  # under TP, a DTensor parameter (`llmem.runtime.optim.param_groups`: its own group)
+
+    def select(self, index) -> Trained:
+        """The tensors at `index`, in that order."""
+        return Trained(*(tuple(column[k] for k in index) for column in self))
 
 
 @per_spec("layout_key")
-def trained_tensors(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+def trained_tensors(spec: ModelSpec, plan: TrainingPlan) -> Trained:
     """Every tensor the plan trains on this rank (before ZeRO-1 partitions them or an offload moves them)."""
     return _adapters(spec, plan) if lora.is_lora(plan) else _full(spec, plan)
 
 
-def _full(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
-    """Every parameter, in `model.parameters()` order; under TP a DTensor when its Linear is split (a row-wise
-    Linear's bias too: replicated, but a DTensor of its module)."""
-    local, pb = shard_summary(spec, plan).sizes, plan.precision.param_bytes
+def _full(spec: ModelSpec, plan: TrainingPlan) -> Trained:
+    """Every parameter, in `model.parameters()` order, in the parameter dtype; under TP a DTensor when its Linear is
+    split (a row-wise Linear's bias too: replicated, but a DTensor of its module)."""
+    numel = _in_model_order(spec)(shard_summary(spec, plan).sizes)
+    shapes, dtensor = spec.memo(("trained.full", plan.tp), lambda: _full_columns(spec, plan.tp))
+    return Trained(numel, shapes, (plan.precision.param_bytes,) * len(numel), dtensor)
+
+
+def _full_columns(spec: ModelSpec, tp: int) -> tuple[tuple, tuple]:
     row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
-    return tuple(
-        Trained(local[i], tp_local_shape(p, plan.tp), pb,
-                p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split)
-        for i, p in zip(_model_order_index(spec), model_order(spec), strict=True))
+    order = model_order(spec)
+    return (tuple(tp_local_shape(p, tp) for p in order),
+            tuple(p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in order))
 
 
-def _adapters(spec: ModelSpec, plan: TrainingPlan) -> tuple[Trained, ...]:
+def _adapters(spec: ModelSpec, plan: TrainingPlan) -> Trained:
     """The embedding's trainable copy, the adapters layer by layer, the lm_head's copy (copies: one rank, no TP)."""
     pb, fsdp = plan.precision.param_bytes, plan.scheme in FSDP_SCHEMES
     copies = lora.module_copies(spec, plan)
     heads = [c.name.removesuffix(".modules_to_save.default.weight").endswith(lora._HEADS) for c in copies]
-    embed = [Trained(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if not h]
-    head = [Trained(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
-    adapters = []
+    rows = [(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if not h]
     for a in lora.adapter_params(spec, plan):
         shape = tp_local_shape(a, plan.tp)
         numel = fsdp_shard_numel(a.shape, plan) if fsdp else math.prod(shape)
-        adapters.append(Trained(numel, shape, lora.ADAPTER_BYTES, a.tp_split is not TpSplit.NONE))
-    return tuple(embed + adapters + head)
+        rows.append((numel, shape, lora.ADAPTER_BYTES, a.tp_split is not TpSplit.NONE))
+    rows += [(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
+    return Trained(*(tuple(column) for column in zip(*rows, strict=True))) if rows else Trained((), (), (), ())
 
 
 _EMBEDDING_NAMES = ("emb", "wte", "wpe")
+
+
+def _in_model_order(spec: ModelSpec):
+    """A function of a tuple in spec order to the tuple in `model_order` (one C call per layout)."""
+    def build():
+        index = _model_order_index(spec)
+        return (lambda values: ()) if not index else (lambda values: (values[index[0]],)) if len(index) == 1 \
+            else operator.itemgetter(*index)
+
+    return spec.memo(("in_model_order",), build)
 
 
 def _model_order_index(spec: ModelSpec) -> list[int]:

@@ -22,5 +22,6 @@ def test_the_optimizer_gets_the_tensors_that_require_grad(name, cfg, fields):
     plan = TrainingPlan(seq_len=16, **fields)
     model = _model_on_meta(cfg, plan)
     built = [(p.numel(), p.element_size()) for p in model.parameters() if p.requires_grad]
-    ours = [(t.numel, t.elem_bytes) for t in trained_tensors(ModelSpec.from_config(cfg), plan)]
+    items = trained_tensors(ModelSpec.from_config(cfg), plan)
+    ours = list(zip(items.numel, items.elem_bytes, strict=True))
     assert (sorted(ours) == sorted(built)) if name in UNORDERED else (ours == built)
