@@ -135,7 +135,7 @@ class Family:
     #   LoRA's tables are traced from the PEFT model (`lora_activations.traced_spec`)
 
     def build(self, raw: dict) -> ModelSpec:
-        c = Config(raw, self.defaults, KEYS[self.model_type])
+        c = Config(raw, self.defaults, KEYS.get(self.model_type, {}))
         hidden = c.int("hidden_size")
         heads = c.int("num_heads")
         head_dim = c.opt_int("head_dim")
