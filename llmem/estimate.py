@@ -171,10 +171,10 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     """The per-GPU peak of `plan` on `spec` (largest rank), its phase and breakdown."""
     spec = program_spec(spec, plan)
     validate_plan_for_model(spec, plan)
-    # the walk's moments, kept on the spec per plan (`ModelSpec.memo`): a plan equal to one asked before (the
-    # table again after a GPU-type change, an option toggled back) is not walked again; nothing mutates a Phase.
-    # A new batch or sequence length of a layout walked before evaluates its compiled record (`walk.replay`)
-    phases = spec.memo(("phases", plan.key), lambda: walked(spec, plan, plan_phases), per_plan=True)
+    # the walk's moments: a new batch or sequence length of a layout walked before evaluates its compiled record
+    # (`walk.replay`); a walked plan's are kept on the spec (`ModelSpec.memo`): a plan equal to one asked before
+    # (the table again after a GPU-type change, an option toggled back) is not walked again
+    phases = walked(spec, plan, plan_phases)
     peak = max(phases, key=_TOTAL)
     return Estimate(
         spec=spec,

@@ -1,8 +1,9 @@
-"""The HF-config adapter's machinery: the alias table, `Config` (read access with a family's defaults) and `Family`
+"""The HF-config adapter's machinery: `Config` (read access with a family's defaults) and `Family`
 (a `model_type`'s layer and outer tensor lists); the families themselves are in `llmem.families`.
 
-Each family reads its config keys through an alias table with the defaults of its transformers configuration class
-(transformers 5.23.0, `models/<type>/configuration_<type>.py`), and lists its parameter tensors exactly as the
+Each family reads each size from the config.json keys its modeling code reads (`llmem.config_keys`, generated from
+the models transformers builds), with the defaults of its configuration class (transformers 5.23.0,
+`models/<type>/configuration_<type>.py`), and lists its parameter tensors exactly as the
 transformers module creates them (`models/<type>/modeling_<type>.py`). A test compares every family with the real
 model instantiated on the meta device, tensor by tensor.
 """
@@ -13,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmem.config_keys import KEYS
 from llmem.errors import InputError
 from llmem.spec import ModelSpec, ParamTensor, TpSplit
 
@@ -20,31 +22,24 @@ COL, ROW, REP = TpSplit.COLWISE, TpSplit.ROWWISE, TpSplit.NONE
 MAX_DIM = 1 << 22  # no real model has a single dimension above ~4M; larger values are typos
 MAX_COUNT = {"num_layers": 4096, "num_experts": 4096}  # bound the parameter inventory a config can ask for
 
-# Canonical name -> config keys that may hold it, first match wins (transformers' attribute_map plus old spellings).
-ALIASES = {
-    "vocab_size": ("vocab_size", "padded_vocab_size"),
-    "hidden_size": ("hidden_size", "n_embd", "n_embed", "d_model"),
-    "intermediate_size": ("intermediate_size",),
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
-    "head_dim": ("head_dim",),
-    "tie_word_embeddings": ("tie_word_embeddings",),
-    "num_experts": ("num_experts", "num_local_experts"),
-    "n_positions": ("n_positions", "max_position_embeddings"),
-}
 
 
 class Config:
-    """Read access to a config dict through the alias table, with a family's defaults; errors name the key."""
+    """Read access to a config dict through the keys the family's modeling code reads for each name
+    (`llmem.config_keys.KEYS`, generated from the models transformers builds; dotted keys inside a dict), with the
+    family's defaults; errors name the key."""
 
-    def __init__(self, raw: dict, defaults: dict, aliases: dict):
-        self.raw, self.defaults, self.aliases = raw, defaults, {**ALIASES, **aliases}
+    def __init__(self, raw: dict, defaults: dict, keys: dict):
+        self.raw, self.defaults, self.keys = raw, defaults, keys
 
     def _lookup(self, name: str):
-        for key in self.aliases.get(name, (name,)):
-            if self.raw.get(key) is not None:
-                return key, self.raw[key]
+        for key in self.keys.get(name, (name,)):
+            head, _, leaf = key.partition(".")
+            value = self.raw.get(head)
+            if leaf:
+                value = value.get(leaf) if isinstance(value, dict) else None
+            if value is not None:
+                return key, value
         return name, self.defaults.get(name)
 
     def int(self, name: str, minimum: int = 1) -> int:
@@ -84,7 +79,6 @@ class Family:
     norm: str = "rms"  # "rms" (RMSNorm) or "layer" (nn.LayerNorm)
     kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
     extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model
-    aliases: dict | None = None  # family-specific spellings, over ALIASES
     # --- Architectural traits the generic code reads (transformers 5.23.0 `models/<type>/modeling_<type>.py`) ----
     # Positions and attention:
     rope: bool = False  # the model forward computes RoPE cos/sin once (`<Type>RotaryEmbedding`), kept for backward
@@ -141,7 +135,7 @@ class Family:
     #   LoRA's tables are traced from the PEFT model (`lora_activations.traced_spec`)
 
     def build(self, raw: dict) -> ModelSpec:
-        c = Config(raw, self.defaults, self.aliases or {})
+        c = Config(raw, self.defaults, KEYS.get(self.model_type, {}))
         hidden = c.int("hidden_size")
         heads = c.int("num_heads")
         head_dim = c.opt_int("head_dim")

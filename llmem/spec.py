@@ -65,7 +65,7 @@ class ParamTensor:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """An architecture's sizes, normalised across families (see `llmem.families` for the alias tables)."""
+    """An architecture's sizes, normalised across families (`llmem.families`; keys read: `llmem.config_keys`)."""
 
     model_type: str
     name: str

@@ -8,6 +8,7 @@ Step temporaries (beyond states, gradients and parameters):
   AdamW for-loop: `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` holds two copies of the largest tensor at once.
   AdamW foreach: `torch._foreach_sqrt(exp_avg_sqs)` allocates one copy of every parameter the rank optimizes.
   AdamW fused, SGD (all implementations): update in place, no temporaries.
+Which tensors, in which dtype and order: the trainable inventory (`llmem.components.trained`), whatever the method.
 LoRA: the optimizer gets only the trainable adapters (fp32 under every precision, `llmem.components.lora`) and the
 module copies of `--lora-modules-to-save` (the plan's parameter dtype): states in each tensor's own dtype. With two
 dtypes (pure half: fp32 adapters, half copies) the foreach step handles one dtype group after the other
@@ -44,61 +45,68 @@ bitsandbytes AdamW8bit / PagedAdamW8bit (bitsandbytes/optim/optimizer.py: Optimi
 from __future__ import annotations
 
 import math
+import operator
 
-from llmem.components import lora
-from llmem.components.sharding import FSDP_SCHEMES, shard_summary, tp_local_shape
+from llmem.components.trained import Trained, trained_tensors
 from llmem.plan import Device, Engine, Offload, Optimizer, OptimizerImpl, Scheme, TrainingPlan
-from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
+from llmem.spec import ModelSpec, ParamTensor, per_spec
 
 STEP_TENSOR_BYTES = 4  # torch.tensor(0.0, dtype=torch.float32)
 OFFLOAD_MINIMAL_SIZE = 4096  # torchao CPUOffloadOptimizer(minimal_size=4096): smaller tensors step on the GPU
 
 
-def _lora_items(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[int, ...], int]]:
-    """LoRA: (shape, bytes per element) of the tensors this rank's optimizer updates; ZeRO-1 partitions them by
-    element count (largest first, to the rank with the fewest), and the rank with the most bytes is taken."""
-    items = lora.trainable_tensors(spec, plan)
+@per_spec("layout_key")
+def optimized(spec: ModelSpec, plan: TrainingPlan) -> Trained:
+    """The tensors this rank's optimizer updates, in the order it walks them: the trained ones
+    (`trained.trained_tensors`, whatever the method), of which torchao's `CPUOffloadOptimizer` keeps the small ones
+    on the GPU (`--offload optimizer`), and ZeRO-1 this rank's partition (largest first; the rank with the most
+    bytes is taken)."""
+    items = trained_tensors(spec, plan)
+    if plan.offload is Offload.OPTIMIZER:
+        items = items.select([k for k, n in enumerate(items.numel) if n < OFFLOAD_MINIMAL_SIZE])
     if plan.scheme is not Scheme.ZERO1:
         return items
-    parts = greedy_partition(items, plan.dp, size=lambda it: math.prod(it[0]))
-    return max(parts, key=lambda part: sum(math.prod(sh) * pb for sh, pb in part))
+    index = spec.memo(("zero1_partition", plan.dp, items.numel, items.elem_bytes),  # compare asks many times
+                      lambda: _largest_partition(items, plan.dp))
+    return items.select(index)
 
 
-def _by_dtype(items: list[tuple[tuple[int, ...], int]]) -> dict[int, list[tuple[int, ...]]]:
-    groups: dict[int, list[tuple[int, ...]]] = {}
-    for shape, pb in items:
-        groups.setdefault(pb, []).append(shape)
-    return groups
+def _largest_partition(items: Trained, world: int) -> list[int]:
+    parts = greedy_partition(range(len(items.numel)), world, size=items.numel.__getitem__)
+    return max(parts, key=lambda part: sum(items.numel[k] * items.elem_bytes[k] for k in part))
 
 
-def _has_copies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    return lora.is_lora(plan) and bool(lora.module_copies(spec, plan))
+def _fsdp1(plan: TrainingPlan) -> bool:
+    return plan.engine is Engine.FSDP1 and plan.gpus > 1
 
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
-    """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition)."""
-    if plan.engine is Engine.FSDP1 and plan.gpus > 1:  # the original parameters' views of the flat shards
+    """Local element counts of the tensors this rank's optimizer updates (ZeRO-1: this rank's partition; FSDP1:
+    the original parameters' views of the flat shards)."""
+    if _fsdp1(plan):
         from llmem.components.flat_param import optimized_sizes
 
         return list(optimized_sizes(spec, plan))
-    if _has_copies(spec, plan):
-        return [math.prod(shape) for shape, _ in _lora_items(spec, plan)]
-    if lora.is_lora(plan):  # the optimizer gets the trainable adapters only (ZeRO-1: partitioned among ranks)
-        sizes = lora.adapter_sizes(spec, plan)
-        if plan.scheme in FSDP_SCHEMES:
-            return lora.sharded_adapter_sizes(spec, plan)
-        return max(greedy_partition(sizes, plan.dp), key=sum) if plan.scheme is Scheme.ZERO1 else sizes
-    # `model.parameters()` order, as the runtime hands them to the optimizer: a tied embedding first, not after
-    # the last layer as in spec order (the for-loop step's temporaries depend on it: optimizer_step_temporary_bytes)
-    local = shard_summary(spec, plan).sizes
-    sizes = [local[i] for i in _model_order_index(spec)]
-    if plan.offload is Offload.OPTIMIZER:  # torchao CPUOffloadOptimizer: only the small ones stay on the GPU
-        return [n for n in sizes if n < OFFLOAD_MINIMAL_SIZE]
-    if plan.scheme is not Scheme.ZERO1:
-        return sizes
-    largest = spec.memo(("zero1_largest_partition", plan.dp),  # compare asks for it many times
-                        lambda: max(zero1_partitions(spec.params, plan.dp), key=sum))
-    return list(largest)
+    return list(optimized(spec, plan).numel)
+
+
+def _group_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
+    """Bytes of the optimized tensors per parameter group (`param_groups`)."""
+    if _fsdp1(plan):  # one dtype: the trained tensors' (FSDP1 trains no module copies)
+        pb = max(trained_tensors(spec, plan).elem_bytes, default=plan.precision.param_bytes)
+        return [[n * pb for n in optimized_params(spec, plan)]]
+    items = optimized(spec, plan)
+    nbytes = list(map(operator.mul, items.numel, items.elem_bytes))
+    if plan.scheme is not Scheme.TP:
+        return [nbytes]
+    return _split(nbytes, items.dtensor)
+
+
+def _split(values: list, dtensor: tuple[bool, ...]) -> list[list]:
+    """TP: the DTensors' group, then the plain tensors' (a group only if it has a tensor)."""
+    groups = [[v for v, d in zip(values, dtensor, strict=True) if d],
+              [v for v, d in zip(values, dtensor, strict=True) if not d]]
+    return [g for g in groups if g]
 
 
 def zero1_partitions(params: tuple[ParamTensor, ...], world: int) -> list[list[int]]:
@@ -122,20 +130,12 @@ def greedy_partition(items: list, world: int, size=lambda n: n) -> list[list]:
 
 def param_groups(spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
     """Local sizes per optimizer parameter group (`llmem.runtime.optim.param_groups`): under TP the sharded
-    DTensor parameters (TP-plan Linear weights and their biases) and the replicated plain ones form two groups, and
-    a foreach step's temporaries are allocated and freed group by group. Other schemes: one group."""
-    sizes = optimized_params(spec, plan)
-    if plan.scheme is not Scheme.TP:
-        return [sizes]
-    if lora.is_lora(plan):  # the adapters PEFT shards are DTensors (`lora._tp_splits`), the others plain
-        dtensor = [a.tp_split is not TpSplit.NONE for a in lora.adapter_params(spec, plan)]
-        return [g for g in ([n for n, d in zip(sizes, dtensor, strict=True) if d],
-                            [n for n, d in zip(sizes, dtensor, strict=True) if not d]) if g]
-    row_split = {p.name.removesuffix(".weight") for p in spec.params if p.tp_split is TpSplit.ROWWISE}
-    dtensor = [p.tp_split is not TpSplit.NONE or p.name.removesuffix(".bias") in row_split for p in model_order(spec)]
-    pairs = list(zip(sizes, dtensor, strict=True))
-    groups = [[n for n, d in pairs if d], [n for n, d in pairs if not d]]
-    return [g for g in groups if g]
+    DTensor parameters (`Trained.dtensor`) and the replicated plain ones form two groups, and a foreach step's
+    temporaries are allocated and freed group by group. Other schemes: one group."""
+    if plan.scheme is not Scheme.TP or _fsdp1(plan):
+        return [optimized_params(spec, plan)]
+    items = optimized(spec, plan)
+    return _split(list(items.numel), items.dtensor)
 
 
 BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
@@ -148,38 +148,7 @@ BNB_OPTIMIZERS = (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 def optimized_shapes(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
     """Shapes of the tensors this rank's optimizer updates, in the order it walks them (single GPU and DDP:
     `model.parameters()` order; ZeRO-1: this rank's partition, largest first, as ZeroRedundancyOptimizer sorts)."""
-    if _has_copies(spec, plan):
-        return [shape for shape, _ in _lora_items(spec, plan)]
-    if lora.is_lora(plan):
-        shapes = [tp_local_shape(a, plan.tp) for a in lora.adapter_params(spec, plan)]
-    else:
-        shapes = [tp_local_shape(p, plan.tp) for p in model_order(spec)]
-    if plan.scheme is not Scheme.ZERO1:
-        return shapes
-    return max(greedy_partition(shapes, plan.dp, size=math.prod), key=lambda part: sum(map(math.prod, part)))
-
-
-_EMBEDDING_NAMES = ("emb", "wte", "wpe")
-
-
-def _model_order_index(spec: ModelSpec) -> list[int]:
-    """Positions in `spec.params` of the tensors in `model_order`."""
-    def build() -> list[int]:
-        index = {id(p): i for i, p in enumerate(spec.params)}
-        return [index[id(p)] for p in model_order(spec)]
-
-    return spec.memo(("model_order_index",), build)
-
-
-def model_order(spec: ModelSpec) -> list[ParamTensor]:
-    """`model.parameters()` order as transformers registers modules: the embedding tables first, then the decoder
-    layers, then the final norm and the output head (spec order keeps the layers first). Checked against the
-    models on the meta device for llama, gpt2 and falcon; a family registering other modules before its layers
-    (OPT's project_in/out, final norm) only moves small tensors in the for-loop walk."""
-    outer = [p for p in spec.params if p.layer is None]
-    first = [p for p in outer if any(e in p.name.rsplit(".", 2)[-2] for e in _EMBEDDING_NAMES)]
-    rest = [p for p in outer if p not in first]
-    return first + [p for p in spec.params if p.layer is not None] + rest
+    return list(optimized(spec, plan).shape)
 
 
 def adafactor_state_elements(shape: tuple[int, ...]) -> int:
@@ -249,70 +218,41 @@ def paged_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return _bnb_state_bytes(shapes) - _bnb_state_bytes(shapes, device_only=True)
 
 
-def _mixed_dtype_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """`optimizer_step_temporary_bytes` for LoRA with module copies (see the module docstring)."""
-    items = _lora_items(spec, plan)
-    groups = _by_dtype(items)
-    if plan.optimizer is Optimizer.ADAFACTOR:
-        if plan.effective_optimizer_impl is OptimizerImpl.FOREACH:
-            return max(adafactor_foreach_peak(shapes) * pb for pb, shapes in groups.items())
-        return adafactor_forloop_peak([sh for sh, _ in items], [pb for _, pb in items])
-    if plan.optimizer in BNB_OPTIMIZERS:  # see optimizer_step_temporary_bytes
-        return 0
-    if plan.optimizer is not Optimizer.ADAMW:
-        return 0
-    impl = plan.effective_optimizer_impl
-    if impl is OptimizerImpl.FORLOOP:  # sqrt and quotient of this tensor, the previous tensor's `denom` still bound
-        nbytes = [math.prod(sh) * pb for sh, pb in items]
-        return max(2 * n + (nbytes[i - 1] if i else 0) for i, n in enumerate(nbytes))
-    if impl is OptimizerImpl.FOREACH:
-        return sum(math.prod(sh) * pb for sh, pb in items)
-    return 0
-
-
-def _state_bytes(plan: TrainingPlan) -> int:
-    """Bytes per element of the optimized tensors (and so of their states and step temporaries)."""
-    return lora.ADAPTER_BYTES if lora.is_lora(plan) else plan.precision.param_bytes
-
-
 def _step_tensors_on_device(plan: TrainingPlan) -> bool:
     return plan.device is Device.CPU or plan.effective_optimizer_impl is OptimizerImpl.FUSED
 
 
 @per_spec("layout_key")
 def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """State tensors in the caching allocator (PagedAdamW8bit on CUDA: without its unified-memory states)."""
+    """State tensors in the caching allocator (PagedAdamW8bit on CUDA: without its unified-memory states), each in
+    its tensor's dtype (`Trained.elem_bytes`)."""
     if plan.optimizer in BNB_OPTIMIZERS:
         paged = plan.optimizer is Optimizer.PAGED_ADAMW8BIT and plan.device is Device.CUDA
         return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged)
-    if _has_copies(spec, plan):  # adapters fp32, module copies in the parameter dtype: each state in its own
-        items = _lora_items(spec, plan)
-        nbytes = sum(math.prod(sh) * pb for sh, pb in items)
-        if plan.optimizer is Optimizer.ADAFACTOR:
-            steps = len(items) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
-            return sum(adafactor_state_elements(sh) * pb for sh, pb in items) + steps
-        if plan.optimizer is Optimizer.SGD:
-            return nbytes
-        return 2 * nbytes + (len(items) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0)
-    sizes = optimized_params(spec, plan)
-    pb = _state_bytes(plan)
     if plan.optimizer is Optimizer.ADAFACTOR:
-        steps = len(sizes) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
-        return sum(map(adafactor_state_elements, optimized_shapes(spec, plan))) * pb + steps
+        items = optimized(spec, plan)
+        steps = len(items.numel) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0
+        return sum(adafactor_state_elements(sh) * pb for sh, pb in zip(items.shape, items.elem_bytes, strict=True)) \
+            + steps
+    groups = _group_bytes(spec, plan)
+    nbytes, count = sum(map(sum, groups)), sum(map(len, groups))
     if plan.optimizer is Optimizer.SGD:
-        return sum(sizes) * pb
-    steps = len(sizes) * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0
-    return 2 * sum(sizes) * pb + steps
+        return nbytes
+    return 2 * nbytes + (count * STEP_TENSOR_BYTES if _step_tensors_on_device(plan) else 0)
 
 
 @per_spec("layout_key")
 def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    if _has_copies(spec, plan):
-        return _mixed_dtype_step_temporary_bytes(spec, plan)
+    """`optimizer.step()`'s temporaries beyond states, gradients and parameters (see the module docstring), each in
+    its tensor's dtype."""
+    impl = plan.effective_optimizer_impl
     if plan.optimizer is Optimizer.ADAFACTOR:
-        shapes = optimized_shapes(spec, plan)
-        foreach = plan.effective_optimizer_impl is OptimizerImpl.FOREACH  # Adafactor defaults to the for-loop
-        return (adafactor_foreach_peak(shapes) if foreach else adafactor_forloop_peak(shapes)) * _state_bytes(plan)
+        items = optimized(spec, plan)
+        pairs = list(zip(items.shape, items.elem_bytes, strict=True))
+        if impl is OptimizerImpl.FOREACH:  # one dtype group after the other: the larger group's peak
+            return max((adafactor_foreach_peak([sh for sh, b in pairs if b == pb]) * pb
+                        for pb in set(items.elem_bytes)), default=0)
+        return adafactor_forloop_peak(list(items.shape), list(items.elem_bytes))
     if plan.optimizer in BNB_OPTIMIZERS:
         # bitsandbytes' 8-bit step is one operator per tensor (`optimizer_update_8bit_blockwise`): its CUDA kernel
         # updates the states in place; the CPU kernel's fp32 working copies are freed before it returns (kernel
@@ -320,13 +260,11 @@ def optimizer_step_temporary_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return 0
     if plan.optimizer is not Optimizer.ADAMW:
         return 0
-    pb = _state_bytes(plan)
-    impl = plan.effective_optimizer_impl
     if impl is OptimizerImpl.FORLOOP:
         # torch/optim/adam.py `_single_tensor_adam`: `denom = (exp_avg_sq.sqrt() / c).add_(eps)` makes the sqrt and
         # the quotient while the previous tensor's `denom` is still bound, within one parameter group
-        return max((2 * g[i] + (g[i - 1] if i else 0) for g in param_groups(spec, plan) for i in range(len(g))),
-                   default=0) * pb
-    if impl is OptimizerImpl.FOREACH:
-        return max(sum(group) for group in param_groups(spec, plan)) * pb
+        return max((2 * g[i] + (g[i - 1] if i else 0) for g in _group_bytes(spec, plan) for i in range(len(g))),
+                   default=0)
+    if impl is OptimizerImpl.FOREACH:  # every dtype group's temporaries of a parameter group at once
+        return max(sum(group) for group in _group_bytes(spec, plan))
     return 0

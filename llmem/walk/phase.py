@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from operator import itemgetter
 
 from llmem.components import Category
 
 
-@dataclass(frozen=True, init=False)
-class Phase:
-    name: str
-    breakdown: dict  # Category -> bytes
-    total: int = field(repr=False, compare=False)  # the breakdown's sum
+class Phase(tuple):
+    """A moment: `name`, `breakdown` (Category -> bytes) and `total` (the breakdown's sum). A tuple underneath: a
+    walk, or the compiled record of one (`walk.replay`), makes up to ~180 of them per estimate, and a tuple is built
+    in one step; nothing mutates a Phase. Equal when the names and breakdowns are (`total` follows from them)."""
 
-    def __init__(self, name: str, breakdown: dict, total: int | None = None) -> None:
-        # a walk makes dozens of phases per estimate: the fields are set in one go (the dataclass is frozen)
-        self.__dict__.update(name=name, breakdown=breakdown,
-                             total=sum(breakdown.values()) if total is None else total)
+    __slots__ = ()
+
+    def __new__(cls, name: str, breakdown: dict, total: int | None = None) -> Phase:
+        return tuple.__new__(cls, (name, breakdown, sum(breakdown.values()) if total is None else total))
+
+    name = property(itemgetter(0))
+    breakdown = property(itemgetter(1))
+    total = property(itemgetter(2))
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not Phase:
+            return NotImplemented
+        return self[0] == other[0] and self[1] == other[1]
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None  # a dict inside: unhashable, as the frozen dataclass it replaces
+
+    def __getnewargs__(self) -> tuple:  # pickle: rebuilt through __new__ with its three fields
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Phase(name={self[0]!r}, breakdown={self[1]!r})"
 
 
 _P, _G, _O, _A, _L, _C, _T = Category  # in the breakdown's order

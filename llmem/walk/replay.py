@@ -69,17 +69,26 @@ class Replays:
 
 
 def walked(spec, plan, walk) -> tuple[Phase, ...]:
-    """`walk(spec, plan)`'s phases: from a compiled record of the plan's layout when one holds, else walked."""
+    """`walk(spec, plan)`'s phases: from a compiled record of the plan's layout when one holds, else walked. Walked
+    phases are kept on the spec per plan (a plan asked again is not walked again); replayed ones are not: evaluating
+    the record again costs about what the estimate's other terms do, and keeping every plan's phases alive would
+    leave the cyclic garbage collector ~2 objects per moment to traverse again at each collection (a DeepSpeed
+    ZeRO-3 walk has 177 moments)."""
     if type(plan.batch_size) is Sym or type(plan.seq_len) is Sym:  # inside a trace: walk on symbols
         return tuple(walk(spec, plan))
     replays = spec.memo(("replays", plan.layout_key), Replays)
     phases = replays.find(plan.batch_size, plan.seq_len)
     if phases is None:
-        STATS["walked"] += 1
-        phases = tuple(walk(spec, plan))
-        replays.learn(spec, plan, walk, phases)
+        phases = spec.memo(("phases", plan.key), lambda: _walk(spec, plan, walk, replays), per_plan=True)
     else:
         STATS["replayed"] += 1
+    return phases
+
+
+def _walk(spec, plan, walk, replays: Replays) -> tuple[Phase, ...]:
+    STATS["walked"] += 1
+    phases = tuple(walk(spec, plan))
+    replays.learn(spec, plan, walk, phases)
     return phases
 
 
@@ -113,9 +122,9 @@ def compile_walk(tape: Tape, phases: list[Phase]):
         if items not in breakdowns:
             breakdowns[items] = f"d{len(breakdowns)}"
             source.lines.append(f"{breakdowns[items]} = {{{items}}}")
-        rows.append(f"Phase(N{i}, {breakdowns[items]}, {source.value(phase.total)}),")
+        rows.append(f"new(Phase, (N{i}, {breakdowns[items]}, {source.value(phase.total)})),")
     body = "\n    ".join([*source.lines, "return (", *rows, ")"])
-    namespace = {"Phase": Phase, **source.names}
+    namespace = {"Phase": Phase, "new": tuple.__new__, **source.names}
     exec(f"def replay(a0, a1):\n    {body}\n", namespace)  # noqa: S102 - code made here from integers and names
     return namespace["replay"]
 
