@@ -24,7 +24,8 @@ def test_other_final_norms_and_outer_saves_are_a_gap_naming_the_option(model):
 
 
 @pytest.mark.parametrize("changes, kind", [({"grad_ckpt": "none"}, REFUSED), ({"device": "cpu"}, REFUSED),
-                                           ({"method": "lora"}, GAP), ({"gpus": 2}, GAP)])
+                                           ({"method": "lora"}, GAP),
+                                           ({"gpus": 2, "engine": "fsdp1"}, GAP)])
 def test_the_refusals_name_the_option(changes, kind):
     with pytest.raises(InputError) as err:
         TrainingPlan(**{**PLAN, **changes})
