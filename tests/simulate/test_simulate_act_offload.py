@@ -19,7 +19,7 @@ from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
 from llmem.simulate import simulate
 from llmem.spec import ModelSpec
-from tests.measure.conftest import LLAMA
+from tests.measure.conftest import LLAMA, MIXTRAL
 
 # 4 x 64 tokens: the final norm's rsqrt (tokens x 4 bytes) reaches min_offload_size, as at any real size
 TINY = dict(device="cuda", batch_size=4, seq_len=64, precision="bf16", grad_ckpt="full", activation_offload=True)
@@ -67,6 +67,14 @@ def test_activation_offload_matches_the_estimate_on_several_gpus(plan):
     (the walk's head moments for it are the chunked loss's, `llmem.walk.chunked`); with the loss inside the root's
     forward the tiny ZeRO-3 row read 9 % high. Same bounds as on one GPU."""
     _compare(LLAMA, TrainingPlan(**{**TINY, **plan}))
+
+
+@pytest.mark.heavy
+def test_a_moe_model_in_fp32_matches_the_estimate_on_two_gpus():
+    """mixtral (tiny), fp32, ZeRO-2: within the same bounds (the residual, -4,168 B at layer 0's backward, is the
+    same plan's without offload); in half precision it is a gap (`act_offload.check_model`)."""
+    plan = {**TINY, "precision": "fp32", "optimizer": "sgd", "batch_size": 2, "seq_len": 128, "gpus": 2, "zero": 2}
+    _compare(MIXTRAL, TrainingPlan(**plan))
 
 
 @pytest.mark.heavy
