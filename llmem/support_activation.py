@@ -3,7 +3,7 @@ them): where torchtune's recipes refuse to run it, and what is not modelled yet.
 
 from __future__ import annotations
 
-from llmem.choices import Device, GradCkpt, Loss, Method
+from llmem.choices import Device, Engine, GradCkpt, Loss, Method
 from llmem.errors import GAP, REFUSED
 from llmem.support_rule import _r
 
@@ -26,9 +26,14 @@ def activation_offload_rules() -> tuple:
            lambda p: p.activation_offload and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
            "activation offloading is modelled with every decoder layer checkpointed, as torchtune's recipes wrap "
            "them; use --grad-ckpt full --ckpt-every 1", GAP, activation_offload=True, grad_ckpt="selective"),
-        _r(f"{on} gpus", "activation-offload", lambda p: p.activation_offload and p.gpus > 1,
-           "activation offloading is modelled on one GPU so far; use --gpus 1, or leave --activation-offload off",
-           GAP, activation_offload=True, grad_ckpt="full", gpus=2),
+        # several GPUs: DDP, ZeRO-1, FSDP2 (--zero 2 and 3, the loss after the root's forward as in torchtune's
+        # recipes) and tensor parallelism checked against the simulation; pipeline parallelism, FSDP1 and DeepSpeed
+        # not yet
+        _r(f"{on} gpus pp engine", "activation-offload",
+           lambda p: p.activation_offload and (p.pp > 1 or p.gpus > 1 and p.engine is not Engine.TORCH),
+           "activation offloading is modelled on several GPUs with DDP, FSDP2 (--zero 1, 2, 3) and --tp so far "
+           "({p.strategy_label} not yet); use --pp 1 --engine torch, or leave --activation-offload off", GAP,
+           activation_offload=True, grad_ckpt="full", gpus=2, engine="fsdp1"),
         # LoRA: the manager keeps the last backward node it saw (`curr_autograd_node`, :265) into the next
         # iteration, and its graph holds PEFT's input-require-grads leaf (the embedding output) with its gradient:
         # simulated 3-4 x tokens x hidden x 2 bytes above the full fine-tuning terms, not derived yet

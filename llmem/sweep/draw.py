@@ -16,6 +16,7 @@ from llmem.choices import PpSchedule
 from llmem.errors import InputError
 from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.sweep.act_offload import draw_activation_offload
 from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
 
@@ -128,6 +129,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning: the method's options dropped
         fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED} | pipeline
     fields |= draw_cp(seed, index, fields, config)
+    fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
     return Draw(index, name, config, fields)
 
 

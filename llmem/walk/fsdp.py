@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llmem.components import Category, chunked_ce, lora, offload, quant
+from llmem.components import Category, act_offload, chunked_ce, lora, offload, quant
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -128,6 +128,8 @@ def _fsdp_activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
             + lora.final_norm_bytes(spec, cp)
         kept_layers = partial_fn(lora.kept_layers_bytes, half=half)
         current_layer = partial_fn(lora.current_layer_backward_bytes, half=half)
+    if act_offload.applies(plan):  # as in `single.iteration_terms`: the layers' inputs are on the host
+        forward_acts, kept_layers = outer_act + act.final_norm_bytes(spec, cp), act_offload.layers_below_bytes
     ids = sum(s.bytes for s in act.outer_saved(spec, cp) if s.name.startswith("input_ids"))
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1
     from llmem.walk.fsdp_layer import lora_recompute_end
@@ -238,7 +240,7 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     """The end of forward, the loss's forward and backward, the lm_head's backward; ZeRO-3 inserts the root's
     pre-backward moments after the loss forward (`root_prebackward_moments`)."""
     spec, cp = w.spec, w.cp
-    if chunked_ce.is_chunked(cp):
+    if chunked_ce.is_chunked(cp) or act_offload.applies(cp):  # the loss after the model's forward
         return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
     phases = [

@@ -19,7 +19,7 @@ from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
 from llmem.simulate import simulate
 from llmem.spec import ModelSpec
-from tests.measure.conftest import LLAMA
+from tests.measure.conftest import LLAMA, MIXTRAL
 
 # 4 x 64 tokens: the final norm's rsqrt (tokens x 4 bytes) reaches min_offload_size, as at any real size
 TINY = dict(device="cuda", batch_size=4, seq_len=64, precision="bf16", grad_ckpt="full", activation_offload=True)
@@ -50,6 +50,33 @@ def test_activation_offload_matches_the_estimate_small(plan):
     assert torch._C._get_privateuse1_backend_name() == "privateuseone"
 
 
+@pytest.mark.parametrize("plan", [
+    {"gpus": 2, "zero": 3},
+    pytest.param({"gpus": 2}, marks=pytest.mark.heavy),
+    pytest.param({"gpus": 2, "zero": 1, "keep_grads": True, "grad_accum": 2}, marks=pytest.mark.heavy),
+    pytest.param({"gpus": 4, "zero": 2, "precision": "fp32", "optimizer": "sgd", "batch_size": 2, "seq_len": 128},
+                 marks=pytest.mark.heavy),
+    pytest.param({"gpus": 2, "zero": 3, "loss": "chunked-ce", "loss_chunks": 4}, marks=pytest.mark.heavy),
+    pytest.param({"gpus": 2, "zero": 3, "grad_accum": 2}, marks=pytest.mark.heavy),
+    pytest.param({"gpus": 2, "tp": 2}, marks=pytest.mark.heavy),
+    pytest.param({"gpus": 4, "tp": 2, "zero": 3}, marks=pytest.mark.heavy),
+], ids=["zero3", "ddp", "zero1-accum", "zero2-fp32", "zero3-chunked", "zero3-accum", "tp", "tp-fsdp2"])
+def test_activation_offload_matches_the_estimate_on_several_gpus(plan):
+    """One simulated rank per plan (about 15 s each). Under FSDP2 the loss runs after the root's forward, as in
+    torchtune's recipes: ZeRO-3's root is resharded before the loss and gathered again only at the logits' gradient
+    (the walk's head moments for it are the chunked loss's, `llmem.walk.chunked`); with the loss inside the root's
+    forward the tiny ZeRO-3 row read 9 % high. Same bounds as on one GPU."""
+    _compare(LLAMA, TrainingPlan(**{**TINY, **plan}))
+
+
+@pytest.mark.heavy
+def test_a_moe_model_in_fp32_matches_the_estimate_on_two_gpus():
+    """mixtral (tiny), fp32, ZeRO-2: within the same bounds (the residual, -4,168 B at layer 0's backward, is the
+    same plan's without offload); in half precision it is a gap (`act_offload.check_model`)."""
+    plan = {**TINY, "precision": "fp32", "optimizer": "sgd", "batch_size": 2, "seq_len": 128, "gpus": 2, "zero": 2}
+    _compare(MIXTRAL, TrainingPlan(**plan))
+
+
 @pytest.mark.heavy
 def test_offloading_lowers_the_simulated_peak_by_the_layer_inputs():
     """The same plan with and without the manager, both simulated: the device saves what the estimate says it
@@ -73,9 +100,13 @@ def test_offloading_lowers_the_simulated_peak_by_the_layer_inputs():
     ("qwen2.5-0.5b", {"batch_size": 4, "seq_len": 4096}),
     ("llama-3.2-1b", {"precision": "fp32", "optimizer": "sgd"}),
     ("llama-3.2-1b", {"loss": "chunked-ce", "batch_size": 4, "optimizer": "sgd"}),
-], ids=["qwen-1k", "qwen-4x4k", "llama-fp32-sgd", "llama-chunked"])
+    ("qwen2.5-0.5b", {"gpus": 2, "seq_len": 1024}),
+    ("qwen2.5-0.5b", {"gpus": 4, "zero": 2, "batch_size": 2, "seq_len": 2048}),
+    ("llama-3.2-1b", {"gpus": 8, "zero": 3, "batch_size": 2, "seq_len": 2048}),
+], ids=["qwen-1k", "qwen-4x4k", "llama-fp32-sgd", "llama-chunked", "qwen-ddp", "qwen-zero2", "llama-zero3"])
 def test_activation_offload_matches_the_estimate_full_size(model, plan):
-    """Full size (one to three minutes each): within 0.1 % on the GPU and on the host."""
+    """Full size (one to three minutes each; several GPUs: one simulated rank): within 0.1 % on the GPU and on the
+    host."""
     base = dict(device="cuda", precision="bf16", grad_ckpt="full", activation_offload=True)
     _compare(load_preset(model), TrainingPlan(**{**base, **plan}))
 
