@@ -125,11 +125,13 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
     fields |= draw_later_options(seed, index, fields, device, _lora_tables(config))
     fields |= draw_lora_tp(seed, index, fields, device)  # LoRA + TP where it runs (a stream of its own)
-    if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning: the method's options dropped
-        fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED} | pipeline
+    if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning (or LoRA where it is modelled)
+        kept = _LORA_OPTIONS if pipeline["method"] == Method.LORA.value else ()  # its other options dropped
+        fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED or k in kept} | pipeline
     return Draw(index, name, config, fields)
 
 
+_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 _NOT_PIPELINED = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save", "quant",
                   "double_quant", "loss_chunks", "float8")
 
@@ -200,8 +202,8 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     stages (`_draw_pp`: one per GPU, or with data parallelism beside them; FSDP2: pure precision), a schedule (the
     looped one from a stream of its own, with 2 or 3 stages per GPU where the split has them), and a microbatch
     count dividing the batch that the schedule runs; the plan's other options are set to what the pipeline is
-    modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa, adamw or sgd, no or full checkpointing of
-    every layer, one micro-step, the standard loss, no offload)."""
+    modelled with (`llmem.support`'s pp rows: full fine-tuning, or LoRA with one stage per GPU and no module copies;
+    sdpa, adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
     from llmem.components.pipeline import PP_FAMILIES
 
     rng = random.Random(f"{seed}:{index}:pipeline")
@@ -220,6 +222,8 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
            "optimizer_in_backward": False, "ddp_bucket_view": False}
     if out["optimizer"] != fields["optimizer"]:
         out["optimizer_impl"] = "default"
+    if fields.get("method") == Method.LORA.value and pp == fields["gpus"]:  # LoRA on one stage per GPU (support_pp)
+        out |= {"method": Method.LORA.value, "lora_modules_to_save": ""}
     if pp < fields["gpus"]:  # data parallelism beside the stages (`llmem.support`): DDP runs 1F1B with M > pp,
         # FSDP2 pure precision with one stage per GPU
         out |= {"fsdp_shard": "dim0", "attn": fields["attn"]}  # (lone pipelines keep sdpa: seeds 11-15's plans)
