@@ -51,9 +51,17 @@ def rank_stages(plan: TrainingPlan, rank: int) -> list[int]:
 
 
 def check(spec, plan: TrainingPlan) -> None:
-    """The model-dependent refusals of `--pp`: the split must exist, the family's forward be the llama-like one,
-    the embeddings untied (a weight cannot be shared by two ranks' stages)."""
-    stage_layer_counts(spec.num_layers, num_stages(plan))
+    """The model-dependent refusals of `--pp`: the split must exist (under LoRA every rank with a decoder layer: an
+    adapter to train), the family's forward be the llama-like one, the embeddings untied (a weight cannot be shared
+    by two ranks' stages)."""
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    from llmem.plan import Method
+
+    idle = [r for r in range(plan.pp) if not sum(counts[s] for s in rank_stages(plan, r))]
+    if plan.method is not Method.FULL and idle:  # its optimizer would get no parameter: torch.optim raises
+        raise InputError("pp", f"under LoRA the stages of GPU {idle[0]} hold no decoder layer, so no adapter to "
+                         f"train (torch.optim refuses an empty parameter list); use --pp {plan.pp - 1} or fewer, or "
+                         "a model with more layers", REFUSED)
     if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
         raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
