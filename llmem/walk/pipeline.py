@@ -78,9 +78,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         on.update(pipeline_fsdp.persistent(spec, plan, stage))
     act, grads = on.pop("activations"), gradient_bytes(s, q)
     ex = _excess(spec, q)
-    # LoRA: the one-GPU first layer's backward is the model's layer 0 (its input needs no gradient); a later stage's
-    # first layer keeps a whole table (`components.pipeline_lora`)
-    lora_first = pll.stage_first_layer_bytes(spec, q, stage)
+    lora_first = pll.stage_first_layer_bytes(spec, q, stage)  # LoRA: a later stage's first layer holds more
     x = pl.hidden_bytes(spec, plan)
     # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
     # (on the last stage less the logits, which `backward_one_chunk` holds until it returns, T:958-1062)
