@@ -126,9 +126,20 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     fields |= draw_later_options(seed, index, fields, device, _lora_tables(config))
     fields |= draw_lora_tp(seed, index, fields, device)  # LoRA + TP where it runs (a stream of its own)
     if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning (or LoRA where it is modelled)
+        if pipeline["method"] == Method.LORA.value and _idle_rank(pipeline, config):  # no adapter on a rank
+            pipeline = {k: v for k, v in pipeline.items() if k != "lora_modules_to_save"} | {"method": "full"}
         kept = _LORA_OPTIONS if pipeline["method"] == Method.LORA.value else ()  # its other options dropped
         fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED or k in kept} | pipeline
     return Draw(index, name, config, fields)
+
+
+def _idle_rank(pipeline: dict, config: dict) -> bool:
+    """Whether a rank of the drawn pipeline holds no decoder layer (`components.pipeline.check` refuses LoRA there)."""
+    from llmem.components.pipeline import stage_layer_counts
+
+    pp, v = pipeline["pp"], pipeline.get("pp_stages_per_rank", 1)
+    counts = stage_layer_counts(int(config.get("num_hidden_layers", 0)), pp * v)
+    return any(not sum(counts[r + k * pp] for k in range(v)) for r in range(pp))
 
 
 _LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
