@@ -74,9 +74,11 @@ def _layout_rules() -> tuple:
 def _option_rules() -> tuple:
     """What runs on the stages: the method, checkpointing, attention, the optimizer, the loss and the step."""
     return (
-    _r("pp method", "method", lambda p: p.pp > 1 and p.method is not Method.FULL,
-       "pipeline parallelism is modelled for --method full only; use it", GAP, pp=2, gpus=2, microbatches=2,
-       batch_size=2, method="lora"),
+    # LoRA on the stages (PEFT on the whole model, then split: `runtime.pipeline.Stage`; `components.pipeline_lora`)
+    _r("pp method gpus lora_modules_to_save", "method", lambda p: p.pp > 1 and p.method is not Method.FULL and (
+        p.method is not Method.LORA or p.gpus > p.pp or bool(p.lora_modules_to_save)), "pipeline parallelism is "
+       "modelled for --method full, and lora with one stage per GPU (--gpus = --pp) and no --lora-modules-to-save; "
+       "use one of them", GAP, pp=2, gpus=2, microbatches=2, batch_size=2, method="qlora"),
     _r("pp grad_ckpt ckpt_every", "grad-ckpt",
        lambda p: p.pp > 1 and (p.grad_ckpt is GradCkpt.SELECTIVE or p.ckpt_every > 1),
        "pipeline parallelism is modelled with --grad-ckpt none or full (every layer); use one of them", GAP, pp=2,

@@ -51,9 +51,17 @@ def rank_stages(plan: TrainingPlan, rank: int) -> list[int]:
 
 
 def check(spec, plan: TrainingPlan) -> None:
-    """The model-dependent refusals of `--pp`: the split must exist, the family's forward be the llama-like one,
-    the embeddings untied (a weight cannot be shared by two ranks' stages)."""
-    stage_layer_counts(spec.num_layers, num_stages(plan))
+    """The model-dependent refusals of `--pp`: the split must exist (under LoRA every rank with a decoder layer: an
+    adapter to train), the family's forward be the llama-like one, the embeddings untied (a weight cannot be shared
+    by two ranks' stages)."""
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    from llmem.plan import Method
+
+    idle = [r for r in range(plan.pp) if not sum(counts[s] for s in rank_stages(plan, r))]
+    if plan.method is not Method.FULL and idle:  # its optimizer would get no parameter: torch.optim raises
+        raise InputError("pp", f"under LoRA the stages of GPU {idle[0]} hold no decoder layer, so no adapter to "
+                         f"train (torch.optim refuses an empty parameter list); use --pp {plan.pp - 1} or fewer, or "
+                         "a model with more layers", REFUSED)
     if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
         raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
@@ -170,11 +178,11 @@ def head_held_bytes(spec, plan: TrainingPlan) -> int:
     and lm_head's saved tensors, the logits (the stage output, kept in `fwd_cache`, T:913-916) and what the loss
     saved (its log-softmax output and shifted labels: `logits.loss_backward_start_bytes`, the one-GPU walk's state
     when `loss.backward()` starts); the schedule keeps the loss until that microbatch's backward (S:299-304)."""
-    from llmem.components import activations as act
     from llmem.components import logits as lg
+    from llmem.components.pipeline_lora import final_norm_bytes
 
     q = microbatch_plan(plan)
-    return act.final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
+    return final_norm_bytes(spec, q) + lg.loss_backward_start_bytes(spec, q)
 
 
 def input_saved(spec, plan: TrainingPlan, stage: int) -> bool:
@@ -195,12 +203,13 @@ def microbatch_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     (`activations.kept_per_layer_bytes`) and RoPE's; not the stage's input where its first module saves it (a
     receive buffer after stage 0, `buffer_bytes`; `input_saved`); before the last stage the output, kept in
     `fwd_cache` for backward (T:913-916); on the last stage the head's (`head_held_bytes`)."""
-    from llmem.components.activations import kept_per_layer_bytes
+    from llmem.components.pipeline_lora import kept_per_layer_bytes, stage_first_saving_bytes
 
     q = microbatch_plan(plan)
     n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
     x = hidden_bytes(spec, plan)
-    held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) if n else 0)
+    held = n * kept_per_layer_bytes(spec, q) + (_outside_layers(spec, q) - stage_first_saving_bytes(spec, q, stage)
+                                                 if n else 0)
     held += head_held_bytes(spec, plan) if stage == num_stages(plan) - 1 else x
     return held - (x if stage > 0 and input_saved(spec, plan, stage) else 0) + saved_copy_bytes(spec, plan, stage)
 
@@ -221,8 +230,11 @@ def saved_copy_bytes(spec, plan: TrainingPlan, stage: int) -> int:
 
     q = microbatch_plan(plan)
     n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
+    from llmem.components.pipeline_lora import first_layer_unsaved_copy_bytes
+
     head = autocast.head_weight_copy_bytes(spec, q) if stage == num_stages(plan) - 1 else 0
-    return autocast.saved_layer_copies(q, n) * autocast.layer_weight_copy_bytes(spec, q) + head
+    first = first_layer_unsaved_copy_bytes(spec, q) if stage == 0 and n else 0  # LoRA: stage 0's layer 0
+    return autocast.saved_layer_copies(q, n) * autocast.layer_weight_copy_bytes(spec, q) + head - first
 
 
 def head_freed_bytes(spec, plan: TrainingPlan) -> int:
@@ -253,5 +265,7 @@ def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
 
     q = microbatch_plan(plan)
     n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
+    from llmem.components.pipeline_lora import cached_copy_bytes
+
     unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
-    return unsaved * autocast.layer_weight_copy_bytes(spec, q)
+    return unsaved * cached_copy_bytes(spec, q)

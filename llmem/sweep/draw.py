@@ -126,8 +126,11 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
               "offload": _weighted(rng, OFFLOAD).value, "loss": _weighted(rng, LOSS).value, "device": device}
     fields |= draw_later_options(seed, index, fields, device, _lora_tables(config))
     fields |= draw_lora_tp(seed, index, fields, device)  # LoRA + TP where it runs (a stream of its own)
-    if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning: the method's options dropped
-        fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED} | pipeline
+    if pipeline := draw_pipeline(seed, index, fields, config):  # full fine-tuning (or LoRA where it is modelled)
+        if pipeline["method"] == Method.LORA.value and _idle_rank(pipeline, config):  # no adapter on a rank
+            pipeline = {k: v for k, v in pipeline.items() if k != "lora_modules_to_save"} | {"method": "full"}
+        kept = _LORA_OPTIONS if pipeline["method"] == Method.LORA.value else ()  # its other options dropped
+        fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED or k in kept} | pipeline
     fields |= draw_cp(seed, index, fields, config)
     fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
     return Draw(index, name, config, fields)
@@ -160,6 +163,16 @@ def draw_cp(seed: int, index: int, fields: dict, config: dict) -> dict:
     return out
 
 
+def _idle_rank(pipeline: dict, config: dict) -> bool:
+    """Whether a rank of the drawn pipeline holds no decoder layer (`components.pipeline.check` refuses LoRA there)."""
+    from llmem.components.pipeline import stage_layer_counts
+
+    pp, v = pipeline["pp"], pipeline.get("pp_stages_per_rank", 1)
+    counts = stage_layer_counts(int(config.get("num_hidden_layers", 0)), pp * v)
+    return any(not sum(counts[r + k * pp] for k in range(v)) for r in range(pp))
+
+
+_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 _NOT_PIPELINED = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save", "quant",
                   "double_quant", "loss_chunks", "float8")
 
@@ -230,8 +243,8 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     stages (`_draw_pp`: one per GPU, or with data parallelism beside them; FSDP2: pure precision), a schedule (the
     looped one from a stream of its own, with 2 or 3 stages per GPU where the split has them), and a microbatch
     count dividing the batch that the schedule runs; the plan's other options are set to what the pipeline is
-    modelled with (`llmem.support`'s pp rows: full fine-tuning, sdpa, adamw or sgd, no or full checkpointing of
-    every layer, one micro-step, the standard loss, no offload)."""
+    modelled with (`llmem.support`'s pp rows: full fine-tuning, or LoRA with one stage per GPU and no module copies;
+    sdpa, adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
     from llmem.components.pipeline import PP_FAMILIES
 
     rng = random.Random(f"{seed}:{index}:pipeline")
@@ -250,6 +263,8 @@ def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
            "optimizer_in_backward": False, "ddp_bucket_view": False}
     if out["optimizer"] != fields["optimizer"]:
         out["optimizer_impl"] = "default"
+    if fields.get("method") == Method.LORA.value and pp == fields["gpus"]:  # LoRA on one stage per GPU (support_pp)
+        out |= {"method": Method.LORA.value, "lora_modules_to_save": ""}
     if pp < fields["gpus"]:  # data parallelism beside the stages (`llmem.support`): DDP runs 1F1B with M > pp,
         # FSDP2 pure precision with one stage per GPU
         out |= {"fsdp_shard": "dim0", "attn": fields["attn"]}  # (lone pipelines keep sdpa: seeds 11-15's plans)

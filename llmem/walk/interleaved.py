@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from llmem.components import logits as lg
 from llmem.components import pipeline as pl
+from llmem.components import pipeline_lora as pll
 from llmem.components.gradients import gradient_bytes, head_gradient_bytes, later_layers_gradient_bytes
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
@@ -78,7 +79,8 @@ class _Stage:
         self.grads, self.head = gradient_bytes(s, q), head_gradient_bytes(s, q) if self.last else 0
         self.layer_grads = later_layers_gradient_bytes(s, q, 0) if self.layers else 0
         self.one = pl.microbatch_bytes(spec, plan, stage)
-        self.free = pl.layer_free_bytes(spec, plan, stage)
+        # LoRA: a later stage's first layer holds more in its backward than the model's layer 0 (`pipeline_lora`)
+        self.free = pl.layer_free_bytes(spec, plan, stage) + pll.stage_first_layer_bytes(spec, q, stage)
         x = pl.hidden_bytes(spec, plan)
         # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
         self.incoming = pl.head_freed_bytes(spec, plan) - lg.logits_bytes(spec, q) if self.last else x

@@ -14,6 +14,7 @@ from __future__ import annotations
 from llmem.components import Category
 from llmem.components import logits as lg
 from llmem.components import pipeline as pl
+from llmem.components import pipeline_lora as pll
 from llmem.components.gradients import gradient_bytes, head_gradient_bytes, later_layers_gradient_bytes
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import parameter_bytes
@@ -38,7 +39,8 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
     t = terms(spec, q2)
     persistent = parameter_bytes(spec, q2) + optimizer_state_bytes(spec, q2)
     grads, head = gradient_bytes(spec, q2), head_gradient_bytes(spec, q2)
-    kept_all = spec.num_layers * act.kept_per_layer_bytes(spec, q2) + act.outer_saved_bytes(spec, q2)
+    kept_all = spec.num_layers * pll.kept_per_layer_bytes(spec, q2) + act.outer_saved_bytes(spec, q2) \
+        - pll.first_layer_saving_bytes(spec, q2)
     out: dict[str, int] = {}
     for ph in iteration_phases(spec, q2):
         step = 2 if _ALIVE in ph.name or "(micro-step 2)" in ph.name else 1
@@ -76,6 +78,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
         on.update(pipeline_fsdp.persistent(spec, plan, stage))
     act, grads = on.pop("activations"), gradient_bytes(s, q)
     ex = _excess(spec, q)
+    lora_first = pll.stage_first_layer_bytes(spec, q, stage)  # LoRA: a later stage's first layer holds more
     x = pl.hidden_bytes(spec, plan)
     # the output gradient sits in a receive buffer; the last stage's head was freed before its layers' backward
     # (on the last stage less the logits, which `backward_one_chunk` holds until it returns, T:958-1062)
@@ -93,13 +96,13 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
                              activations=act + k * one, temporaries=ex["m1-last"] - incoming))
         phases.append(moment(name + "first backward, first layer", **on, gradients=head + _layer_grads(s, q),
                              activations=act + (k - 1) * one + pl.layer_free_bytes(spec, plan, stage),
-                             temporaries=ex["m1-first"]))
+                             temporaries=ex["m1-first"] + lora_first))
     if m > 1 and layers:
         phases.append(moment(name + "later backward, last layer", **on, gradients=grads,
                              activations=act + later * one, temporaries=ex["m2-last"] - incoming + sent))
         phases.append(moment(name + "later backward, first layer", **on, gradients=grads,
                              activations=act + (later - 1) * one + pl.layer_free_bytes(spec, plan, stage),
-                             temporaries=ex["m2-first"] + sent))
+                             temporaries=ex["m2-first"] + lora_first + sent))
     if first:  # the embedding's backward, the stage's gradients made (`_excess`'s `mN-end`)
         phases.append(moment(name + "first backward, embedding", **on, gradients=grads,
                              activations=act + (k - 1) * one, temporaries=ex["m1-end"]))

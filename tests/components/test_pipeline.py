@@ -185,7 +185,7 @@ BAD = [
     (dict(gpus=7, pp=7, batch_size=7, microbatches=7), "pp"),  # 7 stages > 4 layers + 2
     (dict(gpus=1, microbatches=2), "microbatches"),  # microbatches without a pipeline
     (dict(gpus=1, pp_schedule="gpipe"), "pp-schedule"),
-    (dict(gpus=2, pp=2, batch_size=2, microbatches=2, method="lora"), "method"),
+    (dict(gpus=4, pp=2, batch_size=4, microbatches=4, method="lora"), "method"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, grad_ckpt="selective"), "grad-ckpt"),
     (dict(gpus=2, pp=2, batch_size=2, microbatches=2, pp_stages_per_rank=3), "pp-stages-per-rank"),  # 1f1b
     (dict(gpus=2, pp=2, batch_size=5, microbatches=5, pp_schedule="interleaved-1f1b"), "microbatches"),  # rounds 2

@@ -156,6 +156,8 @@ def test_pipeline_plans_are_drawn_with_every_schedule_and_estimated(many):
     pp = [d for d in many if d.fields.get("pp", 1) > 1]
     assert {d.fields["pp_schedule"] for d in pp} == {"gpipe", "1f1b", "interleaved-1f1b"}
     assert {d.fields["zero"] for d in pp if d.fields["gpus"] > d.fields["pp"]} == {3}  # FSDP2 beside the stages
+    lora = [d for d in pp if d.fields["method"] == "lora"]  # LoRA kept on one stage per GPU (`llmem.support_pp`)
+    assert lora and all(d.fields["gpus"] == d.fields["pp"] for d in lora)
     for d in pp:
         rec = estimate_draw(d, base_record(d, 11, "small", "measure"))
         assert "outcome" not in rec, rec
