@@ -15,7 +15,9 @@ not save otherwise; with dropout > 0 the dropout output and its noise, `activati
 input, the T × r A output.
 Backward: the logits' gradient reaches the add, which passes it on unchanged; `MulBackward0` makes a T × V
 `grad * scaling` for lora_B's `MmBackward0`, which makes the (V, r) weight gradient and the T × r input gradient.
-Modelled and measured: `--method lora` on one device without a quantized base (`llmem.support_lora_head`).
+Under autocast (bf16-/fp16-mixed) the add's three tensors are half, and lora_A saves its half input copy, lora_B its
+half input, mm both adapters' half weight casts (`saved_bytes`).
+Modelled and measured: `--method lora` on one device, fp32 or bf16-mixed (`llmem.support_lora_head`).
 """
 
 from __future__ import annotations
@@ -58,36 +60,49 @@ def _tokens(plan: TrainingPlan) -> int:
     return plan.batch_size * plan.seq_len
 
 
+def _half(plan: TrainingPlan) -> int:
+    """Bytes of the adapters' compute dtype: 2 under autocast (bf16-/fp16-mixed), else 4 (fp32)."""
+    from llmem.components import autocast
+
+    return plan.precision.compute_bytes if autocast.applies(plan) else FP32
+
+
 def saved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """What the head's adapter keeps from its forward to its backward: lora_A's input (x, or with dropout its output
-    and noise) and lora_B's input (T × r), fp32."""
+    """What the head's adapter keeps from its forward to its backward. fp32: lora_A's input (x itself with dropout
+    0, else dropout's output and noise) and lora_B's T × r input. Under autocast: dropout's fp32 noise (p > 0),
+    lora_A's half cast of its input, lora_B's half T × r input, and both adapters' half weight casts (autocast's
+    cached copies of fp32 leaves, saved by mm for the input gradients)."""
     if not targets_head(plan):
         return 0
     from llmem.components.activations import _proj_dim
 
-    t = _tokens(plan)
-    x = t * _proj_dim(spec) * FP32
-    kept = 2 * x if plan.lora_dropout > 0 else x  # dropout's output and its noise (CPU: x's dtype), else x
-    return kept + t * plan.lora_rank * FP32
+    t, h, r, c = _tokens(plan), _proj_dim(spec), plan.lora_rank, _half(plan)
+    noise = t * h * FP32 if plan.lora_dropout > 0 else 0  # dropout's noise, x's dtype (fp32) on CPU
+    if c == FP32:
+        return t * h * FP32 + noise + t * r * FP32  # x, or dropout's output; its noise
+    return noise + t * h * c + t * r * c + (r * h + spec.vocab_size * r) * c
 
 
 def forward_add_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Logits-related bytes at the adapter's add: base logits, the scaled adapter output and the sum (T × V each)."""
+    """Logits-related bytes at the adapter's add: base logits, the scaled adapter output and the sum (T × V each, in
+    the compute dtype: fp32, or the autocast dtype)."""
     if not targets_head(plan):
         return 0
-    return 3 * _tokens(plan) * spec.vocab_size * FP32
+    return 3 * _tokens(plan) * spec.vocab_size * _half(plan)
 
 
 def backward_scaled_grad_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """`MulBackward0`'s `grad * scaling` (T × V) alive while lora_B's backward runs."""
     if not targets_head(plan):
         return 0
-    return _tokens(plan) * spec.vocab_size * FP32
+    return _tokens(plan) * spec.vocab_size * _half(plan)
 
 
 def keeps_input(plan: TrainingPlan) -> bool:
     """Whether lora_A saves the final hidden states themselves (dropout 0, fp32: no cast, no dropout output)."""
-    return targets_head(plan) and plan.lora_dropout == 0
+    from llmem.components import autocast
+
+    return targets_head(plan) and plan.lora_dropout == 0 and not autocast.applies(plan)
 
 
 def check_supported(spec: ModelSpec, plan: TrainingPlan, target: str) -> None:

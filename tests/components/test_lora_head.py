@@ -1,9 +1,10 @@
 """LoRA on the output layer (`--lora-targets ...,lm_head`, `llmem.components.lora_head`): the adapter counts against
 PEFT on the meta device, the refusals naming the field, and the estimate against real CPU runs (allocator trace).
 
-Tolerance: every row here measured within 0.01 % (the same few hundred bytes under as without the head's adapter);
-the asserted 0.2 % bound catches any of the modelled tensors going missing: the smallest, lora_B's saved T × r input,
-is 0.3 % of the activation-dominated peak, the final hidden states lora_A keeps 1.1 %."""
+Tolerance: the fp32 rows here measured within 0.01 % (the same few hundred bytes under as without the head's
+adapter), the bf16-mixed ones +0.06 % and +0.09 % (the plans' over-estimate without it); the asserted 0.2 % bound
+catches any of the modelled tensors going missing: the smallest, lora_B's saved T × r input, is 0.3 % of the
+activation-dominated fp32 peak, the final hidden states lora_A keeps 1.1 %."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_trainable_params_equal_peft_on_meta(config, targets):
 @pytest.mark.parametrize("config,plan,field", [
     (CONFIGS["llama"], dict(lora_targets="lm_head"), "lora-targets"),  # no decoder-layer adapter
     (CONFIGS["llama"], dict(method="qlora", quant="nf4"), "lora-targets"),
-    (CONFIGS["llama"], dict(precision="bf16-mixed"), "lora-targets"),
+    (CONFIGS["llama"], dict(precision="bf16"), "lora-targets"),
     (CONFIGS["llama"], dict(gpus=2), "lora-targets"),
     (CONFIGS["gemma2"], {}, "lora-targets"),  # a traced LoRA family
 ])
@@ -67,6 +68,8 @@ def test_activation_dominated_peak():
     (TIED, dict(batch_size=1, seq_len=32)),  # tied: the head's Linear adapted, the shared weight frozen
     (LARGE, dict(batch_size=1, seq_len=32)),  # parameter-dominated: the (V, r) lora_B last in the for-loop step
     (CONFIGS["qwen3"], dict(lora_targets="o_proj,lm_head", optimizer="sgd")),
+    (CONFIGS["llama"], dict(precision="bf16-mixed")),  # autocast: lora_A's half input copy, half weight casts
+    (TIED, dict(precision="bf16-mixed", lora_dropout=0.1, batch_size=1, seq_len=32)),
 ])
 def test_more_programs(config, plan):
     pytest.importorskip("torch")
