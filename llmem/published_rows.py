@@ -201,7 +201,7 @@ REFERENCE: dict[str, Claim] = {
 }
 
 _HEAD_LORA = ("LoRA on the output layer (lm_head) among the targets, in pure bf16: --lora-targets ...,lm_head is "
-              "modelled in fp32 and bf16-mixed on one device only (--lora-modules-to-save lm_head trains a full "
+              "modelled in fp32 and bf16-mixed on one device or DDP only (--lora-modules-to-save lm_head trains a full "
               "copy of it: another program)")
 _NEOX_QLORA = ("QLoRA on stablelm-base-alpha-3b: gpt_neox's LoRA activations are traced from transformers, and "
                "4-bit Linears are not traced (--method qlora refused on it)")

@@ -17,7 +17,7 @@ Backward: the logits' gradient reaches the add, which passes it on unchanged; `M
 `grad * scaling` for lora_B's `MmBackward0`, which makes the (V, r) weight gradient and the T × r input gradient.
 Under autocast (bf16-/fp16-mixed) the add's three tensors are half, and lora_A saves its half input copy, lora_B its
 half input, mm both adapters' half weight casts (`saved_bytes`).
-Modelled and measured: `--method lora` on one device, fp32 or bf16-mixed (`llmem.support_lora_head`).
+Modelled and measured: `--method lora` on one device or DDP, fp32 or bf16-mixed (`llmem.support_lora_head`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_trainable_params_equal_peft_on_meta(config, targets):
     (CONFIGS["llama"], dict(lora_targets="lm_head"), "lora-targets"),  # no decoder-layer adapter
     (CONFIGS["llama"], dict(method="qlora", quant="nf4"), "lora-targets"),
     (CONFIGS["llama"], dict(precision="bf16"), "lora-targets"),
-    (CONFIGS["llama"], dict(gpus=2), "lora-targets"),
+    (CONFIGS["llama"], dict(gpus=2, zero=3), "lora-targets"),
     (CONFIGS["gemma2"], {}, "lora-targets"),  # a traced LoRA family
 ])
 def test_unmodelled_plans_name_the_field(config, plan, field):
@@ -74,3 +74,22 @@ def test_activation_dominated_peak():
 def test_more_programs(config, plan):
     pytest.importorskip("torch")
     assert abs(_error(config, **plan)) < TOL
+
+
+def _two_rank_runs():
+    from tests.components.multirank import TwoRankRows
+
+    base = dict(gpus=2, zero=0, optimizer_impl="forloop", batch_size=2, seq_len=64, method="lora", lora_targets=_QV)
+    rows = {"ddp-fp32": dict(precision="fp32"), "ddp-tied-bf16mix": dict(precision="bf16-mixed", lora_dropout=0.0)}
+    return TwoRankRows(base, rows, lambda name: dict(TIED if "tied" in name else CONFIGS["llama"]), sampled=())
+
+
+TWO_RANKS = _two_rank_runs()
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["ddp-fp32", "ddp-tied-bf16mix"])
+def test_two_ranks_ddp(name):
+    """DDP buckets the head adapter's gradients with the others' (the lm_head's are the first made)."""
+    pytest.importorskip("torch")
+    TWO_RANKS.check(name, tolerance=0.01)
