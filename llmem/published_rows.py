@@ -200,8 +200,9 @@ REFERENCE: dict[str, Claim] = {
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
 }
 
-_HEAD_LORA = ("LoRA on the output layer (lm_head) among the targets: --lora-targets refuses the output layer "
-              "(--lora-modules-to-save lm_head, which is modelled, trains a full copy of it: another program)")
+_HEAD_LORA = ("LoRA on the output layer (lm_head) among the targets, in pure bf16: --lora-targets ...,lm_head is "
+              "modelled in fp32 and bf16-mixed on one device or DDP only (--lora-modules-to-save lm_head trains a full "
+              "copy of it: another program)")
 _NEOX_QLORA = ("QLoRA on stablelm-base-alpha-3b: gpt_neox's LoRA activations are traced from transformers, and "
                "4-bit Linears are not traced (--method qlora refused on it)")
 

@@ -31,6 +31,7 @@ from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
 from llmem.support_cp import context_parallel_rules
 from llmem.support_float8 import RULES_FLOAT8
+from llmem.support_lora_head import LORA_HEAD_RULES
 from llmem.support_lora_tp import LORA_TP_RULES
 from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
 from llmem.support_rule import Rule, _r
@@ -313,7 +314,7 @@ RULES: tuple[Rule, ...] = (
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
 )
-RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *activation_offload_rules())
+RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *LORA_HEAD_RULES, *activation_offload_rules())
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

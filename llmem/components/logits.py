@@ -63,11 +63,13 @@ def final_hidden_held_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     transformers 5.23 e.g. modeling_llama.py `LlamaForCausalLM.forward`) until it returns after the loss. Counted
     here only where the lm_head does not save that tensor for its backward: under autocast it saves its half copy;
     a frozen lm_head (LoRA, no trainable copy of it) saves no input. Measured: 32 KiB at 128 tokens × h 64, fp32."""
-    from llmem.components import autocast, lora
+    from llmem.components import autocast, lora, lora_head
     from llmem.components.activations import _proj_dim
     from llmem.components.saved import _bytes
 
     frozen = lora.is_lora(plan) and not lora.trains_copy(spec, plan, "head")
+    if lora_head.keeps_input(plan):  # an adapted lm_head's lora_A saves it (counted with the final norm's saves)
+        return 0
     if not (autocast.applies(plan) or frozen):
         return 0
     return plan.batch_size * plan.seq_len * _proj_dim(spec) * _bytes(plan)[1]

@@ -202,7 +202,10 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
     modules = [_module(p) for p in linear_weights(spec)]
     for t in plan.lora_targets.split(","):
         if t.rsplit(".", 1)[-1] in _HEADS:
-            raise InputError("lora-targets", f"adapting the output layer ({t}) is not supported here")
+            from llmem.components.lora_head import check_supported
+
+            check_supported(spec, plan, t)
+            continue
         if not any(_matches(m, t) for m in modules):
             from llmem.components.lora_experts import v4_moe_name_refusal
 
@@ -229,9 +232,9 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
         a_split, b_split = _tp_splits(p, plan)
         out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer, a_split),
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer, b_split)]
-    from llmem.components import lora_experts  # mixtral's router and fused experts (PEFT's ParamWrapper)
+    from llmem.components import lora_experts, lora_head  # mixtral's experts (ParamWrapper); the output layer's
 
-    return out + lora_experts.adapter_params(spec, plan)
+    return out + lora_experts.adapter_params(spec, plan) + lora_head.adapter_params(spec, plan)
 
 
 def _tp_splits(p: ParamTensor, plan: TrainingPlan) -> tuple[TpSplit, TpSplit]:

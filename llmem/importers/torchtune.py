@@ -109,10 +109,11 @@ def _targets(r: Reader) -> None:
     if r.flag("model.apply_lora_to_mlp") is True:
         names.append(MLP)
     if r.flag("model.apply_lora_to_output") is True:
-        r.ignore("model.apply_lora_to_output", "LoRA on the output projection is not modelled")
+        names.append("lm_head")
     if names:
         r.set("model.lora_attn_modules", "lora_targets", ",".join(names), "torchtune's names as Hugging Face's "
-              "(output_proj = o_proj, the MLP's w1/w3/w2 = gate_proj/up_proj/down_proj)", shown=attn)
+              "(output_proj = o_proj, the MLP's w1/w3/w2 = gate_proj/up_proj/down_proj, the output layer = "
+              "lm_head)", shown=attn)
 
 
 def _optimizer(r: Reader) -> None:

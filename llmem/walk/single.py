@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, quant
+from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, lora_head, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -84,7 +84,7 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     # (traced LoRA, `llmem.derive.lora`: the derived tables are LoRA's; layer 0 is a layer kind of its own)
     hand_lora = lora.is_lora(plan) and spec.derived is None
     if hand_lora:  # frozen base: fewer saved inputs, the adapters' own; layer 0 keeps less (see lora.py)
-        final_norm = lora.final_norm_bytes(spec, plan)
+        final_norm = lora.final_norm_bytes(spec, plan) + lora_head.saved_bytes(spec, plan)  # an adapted lm_head's
         if plan.grad_ckpt is GradCkpt.FULL:
             # the checkpoint's own copy of the layer input, which in half precision no op of the layer saves
             recompute = act.recompute_bytes(spec, plan, lora.layer_activation_bytes(spec, plan)
@@ -175,13 +175,17 @@ def head_moments(t: Terms) -> list[Phase]:
     weight gradient cast to fp32 once MmBackward0 has returned, its saved weight copy and input gradient freed)."""
     on = dict(**t.persistent, activations=t.forward_acts, communication=t.gathered(t.layers))
     fp32_grad = autocast.head_fp32_gradient_bytes(t.spec, t.plan) * bool(t.head_grad_copy)
+    scaled = lora_head.backward_scaled_grad_bytes(t.spec, t.plan)  # an adapted lm_head's grad * scaling
     phases = [
         moment("forward (last layer)", **on, temporaries=t.fwd_casts),
         moment("loss forward", **on, temporaries=t.fwd_casts + t.head_cast, logits=t.loss_fwd),
         moment("loss backward", **on, temporaries=t.base_casts + t.head_cast, logits=t.loss_bwd),
         moment("lm_head backward", **on, gradients=t.grads_outer + t.head_transient - fp32_grad,
-               temporaries=t.base_casts + t.head_cast + t.head_grad_copy, logits=t.head_bwd),
+               temporaries=t.base_casts + t.head_cast + t.head_grad_copy, logits=t.head_bwd + scaled),
     ]
+    if lora_head.targets_head(t.plan):  # the adapter's out-of-place add: base logits, scaled output, sum
+        phases.insert(1, moment("lm_head forward, LoRA add", **on, temporaries=t.fwd_casts + t.head_cast,
+                                logits=lora_head.forward_add_bytes(t.spec, t.plan)))
     if t.head_grad_copy:
         phases.append(moment("lm_head backward, weight gradient cast to fp32", **on,
                              gradients=t.grads_outer + t.head_transient,

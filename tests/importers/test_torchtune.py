@@ -41,3 +41,9 @@ def test_what_is_not_modelled_says_which_way_the_estimate_errs():
     assert ignored(r, "optimizer_in_bwd").why.endswith("an upper bound")
     assert ignored(r, "enable_activation_offloading").why.endswith("an upper bound")
     assert "torch.compile" in ignored(r, "compile").why
+
+
+def test_lora_on_the_output_layer_is_the_lm_head_target():
+    text = (b"model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+            b"  lora_attn_modules: [q_proj, v_proj]\n  apply_lora_to_output: true\n")
+    assert settings(import_bytes(text, "recipe.yaml"))["lora_targets"] == "q_proj,v_proj,lm_head"
