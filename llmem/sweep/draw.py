@@ -168,7 +168,10 @@ def _idle_rank(pipeline: dict, config: dict) -> bool:
     from llmem.components.pipeline import stage_layer_counts
 
     pp, v = pipeline["pp"], pipeline.get("pp_stages_per_rank", 1)
-    counts = stage_layer_counts(int(config.get("num_hidden_layers", 0)), pp * v)
+    try:
+        counts = stage_layer_counts(int(config.get("num_hidden_layers", 0)), pp * v)
+    except InputError:  # a split with empty stages: the estimator refuses it, and the sweep records that
+        return False
     return any(not sum(counts[r + k * pp] for k in range(v)) for r in range(pp))
 
 
