@@ -34,6 +34,7 @@ from llmem.components.gradients import (
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
     layer_gradient_bytes,
+    tied_gradient_sum_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
@@ -170,6 +171,11 @@ def end_moments(w: Fsdp1Terms) -> list[Phase]:
     phases = [
         moment("backward end", **on, gradients=layer_shards + root_views, communication=_gathered(w, ()),
                temporaries=embedding_gradient_accumulate_bytes(spec, cp) + embedding_input_gradient_bytes(spec, cp)),
+        # tied, outside autocast: the engine's out-of-place sum of the shared view's two gradients (as on one GPU,
+        # `tied_gradient_sum_bytes`), the embedding's input gradient freed
+        *[moment("backward end, tied gradients summed", **on, gradients=layer_shards + root_views,
+                 communication=_gathered(w, ()), temporaries=embedding_gradient_accumulate_bytes(spec, cp) + tied)
+          for tied in (tied_gradient_sum_bytes(spec, cp),) if tied],
         moment("backward end (root flat gradient)", **on, gradients=layer_shards + root_views + flat,
                communication=_gathered(w, ())),
         moment("backward end (root reduce-scatter)", **on, gradients=layer_shards + flat,
