@@ -11,6 +11,7 @@ from llmem.plan import Loss, TrainingPlan
 
 def hf_config(config: dict, plan: TrainingPlan):
     """A transformers config from a plain config dict, with `use_cache=False` and the plan's attention."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     if not isinstance(config, dict):
@@ -21,8 +22,10 @@ def hf_config(config: dict, plan: TrainingPlan):
     rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
     try:
         cfg = AutoConfig.for_model(model_type, **rest)
-    except ValueError as exc:
-        raise InputError("model", f"transformers cannot build model_type {model_type!r}: {exc}") from None
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # the config classes' validators (one line here)
+        cause = exc.__cause__ or exc
+        raise InputError("model", f"transformers cannot build model_type {model_type!r}: "
+                         f"{' '.join(str(cause).split())}") from None
     cfg.use_cache = False
     return cfg
 
