@@ -22,8 +22,8 @@ configs = st.fixed_dictionaries(
 ) | st.none() | st.lists(st.integers(), max_size=2) | st.text(max_size=10)
 
 
-# the same examples every run (the suite's time budget: a fresh example can trace a new config at full size)
-@settings(max_examples=2000, derandomize=True, deadline=None)
+# no deadline: a fresh example can trace a new config at full size (the first time: seconds to tens of seconds)
+@settings(max_examples=2000, deadline=None)
 @given(configs, st.sampled_from([TrainingPlan(seq_len=32), TrainingPlan(seq_len=16, precision="fp16-mixed"),
                                  TrainingPlan(gpus=2, zero=3, seq_len=16, method="lora")]))
 def test_random_configs_give_an_estimate_or_a_named_error(config, plan):
