@@ -128,17 +128,23 @@ def fenced_functional_all_gather(original):
             funcol._group_or_group_name(resolved))
         world = pg.size()
         out = self.new_empty((world * self.shape[0], *self.shape[1:]))
-        chunks = list(out.chunk(world))
-        view = self.view(self.shape)
-        refs = [weakref.ref(t) for t in (*chunks, view)]
-        work = gather(chunks, view, group=pg, async_op=True)
-        del chunks, view
-        work.wait()
-        del work
-        wait_released(refs)
+        _gather_released(gather, out.chunk(world), self, pg)
         return _maybe_view_chunk_cat(out, world, gather_dim) if gather_dim != 0 else out
 
     return all_gather_single
+
+
+def _gather_released(all_gather, outputs, tensor, group) -> None:
+    """`all_gather(outputs, tensor)` through gloo on views of the caller's tensors, returning once gloo's worker
+    thread has released them (`wait_released`): what the fenced all-gathers share."""
+    chunks = [t.view(t.shape) for t in outputs]
+    view = tensor.view(tensor.shape)
+    refs = [weakref.ref(t) for t in (*chunks, view)]
+    work = all_gather(chunks, view, group=group, async_op=True)
+    del chunks, view
+    work.wait()
+    del work
+    wait_released(refs)
 
 
 def fsdp1_collectives(all_gather, reduce_scatter_single):
@@ -150,14 +156,7 @@ def fsdp1_collectives(all_gather, reduce_scatter_single):
     def fenced_all_gather(tensor_list, tensor, group=None, async_op=False):
         if async_op:
             return all_gather(tensor_list, tensor, group=group, async_op=True)
-        chunks = [t.view(t.shape) for t in tensor_list]
-        view = tensor.view(tensor.shape)
-        refs = [weakref.ref(t) for t in (*chunks, view)]
-        work = all_gather(chunks, view, group=group, async_op=True)
-        del chunks, view
-        work.wait()
-        del work
-        wait_released(refs)
+        _gather_released(all_gather, tensor_list, tensor, group)
         return None
 
     def fenced_reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
