@@ -31,7 +31,7 @@ later request of the stream (`try_allocate_expandable_block`), so the default st
 
 from __future__ import annotations
 
-from llmem.components import Category
+from llmem.components import Category, request_stream
 from llmem.components import communication as comm
 from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Device, Scheme, TrainingPlan
@@ -139,6 +139,8 @@ def reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable
 
 
 def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable: bool) -> int:
+    if not expandable and request_stream.replays(spec, plan):  # the tensors themselves through the allocator
+        return request_stream.replayed_reserved_bytes(spec, plan)
     build = build_cache_bytes(spec, plan)
     side = side_stream_bytes(spec, plan, expandable)
     if expandable:
