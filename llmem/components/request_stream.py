@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from llmem.allocator import CachingAllocator
+from llmem.choices import Attention, Float8
 from llmem.components import autocast
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
@@ -56,6 +57,7 @@ from llmem.plan import (
     Offload,
     Optimizer,
     OptimizerImpl,
+    Precision,
     Scheme,
     TrainingPlan,
 )
@@ -64,6 +66,7 @@ from llmem.spec import ModelSpec, TpSplit
 FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
 SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP)
+PRECISIONS = (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
 
 
 class Requests:
@@ -109,10 +112,14 @@ REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1)  # schemes whose replay mee
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
-    DDP, ZeRO-1 or TP on CUDA, no checkpointing or accumulation, foreach AdamW, the standard loss."""
+    DDP, ZeRO-1 or TP on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager
+    attention's fp32 softmax temporaries are not written out), no checkpointing, accumulation, offload or float8,
+    foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and plan.grad_ckpt is GradCkpt.NONE and plan.grad_accum == 1
+            and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
             and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
+            and not plan.optimizer_in_backward and not plan.keep_grads
             and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
             and not plan.ddp_bucket_view and plan.pp == 1 and plan.cp == 1 and not spec.is_moe
             and spec.derived is None and spec.model_type in MODEL_TYPES)

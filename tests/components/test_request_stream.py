@@ -90,13 +90,16 @@ def test_rebuilt_buckets_as_torch_assigns_them():
 @pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}])
 def test_the_high_end_is_the_replay_where_it_applies(plan):
     """One GPU, DDP and ZeRO-1 (llama-like, full fine-tuning, foreach AdamW): the high end of the default-segment
-    range is the replay (the point figure at least); TP, checkpointing or expandable segments keep the rules."""
+    range is the replay (the point figure at least); TP, checkpointing, LoRA, eager attention (its fp32 softmax
+    temporaries are not written out), fp16 (GradScaler) or a fused step keep the rules."""
     p = TrainingPlan(**MIXED, **plan)
     spec = _spec("qwen2.5-0.5b", p)
     est = estimate(spec, p)
     assert rs.replays(spec, p)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
-    for other in (p.with_(grad_ckpt="full"), TrainingPlan(**MIXED, gpus=2, tp=2), p.with_(method="lora")):
+    others = (p.with_(grad_ckpt="full"), TrainingPlan(**MIXED, gpus=2, tp=2), p.with_(method="lora"),
+              p.with_(attn="eager"), p.with_(precision="fp16-mixed"), p.with_(optimizer_impl="fused"))
+    for other in others:
         assert not rs.replays(_spec("qwen2.5-0.5b", other), other)
     assert not rs.replays(_spec("gpt2", p), p)  # a LayerNorm family: another layer program
 
