@@ -24,6 +24,9 @@ Three facts of the allocator carry the figure (docs/MODEL.md, "Reserved memory")
      segment for a request larger than every segment the build left (the root's reduce-scatter input: the
      unsharded gradients of embedding and lm_head in the reduce dtype), which no cached block can serve
      (`oversize_bytes`).
+One GPU, DDP and ZeRO-1 of the plans `request_stream.replays` accepts take none of these sums: the program's own
+requests, tensor by tensor, are replayed through the allocator model instead (default segments), which follows
+fact 3 where a category sum cannot (gradients carved from freed logits blocks, states from freed activations).
 With `expandable_segments:True` a stream's one segment grows by pages at its end and every freed page serves any
 later request of the stream (`try_allocate_expandable_block`), so the default stream reserves its allocated peak
 (or the build's bytes) in 20 MiB pages, plus the side streams' pools.
@@ -31,7 +34,7 @@ later request of the stream (`try_allocate_expandable_block`), so the default st
 
 from __future__ import annotations
 
-from llmem.components import Category
+from llmem.components import Category, request_stream
 from llmem.components import communication as comm
 from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Device, Scheme, TrainingPlan
@@ -139,6 +142,8 @@ def reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable
 
 
 def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandable: bool) -> int:
+    if not expandable and request_stream.replays(spec, plan):  # the tensors themselves through the allocator
+        return request_stream.replayed_reserved_bytes(spec, plan)
     build = build_cache_bytes(spec, plan)
     side = side_stream_bytes(spec, plan, expandable)
     if expandable:

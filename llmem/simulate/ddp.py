@@ -10,6 +10,12 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTE
 DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
 
 
+class Buckets(list):
+    """The live bucket blocks, with the capped sizes `rebuild_buckets` allocates (empty once rebuilt)."""
+
+    rebuilt_sizes: list[int] = []
+
+
 def zero1_partitions(params: list, world: int) -> list[list]:
     """`ZeroRedundancyOptimizer._partition_parameters` on the model's (fake) tensors: the estimate's partition."""
     from llmem.components.optimizer import greedy_partition
@@ -53,10 +59,14 @@ def install(session, plan, run_plan, rank: int | None, tracker, make_optimizer) 
     params = [p for p in session.model.parameters() if p.requires_grad]
     tracker.module = "DistributedDataParallel"
     sizes = ddp_buckets(params)
-    buckets = [tracker.add_block(b, "closed form: DDP gradient bucket", f"{b} B", closed_form=True) for b in sizes]
-    notes = [f"DDP gradient buckets: {len(buckets)} of {sum(sizes):,} B in all, allocated at wrap "
-             "(Reducer::initialize_buckets) and rebuilt at the start of iteration 2's forward, old freed before new "
-             "(Reducer::rebuild_buckets)"]
+    # at wrap one bucket holds every gradient: `_get_bucket_size_limits` (torch/nn/parallel/distributed.py) gives
+    # `[sys.maxsize]` without find_unused_parameters; the capped buckets come with the rebuild (`rebuild_buckets`)
+    total = sum(sizes)
+    buckets = Buckets([tracker.add_block(total, "closed form: DDP gradient bucket", f"{total} B", closed_form=True)])
+    buckets.rebuilt_sizes = sizes
+    notes = [f"DDP gradient buckets: one of {total:,} B at wrap (Reducer::initialize_buckets, unbounded initial "
+             f"assignment), rebuilt at the start of iteration 2's forward into {len(sizes)} (1 MiB first, 25 MiB "
+             "after), old freed before new (Reducer::rebuild_buckets)"]
     sim_rank = rank or 0
     if plan.scheme is Scheme.ZERO1:
         parts = zero1_partitions(params, plan.dp)
@@ -73,10 +83,12 @@ def rebuild_buckets(tracker, buckets: list[int]) -> None:
     """`Reducer::rebuild_buckets` at the start of iteration 2's forward: `initialize_buckets` clears the old buckets
     before it allocates the new (reducer.cpp `buckets_.clear()`); no `.grad` views them (the simulation refuses
     `--ddp-bucket-view`), so they are freed first."""
+    sizes, buckets.rebuilt_sizes = buckets.rebuilt_sizes, []
+    if not sizes:  # rebuilt once (the first forward after a backward)
+        return
     tracker.module = "DistributedDataParallel"
-    sizes = [(tracker.blocks[b].nbytes, tracker.blocks[b].shape) for b in buckets]
     for b in buckets:
         tracker.free_block(b)
-    buckets[:] = [tracker.add_block(n, "closed form: DDP bucket rebuild", shape, closed_form=True)
-                  for n, shape in sizes]
+    buckets[:] = [tracker.add_block(n, "closed form: DDP bucket rebuild", f"{n} B", closed_form=True)
+                  for n in sizes]
     tracker.module = ""

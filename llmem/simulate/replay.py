@@ -39,7 +39,7 @@ def replay(events: list[tuple[int, int, int]], reset_index: int = 0, expandable_
     """Replay (op, block, delta) events; the peak statistics are reset before event `reset_index`.
     `streams[block]` is the stream block `block` was allocated on (default: all on stream 0); `settings` are the
     other `CachingAllocator` arguments (garbage_collection_threshold, memory_fraction, roundup_power2_divisions)."""
-    from llmem.simulate.allocator import CachingAllocator
+    from llmem.allocator import CachingAllocator
 
     alloc = CachingAllocator(expandable_segments, max_split_size, capacity, **settings)
     handles: dict = {}

@@ -3,7 +3,7 @@ is derived from and against simulate's replay of the real program at full size; 
 
 import pytest
 
-from llmem.components import reserved
+from llmem.components import request_stream, reserved
 from llmem.estimate import FITS, NO_FIT, RISKY, estimate
 from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
@@ -76,8 +76,9 @@ def test_fsdp2_side_streams_and_oversize_request():
 
 @pytest.mark.parametrize("plan", [pytest.param({}, marks=pytest.mark.heavy), {"gpus": 8, "zero": 3}])
 def test_reserved_against_simulate_at_full_size(plan):
-    """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: the category
-    high-water bounds the replay from above here (cross-category reuse of freed blocks is not modelled; see
+    """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: one GPU replays the
+    program's own requests (`request_stream`, within 3 %: to the byte here); under ZeRO-3 the category high-water
+    bounds the replay from above (cross-category reuse of freed blocks is not modelled; see
     docs/notes/2026-11-26-reserved-model.md for the table and the cases where it falls below), within 12%."""
     config = load_preset("qwen2.5-0.5b")
     p = TrainingPlan(batch_size=1, seq_len=1024, precision="bf16-mixed", **plan)
@@ -86,7 +87,10 @@ def test_reserved_against_simulate_at_full_size(plan):
     expandable = estimate(ModelSpec.from_config(config), p.with_(alloc_conf="expandable-segments"))
     high = expandable.reserved_bytes_range[1]  # --alloc-conf expandable-segments: its rules' figure
     assert abs(high - sim.reserved_expandable_bytes) <= 0.02 * sim.reserved_expandable_bytes
-    assert sim.reserved_bytes <= est.reserved_bytes_range[1] <= 1.12 * sim.reserved_bytes
+    if request_stream.replays(est.spec, p):
+        assert abs(est.reserved_bytes_range[1] - sim.reserved_bytes) <= 0.03 * sim.reserved_bytes
+    else:
+        assert sim.reserved_bytes <= est.reserved_bytes_range[1] <= 1.12 * sim.reserved_bytes
     assert abs(reserved.build_cache_bytes(ModelSpec.from_config(config), p) - sim.reserved_at_reset_bytes) \
         <= 0.01 * sim.reserved_at_reset_bytes
 

@@ -1,4 +1,4 @@
-"""How the caching-allocator model (llmem/simulate/allocator.py) gives cached memory back to the device, after
+"""How the caching-allocator model (llmem/allocator.py) gives cached memory back to the device, after
 c10/cuda/CUDACachingAllocator.cpp (torch 2.13, `DeviceCachingAllocator`):
 
   release_cached_blocks   (`emptyCache`, and malloc's last retry) every cached block that is a whole segment

@@ -2,12 +2,11 @@
 `DeviceCachingAllocator`): each feeds an allocation sequence and checks the reserved / allocated bytes the
 source's rule gives (the function named in each docstring)."""
 
-from llmem.simulate.allocator import (
+from llmem.allocator import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     CachingAllocator,
     allocation_size,
-    replay,
     round_size,
 )
 
@@ -190,14 +189,3 @@ def test_expandable_segments_one_per_stream_and_empty_cache_unmaps():
     assert a.reserved == 40 * MiB
     a.empty_cache()
     assert a.reserved == 20 * MiB and a.segment_count == 1
-
-
-def test_replay_reports_peaks_after_reset():
-    """`resetPeakStats`: peaks restart from the current values (cached segments stay in reserved)."""
-    events = [(0, 0, 30 * MiB), (1, 0, -30 * MiB), (2, 1, 10 * MiB), (3, 2, 4 * MiB), (4, 2, -4 * MiB)]
-    stats = replay(events, reset_index=2)
-    assert stats.max_allocated == 14 * MiB  # the 30 MiB before the reset does not count
-    assert stats.max_reserved == 30 * MiB and stats.reserved_at_reset == 30 * MiB
-    assert stats.allocated_at_peak == 14 * MiB
-    on_two = replay(events, reset_index=2, streams=[0, 1, 1])
-    assert on_two.max_reserved == 30 * MiB + 20 * MiB + 10 * MiB  # stream 1 cannot use stream 0's segment

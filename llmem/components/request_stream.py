@@ -1,0 +1,272 @@
+"""The estimate's own allocation request stream — one tensor a request, in the program's order, on its stream —
+replayed through the caching-allocator model (llmem/allocator.py, the rules of c10/cuda/CUDACachingAllocator.cpp,
+torch 2.13) for the high end of reserved memory (`Estimate.reserved_bytes_range`). A category sum cannot see
+cross-kind reuse (gradients carved from the freed logits blocks, optimizer states from freed activations): a replay
+of the tensors themselves follows the allocator's best fit instead (docs/notes/2026-11-27-reserved-replay.md).
+
+The program is DESIGN.md section 1's: the model built in full on the device (`from_config`, registration order),
+wrapped, then two iterations (the second the steady state; segments are never given back, so
+`max_memory_reserved` is the reserved bytes after the second). Requests per phase, each from the component that
+sizes it in the walk:
+  build     every parameter in `model.parameters()` order (`trained.model_order`), in full; a tied lm_head's own
+            weight, allocated by its `nn.Linear` and freed when tied.
+  wrap      TP: `distribute_tensor` per split parameter, its shard (a row-wise weight's after two shard-sized
+            transposed copies), then the full tensor freed. DDP / ZeRO-1: `Reducer::initialize_buckets`' one
+            bucket (torch/nn/parallel/distributed.py `_get_bucket_size_limits`: `[sys.maxsize]` without
+            find_unused_parameters), rebuilt at iteration 2's forward into 1 MiB / 25 MiB buckets in
+            gradient-ready order, the old freed first (reducer.cpp).
+  forward   the embedding output; per decoder layer autocast's half weight copies (saved by the matmuls,
+            `autocast`) and the layer's saved tensors (`activations.layer_saved`), each kept to the layer's
+            backward, with the layer's fp32 residual-stream temporary (RMSNorm's `pow`) freed at once.
+  loss      the half lm_head weight copy, the logits (held by the loop through the step: `logits.logits_bytes`),
+            their fp32 upcast (freed after log_softmax) and the fp32 log_softmax output.
+  backward  nll_loss's and log_softmax's fp32 gradients, the half logits gradient, the lm_head's gradients; per
+            layer, last first, each parameter's gradient (a half gradient cast to the fp32 `.grad` under autocast,
+            `ToCopyBackward0`) in reverse registration order, then the layer's saved tensors freed; the embedding's
+            `embedding_dense_backward` (accumulated in place into a tied weight's `.grad`).
+  step      per parameter group (`optimizer._group_bytes`: ZeRO-1 this rank's partition, TP the DTensor group and
+            the plain one): in iteration 1 `_init_group`'s `exp_avg`, `exp_avg_sq` per tensor (`zeros_like`), then
+            foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
+            `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
+Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
+outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
+`simulate`'s (every aten allocation of the real runtime through the same model) on the 12 full-size one-GPU, DDP
+and ZeRO-1 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed logits
+block stays whole (qwen2.5-1.5b: −6.9 %, the other TP rows −2.4 … +0.5 %), so TP is not replayed (`REPLAYED`);
+plans outside it keep the category rules (`reserved.reserved_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmem.allocator import CachingAllocator
+from llmem.choices import Attention, Float8
+from llmem.components import autocast
+from llmem.components.activations import layer_saved
+from llmem.components.logits import _sizes
+from llmem.components.optimizer import _group_bytes
+from llmem.components.sharding import local_numel
+from llmem.components.trained import model_order
+from llmem.plan import (
+    Device,
+    Engine,
+    GradCkpt,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Scheme,
+    TrainingPlan,
+)
+from llmem.spec import ModelSpec, TpSplit
+
+FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
+SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP)
+PRECISIONS = (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
+
+
+class Requests:
+    """The stream: `events` of (key, bytes, stream) — bytes < 0 frees the request `key`; `marks` (phase name,
+    index of its first event)."""
+
+    __slots__ = ("events", "marks", "_n")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int, int]] = []
+        self.marks: list[tuple[str, int]] = []
+        self._n = 0
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, len(self.events)))
+
+    def alloc(self, nbytes: int, stream: int = 0) -> int:
+        self._n += 1
+        if nbytes > 0:
+            self.events.append((self._n, nbytes, stream))
+        return self._n
+
+    def free(self, *keys: int) -> None:
+        self.events.extend((k, -1, 0) for k in keys)
+
+
+def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
+    """`max_memory_reserved` after replaying `events` through the allocator model (nothing emptied)."""
+    alloc = CachingAllocator(expandable_segments=expandable)
+    blocks: dict[int, object] = {}
+    malloc, free = alloc.malloc, alloc.free
+    for key, nbytes, stream in events:
+        if nbytes > 0:
+            blocks[key] = malloc(nbytes, stream)
+        else:
+            free(blocks.pop(key, None))
+    return alloc.peak_reserved
+
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the layer structure the forward and backward write out
+REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1)  # schemes whose replay meets simulate's within 3 % on every row
+
+
+def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
+    DDP, ZeRO-1 or TP on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager
+    attention's fp32 softmax temporaries are not written out), no checkpointing, accumulation, offload or float8,
+    foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
+    return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
+            and plan.method is Method.FULL and plan.grad_ckpt is GradCkpt.NONE and plan.grad_accum == 1
+            and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
+            and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
+            and not plan.optimizer_in_backward and not plan.keep_grads
+            and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
+            and not plan.ddp_bucket_view and plan.pp == 1 and plan.cp == 1 and not spec.is_moe
+            and spec.derived is None and spec.model_type in MODEL_TYPES)
+
+
+def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
+    scheme in `REPLAYED` (TP stays on the category rules: docs/notes/2026-11-27-reserved-replay.md)."""
+    return plan.scheme in REPLAYED and covers(spec, plan)
+
+
+def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: bool = False) -> int:
+    """`max_memory_reserved` of the plan's request stream (`program_requests`), with default or expandable
+    segments; kept per plan (a few thousand requests: tens of milliseconds)."""
+    return spec.memo(("replayed_reserved", plan.key, expandable),
+                     lambda: replay_reserved(program_requests(spec, plan).events, expandable), per_plan=True)
+
+
+def program_requests(spec: ModelSpec, plan: TrainingPlan) -> Requests:
+    """Build, wrap and two iterations of the plan's program as requests."""
+    req = Requests()
+    req.mark("build")
+    params = model_order(spec)
+    nbytes = plan.precision.param_bytes
+    built = [req.alloc(math.prod(p.shape) * nbytes) for p in params]
+    if spec.tie_word_embeddings:
+        req.free(req.alloc(max(p.numel for p in spec.outer_params) * nbytes))
+    if plan.tp > 1:
+        _distribute(req, plan, params, built)
+    ddp = plan.scheme in (Scheme.DDP, Scheme.ZERO1)
+    buckets = [req.alloc(sum(local_numel(p, plan) for p in params) * nbytes)] if ddp else []
+    for iteration in (1, 2):
+        req.mark(f"forward {iteration}")
+        if ddp and iteration == 2:
+            req.free(*buckets)
+            buckets = [req.alloc(n) for n in rebuilt_bucket_bytes(spec, plan)]
+        saved = _forward(req, spec, plan)
+        req.mark(f"loss {iteration}")
+        grads = _backward(req, spec, plan, saved)
+        req.mark(f"optimizer {iteration}")
+        _step(req, spec, plan, iteration == 1)
+        req.free(*grads)
+    return req
+
+
+def _distribute(req: Requests, plan: TrainingPlan, params: list, built: list[int]) -> None:
+    """TP's `parallelize_module`: each split parameter's local shard allocated (`distribute_tensor`: a row-wise
+    weight's shard after two transposed copies of it, freed), then the full tensor freed."""
+    nbytes = plan.precision.param_bytes
+    for p, key in zip(params, built, strict=True):
+        if p.tp_split is TpSplit.NONE:
+            continue
+        shard = local_numel(p, plan) * nbytes
+        copies = [req.alloc(shard), req.alloc(shard)] if p.tp_split is TpSplit.ROWWISE and len(p.shape) >= 2 else []
+        req.alloc(shard)
+        req.free(*reversed(copies), key)
+
+
+def rebuilt_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    """`Reducer::rebuild_buckets`: `_compute_bucket_assignment_by_size` over the gradients in the order they became
+    ready (last layer first), the first bucket closed at 1 MiB, the others at 25 MiB."""
+    sizes, cur, cap = [], 0, FIRST_BUCKET_BYTES
+    for p in reversed(model_order(spec)):
+        cur += local_numel(p, plan) * plan.precision.param_bytes
+        if cur >= cap:
+            sizes.append(cur)
+            cur, cap = 0, BUCKET_BYTES
+    return sizes + ([cur] if cur else [])
+
+
+def _head_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
+    return autocast._head_weight_numel(spec, plan)
+
+
+def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
+    """Autocast's half copies of a layer's Linear weights (none without autocast)."""
+    if not autocast.applies(plan):
+        return []
+    half = plan.precision.compute_bytes
+    return [local_numel(p, plan) * half for p in autocast._linear_weights(spec, layer)]
+
+
+def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
+    """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
+    tokens = plan.batch_size * plan.seq_len
+    residual = tokens * spec.hidden_size * plan.precision.param_bytes
+    kept = [[req.alloc(residual)]]
+    table = [s.bytes for s in layer_saved(spec, plan)]
+    for layer in range(spec.num_layers):
+        keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
+        req.free(req.alloc(tokens * spec.hidden_size * 4))  # RMSNorm's fp32 pow
+        kept.append(keys + [req.alloc(n) for n in table])
+    return kept
+
+
+def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]]) -> list[int]:
+    """Loss forward and backward, then the layers' backward; returns the keys freed at the end of the iteration:
+    the logits (the model output, held by the loop through the step: `logits.logits_bytes`), then the gradients
+    (`zero_grad`)."""
+    half, l32, tokens = _sizes(spec, plan)
+    mixed = autocast.applies(plan)
+    head = _head_numel(spec, plan)
+    copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
+    logits = req.alloc(half)
+    upcast = req.alloc(l32) if half != l32 else 0
+    lsm = req.alloc(l32)
+    req.free(upcast)
+    g_nll = req.alloc(l32)
+    g_lsm = req.alloc(l32)
+    req.free(g_nll, lsm)
+    g_half = req.alloc(half) if half != l32 else 0
+    req.free(g_lsm)
+    g_head = req.alloc(head * plan.precision.compute_bytes)
+    g_in = req.alloc(tokens * spec.hidden_size * plan.precision.compute_bytes)
+    req.free(g_half, copy)
+    grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
+    if mixed:
+        req.free(g_head)
+    req.free(g_in)
+    for layer in reversed(range(spec.num_layers)):
+        for p in reversed(spec.layer_params(layer)):
+            grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
+        req.free(*reversed(kept[layer + 1]))
+    req.free(*kept[0])
+    embed = req.alloc(spec.vocab_size * spec.hidden_size * plan.precision.param_bytes // plan.tp)
+    if spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
+        req.free(embed)
+    else:
+        grads.append(embed)
+    return grads
+
+
+def _gradient(req: Requests, numel: int, cast: bool, plan: TrainingPlan) -> int:
+    """A parameter's `.grad`: under autocast the half gradient, cast to fp32 (`ToCopyBackward0`), then freed."""
+    if not cast:
+        return req.alloc(numel * plan.precision.param_bytes)
+    half = req.alloc(numel * plan.precision.compute_bytes)
+    grad = req.alloc(numel * plan.precision.param_bytes)
+    req.free(half)
+    return grad
+
+
+def _step(req: Requests, spec: ModelSpec, plan: TrainingPlan, first: bool) -> None:
+    """Foreach AdamW, group by group: the states on the first step, then the one temporary list, freed."""
+    for group in _group_bytes(spec, plan):
+        if first:
+            for n in group:
+                req.alloc(n)
+                req.alloc(n)
+        req.free(*[req.alloc(n) for n in group])

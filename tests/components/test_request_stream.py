@@ -1,0 +1,129 @@
+"""The estimate's request-stream replay (llmem.components.request_stream): its requests against what the program's
+own code allocates, its figure against simulate's replay of the fake-tensor run, and where the estimate uses it."""
+
+import pytest
+
+from llmem.allocator import CachingAllocator
+from llmem.components import request_stream as rs
+from llmem.components import reserved
+from llmem.estimate import estimate
+from llmem.plan import TrainingPlan
+from llmem.presets import load_preset
+from llmem.spec import ModelSpec, program_spec
+
+MIXED = {"batch_size": 1, "seq_len": 1024, "precision": "bf16-mixed"}
+
+
+def _spec(preset: str, plan: TrainingPlan) -> ModelSpec:
+    return program_spec(ModelSpec.from_config(load_preset(preset)), plan)
+
+
+def _replay_until(req: rs.Requests, phase: str) -> CachingAllocator:
+    stop = dict(req.marks)[phase]
+    a, blocks = CachingAllocator(), {}
+    for key, nbytes, stream in req.events[:stop]:
+        if nbytes > 0:
+            blocks[key] = a.malloc(nbytes, stream)
+        else:
+            a.free(blocks.pop(key))
+    return a
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "mistral-7b-v0.3"])
+def test_the_build_is_the_models_parameters_in_registration_order(preset):
+    """The stream's build phase against transformers' own model built on the meta device: its parameters in
+    `named_parameters()` order, each a request of its fp32 bytes (a tied lm_head's own weight allocated and freed
+    by its `nn.Linear` before `tie_weights`), replayed through the same allocator: the same reserved bytes."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from llmem.runtime.model import hf_config
+
+    config = load_preset(preset)
+    plan = TrainingPlan(**MIXED)
+    spec = _spec(preset, plan)
+    hf = hf_config(config, plan)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    a = CachingAllocator()
+    for _, t in model.named_parameters():
+        a.malloc(t.numel() * 4)
+    if hf.tie_word_embeddings:
+        a.free(a.malloc(model.get_output_embeddings().weight.numel() * 4))
+    ours = _replay_until(rs.program_requests(spec, plan), "forward 1")
+    assert (ours.reserved, ours.allocated) == (a.reserved, a.allocated)
+
+
+def test_every_request_is_freed_but_the_weights_buckets_and_states():
+    """After two iterations only the parameters, DDP's rebuilt buckets and AdamW's two states per tensor are live:
+    no request of the stream leaks, none is freed twice (the replay would raise on a key it does not hold)."""
+    plan = TrainingPlan(gpus=4, **MIXED)
+    spec = _spec("qwen2.5-0.5b", plan)
+    req = rs.program_requests(spec, plan)
+    live: dict = {}
+    for key, nbytes, _ in req.events:
+        if nbytes > 0:
+            live[key] = nbytes
+        else:
+            assert key in live
+            del live[key]
+    weights = sum(p.numel for p in spec.params) * 4
+    assert sum(live.values()) == weights + sum(rs.rebuilt_bucket_bytes(spec, plan)) + 2 * weights
+
+
+def test_rebuilt_buckets_as_torch_assigns_them():
+    """`Reducer::rebuild_buckets` caps: torch's own `_compute_bucket_assignment_by_size` over the gradients in the
+    order they became ready (last registered first), limits 1 MiB then 25 MiB, gives the same bucket sizes."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed import _compute_bucket_assignment_by_size
+
+    plan = TrainingPlan(gpus=2, **MIXED)
+    spec = _spec("qwen2.5-0.5b", plan)
+    from llmem.components.trained import model_order
+
+    tensors = [torch.empty(p.numel, dtype=torch.float32, device="meta") for p in reversed(model_order(spec))]
+    indices, _ = _compute_bucket_assignment_by_size(tensors, [1 << 20, 25 << 20])
+    theirs = sorted(sum(tensors[i].numel() * 4 for i in bucket) for bucket in indices)
+    assert sorted(rs.rebuilt_bucket_bytes(spec, plan)) == theirs
+
+
+@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}])
+def test_the_high_end_is_the_replay_where_it_applies(plan):
+    """One GPU, DDP and ZeRO-1 (llama-like, full fine-tuning, foreach AdamW): the high end of the default-segment
+    range is the replay (the point figure at least); TP, checkpointing, LoRA, eager attention (its fp32 softmax
+    temporaries are not written out), fp16 (GradScaler) or a fused step keep the rules."""
+    p = TrainingPlan(**MIXED, **plan)
+    spec = _spec("qwen2.5-0.5b", p)
+    est = estimate(spec, p)
+    assert rs.replays(spec, p)
+    assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
+    others = (p.with_(grad_ckpt="full"), TrainingPlan(**MIXED, gpus=2, tp=2), p.with_(method="lora"),
+              p.with_(attn="eager"), p.with_(precision="fp16-mixed"), p.with_(optimizer_impl="fused"))
+    for other in others:
+        assert not rs.replays(_spec("qwen2.5-0.5b", other), other)
+    assert not rs.replays(_spec("gpt2", p), p)  # a LayerNorm family: another layer program
+
+
+def test_gradients_reuse_the_freed_logits_blocks():
+    """The cross-kind reuse a category sum cannot see: on qwen2.5-1.5b (vocabulary 151,936) the fp32 gradients are
+    carved from the freed fp32 logits blocks, so the replay reserves less than the sum of each category's
+    high-water (`reserved.category_high_water`) over the same walk."""
+    plan = TrainingPlan(batch_size=1, seq_len=2048, precision="bf16-mixed")
+    spec = _spec("qwen2.5-1.5b", plan)
+    est = estimate(spec, plan)
+    high_water = reserved.category_high_water(est.phases, plan)
+    assert est.peak_bytes < rs.replayed_reserved_bytes(spec, plan) < high_water
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}])
+def test_replay_against_simulate(plan):
+    """qwen2.5-0.5b, 1 × 1024, bf16-mixed: the replay within 3 % of simulate's replay of the fake-tensor run
+    (every aten allocation of the real runtime, through the same allocator model)."""
+    from llmem.simulate import simulate
+
+    p = TrainingPlan(**MIXED, **plan)
+    config = load_preset("qwen2.5-0.5b")
+    sim = simulate(config, p)
+    ours = rs.replayed_reserved_bytes(_spec("qwen2.5-0.5b", p), p)
+    assert abs(ours - sim.reserved_bytes) <= 0.03 * sim.reserved_bytes, (ours / 2**30, sim.reserved_bytes / 2**30)
