@@ -16,3 +16,11 @@ from hypothesis import settings  # noqa: E402
 # Repeatable property tests: the same examples on every run and machine (CI must not turn red by chance).
 settings.register_profile("llmem", derandomize=True, deadline=None, print_blob=True)
 settings.load_profile("llmem")
+
+
+def pytest_configure(config):
+    """`LLMEM_HEAVY_RUN=1` unless the run keeps pyproject's default `-m 'not heavy'` (`-m heavy`, or the whole suite
+    with `-m ''`): tests/components/multirank.py then measures every row, one row per harness otherwise. Set in the
+    environment so xdist's workers see it too."""
+    expr = (config.getoption("markexpr", "") or "").strip()
+    os.environ["LLMEM_HEAVY_RUN"] = "0" if expr == "not heavy" else "1"

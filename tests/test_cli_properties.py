@@ -70,7 +70,7 @@ def check(capsys, argv: list[str]) -> dict | None:
 
 # No hypothesis deadline: a causal LM outside the families (e.g. olmo2 with a stray key) is traced on fake tensors the
 # first time its config is seen (8.8 s for olmo2's 7B default under the full suite); the bound catches a hang.
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(documents, st.sampled_from(["estimate", "compare"]))
 def test_random_config_files(folder, capsys, document, verb):
     path = folder / "config.json"
@@ -81,7 +81,7 @@ def test_random_config_files(folder, capsys, document, verb):
 
 
 # no deadline: a LoRA plan on gpt2 or pythia traces the PEFT model on fake tensors the first time (seconds)
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["estimate", "compare", "plan-ckpt"]), st.sampled_from(["gpt2", "opt-125m", "pythia-160m"]),
        options)
 def test_random_options_on_presets(capsys, verb, model, opts):

@@ -54,10 +54,10 @@ def test_estimate_with_a_fresh_plan(benchmark, model, name):
 
 CHANGED = [(model, name) for model in SPECS for name in PLANS if (model, name) not in REFUSED
            and not (model == "gemma-2-2b" and name == "qlora") and not (model == "qwen3-30b-a3b" and "lora" in name)]
-# the traced MoE's tables for a scheme are traced the first time (~20 s without the on-disk cache): one in the suite;
-# gemma2's LoRA tables are traced at full size (~90 s): under -m heavy
+# the traced MoE's tables for a scheme are traced the first time (~20-50 s without the on-disk cache; tests/derive
+# traces MoE layers by default) and gemma2's LoRA tables at full size (~90 s): under -m heavy
 _HEAVY = [pytest.param(*case, marks=pytest.mark.heavy)
-          if (case[0] == "qwen3-30b-a3b" and case[1] != "single") or case == ("gemma-2-2b", "lora") else case
+          if case[0] == "qwen3-30b-a3b" or case == ("gemma-2-2b", "lora") else case
           for case in CHANGED]
 
 

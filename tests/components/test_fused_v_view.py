@@ -60,7 +60,7 @@ def test_two_ranks_eager_batch1(name):
     TWO_RANKS.check(name, tolerance=0.0025)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16-mixed", marks=pytest.mark.heavy)])
 def test_pythia_eager_batch1_at_full_size_against_simulate(precision):
     """pythia-160m, 1 × 1024 tokens: the full-size program on fake tensors (`simulate`) and the estimate agree to 0.1%
     (the estimate was 2 · T · q · cb per layer, -1.9%, under it with v's copy in the table)."""

@@ -64,7 +64,7 @@ def test_no_step_after_backward_and_no_gradients_held():
     assert gradient_bytes(spec, plan) == 0 < gradient_bytes(spec, TrainingPlan(batch_size=1, seq_len=16, device="cpu"))
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor"])
+@pytest.mark.parametrize("optimizer", ["adamw", pytest.param("adafactor", marks=pytest.mark.heavy)])
 def test_simulate_runs_the_same_program(optimizer):
     """The simulation (fake tensors) runs the hooks too (Adafactor's host scalars read in backward): its peak is the
     real run's, and the estimate's on the cuda profile."""

@@ -77,7 +77,7 @@ def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: 
     """Each stage within `tolerance` of its rank's peak (`worse`: stage -> a wider bar where one is known)."""
     spec = ModelSpec.from_config(runs.config_of(name))
     est = estimate(spec, runs.plan(name)).stage_peaks
-    res = runs.measured()[name]
+    res = runs.measured(name)[name]
     assert "error" not in res, res.get("error")
     if any(e < m * (1 - tolerance) for e, m in zip(est, res["per_rank"], strict=True)):  # read high: once more, alone
         res = runs.remeasure(name)
