@@ -1,7 +1,8 @@
 """LoRA under DeepSpeed in the sweep's draws (pure, torch-free): the plans `llmem.components.ds_lora` models —
 LoRA in fp32 under ZeRO-0/1/2 without --lora-modules-to-save; where the gradient hooks reduce inside the LoRA
 layers (ZeRO-2, ZeRO-1 under overlap_comm) with --lora-dropout 0 (`llmem.support`: with dropout the one-device LoRA
-walk's down_proj backward is an intermediate gradient over), which a drawn plan there is set to."""
+walk's down_proj backward is an intermediate gradient over), which a drawn plan there is set to. A mixture-of-experts
+model drawn so is refused by the estimate as a gap (`ds_lora.check`) and recorded as such."""
 
 from __future__ import annotations
 

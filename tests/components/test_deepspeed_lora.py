@@ -65,3 +65,19 @@ def test_only_the_adapters_are_flattened():
     adapters = sum(p.numel for p in lora.adapter_params(spec, plan))
     assert sum(z.ordered_numels(view)) == adapters < spec.total_params
     assert 0 <= z.flat_numel(view, plan) - adapters < z.ALIGNMENT * plan.dp
+
+
+def test_zero2_lora_on_experts_is_a_gap():
+    """ZeRO-2 / overlap_comm LoRA is measured on dense models; on mixtral's experts it read +1.86% (the MLP-moment
+    bound), so the estimate names the gap instead of answering; ZeRO-1 without overlap_comm stays modelled."""
+    from llmem.errors import InputError
+    from llmem.estimate import estimate
+    from llmem.sweep.models import SMALL as MODELS
+
+    spec = ModelSpec.from_config(MODELS["mixtral"])
+    base = {"gpus": 2, "engine": "deepspeed", "method": "lora", "precision": "fp32", "lora_dropout": 0.0,
+            "batch_size": 1, "seq_len": 16, "device": "cpu"}
+    with pytest.raises(InputError) as e:
+        estimate(spec, TrainingPlan(**base, zero=2))
+    assert e.value.gap and e.value.field == "engine"
+    assert estimate(spec, TrainingPlan(**base, zero=1)).peak_bytes > 0
