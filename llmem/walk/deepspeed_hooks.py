@@ -22,7 +22,9 @@ b), the product's input gradient (i) is replaced by the activation's (i), and th
 gradient (h = tokens x hidden x b) and its weight's in place of the first's: S_first - 2 i + h + (W_t - W_first)+,
 exact at a gated MLP's up_proj hook (measured), an upper bound at the later ones (the MLP's saved tensors gone). A
 hook before the Linear's other than its bias, or a layer without the dense tables (LoRA, MoE, traced families): the
-layer's MLP moment bounds it. A layer without moments of its own: the next later layer's, which holds more.
+layer's MLP moment bounds it. Under LoRA the MLP moment follows the last MLP Linear's lora_B and lora_A hooks
+(`ds_lora.last_mlp_adapter`), their gradients already in the bucket (`ds_lora.without_mlp_adapter_gradients`).
+A layer without moments of its own: the next later layer's, which holds more.
 """
 
 from __future__ import annotations
