@@ -13,7 +13,7 @@ import functools
 import operator
 from dataclasses import dataclass, field
 
-from llmem.components import Category, act_offload, float8, fused_ce, lora, offload, outside, reserved
+from llmem.components import Category, act_offload, ds_lora, float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import AllocConf, Device, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
@@ -238,6 +238,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     spec.family  # noqa: B018 - an architecture outside llmem.families is refused here, naming model_type
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
+    ds_lora.check(spec, plan)
     float8.check(spec, plan)
     act_offload.check_model(spec, plan)
     if plan.cp > 1:

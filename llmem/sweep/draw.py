@@ -16,6 +16,7 @@ from llmem.choices import PpSchedule
 from llmem.errors import InputError
 from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
+from llmem.sweep import ds_lora
 from llmem.sweep.act_offload import draw_activation_offload
 from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
@@ -334,24 +335,22 @@ DS_OVERLAP_SHARE = 0.5
 
 
 def _draw_deepspeed(seed: int, index: int, fields: dict, device: str) -> dict:
-    """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, or LoRA in fp32
-    under ZeRO-0/1 without overlap_comm; no offload, the standard loss, the plan's own micro-steps, gradients freed)
+    """`--engine deepspeed` (ZeRO-0/1/2, fp32 or bf16-mixed, full fine-tuning with a torch optimizer, or LoRA as
+    `sweep.ds_lora` draws it; no offload, the standard loss, the plan's own micro-steps, gradients freed)
     in half of the cpu profile's plans it is modelled for that did not draw fsdp1, with a reduce bucket from
-    DS_BUCKETS and, under ZeRO-1/2 (full fine-tuning), overlap_comm in half of them (ZeRO-0 reads neither); from
+    DS_BUCKETS and, under ZeRO-1/2, overlap_comm in half of them (ZeRO-0 reads neither); from
     streams of their own. Not on the cuda profile: the full-size sweeps' seeds keep their draws (the simulator runs
     DeepSpeed since they were drawn)."""
     rng = random.Random(f"{seed}:{index}:deepspeed")
-    lora = fields["method"] == Method.LORA.value and fields["precision"] == "fp32" and fields["zero"] in (0, 1) \
-        and _fsdp1_runs(fields, lora=True)
+    lora = ds_lora.lora_modelled(fields) and _fsdp1_runs(fields, lora=True)
     if device != "cpu" or "engine" in fields or fields["gpus"] == 1 or fields["tp"] > 1 \
             or fields["zero"] not in (0, 1, 2) or fields["precision"] not in ("fp32", "bf16-mixed") \
             or not (_fsdp1_runs(fields) or lora) or rng.random() >= DEEPSPEED_SHARE:
         return {}
     bucket = rng.choice(DS_BUCKETS)
-    overlap = fields["zero"] != 0 and not lora \
-        and random.Random(f"{seed}:{index}:ds-overlap").random() < DS_OVERLAP_SHARE
-    return {"engine": "deepspeed", "keep_grads": False, "ds_reduce_bucket": bucket,
-            "ds_overlap_comm": overlap, "fsdp_shard": "dim0", "ddp_bucket_view": False}
+    overlap = fields["zero"] != 0 and random.Random(f"{seed}:{index}:ds-overlap").random() < DS_OVERLAP_SHARE
+    return {"engine": "deepspeed", "keep_grads": False, "ds_reduce_bucket": bucket, "ds_overlap_comm": overlap,
+            "fsdp_shard": "dim0", "ddp_bucket_view": False} | ds_lora.lora_settings(fields, overlap)
 
 
 def _fsdp1_runs(fields: dict, lora: bool = False) -> bool:

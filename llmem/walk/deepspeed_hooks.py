@@ -22,7 +22,9 @@ b), the product's input gradient (i) is replaced by the activation's (i), and th
 gradient (h = tokens x hidden x b) and its weight's in place of the first's: S_first - 2 i + h + (W_t - W_first)+,
 exact at a gated MLP's up_proj hook (measured), an upper bound at the later ones (the MLP's saved tensors gone). A
 hook before the Linear's other than its bias, or a layer without the dense tables (LoRA, MoE, traced families): the
-layer's MLP moment bounds it. A layer without moments of its own: the next later layer's, which holds more.
+layer's MLP moment bounds it. Under LoRA the MLP moment follows the last MLP Linear's lora_B and lora_A hooks
+(`ds_lora.last_mlp_adapter`), their gradients already in the bucket (`ds_lora.without_mlp_adapter_gradients`).
+A layer without moments of its own: the next later layer's, which holds more.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import re
 from bisect import bisect_left
 from itertools import accumulate
 
-from llmem.components import Category
+from llmem.components import Category, ds_lora
 from llmem.components import weight_gradient as wgrad
 from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
@@ -112,6 +114,9 @@ def layer_positions(spec: ModelSpec, plan: TrainingPlan, layer: int) -> tuple[in
 def _layer_span(spec: ModelSpec, plan: TrainingPlan, t: _Table, layer: int) -> tuple[int, int, int]:
     positions = t.layers[layer]
     first = positions[0]
+    if plan.method is not Method.FULL:  # LoRA: the MLP moment after the last MLP Linear's adapters' hooks
+        mine = [p for p in positions if ds_lora.last_mlp_adapter(t.names[t.order[p]], spec.base, layer)]
+        return positions[0], (mine[-1] if mine else positions[0] - 1), positions[-1] + 1
     if _dense(spec, plan):
         suffix = wgrad.last_mlp_weight_name(spec).split(".0.", 1)[-1]
         first = next((p for p in positions if t.names[t.order[p]].endswith(f".{layer}.{suffix}")), first)
@@ -270,6 +275,8 @@ def freed_moments(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     from llmem.walk.single import iteration_phases
 
     freed = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1, optimizer_in_backward=True))
+    if plan.method is not Method.FULL:  # LoRA: the last MLP Linear's adapter gradients are in the bucket by then
+        freed = ds_lora.without_mlp_adapter_gradients(spec, compute_plan(plan), freed, MLP_MOMENT)
     named = {ph.name: ph for ph in freed}
     return freed + final_norm_moment(spec, plan, named) + head_hook_moment(spec, plan, named)
 

@@ -129,14 +129,16 @@ def test_derived_draws_cover_the_catalogue_and_leave_the_small_draws_alone():
 def test_deepspeed_is_drawn_on_the_cpu_profile_where_it_is_modelled(many):
     """--engine deepspeed: ZeRO-0, 1 and 2, buckets below and at DeepSpeed's default, overlap_comm on and off under
     ZeRO-1/2 (never under ZeRO-0, which reads none), the plans' own micro-steps (ZeRO-1 overlap_comm with
-    accumulation among them), LoRA in fp32 under ZeRO-0/1, every such plan accepted; never on the cuda profile (the
-    simulator does not run DeepSpeed)."""
+    accumulation among them), LoRA in fp32 under ZeRO-0/1/2 (ZeRO-2 and overlap_comm with --lora-dropout 0), every
+    such plan accepted; never on the cuda profile (the simulator does not run DeepSpeed)."""
     ds = [d for d in many if d.fields.get("engine") == "deepspeed"]
     assert {d.fields["zero"] for d in ds} == {0, 1, 2}  # (ZeRO-0: LoRA; its full plans here drew fsdp1)
     assert any(d.fields["grad_accum"] > 1 and d.fields["zero"] == 1 and d.fields["ds_overlap_comm"] for d in ds)
     lora = [d for d in ds if d.fields["method"] == "lora"]
-    assert lora and all(d.fields["precision"] == "fp32" and d.fields["zero"] in (0, 1)
-                        and not d.fields["ds_overlap_comm"] for d in lora)
+    assert lora and all(d.fields["precision"] == "fp32" and d.fields["zero"] in (0, 1, 2) for d in lora)
+    hooked = [d for d in lora if d.fields["zero"] == 2 or d.fields["ds_overlap_comm"]]
+    assert hooked and all(d.fields["lora_dropout"] == 0 for d in hooked)
+    assert any(d.fields["lora_dropout"] > 0 for d in lora)  # ZeRO-0/1 without overlap_comm keep their own
     base = {k: v for k, v in next(d for d in ds if d.fields["method"] == "full").fields.items() if k != "engine"}
     drawn = [_draw_deepspeed(11, i, {**base, "zero": z}, "cpu") for i in range(200) for z in (0, 1, 2)]
     assert {(x["ds_overlap_comm"], x["ds_reduce_bucket"] > 1_000_000) for x in drawn if x} == {
