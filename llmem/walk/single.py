@@ -261,7 +261,8 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         return fsdp_phases(spec, plan)
     t = terms(spec, plan)
     phases = head_moments(t) + final_norm_moment(t)
-    backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
+    # moment -> the later layers' gradients there (for --grad-accum; the final norm's: none, the head's `.grad`s)
+    backward_later: dict[str, int] = {"final norm backward": 0}
     # MLP moment -> the layer's own gradients already .grads there (read by --grad-accum's phases only)
     mlp_held: dict[str, int] | None = {} if gradients_kept(plan) else None
     for layer, name in backward_edges(t):
