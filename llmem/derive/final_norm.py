@@ -30,9 +30,9 @@ KINDS = ("fp32", "half", "mixed")
 
 
 def _config(config: dict, h: int) -> dict:
-    """The config with one decoder layer of hidden size `h` (one head of size h) and a small MLP (the vocabulary its
-    own: fake tensors allocate nothing)."""
-    sizes = dict(hidden_size=h, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=h,
+    """The config with one decoder layer of hidden size `h` (one head, of the config's head_dim) and a small MLP (the
+    vocabulary its own: fake tensors allocate nothing)."""
+    sizes = dict(hidden_size=h, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                  intermediate_size=2 * h, n_embd=h, n_layer=1, n_head=1, n_inner=2 * h,
                  ffn_dim=2 * h, word_embed_proj_dim=h, layer_types=None, moe_intermediate_size=h,
                  shared_expert_intermediate_size=h, num_experts=2, num_local_experts=2, num_experts_per_tok=1)
