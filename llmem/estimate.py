@@ -2,9 +2,9 @@
 
 Iteration 2 is the steady state: optimizer states exist from the start. Decoder layers are identical, so the walk
 (`llmem.walk`: `single.iteration_phases`, `fsdp.fsdp_phases`) evaluates the moments where live memory can peak —
-the end of forward, the loss forward and backward, the lm_head backward, the backward of the first and last decoder
-layers, the end of backward, and the optimizer step — each as a breakdown by category that sums exactly to the
-moment's total; `estimate` names the largest.
+the end of forward, the loss forward and backward, the lm_head's and the final norm's backward, the backward of the
+first and last decoder layers, the end of backward, and the optimizer step — each as a breakdown by category that
+sums exactly to the moment's total; `estimate` names the largest.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from llmem.sweep import ds_lora
 from llmem.sweep.act_offload import draw_activation_offload
 from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
+from llmem.sweep.tiny_vocab import draw_tiny_vocab
 
 MAX_GPUS = {"small": 4, "derived": 4, "full": 16}
 BATCH = {"small": (1, 2, 4), "derived": (1, 2, 4), "full": (1, 2, 4, 8)}
@@ -119,7 +120,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     catalogue = models(size)
     rng = random.Random(f"{seed}:{index}")
     name = rng.choice(sorted(names or catalogue))
-    config = catalogue[name]
+    config = draw_tiny_vocab(seed, index, catalogue[name], size)  # V = h in a share (its own stream)
     fields = {**draw_layout(rng, size, tp_capable(config)),
               "batch_size": rng.choice(BATCH[size]), "seq_len": rng.choice(SEQ[size]),
               "precision": _enum(rng, "precision"), **draw_optimizer(rng), **draw_checkpointing(rng),

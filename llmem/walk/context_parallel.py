@@ -19,7 +19,7 @@ def _copies(name: str, layers: int) -> int:
     if name.startswith("forward"):
         m = _LAYER.search(name)
         return layers if m is None else int(m.group(1))  # layer i's all-gather: layers 0 .. i-1 have run
-    if name.startswith(("loss", "lm_head")):
+    if name.startswith(("loss", "lm_head", "final norm")):  # (the final norm's backward: before any layer's)
         return layers
     m = _LAYER.search(name)
     if m is None:  # backward end, optimizer step

@@ -26,7 +26,7 @@ from llmem.components import Category, ds_lora
 from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
 from llmem.options import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET
-from llmem.plan import Engine, Precision, TrainingPlan
+from llmem.plan import Engine, Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk import deepspeed_hooks as hooks
 from llmem.walk.phase import Phase, moment
@@ -91,7 +91,10 @@ def _compute_moments(spec: ModelSpec, plan: TrainingPlan, single: list[Phase], i
                 name = f"{ph.name} {MICRO} {plan.grad_accum}, the boundary)"
             b[Category.GRADIENTS] += held
         elif (ph.name.startswith("backward") or MICRO in ph.name
-              or (untied and ph.name.startswith("lm_head backward"))):
+              or (untied and ph.name.startswith("lm_head backward"))
+              or (ph.name == "final norm backward" and (untied or plan.method is Method.FULL))):
+            # (the final norm's: the bucket opened at the lm_head's hook, or at the norm weight's, whose
+            # AccumulateGrad runs before the norm's input gradient is made)
             b[Category.GRADIENTS] += bucket  # (micro-step 2+: the bucket opened in micro-step 1, not yet released)
         out.append(Phase(name, b))
     return out

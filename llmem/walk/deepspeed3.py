@@ -47,7 +47,7 @@ def _fixed_gradients(spec: ModelSpec, plan: TrainingPlan) -> int:
 def _moment_layer(name: str, spec: ModelSpec) -> int | None:
     """The decoder layer of a one-device moment, `num_layers` for the lm_head's backward, -1 at the end of
     backward, None in forward."""
-    if name.startswith("lm_head backward"):
+    if name.startswith(("lm_head backward", "final norm backward")):  # (the final norm's: after the lm_head's)
         return spec.num_layers
     if name.startswith("backward end"):
         return -1

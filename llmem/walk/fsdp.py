@@ -33,6 +33,7 @@ from llmem.plan import Engine, GradCkpt, Offload, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.chunked import fsdp_head_moments
+from llmem.walk.final_norm import norm_moment
 from llmem.walk.phase import Phase, moment, with_extra
 
 
@@ -365,7 +366,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         derived = spec.derived
         spec = spec.memo(("half adapters",), lambda: replace(spec, derived=derived.with_half_adapters()))
     w = fsdp_terms(spec, plan)
-    phases = forward_gather_moments(w) + head_moments(w)
+    phases = forward_gather_moments(w) + head_moments(w) + norm_moment(
+        spec, w.cp, w.persistent, w.forward_acts, w.root_grads_head, w.logits, w.bwd_head)
     held: dict[str, int] = {}  # phase -> the sharded gradients micro-step 1 already holds there (for --grad-accum)
     # Live bytes are linear in the layer index between the edges (prefetch only for l > 0, a retained
     # reduce_scatter_input only for l < L-1), so the extremes are among the two outermost layers at each end.

@@ -29,7 +29,6 @@ from llmem.components import Category, flat_lora, lora
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
-from llmem.components import norm_backward as norm_bwd
 from llmem.components.gradients import (
     embedding_gradient_accumulate_bytes,
     embedding_input_gradient_bytes,
@@ -39,6 +38,7 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk.final_norm import norm_moment
 from llmem.walk.fsdp import FsdpTerms, compute_plan, fsdp_terms
 from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
 from llmem.walk.phase import Phase, moment, with_extra
@@ -94,10 +94,9 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
         moment("lm_head backward", **on, gradients=w.root_grads_head, logits=lg.lm_head_backward_bytes(spec, cp),
                communication=backward),
     ]
-    if w.frozen_root:  # the final norm's backward, the held logits alive (`norm_backward.final_norm_backward_bytes`)
-        phases.append(moment("final norm backward", **on, logits=w.logits, communication=backward,
-                             temporaries=norm_bwd.final_norm_backward_bytes(spec, cp)))
-    return phases
+    # the final norm's backward, the held logits alive (`walk.final_norm`; LoRA: the frozen norm of its own plan)
+    return phases + norm_moment(spec, compute_plan(w.flat), w.persistent, w.forward_acts, w.root_grads_head,
+                                w.logits, backward)
 
 
 def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:

@@ -53,7 +53,7 @@ def _excess(spec: ModelSpec, q: TrainingPlan) -> dict[str, int]:
         elif ph.name.startswith(_FIRST):
             key, before = "first", (grads if step == 2 else head + later_layers_gradient_bytes(spec, q2, 0))
             held = act.outer_saved_bytes(spec, q2) + ph.breakdown[Category.LOGITS]
-        elif ph.name.startswith(("loss backward", "lm_head backward")):
+        elif ph.name.startswith(("loss backward", "lm_head backward", "final norm backward")):
             key, before, held = "head", (grads if step == 2 else 0), kept_all + t.base_casts + t.head_cast
         elif ph.name.startswith("backward end"):  # the embedding's backward: its input gradient (and accumulation)
             key, before, held = "end", grads, ph.breakdown[Category.LOGITS]

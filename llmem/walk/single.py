@@ -30,6 +30,7 @@ from llmem.components.sharding import FSDP_SCHEMES
 from llmem.plan import Engine, GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, gradients_kept
+from llmem.walk.final_norm import final_norm_moment
 from llmem.walk.float8 import float8_moments
 from llmem.walk.layer import layer_moments
 from llmem.walk.phase import Phase, moment, with_extra
@@ -259,8 +260,9 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
 
         return fsdp_phases(spec, plan)
     t = terms(spec, plan)
-    phases = head_moments(t)
-    backward_later: dict[str, int] = {}  # moment -> the later layers' gradients there (for --grad-accum)
+    phases = head_moments(t) + final_norm_moment(t)
+    # moment -> the later layers' gradients there (for --grad-accum; the final norm's: none, the head's `.grad`s)
+    backward_later: dict[str, int] = {"final norm backward": 0}
     # MLP moment -> the layer's own gradients already .grads there (read by --grad-accum's phases only)
     mlp_held: dict[str, int] | None = {} if gradients_kept(plan) else None
     for layer, name in backward_edges(t):
