@@ -23,16 +23,22 @@ def context_parallel_rules() -> tuple:
     _r("cp attn", "attn", lambda p: p.cp > 1 and p.attn is not Attention.SDPA,
        "context parallelism runs inside scaled_dot_product_attention (torch's ring handler); use --attn sdpa", REFUSED,
        cp=2, gpus=2, zero=3, attn="eager"),
-    _r("cp gpus tp zero pp engine", "cp", lambda p: p.cp > 1 and (p.zero not in (2, 3) or p.tp > 1 or p.pp > 1
-                                                                  or p.engine is not Engine.TORCH),
+    # torchtitan shards over dp_shard × cp whenever cp is on (`parallel_dims.py`: `fsdp_enabled = dp_shard_enabled or
+    # cp_enabled`); accelerate 1.15 raises for cp with pure replication (`parallelism_config.py:336-341`)
+    _r("cp zero", "zero", lambda p: p.cp > 1 and p.zero in (0, 1),
+       "context parallelism runs under FSDP over the cp ranks (torchtitan's dp_shard × cp mesh; accelerate refuses cp "
+       "with DDP-style replication): there is no DDP or ZeRO-1 program with cp; use --zero 2 or 3", REFUSED, cp=2,
+       gpus=2, zero=0),
+    _r("cp gpus tp pp engine", "cp", lambda p: p.cp > 1 and (p.tp > 1 or p.pp > 1 or p.engine is not Engine.TORCH),
        "context parallelism is modelled under FSDP2 over all GPUs (torchtitan's and accelerate's dp_shard × cp), "
-       "not with DDP/ZeRO-1, TP, pipeline stages, FSDP1 or DeepSpeed; use --zero 2 or 3 --tp 1 --pp 1 --engine "
-       "torch", GAP, cp=2, gpus=2, zero=0),
-    _r("cp method grad_ckpt loss grad_accum", "cp", lambda p: p.cp > 1 and (
-        p.method is not Method.FULL or p.grad_ckpt is not GradCkpt.NONE or p.loss is not Loss.STANDARD
-        or p.grad_accum > 1), "context parallelism is modelled for full fine-tuning with the standard loss, one "
-       "micro-step and no activation checkpointing; use --method full --grad-ckpt none --loss standard "
-       "--grad-accum 1", GAP, cp=2, gpus=2, zero=3, grad_ckpt="full"),
+       "not with TP, pipeline stages, FSDP1 or DeepSpeed; use --tp 1 --pp 1 --engine torch", GAP, cp=2, gpus=4, tp=2,
+       zero=3),
+    _r("cp method lora_modules_to_save grad_ckpt loss", "cp", lambda p: p.cp > 1 and (
+        p.method is Method.QLORA or p.lora_modules_to_save or p.grad_ckpt is GradCkpt.SELECTIVE
+        or p.loss is not Loss.STANDARD),
+       "context parallelism is modelled for full fine-tuning and LoRA (no --lora-modules-to-save) with the standard "
+       "loss, without checkpointing or with --grad-ckpt full; use --method full/lora --loss standard --grad-ckpt "
+       "none/full", GAP, cp=2, gpus=2, zero=3, grad_ckpt="selective"),
     _r("cp offload optimizer_in_backward float8 activation_offload keep_grads fsdp_shard", "cp",
        lambda p: p.cp > 1 and (p.offload is not Offload.NONE or p.optimizer_in_backward or p.float8.value != "none"
                                or p.activation_offload or p.keep_grads or p.fsdp_shard.value != "dim0"),

@@ -87,13 +87,22 @@ def cuda_kernel_choices(plan: TrainingPlan):
 
 
 @contextlib.contextmanager
-def no_packed_sequence_check():
+def no_packed_sequence_check(packed: bool = False):
     """transformers treats fake tensors as traced and would build an explicit float mask per layer; the
-    packed-sequence check is what sends it there (position ids 0..s-1 are never packed)."""
+    packed-sequence check is what sends it there (position ids 0..s-1 are never packed). Under `--cp` (`packed`:
+    a rank whose head-tail shard's positions jump, every rank of a cp group but the last) the real check finds
+    packed sequences: the patch returns the sequence indices as `find_packed_sequence_indices` computes them
+    (transformers 5.23 `masking_utils.py:771-773`), without its data-dependent `.all()`, and the real program's
+    boolean mask follows."""
+    import torch
     from transformers import masking_utils
 
+    def indices(position_ids):
+        first = position_ids[:, :1] - 1
+        return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
     orig = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    masking_utils.find_packed_sequence_indices = indices if packed else (lambda position_ids: None)
     try:
         yield
     finally:

@@ -154,7 +154,7 @@ def _simulation_context(plan: TrainingPlan, run_plan: TrainingPlan, sim_rank: in
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(), \
+        with _fake_process_group(run_plan, sim_rank), patches.no_packed_sequence_check(_packed(run_plan, sim_rank)), \
                 patches.real_device_mesh(), patches.untracked_sharding_propagation(tracker), \
                 patches.cuda_kernel_choices(plan), patches.fake_parameter_conversion(), patches.fake_deepcopy(), \
                 fake_bnb_params(plan), patches.bounded_fallback(), fake_p2p_values(plan, tracker), \
@@ -314,3 +314,7 @@ def _step_tensor_blocks(optimizer, tracker) -> list[int]:
     return out
 
 
+def _packed(plan, rank: int) -> bool:
+    """Whether this rank's position ids look packed to transformers: under `--cp`, every rank of a group but the last
+    (the head-tail load balancer gives rank r chunks r and 2·cp − 1 − r, adjacent only for r = cp − 1)."""
+    return plan.cp > 1 and rank % plan.cp != plan.cp - 1

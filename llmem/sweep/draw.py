@@ -18,6 +18,7 @@ from llmem.options import BY_NAME
 from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl, Precision, Quant, TrainingPlan
 from llmem.sweep import ds_lora
 from llmem.sweep.act_offload import draw_activation_offload
+from llmem.sweep.cp import draw_cp
 from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
 from llmem.sweep.tiny_vocab import draw_tiny_vocab
@@ -136,33 +137,6 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     fields |= draw_cp(seed, index, fields, config)
     fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
     return Draw(index, name, config, fields)
-
-
-CP_SHARE = 0.5
-
-
-def draw_cp(seed: int, index: int, fields: dict, config: dict) -> dict:
-    """`--cp` (a stream of its own), in a share of the multi-GPU full fine-tunes of a llama model on an even GPU
-    count (tp 1, the torch engine, no pipeline), redrawn as FSDP2 (ZeRO-2 or 3) with sdpa and the plan's other
-    options set to what cp is modelled with (`llmem.support_cp`; torch's optimizers, unfused SGD on DTensors);
-    cp 2, or the GPU count when it is 4; the sequence rounded up to a multiple of 2 × cp (the head-tail load
-    balancer's chunks)."""
-    rng = random.Random(f"{seed}:{index}:cp")
-    if not (config.get("model_type") == "llama" and fields["gpus"] % 2 == 0 and fields["tp"] == 1
-            and "engine" not in fields and "pp" not in fields and fields["method"] == Method.FULL.value) \
-            or rng.random() >= CP_SHARE:
-        return {}
-    cp = fields["gpus"] if fields["gpus"] == 4 and rng.random() < 0.5 else 2
-    seq = -(-fields["seq_len"] // (2 * cp)) * 2 * cp
-    out = {"cp": cp, "zero": rng.choice((2, 3)), "seq_len": seq, "attn": "sdpa", "grad_ckpt": GradCkpt.NONE.value,
-           "ckpt_every": 1, "grad_accum": 1, "keep_grads": False, "optimizer_in_backward": False,
-           "offload": Offload.NONE.value, "loss": Loss.STANDARD.value, "loss_chunks": 8, "fsdp_shard": "dim0",
-           "float8": "none", "ddp_bucket_view": False}
-    if fields["optimizer"] not in ("adamw", "sgd"):
-        out |= {"optimizer": "adamw", "optimizer_impl": "default"}
-    elif fields["optimizer_impl"] == "fused":
-        out["optimizer_impl"] = "foreach"
-    return out
 
 
 def _idle_rank(pipeline: dict, config: dict) -> bool:

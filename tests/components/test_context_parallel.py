@@ -26,14 +26,41 @@ ATTENTION = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 64,
              "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 64, "max_position_embeddings": 1024,
              "tie_word_embeddings": False}
 
+# the other families measured (tests/accuracy/suite.yaml's tiny configs): the same attention, a `self_attn` module
+FAMILIES = {
+    "mistral": dict(LLAMA, model_type="mistral", intermediate_size=160, vocab_size=768, sliding_window=None),
+    "qwen2": dict(LLAMA, model_type="qwen2", intermediate_size=192, vocab_size=640, tie_word_embeddings=True),
+    "qwen3": dict(LLAMA, model_type="qwen3", intermediate_size=128, head_dim=32),
+    "gemma": dict(LLAMA, model_type="gemma", intermediate_size=128, num_key_value_heads=1, head_dim=16,
+                  vocab_size=1024, pad_token_id=0),
+}
+
 BASE = dict(gpus=2, zero=3, cp=2, precision="fp32", optimizer_impl="forloop", batch_size=2, seq_len=64)
 ROWS = {
     "fp32": {},
     "ring-fp32": dict(batch_size=1, seq_len=512),
     "bf16-mixed": dict(precision="bf16-mixed", seq_len=128),
     "zero2-bf16-mixed": dict(zero=2, precision="bf16-mixed", seq_len=128),
+    # --grad-ckpt full: the checkpointed layers' attention-output copies exist only from their recompute to o_proj's
+    # backward; the packed mask lives in the checkpoints' kwargs until layer 0's backward
+    "ckpt": dict(grad_ckpt="full"),
+    "ring-ckpt": dict(grad_ckpt="full", batch_size=1, seq_len=512),
+    "ckpt-bf16-mixed": dict(grad_ckpt="full", precision="bf16-mixed", seq_len=128),
+    # --grad-accum: each micro-step enters its own context; the later ones with the gradients alive
+    "accum2": dict(grad_accum=2),
+    "accum3-ckpt": dict(grad_accum=3, grad_ckpt="full"),
+    **{f"{family}-fp32": {} for family in FAMILIES},
+    # LoRA (o_proj's input is the dropout's output: the attention-output copy is freed after the forward)
+    "lora-qv-bf16-mixed": dict(method="lora", lora_targets="q_proj,v_proj", precision="bf16-mixed", seq_len=128),
 }
-RUNS = TwoRankRows(BASE, ROWS, lambda name: dict(ATTENTION if name.startswith("ring") else LLAMA), sampled=("fp32",))
+
+
+def _config(name: str) -> dict:
+    family = name.split("-")[0]
+    return dict(ATTENTION if family == "ring" or "-ring" in name else FAMILIES.get(family, LLAMA))
+
+
+RUNS = TwoRankRows(BASE, ROWS, _config, sampled=("fp32",))
 
 
 @pytest.mark.parametrize("name", RUNS.params())
@@ -100,7 +127,7 @@ def test_the_ring_on_cpu_computes_plain_attention(tmp_path):
     (dict(gpus=3, cp=2, zero=3), "cp"),
     (dict(gpus=2, cp=2, zero=3, seq_len=66), "seq-len"),
     (dict(gpus=2, cp=2, zero=3, attn="eager"), "attn"),
-    (dict(gpus=2, cp=2, zero=0), "cp"),
+    (dict(gpus=2, cp=2, zero=0), "zero"),
     (dict(gpus=4, cp=2, tp=2, zero=3), "cp"),
 ])
 def test_refused_in_one_line(fields, blame):
@@ -113,10 +140,47 @@ def test_other_families_are_a_gap():
     from llmem.estimate import estimate
     from llmem.spec import ModelSpec
 
-    qwen2 = dict(LLAMA, model_type="qwen2")
+    phi3 = dict(LLAMA, model_type="phi3", pad_token_id=0)  # fused qkv: its estimate read 1.5 % low
     with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(qwen2), TrainingPlan(**BASE))
+        estimate(ModelSpec.from_config(phi3), TrainingPlan(**BASE))
     assert err.value.field == "cp" and err.value.kind == "gap"
+
+
+def test_lora_where_the_ring_may_be_the_peak_is_a_gap():
+    """The LoRA walk has no sdpa-backward moment: where a layer's backward plus the ring's buffers could pass the
+    peak (the attention-heavy shape; measured 0.7 % above its estimate without this check), the plan is a gap; at
+    full size the loss's backward dominates and the estimate stands."""
+    from llmem.estimate import estimate
+    from llmem.presets import load_preset
+    from llmem.spec import ModelSpec
+
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(ATTENTION), TrainingPlan(**{**BASE, "method": "lora", "batch_size": 1,
+                                                                   "seq_len": 512}))
+    assert err.value.field == "cp" and err.value.kind == "gap"
+    big = TrainingPlan(gpus=8, cp=8, zero=3, method="lora", precision="bf16-mixed", batch_size=1, seq_len=32768)
+    assert estimate(ModelSpec.from_config(load_preset("llama-3.1-8b")), big).peak_bytes > 0
+
+
+@pytest.mark.parametrize("config", [
+    {k: v for k, v in FAMILIES["mistral"].items() if k != "sliding_window"},  # MistralConfig's default: 4096
+    dict(FAMILIES["qwen2"], use_sliding_window=True, max_window_layers=1),
+    dict(LLAMA, layer_types=["sliding_attention", "full_attention"]),
+])
+def test_sliding_window_layers_are_refused_as_accelerate_refuses_them(config):
+    """accelerate 1.15 `_attach_context_parallel_hooks` raises for them (its hook drops the mask): checked here
+    against accelerate itself on the model transformers builds, then llmem's refusal."""
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+
+    from llmem.estimate import estimate
+    from llmem.runtime.model import build_model
+    from llmem.spec import ModelSpec
+
+    with pytest.raises(ValueError, match="Context parallelism does not support"):
+        _attach_context_parallel_hooks(build_model(config, TrainingPlan(device="cpu")))
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(config), TrainingPlan(**BASE))
+    assert err.value.field == "cp" and err.value.kind == "refused"
 
 
 if __name__ == "__main__":

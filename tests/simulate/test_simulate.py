@@ -243,3 +243,20 @@ def test_a_large_real_kernel_fallback_stops_with_one_line():
         with pytest.raises(RuntimeError, match="_fused_sgd_.*has no fake kernel"):
             torch._fused_sgd_([p], [g], [m], weight_decay=0.0, momentum=0.9, lr=0.1, dampening=0.0,
                               nesterov=False, maximize=False, is_first_step=False)
+
+
+def test_the_packed_sequence_patch_computes_transformers_indices_under_cp():
+    """`--cp`: a rank's head-tail shard of position ids jumps (rank 0 of 2 holds chunks 0 and 3); the simulation's
+    patch must return what transformers' own check returns for it (and None where the ids are one sequence)."""
+    import torch
+    from transformers import masking_utils
+
+    from llmem.simulate import patches
+
+    orig = masking_utils.find_packed_sequence_indices
+    jumped = torch.cat([torch.arange(0, 8), torch.arange(24, 32)]).expand(2, -1)
+    with patches.no_packed_sequence_check(packed=True):
+        assert torch.equal(masking_utils.find_packed_sequence_indices(jumped), orig(jumped))
+    with patches.no_packed_sequence_check():
+        assert masking_utils.find_packed_sequence_indices(jumped) is None
+    assert orig(torch.arange(16).expand(2, -1)) is None
