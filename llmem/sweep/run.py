@@ -17,6 +17,7 @@ from pathlib import Path
 from llmem.errors import InputError
 from llmem.sweep.draw import Draw, draw_one
 from llmem.sweep.models import models
+from llmem.sweep.tiny_vocab import with_vocab
 
 ORACLES = ("measure", "simulate")
 DEVICE = {"measure": "cpu", "simulate": "cuda"}  # the measure oracle runs on CPU: the cpu profile
@@ -31,7 +32,8 @@ _CRASH = re.compile(r"^(rank \d+: )?(?!NotImplementedError)(\w*(Error|Exception|
 
 def base_record(d: Draw, seed: int, size: str, oracle: str) -> dict:
     return {"id": f"s{seed}-{d.index}", "seed": seed, "index": d.index, "size": size, "oracle": oracle,
-            "model": d.model, "model_type": d.config.get("model_type", ""), "plan": dict(d.fields)}
+            "model": d.model, "model_type": d.config.get("model_type", ""), "plan": dict(d.fields)} | (
+        {"vocab_size": d.config["vocab_size"]} if "vocab_size" in d.config else {})
 
 
 def _row(d: Draw, rec: dict):
@@ -109,7 +111,8 @@ def reestimate(rows: list[dict]) -> list[dict]:
         if r.get("outcome") not in (COMPARED, REFUSED_ESTIMATOR):
             out.append(r)
             continue
-        d = Draw(r["index"], r["model"], models(r["size"])[r["model"]], dict(r["plan"]))  # the plan as measured
+        config = with_vocab(models(r["size"])[r["model"]], r.get("vocab_size"))  # the model and plan as measured
+        d = Draw(r["index"], r["model"], config, dict(r["plan"]))
         keep = {k: v for k, v in r.items() if k not in _ESTIMATE_KEYS}
         rec = estimate_draw(d, keep)
         if "outcome" in rec:

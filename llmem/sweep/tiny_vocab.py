@@ -22,9 +22,17 @@ def draw_tiny_vocab(seed: int, index: int, config: dict, size: str) -> dict:
     hidden = config.get("hidden_size") or config.get("n_embd")
     if size not in ("small", "derived") or not hidden or rng.random() >= TINY_VOCAB_SHARE:
         return config
-    vocab = int(hidden)
+    return with_vocab(config, int(hidden))
+
+
+def with_vocab(config: dict, vocab: int | None) -> dict:
+    """The config with `vocab_size` = `vocab` (None: unchanged) and the special token ids beyond it set to None (an
+    embedding's padding_idx must be in the vocabulary). A sweep row records the vocabulary it drew (`vocab_size`),
+    so `llmem.sweep.run.reestimate` rebuilds the config that was measured."""
+    if vocab is None or config.get("vocab_size") == vocab:
+        return config
     out = {**config, "vocab_size": vocab}
-    for key in TOKEN_IDS:  # a special token the smaller vocabulary lacks (an embedding's padding_idx must be in it)
+    for key in TOKEN_IDS:
         if isinstance(out.get(key), int) and out[key] >= vocab:
             out[key] = None
     return out
