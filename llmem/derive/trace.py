@@ -22,8 +22,11 @@ event of that window, relative to its start, plus the output gradient itself; `b
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
 `forwards` lists the same for each layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
-layer's recompute allocates before non-reentrant checkpointing stops it early, its backward's output gradient
-alive), without autocast's weight copies.
+layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
+on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed
+layer's recompute starts (torch 2.13 `utils/checkpoint.py`, `_checkpoint_hook.unpack_hook`): the output gradient
+and whatever the nodes before that one made (gpt-oss: `weighted_out[inv_perm].view(T, k, h).sum(1)`, whose
+ViewBackward0 copies the expanded gradient to tokens × top_k × h before IndexBackward0 unpacks `inv_perm`).
 `held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
 storage.
 
@@ -157,6 +160,7 @@ class _Recorder:
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
         self.windows: dict[int, list[int]] = {}  # layer -> event indices: its output gradient, its input gradient
         self.grad_outs: dict[int, int] = {}
+        self.unpacks: list[int] = []  # backward: the event index at each saved tensor's unpack (`_trigger`)
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         names = {m: n for n, m in model.named_modules()}
@@ -226,6 +230,12 @@ class _Recorder:
         return packed
 
 
+    def unpack(self, packed):
+        if not self.alloc.forward:
+            self.unpacks.append(len(self.tracker.events))
+        return _unpack(packed)
+
+
 class _Packed:
     """What the pack hook hands autograd: the saved tensor, referenced by its node alone, so a weak reference tells
     whether the node still exists at the end of the forward. A node no output reaches is freed then, with what it
@@ -269,7 +279,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 untracked_sharding_propagation(tracker), kernels:
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
-                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, _unpack):
+                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
@@ -290,9 +300,19 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.backward = out.backwards[-1]
     out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
                         for i in range(len(layers))]
-    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), rec.grad_outs.get(i, 0), copies)[1:]
-                    for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
+    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), _trigger(rec, out.backwards[i], i), copies)[1:]
+                    for i in range(len(layers))]  # the weight copies: the walk counts them
     return out
+
+
+def _trigger(rec: _Recorder, backward: list[tuple[str, int]], layer: int) -> int:
+    """What layer `layer`'s backward holds when it first unpacks a saved tensor (its output gradient included): the
+    live bytes of its window (`backward`) at that event, where a checkpointed layer's recompute starts."""
+    window = rec.windows.get(layer, [])
+    if len(window) < 2:
+        return rec.grad_outs.get(layer, 0)
+    first = next((u for u in rec.unpacks if window[0] <= u <= window[1]), window[0])
+    return backward[first - window[0]][1]
 
 
 def _grad_excess(model) -> int:
