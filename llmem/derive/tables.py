@@ -202,7 +202,8 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
+        table = fits["kinds"][this].get(place, []) if place in ("layer", "backward", "forward", "accumulating",
+                                                                   "inflight") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         # each layer of a kind asks for the same table: evaluated once per plan
         return list(remembered(self._evaluated, (plan.key, this, place), lambda: _evaluated(table, plan)))
@@ -279,6 +280,17 @@ class Derived:
         if plan.grad_ckpt is GradCkpt.FULL:
             extra = max(extra, self.recompute_extra_bytes(plan))
         return extra
+
+    def forward_inflight_extra_bytes(self, plan: TrainingPlan) -> int:
+        """A layer's forward at its largest (`trace.Trace.inflight`: from its pre-hook to its output, transients
+        included; e.g. gpt-oss's clamped GLU experts, six r × i tensors at once) beyond the saved tensors it leaves
+        (all but its input, which existed before it), so at least 0: on top of every earlier layer's saves, the peak
+        of a forward whose backward is light (LoRA on frozen experts)."""
+        inflight = self._saved(plan, "inflight")
+        if not inflight:
+            return 0
+        saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
+        return max(0, max(s.bytes for s in inflight) - saved)
 
     def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
         """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative

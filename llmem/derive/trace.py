@@ -21,7 +21,9 @@ the gradient of its input exists (a hook on the input). `backwards` lists, per l
 event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
-`forwards` lists the same for each layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
+`inflight` lists each layer's whole forward (pre-hook to forward hook) from 0: the moment its transients sit beside
+every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`). `forwards` lists the same for each
+layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
 layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
 on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed
 layer's recompute starts (torch 2.13 `utils/checkpoint.py`, `_checkpoint_hook.unpack_hook`): the output gradient
@@ -65,6 +67,7 @@ class Trace:
     accumulating: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, each weight gradient
     #                       added in place into its `.grad` (a later micro-step of --grad-accum, `_window`)
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
+    inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
@@ -163,6 +166,7 @@ class _Recorder:
         self.unpacks: list[int] = []  # backward: the event index at each saved tensor's unpack (`_trigger`)
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
+        self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -208,6 +212,7 @@ class _Recorder:
     def _leave(self, i: int):
         def hook(module, args, output):
             self.place = POST
+            self.forward_ends[i] = len(self.tracker.events)
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             out.register_hook(lambda g: self._mark(g, i, True))
         return hook
@@ -302,6 +307,9 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                         for i in range(len(layers))]
     out.forwards = [_window(tracker.events, rec.forwards.get(i, []), _trigger(rec, out.backwards[i], i), copies)[1:]
                     for i in range(len(layers))]  # the weight copies: the walk counts them
+    out.inflight = [_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], 0, copies)
+                    if i in rec.forwards and i in rec.forward_ends else [("layer output gradient", 0)]
+                    for i in range(len(layers))]
     return out
 
 
