@@ -149,11 +149,11 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
 def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """LoRA on a derived mixture-of-experts model (`llmem.derive.experts`: grouped_mm experts, whose tensors have
     tokens × top_k rows whatever the routing, so the trace needs no routing values): modelled with named targets
-    that are `nn.Linear`s outside the experts and router (the experts stay frozen 3-D parameters), on one GPU or
-    DDP / ZeRO-1 (whose walk has the last layer's forward in flight, `Derived.forward_inflight_extra_bytes`).
-    Not yet: `all-linear` or targets reaching the fused experts or the router (PEFT 0.21.2 rewrites them for
-    transformers 5's fused experts into `ParamWrapper`s, `peft/utils/transformers_weight_conversion.py`, which
-    the meta-device inventory does not count), FSDP2 (--zero 2/3) and TP."""
+    that are `nn.Linear`s outside the MLP blocks (the experts stay frozen 3-D parameters), on one GPU or DDP /
+    ZeRO-1 (whose walk has the last layer's forward in flight, `Derived.forward_inflight_extra_bytes`). Not yet:
+    `all-linear` or MLP-block names (PEFT 0.21.2 maps them onto transformers 5's fused experts as `ParamWrapper`s,
+    `peft/utils/transformers_weight_conversion.py`, which the meta-device inventory does not count; a shared
+    expert's gate_proj alone makes PEFT raise), FSDP2 (--zero 2/3) and TP."""
     from llmem.components.lora import linear_weights
     from llmem.plan import ALL_LINEAR
 
@@ -161,12 +161,13 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
         return InputError("lora-targets", f"{name}: all-linear on a mixture-of-experts model may adapt its fused "
                           "experts (PEFT's ParamWrapper), which is not modelled yet; name the Linears, e.g. "
                           "q_proj,v_proj", GAP)
-    modules = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec)
-               if ".experts." not in p.name and not p.name.endswith(("router.weight", "mlp.gate.weight"))}
+    mlp = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec) if ".mlp." in p.name}
+    modules = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec)} - mlp
     other = sorted({t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")} - modules)
-    if other:
-        return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside the "
-                          "experts and router (adapting experts is not modelled yet); name e.g. q_proj,v_proj", GAP)
+    if other:  # an MLP name (a shared expert's gate_proj) PEFT also maps onto the fused experts' gate_up_proj
+        return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
+                          "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
+                          "attention Linears, e.g. q_proj,v_proj", GAP)
     if spec.model_type == "gpt_oss" and not plan.checkpointed(spec.num_layers - 1):
         return InputError("grad-ckpt", f"{name}: unless its last layer is checkpointed the peak is that layer's "
                           "forward (its clamped GLU experts' transients), measured 1.1 % above the estimate (a forward "
