@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 18
+FORMAT = 20
 
 
 def _directory() -> Path:

@@ -56,10 +56,14 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
                            kind, offset)
     accumulating = fit_sequence(f"layer {i} backward, gradients accumulated", [t.accumulating[i] for t in traces],
                                 [t.accumulating[i] for t in checks], kind, offset)
+    inflight = fit_sequence(f"layer {i} forward in flight", [t.inflight[i] for t in traces],
+                            [t.inflight[i] for t in checks], kind, offset) \
+        if all(t.inflight for t in traces + checks) else []  # (a Trace built without it)
     return {"layer": [(LAYER_INDEX.sub(".N.", n, count=1), list(c)) for n, c in saved],
             "backward": [(n, list(c)) for n, c in peak_candidates(backward)],
             "forward": [(n, list(c)) for n, c in peak_candidates(forward)],
-            "accumulating": [(n, list(c)) for n, c in peak_candidates(accumulating)]}
+            "accumulating": [(n, list(c)) for n, c in peak_candidates(accumulating)],
+            "inflight": [(n, list(c)) for n, c in peak_candidates(inflight)]}
 
 
 def _table_key(table: dict) -> tuple:

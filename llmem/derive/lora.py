@@ -18,7 +18,8 @@ requiring grad (PEFT's hook); they are looked up by their own index in the table
 layer 0 is a kind of its own (`activations.varied`; looked up as the first layer they read 3-6% low).
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
-Refused (one line naming the field): QLoRA (its 4-bit Linears), expert layers (routing depends on the data).
+Refused (one line naming the field): QLoRA (its 4-bit Linears); on expert layers, targets that reach the experts
+or router, FSDP2 and TP (`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -141,9 +142,40 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
         return InputError("method", f"q{name} is not modelled: its 4-bit Linears are not traced; use --method lora",
                           GAP)
     if spec.is_moe:
-        return InputError("method", f"{name}: mixture-of-experts layers are not traced (which expert a token reaches "
-                          "depends on the data); use --method full", GAP)
+        return moe_refusal(spec, plan, name) or static_refusal(spec.derived.config)
     return static_refusal(spec.derived.config)
+
+
+def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
+    """LoRA on a derived mixture-of-experts model (`llmem.derive.experts`: grouped_mm experts, whose tensors have
+    tokens × top_k rows whatever the routing, so the trace needs no routing values): modelled with named targets
+    that are `nn.Linear`s outside the MLP blocks (the experts stay frozen 3-D parameters), on one GPU or DDP /
+    ZeRO-1 (whose walk has the last layer's forward in flight, `Derived.forward_inflight_extra_bytes`). Not yet:
+    `all-linear` or MLP-block names (PEFT 0.21.2 maps them onto transformers 5's fused experts as `ParamWrapper`s,
+    `peft/utils/transformers_weight_conversion.py`, which the meta-device inventory does not count; a shared
+    expert's gate_proj alone makes PEFT raise), FSDP2 (--zero 2/3) and TP."""
+    from llmem.components.lora import linear_weights
+    from llmem.plan import ALL_LINEAR
+
+    if plan.lora_targets == ALL_LINEAR:
+        return InputError("lora-targets", f"{name}: all-linear on a mixture-of-experts model may adapt its fused "
+                          "experts (PEFT's ParamWrapper), which is not modelled yet; name the Linears, e.g. "
+                          "q_proj,v_proj", GAP)
+    mlp = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec) if ".mlp." in p.name}
+    modules = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec)} - mlp
+    other = sorted({t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")} - modules)
+    if other:  # an MLP name (a shared expert's gate_proj) PEFT also maps onto the fused experts' gate_up_proj
+        return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
+                          "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
+                          "attention Linears, e.g. q_proj,v_proj", GAP)
+    if spec.model_type == "gpt_oss" and not plan.checkpointed(spec.num_layers - 1):
+        return InputError("grad-ckpt", f"{name}: unless its last layer is checkpointed the peak is that layer's "
+                          "forward (its clamped GLU experts' transients), measured 1.1 % above the estimate (a forward "
+                          "local of 46 kB on a tiny model not pinned down); use --grad-ckpt full", GAP)
+    if plan.zero >= 2 or plan.tp > 1:
+        return InputError("zero" if plan.zero >= 2 else "tp", f"{name}: mixture-of-experts models are measured on "
+                          "one GPU, DDP and ZeRO-1 so far; use --zero 0/1 and --tp 1", GAP)
+    return None
 
 
 def checkpointed_windows(traced: tuple[list, list], layer_kinds: list[int], kind: str, offset: int) -> list:

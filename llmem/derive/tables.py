@@ -202,7 +202,8 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this][place] if place in ("layer", "backward", "forward", "accumulating") \
+        table = fits["kinds"][this].get(place, []) if place in ("layer", "backward", "forward", "accumulating",
+                                                                   "inflight") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         # each layer of a kind asks for the same table: evaluated once per plan
         return list(remembered(self._evaluated, (plan.key, this, place), lambda: _evaluated(table, plan)))
@@ -280,16 +281,34 @@ class Derived:
             extra = max(extra, self.recompute_extra_bytes(plan))
         return extra
 
+    def forward_inflight_extra_bytes(self, plan: TrainingPlan) -> int:
+        """A layer's forward at its largest (`trace.Trace.inflight`: from its pre-hook to its output, transients
+        included; e.g. gpt-oss's clamped GLU experts, six r × i tensors at once) beyond the saved tensors it leaves
+        (all but its input, which existed before it), so at least 0: on top of every earlier layer's saves, the peak
+        of a forward whose backward is light (LoRA on frozen experts)."""
+        inflight = self._saved(plan, "inflight")
+        if not inflight:
+            return 0
+        saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
+        return max(0, max(s.bytes for s in inflight) - saved)
+
     def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
         """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative
-        to its start, plus the output gradient that triggered it (traced per kind, `trace.Trace.forwards`: saved
-        tensors and transients), less the saved tensors the walk holds for the layer already (all but its input,
-        which the checkpoint kept). E.g. gpt-oss's clamped GLU experts make six r × i transients at once."""
+        to its start, on top of what the backward holds when it triggers it (the output gradient and the nodes'
+        outputs before the first unpack, `trace._trigger`; traced per kind, `trace.Trace.forwards`: saved tensors and
+        transients), less the saved tensors the walk holds for the layer already (all but its input, which the
+        checkpoint kept), plus on the cpu profile the recompute's own copy of the CPU RNG state (torch 2.13
+        `utils/checkpoint.py`: `fork_rng` around the recompute, `torch.get_rng_state()`, freed when it ends). E.g.
+        gpt-oss's clamped GLU experts make six r × i transients at once, after its trigger made a r × h gradient."""
+        from llmem.components.activations import CPU_RNG_STATE_BYTES
+        from llmem.plan import Device
+
         forward = self._saved(plan, "forward")
         if not forward:
             return 0
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
-        return max(s.bytes for s in forward) - saved
+        rng = CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
+        return max(s.bytes for s in forward) - saved + rng
 
 
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",

@@ -21,9 +21,14 @@ the gradient of its input exists (a hook on the input). `backwards` lists, per l
 event of that window, relative to its start, plus the output gradient itself; `backward` is the last layer's.
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
-`forwards` lists the same for each layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
-layer's recompute allocates before non-reentrant checkpointing stops it early, its backward's output gradient
-alive), without autocast's weight copies.
+`inflight` lists each layer's whole forward (pre-hook to forward hook) from 0: the moment its transients sit beside
+every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`). `forwards` lists the same for each
+layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
+layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
+on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed
+layer's recompute starts (torch 2.13 `utils/checkpoint.py`, `_checkpoint_hook.unpack_hook`): the output gradient
+and whatever the nodes before that one made (gpt-oss: `weighted_out[inv_perm].view(T, k, h).sum(1)`, whose
+ViewBackward0 copies the expanded gradient to tokens × top_k × h before IndexBackward0 unpacks `inv_perm`).
 `held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
 storage.
 
@@ -62,6 +67,7 @@ class Trace:
     accumulating: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, each weight gradient
     #                       added in place into its `.grad` (a later micro-step of --grad-accum, `_window`)
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
+    inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
@@ -157,8 +163,10 @@ class _Recorder:
         self.inputs: dict[int, int] = {}  # storage of a layer's hidden-states input -> layer index
         self.windows: dict[int, list[int]] = {}  # layer -> event indices: its output gradient, its input gradient
         self.grad_outs: dict[int, int] = {}
+        self.unpacks: list[int] = []  # backward: the event index at each saved tensor's unpack (`_trigger`)
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
+        self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -204,6 +212,7 @@ class _Recorder:
     def _leave(self, i: int):
         def hook(module, args, output):
             self.place = POST
+            self.forward_ends[i] = len(self.tracker.events)
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             out.register_hook(lambda g: self._mark(g, i, True))
         return hook
@@ -224,6 +233,12 @@ class _Recorder:
         if not entry[1]:
             entry[1] = f"{self.stack[-1] if self.stack else 'model'}: {self.alloc.origin.get(key, 'input')} {t.dtype}"
         return packed
+
+
+    def unpack(self, packed):
+        if not self.alloc.forward:
+            self.unpacks.append(len(self.tracker.events))
+        return _unpack(packed)
 
 
 class _Packed:
@@ -269,7 +284,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 untracked_sharding_propagation(tracker), kernels:
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
-                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, _unpack):
+                with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
@@ -290,9 +305,22 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.backward = out.backwards[-1]
     out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
                         for i in range(len(layers))]
-    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), rec.grad_outs.get(i, 0), copies)[1:]
-                    for i in range(len(layers))]  # plus the output gradient; the walk counts the weight copies
+    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), _trigger(rec, out.backwards[i], i), copies)[1:]
+                    for i in range(len(layers))]  # the weight copies: the walk counts them
+    out.inflight = [_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], 0, copies)
+                    if i in rec.forwards and i in rec.forward_ends else [("layer output gradient", 0)]
+                    for i in range(len(layers))]
     return out
+
+
+def _trigger(rec: _Recorder, backward: list[tuple[str, int]], layer: int) -> int:
+    """What layer `layer`'s backward holds when it first unpacks a saved tensor (its output gradient included): the
+    live bytes of its window (`backward`) at that event, where a checkpointed layer's recompute starts."""
+    window = rec.windows.get(layer, [])
+    if len(window) < 2:
+        return rec.grad_outs.get(layer, 0)
+    first = next((u for u in rec.unpacks if window[0] <= u <= window[1]), window[0])
+    return backward[first - window[0]][1]
 
 
 def _grad_excess(model) -> int:

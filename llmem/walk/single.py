@@ -69,6 +69,7 @@ class Terms:
     head_bwd: int
     head_grad_copy: int
     gathered: Callable
+    fwd_inflight: int = 0  # a traced last layer's forward transients beyond what it saves (`forward_inflight_bytes`)
 
     @property
     def layers(self) -> int:
@@ -112,7 +113,22 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         forward_acts, kept_layers = outer_act + final_norm, act_offload.layers_below_bytes
     return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
                 partial=partial, varied=varied, kept_layers=kept_layers, current_layer=current_layer,
-                forward_acts=forward_acts)
+                forward_acts=forward_acts, fwd_inflight=forward_inflight_bytes(spec, plan, final_norm))
+
+
+def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
+    """A traced (derived) last decoder layer whose forward keeps its saves (not checkpointed, no activation
+    offload): its transients beyond them (`Derived.forward_inflight_extra_bytes`) sit beside every earlier saved
+    tensor before the final norm's saves exist, and beside the layer arguments no checkpoint holds (masks,
+    position ids: the decoder's locals until it returns, `Derived.held_saved`'s tensors), so the forward's end
+    less `final_norm` plus them."""
+    last = spec.num_layers - 1
+    if spec.derived is None or plan.checkpointed(last) or act_offload.applies(plan):
+        return 0
+    d = spec.derived.at(last)
+    lp = act.layer_plan(plan, last)
+    args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)
+    return max(0, d.forward_inflight_extra_bytes(lp) + args - final_norm)
 
 
 def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
@@ -179,6 +195,8 @@ def head_moments(t: Terms) -> list[Phase]:
     scaled = lora_head.backward_scaled_grad_bytes(t.spec, t.plan)  # an adapted lm_head's grad * scaling
     phases = [
         moment("forward (last layer)", **on, temporaries=t.fwd_casts),
+        *([moment("forward (last layer, in flight)", **dict(on, activations=t.forward_acts + t.fwd_inflight),
+                  temporaries=t.fwd_casts)] if t.fwd_inflight else []),
         moment("loss forward", **on, temporaries=t.fwd_casts + t.head_cast, logits=t.loss_fwd),
         moment("loss backward", **on, temporaries=t.base_casts + t.head_cast, logits=t.loss_bwd),
         moment("lm_head backward", **on, gradients=t.grads_outer + t.head_transient - fp32_grad,

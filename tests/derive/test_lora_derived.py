@@ -62,7 +62,9 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 @pytest.mark.parametrize("family, plan, field", [
     ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
-    ("qwen3_moe", dict(), "method"),  # a derived MoE: its experts are not traced
+    ("qwen3_moe", dict(lora_targets="all-linear"), "lora-targets"),  # a derived MoE: PEFT may adapt its experts
+    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager"), "grad-ckpt"),  # its forward in flight: -1.1 %
+    ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
@@ -86,6 +88,24 @@ def test_hand_written_lora_families_keep_their_tables():
 ])
 def test_traced_lora_within_one_percent(family, plan):
     assert abs(_error(family, **plan)) <= TOLERANCE
+
+
+# LoRA on derived mixture-of-experts models (frozen grouped_mm experts; `llmem.derive.lora.moe_refusal`): measured
+# qwen3_moe q,v fp32 -0.057 %, deepseek_v3 o_proj,kv_b_proj eager -0.045 %, olmoe attention bf16-mixed -0.035 %,
+# gpt_oss attention bf16-mixed checkpointed -0.036 %, qwen3_moe q,v bf16 checkpointed -0.115 % (before the forward
+# in flight was a moment, gpt_oss q,v unchecked read -3.2 %: `Derived.forward_inflight_extra_bytes`)
+@pytest.mark.parametrize("family, plan", [
+    pytest.param("qwen3_moe", dict(lora_targets="q_proj,v_proj"), marks=pytest.mark.heavy),  # suite: s-qwen3moe-*
+    pytest.param("deepseek_v3", dict(lora_targets="o_proj,kv_b_proj", attn="eager"), marks=pytest.mark.heavy),
+    pytest.param("olmoe", dict(lora_targets="q_proj,k_proj,v_proj,o_proj", precision="bf16-mixed"),
+                 marks=pytest.mark.heavy),
+    pytest.param("gpt_oss", dict(lora_targets="q_proj,k_proj,v_proj,o_proj", attn="eager", precision="bf16-mixed",
+                                 grad_ckpt="full"), marks=pytest.mark.heavy),
+    pytest.param("qwen3_moe", dict(lora_targets="q_proj,v_proj", precision="bf16", grad_ckpt="full",
+                                   lora_dropout=0.0), marks=pytest.mark.heavy),
+])
+def test_traced_lora_on_derived_moe_within_one_percent(family, plan):
+    assert abs(_error(family, **{"batch_size": 2, "seq_len": 64, "precision": "fp32", **plan})) <= TOLERANCE
 
 
 @pytest.mark.parametrize("targets", ["qkv_proj", "o_proj"])
