@@ -147,8 +147,14 @@ def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
     shape = (len(sizes.table), sizes.upcast)  # the stream's structure besides the layout
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: program_requests(spec, plan, _Skeleton(*shape)).events, per_plan=True)
+                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
     slots = sizes.slots()
+    # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
+    return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
+                     lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
+
+
+def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
     if not expandable:
         return peak_reserved(skeleton, slots)
     return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
