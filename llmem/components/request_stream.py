@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from llmem.allocator import CachingAllocator
+from llmem.allocator_replay import peak_reserved
 from llmem.choices import Attention, Float8
 from llmem.components import autocast
 from llmem.components.activations import layer_saved
@@ -85,7 +86,7 @@ class Requests:
 
     def alloc(self, nbytes: int, stream: int = 0) -> int:
         self._n += 1
-        if nbytes > 0:
+        if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
             self.events.append((self._n, nbytes, stream))
         return self._n
 
@@ -94,7 +95,10 @@ class Requests:
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
-    """`max_memory_reserved` after replaying `events` through the allocator model (nothing emptied)."""
+    """`max_memory_reserved` after replaying `events` through the allocator model (nothing emptied); default
+    segments by the flat loop of the same rules (`allocator_replay.peak_reserved`)."""
+    if not expandable:
+        return peak_reserved(events)
     alloc = CachingAllocator(expandable_segments=expandable)
     blocks: dict[int, object] = {}
     malloc, free = alloc.malloc, alloc.free
@@ -133,13 +137,60 @@ def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: bool = False) -> int:
     """`max_memory_reserved` of the plan's request stream (`program_requests`), with default or expandable
-    segments; kept per plan (a few thousand requests: tens of milliseconds)."""
-    return spec.memo(("replayed_reserved", plan.key, expandable),
-                     lambda: replay_reserved(program_requests(spec, plan).events, expandable), per_plan=True)
+    segments; kept per plan. The stream is written once per layout (`plan.layout_key`) with the sizes that follow
+    the micro-batch and the sequence as named slots (`_Skeleton`), filled per plan: the same events."""
+    return spec.memo(("replayed_reserved", plan.key, expandable), lambda: _replayed(spec, plan, expandable),
+                     per_plan=True)
 
 
-def program_requests(spec: ModelSpec, plan: TrainingPlan) -> Requests:
-    """Build, wrap and two iterations of the plan's program as requests."""
+def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
+    sizes = _PlanSizes(spec, plan)
+    shape = (len(sizes.table), sizes.upcast)  # the stream's structure besides the layout
+    skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
+                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
+    slots = sizes.slots()
+    # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
+    return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
+                     lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
+
+
+def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
+    if not expandable:
+        return peak_reserved(skeleton, slots)
+    return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
+
+
+class _PlanSizes:
+    """The requests whose bytes follow the micro-batch and the sequence: the embedding output (`residual`),
+    RMSNorm's fp32 `pow`, the layer's saved tensors (`table`), the logits in the compute dtype and in fp32, the
+    lm_head's input gradient (`g_in`); `upcast`: whether the logits are upcast (compute dtype narrower than fp32)."""
+
+    def __init__(self, spec: ModelSpec, plan: TrainingPlan) -> None:
+        half, l32, tokens = _sizes(spec, plan)
+        self.residual = tokens * spec.hidden_size * plan.precision.param_bytes
+        self.pow = tokens * spec.hidden_size * 4
+        self.table = [s.bytes for s in layer_saved(spec, plan)]
+        self.half, self.l32, self.upcast = half, l32, half != l32
+        self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
+
+    def slots(self) -> dict:
+        named = {n: getattr(self, n) for n in ("residual", "pow", "half", "l32", "g_in")}
+        return named | {f"t{i}": n for i, n in enumerate(self.table)}
+
+
+class _Skeleton:
+    """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...)."""
+
+    def __init__(self, n_table: int, upcast: bool) -> None:
+        self.residual, self.pow, self.half, self.l32, self.g_in = "residual", "pow", "half", "l32", "g_in"
+        self.table = [f"t{i}" for i in range(n_table)]
+        self.upcast = upcast
+
+
+def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Requests:
+    """Build, wrap and two iterations of the plan's program as requests (`sizes`: `_PlanSizes` of the plan, or a
+    layout's `_Skeleton`)."""
+    sizes = sizes or _PlanSizes(spec, plan)
     req = Requests()
     req.mark("build")
     params = model_order(spec)
@@ -156,9 +207,9 @@ def program_requests(spec: ModelSpec, plan: TrainingPlan) -> Requests:
         if ddp and iteration == 2:
             req.free(*buckets)
             buckets = [req.alloc(n) for n in rebuilt_bucket_bytes(spec, plan)]
-        saved = _forward(req, spec, plan)
+        saved = _forward(req, spec, plan, sizes)
         req.mark(f"loss {iteration}")
-        grads = _backward(req, spec, plan, saved)
+        grads = _backward(req, spec, plan, saved, sizes)
         req.mark(f"optimizer {iteration}")
         _step(req, spec, plan, iteration == 1)
         req.free(*grads)
@@ -202,38 +253,36 @@ def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
     return [local_numel(p, plan) * half for p in autocast._linear_weights(spec, layer)]
 
 
-def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan) -> list[list[int]]:
+def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> list[list[int]]:
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
-    tokens = plan.batch_size * plan.seq_len
-    residual = tokens * spec.hidden_size * plan.precision.param_bytes
-    kept = [[req.alloc(residual)]]
-    table = [s.bytes for s in layer_saved(spec, plan)]
+    kept = [[req.alloc(sizes.residual)]]
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
-        req.free(req.alloc(tokens * spec.hidden_size * 4))  # RMSNorm's fp32 pow
-        kept.append(keys + [req.alloc(n) for n in table])
+        req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
+        kept.append(keys + [req.alloc(n) for n in sizes.table])
     return kept
 
 
-def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]]) -> list[int]:
+def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]],
+              sizes: _PlanSizes) -> list[int]:
     """Loss forward and backward, then the layers' backward; returns the keys freed at the end of the iteration:
     the logits (the model output, held by the loop through the step: `logits.logits_bytes`), then the gradients
     (`zero_grad`)."""
-    half, l32, tokens = _sizes(spec, plan)
+    half, l32 = sizes.half, sizes.l32
     mixed = autocast.applies(plan)
     head = _head_numel(spec, plan)
     copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
     logits = req.alloc(half)
-    upcast = req.alloc(l32) if half != l32 else 0
+    upcast = req.alloc(l32) if sizes.upcast else 0
     lsm = req.alloc(l32)
     req.free(upcast)
     g_nll = req.alloc(l32)
     g_lsm = req.alloc(l32)
     req.free(g_nll, lsm)
-    g_half = req.alloc(half) if half != l32 else 0
+    g_half = req.alloc(half) if sizes.upcast else 0
     req.free(g_lsm)
     g_head = req.alloc(head * plan.precision.compute_bytes)
-    g_in = req.alloc(tokens * spec.hidden_size * plan.precision.compute_bytes)
+    g_in = req.alloc(sizes.g_in)
     req.free(g_half, copy)
     grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
     if mixed:

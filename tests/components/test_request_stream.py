@@ -127,3 +127,33 @@ def test_replay_against_simulate(plan):
     sim = simulate(config, p)
     ours = rs.replayed_reserved_bytes(_spec("qwen2.5-0.5b", p), p)
     assert abs(ours - sim.reserved_bytes) <= 0.03 * sim.reserved_bytes, (ours / 2**30, sim.reserved_bytes / 2**30)
+
+
+@pytest.mark.parametrize("first,second", [
+    ({"batch_size": 1, "seq_len": 1024, "precision": "bf16-mixed"}, {"batch_size": 3, "seq_len": 100,
+                                                                     "precision": "bf16-mixed"}),
+    ({"gpus": 4, "zero": 1, "batch_size": 2, "seq_len": 64, "precision": "fp32"},
+     {"gpus": 4, "zero": 1, "batch_size": 1, "seq_len": 4096, "precision": "fp32"}),
+])
+def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, second):
+    """The replay writes the stream once per layout (`_Skeleton`, from the first plan asked) and fills in each plan's
+    sizes: for a second plan of the layout, the filled stream (0-byte slots dropped, as `Requests.alloc` drops
+    them) is the event list that plan's own `program_requests` writes, and the figure the object allocator's."""
+    a, b = TrainingPlan(**first), TrainingPlan(**second)
+    spec = _spec("qwen2.5-0.5b", a)
+    rs.replayed_reserved_bytes(spec, a)
+    assert a.layout_key == b.layout_key
+    sizes = rs._PlanSizes(spec, b)
+    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast)),
+                         lambda: pytest.fail("no stream kept for the layout"), per_plan=True)
+    slots = sizes.slots()
+    filled = [(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)]
+    events = rs.program_requests(spec, b).events
+    assert filled == events
+    alloc, blocks = CachingAllocator(), {}
+    for key, nbytes, stream in events:
+        if nbytes > 0:
+            blocks[key] = alloc.malloc(nbytes, stream)
+        else:
+            alloc.free(blocks.pop(key, None))
+    assert rs.replayed_reserved_bytes(spec, b) == alloc.peak_reserved
