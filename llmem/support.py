@@ -77,12 +77,13 @@ RULES: tuple[Rule, ...] = (
        "(the bf16 engine casts PEFT's fp32 adapters to bf16; ZeRO-3's partitioned frozen base is not modelled); use "
        "that, --method full, or --engine torch", GAP, engine="deepspeed", method="lora", precision="bf16-mixed",
        gpus=2, zero=2),
-    _r("engine method zero ds_overlap_comm lora_dropout", "lora-dropout", lambda p: p.engine is Engine.DEEPSPEED
-       and p.method is Method.LORA and (p.zero == 2 or p.ds_overlap_comm) and p.lora_dropout > 0,
-       "LoRA under DeepSpeed ZeRO-2 / overlap_comm is modelled with --lora-dropout 0 (PEFT's default): with dropout "
-       "the one-device LoRA walk's down_proj backward holds one intermediate-sized gradient more than the real one "
-       "(measured +1.9%), which the hooks' reduces expose; use --lora-dropout 0, or ZeRO-0/1 without overlap_comm",
-       GAP, engine="deepspeed", method="lora", precision="fp32", gpus=2, zero=2),
+    _r("engine method zero ds_overlap_comm lora_dropout grad_ckpt", "lora-dropout", lambda p: p.engine is
+       Engine.DEEPSPEED and p.method is Method.LORA and (p.zero == 2 or p.ds_overlap_comm) and p.lora_dropout > 0
+       and p.grad_ckpt is not GradCkpt.NONE,
+       "LoRA under DeepSpeed ZeRO-2 / overlap_comm with --lora-dropout > 0 is measured without checkpointing (the "
+       "dropout's saves in a recomputed layer are not); use --grad-ckpt none, --lora-dropout 0, or ZeRO-0/1 "
+       "without overlap_comm", GAP, engine="deepspeed", method="lora", precision="fp32", gpus=2, zero=2,
+       grad_ckpt="full"),
     _r("engine offload", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.offload is not Offload.NONE,
        "DeepSpeed's offload_optimizer / offload_param (DeepSpeedCPUAdam, pinned host buffers) are not modelled; "
        "use --offload none, or --engine torch", GAP, engine="deepspeed", offload="optimizer+params", gpus=2, zero=2),

@@ -93,3 +93,10 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("engine", f"LoRA under DeepSpeed ZeRO-2 / overlap_comm is modelled on dense models; "
                          f"{spec.model_type!r}'s expert layers are not (measured +1.9% on mixtral): use ZeRO-0/1 "
                          "without overlap_comm, or --engine torch", GAP)
+    from llmem.components import lora_forward
+
+    if plan.engine.value == "deepspeed" and plan.method is Method.LORA and z.reduces_in_backward(plan) \
+            and plan.lora_dropout > 0 and not lora_forward.applies(spec, plan):
+        raise InputError("lora-dropout", "LoRA under DeepSpeed ZeRO-2 / overlap_comm with --lora-dropout > 0 is "
+                         "measured on gated-MLP models with down_proj adapted (`lora_forward`); use --lora-dropout 0, "
+                         "or ZeRO-0/1 without overlap_comm", GAP)

@@ -23,16 +23,16 @@ from llmem.spec import ModelSpec, per_spec
 @per_spec()
 def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The MLP's intermediate-sized gradients at the peak of a layer's backward under LoRA, beyond its saved tensors.
-    Two moments: down_proj's backward (the adapter branch runs first, its lora_A still holding what it saved of the
-    down_proj input, then the base's input gradient joins it: two intermediate-sized gradients), and the backward
-    of `silu(gate) * up` (the incoming gradient, d up and d silu(gate): three, with what down_proj's adapter saved
-    already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
+    Two moments: down_proj's backward (the adapter branch runs first, then the base's input gradient joins it: two
+    intermediate-sized gradients, less what the branch freed: `lora_forward.down_proj_backward_freed_bytes`), and the
+    backward of `silu(gate) * up` (the incoming gradient, d up and d silu(gate): three, with what down_proj's adapter
+    saved already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
     tokens, inter = plan.batch_size * plan.seq_len, spec.intermediate_size // plan.tp
     grad = tokens * inter * plan.precision.compute_bytes
     down = [p for p in layer0_targeted(spec, plan) if _module(p).rsplit(".", 1)[-1] == "down_proj"]
-    saved = sum(s.bytes for s in _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True)) \
-        if down else 0
-    return max(2 * grad, 3 * grad - saved)
+    items = _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True) if down else []
+    from llmem.components.lora_forward import down_proj_backward_freed_bytes as freed
+    return max(2 * grad - freed(plan, items), 3 * grad - sum(s.bytes for s in items))
 
 
 _GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj": "attention",

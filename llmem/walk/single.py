@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, lora_head, quant
+from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, lora_forward, lora_head, quant
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -202,6 +202,10 @@ def head_moments(t: Terms) -> list[Phase]:
         moment("lm_head backward", **on, gradients=t.grads_outer + t.head_transient - fp32_grad,
                temporaries=t.base_casts + t.head_cast + t.head_grad_copy, logits=t.head_bwd + scaled),
     ]
+    down = lora_forward.down_proj_forward_extra_bytes(t.spec, t.plan)
+    if down:  # inside the last layer's down_proj adapter (`lora_forward`)
+        phases.insert(1, moment("forward (last layer), down_proj LoRA", **dict(on, activations=t.forward_acts + down),
+                                temporaries=t.fwd_casts))
     if lora_head.targets_head(t.plan):  # the adapter's out-of-place add: base logits, scaled output, sum
         phases.insert(1, moment("lm_head forward, LoRA add", **on, temporaries=t.fwd_casts + t.head_cast,
                                 logits=lora_head.forward_add_bytes(t.spec, t.plan)))

@@ -49,6 +49,10 @@ ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "engine": "deepspeed", "method":
     "llama-z2-s16-d0-default": {"zero": 2, "seq_len": 16, "lora_dropout": 0.0},
     "mistral-z2-all-s64-d0-ov": {"zero": 2, "seq_len": 64, "ds_reduce_bucket": 4096, "lora_targets": "all-linear",
                                  "lora_dropout": 0.0, "ds_overlap_comm": True},
+    # PEFT's dropout (0.05): the peak inside the last layer's down_proj adapter (`lora_forward`), the MLP moment
+    # with the dropout's saves freed by its backward (docs/notes/2026-11-27-lora-dropout-forward.md)
+    "llama-z2-s256": {"zero": 2, "seq_len": 256, "ds_reduce_bucket": 4096},
+    "llama-z1-ov-s16": {"zero": 1, "seq_len": 16, "ds_reduce_bucket": 4096, "ds_overlap_comm": True},
 }, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=("mistral-z1-all-s64", "llama-z1-ov-s16-d0"))
 
 
@@ -81,3 +85,19 @@ def test_zero2_lora_on_experts_is_a_gap():
         estimate(spec, TrainingPlan(**base, zero=2))
     assert e.value.gap and e.value.field == "engine"
     assert estimate(spec, TrainingPlan(**base, zero=1)).peak_bytes > 0
+
+
+def test_zero2_lora_dropout_is_modelled_where_measured():
+    """With PEFT's dropout, ZeRO-2 LoRA is measured on llama (gated MLP, down_proj adapted: `lora_forward`, the rows
+    llama-z2-s256 / llama-z1-ov-s16 above); a plan whose down_proj is not adapted, or gpt2's MLP, stays a gap."""
+    from llmem.errors import InputError
+    from llmem.estimate import estimate
+
+    base = {"gpus": 2, "engine": "deepspeed", "method": "lora", "precision": "fp32", "zero": 2, "batch_size": 1,
+            "seq_len": 16, "device": "cpu"}
+    llama, gpt2 = ModelSpec.from_config(CONFIGS["llama"]), ModelSpec.from_config(CONFIGS["gpt2"])
+    assert estimate(llama, TrainingPlan(**base)).peak_bytes > 0
+    for spec, extra in ((llama, {"lora_targets": "q_proj,v_proj"}), (gpt2, {})):
+        with pytest.raises(InputError) as e:
+            estimate(spec, TrainingPlan(**base, **extra))
+        assert e.value.gap and e.value.field == "lora-dropout"
