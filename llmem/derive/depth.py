@@ -19,7 +19,8 @@ from __future__ import annotations
 
 # every decoder layer built alike but for the config's per-layer lists; read in each modeling file (transformers
 # 5.23): the layer index only picks cache entries, those lists, or (gpt2's scale_attn_by_inverse_layer_idx) a scalar
-VERIFIED = ("gemma3_text", "gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3")
+VERIFIED = ("gemma3_text", "gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3", "gemma2", "olmo2", "granite",
+            "starcoder2", "stablelm", "phi", "cohere", "smollm3")
 
 
 def per_layer_settings(values: dict, layers: int) -> tuple[list[str], list[tuple]]:

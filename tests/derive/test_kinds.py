@@ -133,7 +133,7 @@ def test_a_prefix_with_every_layer_role_is_traced_instead_of_the_full_depth():
     assert d == 13  # two full-attention layers (shared tensors stay shared), ending in a sliding layer
     assert mapping[:6] == [0, 1, 1, 1, 1, 5] and mapping[11] == mapping[23] == 11 and mapping[25] == 12
     assert plan_depth("gemma3_text", [s] * 5 + [f]) is None  # the one full layer is also the last
-    assert plan_depth("smollm3", gemma_1b) is None  # not verified against full-depth traces
+    assert plan_depth("olmo3", gemma_1b) is None  # not verified against full-depth traces
     fits = {"layer_kinds": [0, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 3, 4], "held_layers": [[0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12],
                                                                                     [5, 11]],
             "outer_layers": [[], [5, 11]]}
