@@ -44,6 +44,8 @@ class Estimate:
     paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
     host_breakdown: dict = field(default_factory=dict)  # Category -> host bytes per rank (--offload), not in peak
     host_pinned_bytes: int = 0
+    expandable_reserved_bytes: int | None = field(default=None, repr=False, compare=False)  # the rules' figure,
+    #                       computed once for the allowance (`_fragmentation_bytes`) and read by the range
 
     @property
     def host_bytes(self) -> int:
@@ -101,9 +103,11 @@ class Estimate:
         requests through the allocator model (`components.request_stream`: 12 full-size rows within −2.6 … +0.1 %
         of `simulate`, docs/notes/2026-11-27-reserved-replay.md), TP and FSDP2 keep the category high-water, which
         misses cross-kind reuse and order effects (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
-        peak = next(p for p in self.phases if p.name == self.peak_phase)
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
-        high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
+        high = self.expandable_reserved_bytes if expandable else None
+        if high is None:
+            peak = next(p for p in self.phases if p.name == self.peak_phase)
+            high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
         if expandable:
             return min(self.reserved_bytes, high), high
         return self.reserved_bytes, max(self.reserved_bytes, high)
@@ -177,6 +181,8 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     # (the table again after a GPU-type change, an option toggled back) is not walked again
     phases = walked(spec, plan, plan_phases)
     peak = max(phases, key=_TOTAL)
+    expandable = reserved.reserved_bytes(spec, plan, phases, peak, True) \
+        if plan.alloc_conf is AllocConf.EXPANDABLE and plan.device is Device.CUDA else None
     return Estimate(
         spec=spec,
         plan=plan,
@@ -184,24 +190,25 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=_fragmentation_bytes(spec, plan, phases, peak),
+        fragmentation_bytes=_fragmentation_bytes(plan, peak, expandable),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=_host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),
+        expandable_reserved_bytes=expandable,
     )
 
 
 _TOTAL = operator.attrgetter("total")
 
 
-def _fragmentation_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak) -> int:
+def _fragmentation_bytes(plan: TrainingPlan, peak, expandable: int | None) -> int:
     """Reserved minus the peak: the flat allowance (`outside.fragmentation_bytes`), except under `--alloc-conf
     expandable-segments` on CUDA, where the caching allocator's rules (`reserved.reserved_bytes`: the peak or the
     build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it — within 2.1 % of `simulate` on 29 full-size
-    rows (docs/notes/2026-11-27-reserved-agreement.md)."""
-    if plan.alloc_conf is not AllocConf.EXPANDABLE or plan.device is not Device.CUDA:
+    rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`: that figure (None: not that setting)."""
+    if expandable is None:
         return outside.fragmentation_bytes(peak.total, plan)
-    return max(0, reserved.reserved_bytes(spec, plan, phases, peak, True) - peak.total)
+    return max(0, expandable - peak.total)
 
 
 def _host_breakdown(spec: ModelSpec, plan: TrainingPlan) -> dict:

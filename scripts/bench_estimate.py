@@ -2,7 +2,9 @@
 every round (its sequence length never asked before), and of a 1–64-GPU `compare`. Any checkout of llmem can be
 timed (`PYTHONPATH=<checkout> python scripts/bench_estimate.py`), so a change is measured before and after on the
 same machine. Prints a markdown table (ms). `--clock cpu` times the process's CPU time (`time.process_time`): on a
-shared, loaded machine the wall clock also counts the time other processes ran."""
+shared, loaded machine the wall clock also counts the time other processes ran. `--first`: the first three
+estimates of the DeepSpeed layouts on a new spec (walked, walked and traced, replayed) and the first LoRA trace of
+an architecture without a table (`first_trace_s`)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,47 @@ def compare_ms(rounds: int) -> float:
     return statistics.median(times) * 1e3
 
 
+FIRST = {"DeepSpeed ZeRO-2": {"gpus": 8, "zero": 2, "engine": "deepspeed"},
+         "DeepSpeed ZeRO-3": {"gpus": 8, "zero": 3, "engine": "deepspeed"}}
+
+
+def first_ms(model: str, fields: dict) -> list[float]:
+    """The first three estimates of a layout on a new spec (three sequence lengths): walked, walked and traced on
+    symbols (`llmem.walk.replay`), replayed."""
+    from llmem.estimate import estimate
+    from llmem.plan import TrainingPlan
+    from llmem.presets import load_preset
+    from llmem.spec import ModelSpec
+
+    spec, out = ModelSpec.from_config(load_preset(model)), []
+    for seq_len in (1024, 1025, 1026):
+        start = clock()
+        estimate(spec, TrainingPlan(**fields, seq_len=seq_len))
+        out.append((clock() - start) * 1e3)
+    return out
+
+
+def first_trace_s() -> float:
+    """The first LoRA estimate of an architecture whose tables are traced (`llmem.derive`; a bare OPT config, 12
+    layers at full size, FSDP2 ZeRO-3 bf16-mixed on 8 GPUs), into an empty disk cache, torch, transformers and PEFT
+    already imported: seconds."""
+    import os
+    import tempfile
+
+    import peft  # noqa: F401 - imported before the clock starts
+    import transformers  # noqa: F401
+
+    from llmem.estimate import estimate
+    from llmem.plan import TrainingPlan
+    from llmem.spec import ModelSpec
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["LLMEM_CACHE_DIR"] = cache
+        start = clock()
+        estimate(ModelSpec.from_config({"model_type": "opt"}), TrainingPlan(method="lora", gpus=8, zero=3))
+        return clock() - start
+
+
 def main() -> None:
     from llmem.presets import load_preset
     from llmem.spec import ModelSpec
@@ -76,9 +119,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--clock", choices=CLOCKS, default="wall")
+    ap.add_argument("--first", action="store_true", help="only the first estimates of a layout and a first trace")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
+    if args.first:  # (the layouts before torch is imported: its objects make the garbage collector's passes long)
+        for name, fields in FIRST.items():
+            for m in args.models.split(","):
+                print(f"{name}, {m}: first, second, third estimate " +
+                      ", ".join(f"{t:.1f}" for t in first_ms(m, fields)) + " ms", flush=True)
+        first_trace_s()  # warm: the imports and the trace's first-call costs (a new disk cache each time)
+        print(f"first LoRA trace (bare opt, FSDP2 bf16-mixed): {first_trace_s():.2f} s")
+        return
     models = args.models.split(",")
     specs = {m: ModelSpec.from_config(load_preset(m)) for m in models}
     print("| plan | " + " | ".join(models) + " |\n|---|" + "---:|" * len(models))

@@ -7,7 +7,7 @@ with `--derived`), on a preset of its family half of the time, then asked at sev
 that the later ones are answered by the compiled record of the layout. Both trees estimate the same list in a
 process of their own (`--emit`); each plan's `Estimate.to_dict()`, every phase's breakdown, or its refusal (field
 and message) must be the same. Prints the count of plans compared, of plans answered by a record, and every
-difference."""
+difference. Each tree traces into a disk cache of its own (`<plans>.<i>.jsonl.cache`; delete it for a cold run)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,10 @@ def emit(path: str) -> None:
 def run(trees: list[str], path: str) -> list[list[str]]:
     """Each tree's lines for the plans of `path`, the trees in processes of their own side by side."""
     outs = [f"{path}.{i}.jsonl" for i in range(len(trees))]
+    # each tree traces with a disk cache of its own (a tree must not read the other's fitted tables)
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--emit", path], cwd=tree,
-                              env=dict(os.environ, PYTHONPATH=tree), stdout=open(out, "w"))
+                              env=dict(os.environ, PYTHONPATH=tree, LLMEM_CACHE_DIR=f"{out}.cache"),
+                              stdout=open(out, "w"))
              for tree, out in zip(trees, outs, strict=True)]
     if any(p.wait() for p in procs):
         raise SystemExit("a tree failed to estimate the plans (its traceback above)")

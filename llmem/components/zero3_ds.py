@@ -48,8 +48,10 @@ def aligned(numel: int, plan: TrainingPlan) -> int:
 
 
 def partition_sum(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Sigma: the rank's partition elements, ceil(n / W) per trainable tensor (`ds_tensor.ds_numel`)."""
-    return sum(aligned(n, plan) // plan.dp for n in z.ordered_numels(spec))
+    """Sigma: the rank's partition elements, ceil(n / W) per trainable tensor (`ds_tensor.ds_numel`). Kept on the
+    spec per data-parallel degree (asked at every moment of the walk)."""
+    return spec.memo(("deepspeed3 partition sum", plan.dp),
+                     lambda: sum(aligned(n, plan) // plan.dp for n in z.ordered_numels(spec)))
 
 
 def persists(numel: int, plan: TrainingPlan) -> bool:
@@ -85,8 +87,11 @@ def bucket_bytes(plan: TrainingPlan) -> int:
 
 
 def persistent_param_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The whole persistent parameters (n x b each), gathered outside `step`."""
-    return sum(n for n in z.ordered_numels(spec) if persists(n, plan)) * z.module_bytes(plan)
+    """The whole persistent parameters (n x b each), gathered outside `step` (their elements kept on the spec per
+    persistence threshold)."""
+    numel = spec.memo(("deepspeed3 persistent numel", plan.ds_persistence_threshold),
+                      lambda: sum(n for n in z.ordered_numels(spec) if persists(n, plan)))
+    return numel * z.module_bytes(plan)
 
 
 def gathered_bytes(spec: ModelSpec, plan: TrainingPlan, indices) -> int:
@@ -107,7 +112,11 @@ def backward_order(spec: ModelSpec) -> list[int]:
     """The tensors (indices of `ordered_numels`) in the order backward makes their gradients and runs their hooks:
     the final norm and an untied lm_head (the lm_head first), each decoder layer from the last, its tensors in the
     reverse of the order its forward uses them (llama registers its norms last but uses them first), then the
-    input embeddings."""
+    input embeddings. Kept on the spec."""
+    return spec.memo(("deepspeed backward order",), lambda: _backward_order(spec))
+
+
+def _backward_order(spec: ModelSpec) -> list[int]:
     outer = spec.outer_params
     first = [i for i, p in enumerate(outer) if z.EMBEDDING.search(p.name)]
     start, layers = len(first), []

@@ -147,14 +147,18 @@ def reduces_in_backward(plan: TrainingPlan) -> bool:
 
 def partition_grad_numel(spec: ModelSpec, plan: TrainingPlan, rank: int) -> int:
     """`copy_grads_in_partition` (:1529): the summed numel of every tensor that touches rank `rank`'s partition
-    (`get_partition_info`, :1840: a tensor across a boundary counts whole)."""
-    s = partition_numel(spec, plan)
-    lo, hi, start, total = rank * s, (rank + 1) * s, 0, 0
+    (`get_partition_info`, :1840: a tensor across a boundary counts whole). Every rank's in one pass over the
+    tensors, kept on the spec per data-parallel degree (asked per rank and per hook)."""
+    return spec.memo(("deepspeed partition grads", plan.dp), lambda: _partition_grad_numels(spec, plan))[rank]
+
+
+def _partition_grad_numels(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
+    s, totals, start = partition_numel(spec, plan), [0] * plan.dp, 0
     for n in ordered_numels(spec):
-        if start < hi and start + n > lo:
-            total += n
+        for r in range(start // s, (start + n - 1) // s + 1) if n else ():  # the partitions [start, start + n) meets
+            totals[r] += n
         start += n
-    return total
+    return tuple(totals)
 
 
 def buckets(spec: ModelSpec, plan: TrainingPlan, reverse: bool) -> list[tuple[int, ...]]:
@@ -192,8 +196,7 @@ def flatten_numel(spec: ModelSpec, plan: TrainingPlan, tensors: tuple[int, ...])
     `allreduce_bucket` (:1695) flattens each group, `_flatten_dense_tensors`, a new tensor for two slices or more
     and a view of a single one (no memory): a bucket inside one partition, or an extra-large tensor's slices each
     above the bucket size, flattens nothing."""
-    numels = ordered_numels(spec)
-    offsets = list(accumulate(numels, initial=0))
+    offsets = spec.memo(("deepspeed offsets",), lambda: tuple(accumulate(ordered_numels(spec), initial=0)))
     s = partition_numel(spec, plan)
     slices: list[list[int]] = []  # [partition, numel]
     for i in tensors:

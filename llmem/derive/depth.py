@@ -8,14 +8,19 @@ A tensor two layers use is shared (`outer`), one only one layer uses is that lay
 two layers or more keeps two. `plan_depth` finds the shortest prefix of the full model with the same roles
 (`role`), ending in the same setting as the full model; it is traced instead of the full depth, and `expand` gives
 each full layer the kind of the prefix layer with its role, each held argument the full layers of those roles.
-Only the model types of `VERIFIED` are traced shallower (their fits compared with full-depth traces); any other
-is traced at full depth, since a per-layer rule the config's lists do not show (e.g. a layer index interval in
-the modeling code) would be missed. Pure Python: no torch.
+Only the model types of `VERIFIED` are traced shallower (their fits compared with full-depth traces to the byte,
+names included: `scripts/check_depth.py`); any other is traced at full depth, since a per-layer rule the config's
+lists do not show (e.g. a layer index interval in the modeling code) would be missed. A traced name that holds a
+prefix layer's module path (a tensor outside the layers first saved by that layer) is given the path of the first
+full layer of its role (`expand`), as the full-depth trace names it. Pure Python: no torch.
 """
 
 from __future__ import annotations
 
-VERIFIED = ("gemma3_text",)
+# every decoder layer built alike but for the config's per-layer lists; read in each modeling file (transformers
+# 5.23): the layer index only picks cache entries, those lists, or (gpt2's scale_attn_by_inverse_layer_idx) a scalar
+VERIFIED = ("gemma3_text", "gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3", "gemma2", "olmo2", "granite",
+            "starcoder2", "stablelm", "phi", "cohere", "smollm3")
 
 
 def per_layer_settings(values: dict, layers: int) -> tuple[list[str], list[tuple]]:
@@ -45,11 +50,54 @@ def plan_depth(model_type: str, settings: list[tuple]) -> tuple[int, list[int]] 
     return None
 
 
-def expand(fits: dict, mapping: list[int]) -> dict:
+def expand(fits: dict, mapping: list[int], paths: list[str] = ()) -> dict:
     """The prefix's fits for the full depth: each layer of the kind of its prefix layer, each held argument
-    taken (each shared tensor saved) by the full layers whose prefix layers took (saved) it."""
+    taken (each shared tensor saved) by the full layers whose prefix layers took (saved) it. `paths`: the prefix
+    layers' module paths (`model.layers.2`), to name what the full-depth trace names after a full layer: each full
+    layer gets its prefix layer's table with the path renamed to its own, grouped into kinds as
+    `llmem.derive.kinds.group` does (a name holding the layer's own path, e.g. `model.decoder.layers.3: native_dropout`,
+    makes a kind of its own there); a tensor outside the layers is named after the first full layer of the role of
+    the prefix layer that first saved it; `checkpointed backward` is then per prefix layer, given to each kind."""
     def full(per_entry: list[list[int]]) -> list[list[int]]:
         return [[i for i, m in enumerate(mapping) if m in set(layers)] for layers in per_entry]
 
-    return fits | {"layer_kinds": [fits["layer_kinds"][m] for m in mapping], "held_layers": full(fits["held_layers"]),
-                   "outer_layers": full(fits["outer_layers"])}
+    out = fits | {"layer_kinds": [fits["layer_kinds"][m] for m in mapping], "held_layers": full(fits["held_layers"]),
+                  "outer_layers": full(fits["outer_layers"])}
+    if not paths:
+        return out
+    from llmem.derive.kinds import table_key
+
+    first = {m: i for i, m in reversed(list(enumerate(mapping)))}
+    outer = {p: _path(p, first[k]) for k, p in enumerate(paths) if k in first}
+    out |= {place: _renamed(fits[place], outer) for place in ("outer", "final", "head", "held")}
+    tables, index, layer_kinds, firsts = [], {}, [], []
+    for i, m in enumerate(mapping):
+        table = _renamed(fits["kinds"][fits["layer_kinds"][m]], {paths[m]: _path(paths[m], i)})
+        key = table_key(table)
+        if key not in index:
+            index[key] = len(tables)
+            tables.append(table)
+            firsts.append(m)
+        layer_kinds.append(index[key])
+    out |= {"kinds": tables, "layer_kinds": layer_kinds}
+    if "checkpointed backward" in fits:
+        out["checkpointed backward"] = [fits["checkpointed backward"][m] for m in firsts]
+    return out
+
+
+def _path(path: str, layer: int) -> str:
+    """A prefix layer's module path with the full layer's index: `model.layers.2`, 11 -> `model.layers.11`."""
+    return path[:path.rindex(".") + 1] + str(layer) if "." in path else path
+
+
+def _renamed(value, paths: dict[str, str]):
+    """`value` (fits: dicts, lists, (name, coefficients) pairs) with each name under a path of `paths` renamed."""
+    if isinstance(value, dict):
+        return {k: _renamed(v, paths) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(v, paths) for v in value)
+    if isinstance(value, str):
+        for old, new in paths.items():
+            if value.startswith((old + ".", old + ":")) or f" {old}." in value or f" {old}:" in value:
+                return value.replace(old + ".", new + ".").replace(old + ":", new + ":")
+    return value

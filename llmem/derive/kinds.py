@@ -66,7 +66,7 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
             "inflight": [(n, list(c)) for n, c in peak_candidates(inflight)]}
 
 
-def _table_key(table: dict) -> tuple:
+def table_key(table: dict) -> tuple:
     return (tuple((saver(n), tuple(c)) for n, c in table["layer"]),
             *(tuple(sorted(tuple(c) for _, c in table[w])) for w in ("backward", "forward", "accumulating")))
 
@@ -82,7 +82,7 @@ def group(traces: list, checks: list, kind: str, offset: int) -> tuple[list[dict
         raw = _raw_key(traces + checks, i)
         if raw not in fitted:
             fitted[raw] = _fit_layer(traces, checks, i, kind, offset)
-        key = _table_key(fitted[raw])
+        key = table_key(fitted[raw])
         if key not in index:
             index[key] = len(kinds)
             kinds.append(fitted[raw])

@@ -128,13 +128,15 @@ class Derived:
             built = self._build(config, dtype, attn, lora, tp=tp)
             experts.check_grouped(built[1], self.model_type)
             fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda")
+            paths = [] if mapping is None else _layer_paths(built)
         if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
             from llmem.derive.lora import checkpointed_windows
 
             built = self._build(config, dtype, attn, lora, checkpointed=True)
             traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
-            fits["checkpointed backward"] = checkpointed_windows(traced, fits["layer_kinds"], kind, offset)
-        return fits if mapping is None else depth.expand(fits, mapping)
+            per = fits["layer_kinds"] if mapping is None else list(range(len(built[2])))  # prefix: per layer
+            fits["checkpointed backward"] = checkpointed_windows(traced, per, kind, offset)
+        return fits if mapping is None else depth.expand(fits, mapping, paths)
 
     def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False, tp: int = 1):
         from llmem.derive.trace import build
@@ -309,6 +311,12 @@ class Derived:
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
         rng = CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
         return max(s.bytes for s in forward) - saved + rng
+
+
+def _layer_paths(built) -> list[str]:
+    """The module path of each decoder layer of a model from `trace.build` (its names in the traced tables)."""
+    names = {m: n for n, m in built[1].named_modules()}
+    return [names.get(layer, "") for layer in built[2]]
 
 
 _HALF_STATISTICS = ("native_layer_norm[1] torch.bfloat16", "native_layer_norm[2] torch.bfloat16",

@@ -75,8 +75,9 @@ class _Table:
 
 
 def table(spec, plan: TrainingPlan) -> _Table:
-    """`_Table` for (spec, plan), kept on the spec (a `ds_lora` view keeps its own)."""
-    return spec.memo(("deepspeed hooks", plan), lambda: _Table(spec, plan), per_plan=True)
+    """`_Table` for (spec, plan), kept on the spec (a `ds_lora` view keeps its own) per layout: it reads no
+    micro-batch or sequence length, so a layout's symbolic walk (`walk.replay`) finds its concrete walk's."""
+    return spec.memo(("deepspeed hooks", plan.layout_key), lambda: _Table(spec, plan), per_plan=True)
 
 
 def hook_buckets(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[int, ...]]:
@@ -182,9 +183,12 @@ def _layer_moments(spec: ModelSpec, moments: dict[str, Phase], layer: int, cache
     """(the MLP moment, the weight-gradient moment or None) of the evaluated layer at or after `layer` (a later
     layer holds more), found once per layer (`cache`)."""
     if layer not in cache:
-        evaluated = sorted({k for nm in moments if (k := moment_layer(nm, spec.num_layers)) is not None})
+        if "layers" not in cache:  # each moment's layer, once per walk
+            cache["layers"] = {nm: moment_layer(nm, spec.num_layers) for nm in moments}
+        layers = cache["layers"]
+        evaluated = sorted({k for k in layers.values() if k is not None})
         at = next((k for k in evaluated if k >= layer), evaluated[-1])
-        mine = {nm: ph for nm, ph in moments.items() if moment_layer(nm, spec.num_layers) == at}
+        mine = {nm: ph for nm, ph in moments.items() if layers[nm] == at}
         cache[layer] = (next(ph for nm, ph in mine.items() if MLP_MOMENT.fullmatch(nm)),
                         next((ph for nm, ph in mine.items() if nm.endswith(", MLP weight gradient)")), None))
     return cache[layer]
@@ -200,20 +204,25 @@ def hook_state(spec: ModelSpec, plan: TrainingPlan, moments: dict[str, Phase], p
     t = table(spec, plan)
     order, numels, names = t.order, t.numels, t.names
     layer = t.keys[order[pos]]
-    mlp, made = _layer_moments(spec, moments, layer, {} if cache is None else cache)
+    cache = {} if cache is None else cache
+    mlp, made = _layer_moments(spec, moments, layer, cache)
     _, first, _ = layer_positions(spec, plan, layer)
     first_name = names[order[first]]
     bias = pos < first and names[order[pos]] == first_name[: -len("weight")] + "bias"
     if made is None or pos < first and not bias:
         return dict(mlp.breakdown)
-    cplan, b = compute_plan(plan), z.module_bytes(plan)
+    if "terms" not in cache:  # the compute plan's terms, once per walk
+        cplan = compute_plan(plan)
+        cache["terms"] = (wgrad.cast_released_bytes(spec, cplan), wgrad.output_gradient_bytes(spec, cplan),
+                          wgrad.terms(spec, cplan))
+    released, output_gradient, (_, inter, residual) = cache["terms"]
+    b = z.module_bytes(plan)
     state = dict(made.breakdown)
-    state[Category.ACTIVATIONS] -= wgrad.cast_released_bytes(spec, cplan)
-    state[Category.GRADIENTS] -= wgrad.output_gradient_bytes(spec, cplan)
+    state[Category.ACTIVATIONS] -= released
+    state[Category.GRADIENTS] -= output_gradient
     if bias:  # the Linear's bias gradient, made with its weight's: both in flight
         state[Category.GRADIENTS] += numels[order[pos]] * b
     elif pos > first:
-        _, inter, residual = wgrad.terms(spec, cplan)
         state[Category.GRADIENTS] += residual - 2 * inter + max(numels[order[pos]] - numels[order[first]], 0) * b
     return state
 

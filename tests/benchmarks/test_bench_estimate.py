@@ -84,3 +84,14 @@ def test_parse_config(benchmark):
     config = load_preset("llama-3.1-405b")
     spec = benchmark(ModelSpec.from_config, config)
     assert spec.total_params > 4e11
+
+
+@pytest.mark.heavy
+def test_first_lora_estimate_of_an_architecture_traced_at_full_size(benchmark, tmp_path, monkeypatch):
+    """The first LoRA estimate of a bare OPT config (12 layers at full size; no LoRA table: traced from the PEFT
+    model, `llmem.derive`) under FSDP2 bf16-mixed, into an empty disk cache: a 3-layer prefix is traced
+    (`llmem.derive.depth`), not the 12 layers. One round (the next would read the cache)."""
+    monkeypatch.setenv("LLMEM_CACHE_DIR", str(tmp_path))
+    est = benchmark.pedantic(lambda: estimate(ModelSpec.from_config({"model_type": "opt"}),
+                                              TrainingPlan(method="lora", gpus=8, zero=3)), rounds=1, iterations=1)
+    assert est.peak_bytes > 0

@@ -133,10 +133,36 @@ def test_a_prefix_with_every_layer_role_is_traced_instead_of_the_full_depth():
     assert d == 13  # two full-attention layers (shared tensors stay shared), ending in a sliding layer
     assert mapping[:6] == [0, 1, 1, 1, 1, 5] and mapping[11] == mapping[23] == 11 and mapping[25] == 12
     assert plan_depth("gemma3_text", [s] * 5 + [f]) is None  # the one full layer is also the last
-    assert plan_depth("smollm3", gemma_1b) is None  # not verified against full-depth traces
+    assert plan_depth("olmo3", gemma_1b) is None  # not verified against full-depth traces
     fits = {"layer_kinds": [0, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 3, 4], "held_layers": [[0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12],
                                                                                     [5, 11]],
             "outer_layers": [[], [5, 11]]}
     full = expand(fits, mapping)
     assert full["layer_kinds"][23] == 3 and full["layer_kinds"][5] == 2 and full["layer_kinds"][25] == 4
     assert full["held_layers"][1] == full["outer_layers"][1] == [5, 11, 17, 23] and full["outer_layers"][0] == []
+
+
+def test_a_prefix_table_naming_its_own_layer_expands_to_one_kind_per_full_layer_as_the_full_trace_groups_it():
+    """A name holding the decoder layer's own path (OPT's `model.decoder.layers.1: native_dropout[1]`: the index is
+    not one `kinds.saver` replaces) makes every full layer a kind of its own in a full-depth trace; the prefix's
+    tables expand to the same kinds, names and per-kind checkpointed windows (`scripts/check_depth.py` compares
+    the two traces to the byte)."""
+    from llmem.derive.depth import expand
+
+    def kind(path: str, c: int) -> dict:
+        return {"layer": [(f"{path}: native_dropout[1] torch.bool", [0, 0, c, 0, 0, 0])],
+                "backward": [("event 1", [0, 0, c, 0, 0, 0])], "forward": [], "accumulating": []}
+
+    paths = ["model.decoder.layers.0", "model.decoder.layers.1", "model.decoder.layers.2"]
+    fits = {"kinds": [kind(p, 64) for p in paths], "layer_kinds": [0, 1, 2], "held_layers": [[0, 1, 2]],
+            "outer_layers": [[2]], "outer": [("model.decoder.layers.2.fc1: mm torch.float32", [0] * 6)],
+            "final": [], "head": [], "held": [("layer argument (2-d torch.int64)", [0] * 6)],
+            "checkpointed backward": [["w0"], ["w1"], ["w2"]]}
+    full = expand(fits, [0, 1, 1, 1, 2], paths)
+    assert full["layer_kinds"] == [0, 1, 2, 3, 4]
+    assert [k["layer"][0][0].split(":")[0] for k in full["kinds"]] == [f"model.decoder.layers.{i}" for i in range(5)]
+    assert full["checkpointed backward"] == [["w0"], ["w1"], ["w1"], ["w1"], ["w2"]]
+    assert full["outer"][0][0].startswith("model.decoder.layers.4.fc1:")  # first saved by the last layer
+    assert full["held_layers"] == [[0, 1, 2, 3, 4]] and full["outer_layers"] == [[4]]
+    fits["kinds"] = [kind("model.decoder.layers.N", 64)] * 3  # no layer path in the names: one kind
+    assert expand(fits, [0, 1, 1, 1, 2], paths)["layer_kinds"] == [0, 0, 0, 0, 0]
