@@ -172,7 +172,7 @@ TWO_ALL = TwoRankRows(_BASE, {n: ROWS[n] for n in ROWS if n not in SAMPLE}, TWO.
 def test_traced_lora_two_ranks(name):
     rows = TWO if name in SAMPLE else TWO_ALL
     est = estimate(ModelSpec.from_config(rows.config_of(name)), rows.plan(name))
-    res = rows.measured()[name]
+    res = rows.measured(name)[name]
     assert "error" not in res, res.get("error")
     error = (est.peak_bytes - res["peak_bytes"]) / res["peak_bytes"]
     print(f"{name}: estimate {est.peak_bytes:,} measured {res['peak_bytes']:,} ({error:+.3%}, {est.peak_phase})")
