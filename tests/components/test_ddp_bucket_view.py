@@ -71,6 +71,6 @@ SWEEP = {
 }
 
 
-@pytest.mark.parametrize("model", SWEEP)
+@pytest.mark.parametrize("model", ["opt", pytest.param("qwen2", marks=pytest.mark.heavy)])  # 4 ranks: -m heavy
 def test_rebuild_and_accumulated_tied_end_of_sweep_plans(model):
     SWEEP[model].check(model, tolerance=0.01)

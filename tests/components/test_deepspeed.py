@@ -74,8 +74,9 @@ HEAVY = {  # a second launch (-m heavy): the other stage x precision pairs, a de
                                       "seq_len": 64, "ds_overlap_comm": True},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed"}
+# The suite's cover (tests/accuracy) measures this scheme by default; these rows under -m heavy.
 ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-", 1)[0]],
-                  sampled=list(CASES)[:1])  # the suite measures the DeepSpeed rows by default
+                  sampled=())  # the suite measures the DeepSpeed rows by default
 
 
 @pytest.mark.parametrize("name", ROWS.params())  # HEAVY's rows with -m heavy

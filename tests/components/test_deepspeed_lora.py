@@ -23,6 +23,7 @@ from tests.components.test_deepspeed import CONFIGS
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                 reason="deepspeed is not installed (scripts/setup.sh installs it)")
 
+# The suite's cover (tests/accuracy) measures this scheme by default; these rows under -m heavy.
 ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "engine": "deepspeed", "method": "lora", "precision": "fp32"}, {
     "mistral-z1-all-s64": {"zero": 1, "seq_len": 64, "ds_reduce_bucket": 4096, "lora_targets": "all-linear"},
     "llama-z1-s256": {"zero": 1, "seq_len": 256, "ds_reduce_bucket": 4096},
@@ -53,7 +54,7 @@ ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "engine": "deepspeed", "method":
     # with the dropout's saves freed by its backward (docs/notes/2026-11-27-lora-dropout-forward.md)
     "llama-z2-s256": {"zero": 2, "seq_len": 256, "ds_reduce_bucket": 4096},
     "llama-z1-ov-s16": {"zero": 1, "seq_len": 16, "ds_reduce_bucket": 4096, "ds_overlap_comm": True},
-}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=("mistral-z1-all-s64", "llama-z1-ov-s16-d0"))
+}, lambda name: CONFIGS[name.split("-", 1)[0]], sampled=())
 
 
 @pytest.mark.parametrize("name", ROWS.params())

@@ -41,8 +41,9 @@ HEAVY = {  # -m heavy: overlap in fp32, DeepSpeed's default 5e8 bucket, longer s
     "mistral-z3-bf16-auto-seq64": {"precision": "bf16-mixed", **AUTO, "seq_len": 64},
 }
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "deepspeed", "zero": 3}
+# The suite's cover (tests/accuracy) measures this scheme by default; these rows under -m heavy.
 ROWS = TwoRankRows(BASE, {**CASES, **HEAVY}, lambda name: CONFIGS[name.split("-", 1)[0]],
-                  sampled=list(CASES)[:1])  # the suite measures the DeepSpeed rows by default
+                  sampled=())  # the suite measures the DeepSpeed rows by default
 
 
 @pytest.mark.parametrize("name", ROWS.params())  # HEAVY's rows with -m heavy

@@ -47,7 +47,8 @@ def _config(name: str) -> dict:
     return LLAMA3 if name.startswith("llama3") else LLAMA
 
 
-ROWS = TwoRankRows(BASE, {**DEFAULT, **HEAVY}, _config, sampled=list(DEFAULT)[:1])
+# The suite's cover (tests/accuracy) measures this scheme by default; these rows under -m heavy.
+ROWS = TwoRankRows(BASE, {**DEFAULT, **HEAVY}, _config, sampled=())
 
 
 @pytest.mark.parametrize("name", ROWS.params())  # HEAVY's grid with -m heavy

@@ -131,6 +131,7 @@ MULTI_ROWS = {
 _MULTI: dict = {}
 
 
+@pytest.mark.heavy  # the suite's cover measures modules_to_save under DDP by default (d2-llama-lora-mts-both-ddp)
 @pytest.mark.parametrize("name", list(MULTI_ROWS))
 def test_two_ranks(name):
     """DDP buckets the copies' gradients with the adapters'; ZeRO-1 partitions copies and adapters by size."""

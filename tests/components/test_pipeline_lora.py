@@ -26,7 +26,8 @@ ROWS = {  # the default suite measures one (one launch); the rest -m heavy
     "interleaved-fp32": dict(pp_schedule="interleaved-1f1b", precision="fp32"),
     "interleaved-bf16-mixed": dict(pp_schedule="interleaved-1f1b", precision="bf16-mixed"),
 }
-RUNS = TwoRankRows(LORA, ROWS, lambda _name: dict(CONFIG), sampled=["1f1b-bf16-mixed"])
+# The suite's cover (tests/accuracy) measures this scheme by default; these rows under -m heavy.
+RUNS = TwoRankRows(LORA, ROWS, lambda _name: dict(CONFIG), sampled=())
 
 
 @pytest.mark.parametrize("name", RUNS.params())

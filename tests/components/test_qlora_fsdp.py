@@ -112,6 +112,7 @@ def _fsdp_worker(out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.heavy  # a launch of its own; the suite's cover measures QLoRA under FSDP2 by default
 def test_fully_shard_layout(tmp_path):
     pytest.importorskip("bitsandbytes")
     from llmem.components.parameters import parameter_bytes
