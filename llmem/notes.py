@@ -57,12 +57,15 @@ def reserved_order_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
     build left (`reserved.oversize_bytes` > 0): the reserved high end (a category sum) cannot see the order effects
     that make the caching allocator cut that segment again in iteration 2 and give the fp32 log-softmax tensors
     segments of their own — `simulate`'s replay reads 10–14 % above it on llama-3.1-8b ZeRO-3 and TP × FSDP2
-    (docs/notes/2026-11-27-reserved-agreement.md); with expandable segments the rules agree within 2.1 %."""
-    from llmem.components import reserved
+    (docs/notes/2026-11-27-reserved-agreement.md); with expandable segments the rules agree within 2.1 %. Not
+    where the high end replays the program's own requests (`request_stream.replays`: within 0.4 % of simulate on
+    the 13 FSDP2 rows, docs/notes/2026-11-27-fsdp2-request-stream.md)."""
+    from llmem.components import request_stream, reserved
     from llmem.plan import AllocConf, Device
 
     if (plan.scheme not in FSDP_SCHEMES or plan.engine is not Engine.TORCH or plan.device is not Device.CUDA
-            or plan.alloc_conf is not AllocConf.DEFAULT or not reserved.oversize_bytes(spec, plan)):
+            or plan.alloc_conf is not AllocConf.DEFAULT or not reserved.oversize_bytes(spec, plan)
+            or request_stream.replays(spec, plan)):
         return None
     return ("Reserved memory under FSDP2 with default allocator segments: the high end can read low here (the "
             "root's reduce-scatter input is larger than any cached segment, and the order of later requests can "

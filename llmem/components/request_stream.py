@@ -28,11 +28,13 @@ sizes it in the walk:
             the plain one): in iteration 1 `_init_group`'s `exp_avg`, `exp_avg_sq` per tensor (`zeros_like`), then
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
+FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
+`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md).
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
-`simulate`'s (every aten allocation of the real runtime through the same model) on the 12 full-size one-GPU, DDP
-and ZeRO-1 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed logits
-block stays whole (qwen2.5-1.5b: −6.9 %, the other TP rows −2.4 … +0.5 %), so TP is not replayed (`REPLAYED`);
+`simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
+ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
+logits block stays whole (qwen2.5-1.5b: −6.9 %, the other TP rows −2.4 … +0.5 %), so TP is not replayed (`REPLAYED`);
 plans outside it keep the category rules (`reserved.reserved_bytes`).
 """
 
@@ -42,12 +44,14 @@ import math
 
 from llmem.allocator import CachingAllocator
 from llmem.allocator_replay import peak_reserved
-from llmem.choices import Attention, Float8
+from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
+from llmem.components import communication as comm
+from llmem.components import request_stream_fsdp as fsdp
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
-from llmem.components.sharding import local_numel
+from llmem.components.sharding import FSDP_SCHEMES, local_numel, tp_local_shape
 from llmem.components.trained import model_order
 from llmem.plan import (
     Device,
@@ -66,7 +70,7 @@ from llmem.spec import ModelSpec, TpSplit
 
 FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
-SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP)
+SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 PRECISIONS = (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
 
 
@@ -111,22 +115,30 @@ def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False
 
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the layer structure the forward and backward write out
-REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1)  # schemes whose replay meets simulate's within 3 % on every row
+# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md)
+REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, *FSDP_SCHEMES)
 
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
-    DDP, ZeRO-1 or TP on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager
-    attention's fp32 softmax temporaries are not written out), no checkpointing, accumulation, offload or float8,
+    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards) on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed
+    adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not written out), no
+    checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8,
     foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
-            and plan.method is Method.FULL and plan.grad_ckpt is GradCkpt.NONE and plan.grad_accum == 1
+            and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
             and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
             and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
             and not plan.optimizer_in_backward and not plan.keep_grads
             and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
-            and not plan.ddp_bucket_view and plan.pp == 1 and plan.cp == 1 and not spec.is_moe
+            and not plan.ddp_bucket_view and plan.fsdp_shard is FsdpShard.DIM0 and plan.pp == 1 and plan.cp == 1
+            and not spec.is_moe
             and spec.derived is None and spec.model_type in MODEL_TYPES)
+
+
+def _checkpointing(plan: TrainingPlan) -> bool:
+    """None; under FSDP2 also full (every `ckpt_every`-th layer recomputed in its backward)."""
+    return plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
 
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -167,9 +179,13 @@ class _PlanSizes:
 
     def __init__(self, spec: ModelSpec, plan: TrainingPlan) -> None:
         half, l32, tokens = _sizes(spec, plan)
-        self.residual = tokens * spec.hidden_size * plan.precision.param_bytes
+        # the embedding's output: the weight's dtype (FSDP2 gathers it in param_dtype; autocast leaves it fp32)
+        weight = comm.gather_bytes(plan) if plan.scheme in FSDP_SCHEMES else plan.precision.param_bytes
+        self.residual = tokens * spec.hidden_size * weight
         self.pow = tokens * spec.hidden_size * 4
-        self.table = [s.bytes for s in layer_saved(spec, plan)]
+        # FSDP2 runs no autocast (its MixedPrecisionPolicy gathers half weights): no input casts are made
+        casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES
+        self.table = [s.bytes for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
@@ -199,7 +215,9 @@ def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Request
     if spec.tie_word_embeddings:
         req.free(req.alloc(max(p.numel for p in spec.outer_params) * nbytes))
     if plan.tp > 1:
-        _distribute(req, plan, params, built)
+        built = _distribute(req, plan, params, built)
+    if plan.scheme in FSDP_SCHEMES:
+        return _fsdp_program(req, spec, plan, sizes, params, built)
     ddp = plan.scheme in (Scheme.DDP, Scheme.ZERO1)
     buckets = [req.alloc(sum(local_numel(p, plan) for p in params) * nbytes)] if ddp else []
     for iteration in (1, 2):
@@ -216,17 +234,37 @@ def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Request
     return req
 
 
-def _distribute(req: Requests, plan: TrainingPlan, params: list, built: list[int]) -> None:
+def _distribute(req: Requests, plan: TrainingPlan, params: list, built: list[int]) -> list[int]:
     """TP's `parallelize_module`: each split parameter's local shard allocated (`distribute_tensor`: a row-wise
-    weight's shard after two transposed copies of it, freed), then the full tensor freed."""
+    weight's shard after two transposed copies of it, freed), then the full tensor freed; returns each parameter's
+    key after it (its shard's, or its own)."""
     nbytes = plan.precision.param_bytes
+    keys = []
     for p, key in zip(params, built, strict=True):
         if p.tp_split is TpSplit.NONE:
+            keys.append(key)
             continue
-        shard = local_numel(p, plan) * nbytes
+        shard = math.prod(tp_local_shape(p, plan.tp)) * nbytes
         copies = [req.alloc(shard), req.alloc(shard)] if p.tp_split is TpSplit.ROWWISE and len(p.shape) >= 2 else []
-        req.alloc(shard)
+        keys.append(req.alloc(shard))
         req.free(*reversed(copies), key)
+    return keys
+
+
+def _fsdp_program(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes, params: list,
+                  built: list[int]) -> Requests:
+    """FSDP2's wrap and two iterations (`request_stream_fsdp`)."""
+    fsdp.wrap(req, spec, plan, params, built)
+    layers, root, _ = fsdp.groups(spec, plan, params)
+    for iteration in (1, 2):
+        req.mark(f"forward {iteration}")
+        state = fsdp.forward(req, spec, plan, sizes, layers, root)
+        req.mark(f"loss {iteration}")
+        held = fsdp.backward(req, spec, plan, sizes, state, layers, root)
+        req.mark(f"optimizer {iteration}")
+        _step(req, spec, plan, iteration == 1)
+        req.free(*held)
+    return req
 
 
 def rebuilt_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:

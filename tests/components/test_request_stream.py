@@ -135,6 +135,8 @@ def test_replay_against_simulate(plan):
                                                                      "precision": "bf16-mixed"}),
     ({"gpus": 4, "zero": 1, "batch_size": 2, "seq_len": 64, "precision": "fp32"},
      {"gpus": 4, "zero": 1, "batch_size": 1, "seq_len": 4096, "precision": "fp32"}),
+    ({"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 1, "seq_len": 256, "precision": "bf16-mixed"},
+     {"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 2, "seq_len": 1000, "precision": "bf16-mixed"}),
 ])
 def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, second):
     """The replay writes the stream once per layout (`_Skeleton`, from the first plan asked) and fills in each plan's

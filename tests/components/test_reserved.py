@@ -76,10 +76,10 @@ def test_fsdp2_side_streams_and_oversize_request():
 
 @pytest.mark.parametrize("plan", [pytest.param({}, marks=pytest.mark.heavy), {"gpus": 8, "zero": 3}])
 def test_reserved_against_simulate_at_full_size(plan):
-    """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: one GPU replays the
-    program's own requests (`request_stream`, within 3 %: to the byte here); under ZeRO-3 the category high-water
-    bounds the replay from above (cross-category reuse of freed blocks is not modelled; see
-    docs/notes/2026-11-26-reserved-model.md for the table and the cases where it falls below), within 12%."""
+    """qwen2.5-0.5b, 1 × 1024, bf16-mixed. expandable_segments: within 2%. Default segments: one GPU and ZeRO-3
+    replay the program's own requests, each on its stream (`request_stream`, `request_stream_fsdp`), within 3 %;
+    a plan the stream does not write out keeps the category high-water, which bounds the replay from above within
+    12 % (docs/notes/2026-11-26-reserved-model.md)."""
     config = load_preset("qwen2.5-0.5b")
     p = TrainingPlan(batch_size=1, seq_len=1024, precision="bf16-mixed", **plan)
     sim = simulate(config, p)
