@@ -3,10 +3,10 @@ see (the point estimate does not use it; its `compare` asks no row for its high 
 
     PYTHONPATH=<checkout> .venv/bin/python scripts/bench_replay.py [--rounds 7]
 
-Prints, per model and scheme (1 GPU, DDP 8, ZeRO-1 8; 1 × 2048, bf16-mixed), the median CPU time of the replay of
-a plan not asked before (its sequence new, the model's tables warm), and then of a first 1–64-GPU `compare` on an
-H100 80GB with every row's figures (`Row.to_dict`: the verdict and the high end, as the CLI and the app show them),
-in a fresh spec, and how many replays that ran.
+Prints, per model and scheme (1 GPU, DDP 8, ZeRO-1/2/3 8, TP 2 × FSDP2 8; 1 × 2048, bf16-mixed), the median CPU
+time of the replay of a plan not asked before (its sequence new, the model's tables warm), and then of a first
+1–64-GPU `compare` on an H100 80GB with every row's figures (`Row.to_dict`: the verdict and the high end, as the
+CLI and the app show them), in a fresh spec, and how many replays that ran.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import statistics
 import time
 
 MODELS = ("llama-3.1-8b", "llama-3.3-70b-instruct")
-SCHEMES = {"1 GPU": {}, "DDP": {"gpus": 8}, "ZeRO-1": {"gpus": 8, "zero": 1}}
+SCHEMES = {"1 GPU": {}, "DDP": {"gpus": 8}, "ZeRO-1": {"gpus": 8, "zero": 1}, "ZeRO-2": {"gpus": 8, "zero": 2},
+           "ZeRO-3": {"gpus": 8, "zero": 3}, "TP × FSDP2": {"gpus": 8, "tp": 2, "zero": 3}}
 
 
 def replay_ms(spec, fields: dict, rounds: int) -> float:

@@ -66,8 +66,16 @@ class _Group:
 
 
 def groups(spec: ModelSpec, plan: TrainingPlan, order: list) -> tuple[list[_Group], _Group, list]:
-    """The layers' groups, the root's, and the root's parameters (registration order)."""
-    layers = [_Group(spec.layer_params(i), plan, False, spec) for i in range(spec.num_layers)]
+    """The layers' groups (one per distinct layer shape), the root's, and the root's parameters (registration
+    order)."""
+    by_shape: dict = {}
+    layers = []
+    for i in range(spec.num_layers):
+        params = spec.layer_params(i)
+        key = tuple((p.shape, p.tp_split) for p in params)
+        if key not in by_shape:
+            by_shape[key] = _Group(params, plan, False, spec)
+        layers.append(by_shape[key])
     root_params = [p for p in order if p.layer is None]
     return layers, _Group(root_params, plan, True, spec), root_params
 
@@ -142,13 +150,14 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: lis
     g_in = req.alloc(sizes.g_in)
     req.free(g_half, g_in)
     held, rs_in = [logits], 0
+    recomputed = [plan.checkpointed(i) for i in range(spec.num_layers)]
     for i in reversed(range(spec.num_layers)):
         g = layers[i]
         if zero3:
             unsharded[i] = _copy_out(req, g)
             req.free(out)
             out = _all_gather(req, layers[i - 1]) if i else 0
-        if plan.checkpointed(i):  # the recompute, after the unshard: the layer's saved tensors
+        if recomputed[i]:  # the recompute, after the unshard: the layer's saved tensors
             req.free(req.alloc(sizes.pow))
             kept[i] += [req.alloc(n) for n in sizes.table]
         grads = [req.alloc(n) for n in reversed(g.grads)]
