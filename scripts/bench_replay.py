@@ -1,5 +1,6 @@
 """CPU time of the reserved replay (`request_stream.replayed_reserved_bytes`), which `bench_estimate.py` does not
-see (the point estimate does not use it; its `compare` asks no row for its high end). Any checkout can be timed:
+sees only in part (the point estimate does not use it; its `compare` asks the high end only of the rows that fit
+at the low end, for the recommendation). Any checkout can be timed:
 
     PYTHONPATH=<checkout> .venv/bin/python scripts/bench_replay.py [--rounds 7]
 
