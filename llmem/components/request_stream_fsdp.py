@@ -1,17 +1,20 @@
 """FSDP2's program (`fully_shard` per decoder layer, then on the model: ZeRO-2, ZeRO-3, TP × FSDP2) as the request
 stream `request_stream` replays through the caching-allocator model, each request on the stream FSDP2 allocates
 it on. The allocator keeps a pool per stream: a freed block serves only requests of the stream that allocated it
-(c10/cuda/CUDACachingAllocator.cpp at torch 2.13, `BlockPool` keyed by (stream, size, address) in
+(c10/cuda/CUDACachingAllocator.cpp at torch 2.13, its header: "Once freed, blocks can be re-allocated on the same
+stream, but not on any other stream"; `Block::stream`, the allocation stream; `BlockPool` keyed by (stream, size,
+address) in
 `BlockComparatorSize`; `get_free_block` searches `BlockPoolKey(stream, size)` of the request's own stream; `free_block`
 returns a block to the pool of `block->stream`), so FSDP2's side-stream buffers never reuse the default stream's
 blocks nor the other way round (docs/notes/2026-11-27-fsdp2-request-stream.md).
 
 Streams (torch/distributed/fsdp/_fully_shard at 2.13): 0 the default; 1 `all_gather_copy_in_stream`
-(`_fsdp_collectives.foreach_all_gather`: the mixed-precision input copy and the all-gather output are allocated
-under `device_handle.stream(all_gather_copy_in_stream)`); 2 `reduce_scatter_stream` (`foreach_reduce`: the
-reduce-scatter output, of which the sharded gradients are views, alive until `zero_grad`). The reduce-scatter input
-(`torch.empty` before the stream switch) and the unsharded parameters (`FSDPParam.init_unsharded_param`,
-`alloc_storage` in `wait_for_unshard`'s copy-out) are on the default stream.
+(_fsdp_collectives.py:336, `foreach_all_gather`: the mixed-precision input copy and the all-gather output are
+allocated under `device_handle.stream(all_gather_copy_in_stream)`); 2 `reduce_scatter_stream` (`foreach_reduce`:
+the reduce-scatter output, _fsdp_collectives.py:611-612, of which the sharded gradients are views, alive until
+`zero_grad`). The reduce-scatter input (_fsdp_collectives.py:597, before the stream switch) and the unsharded
+parameters (`wait_for_unshard`'s copy-out) are on the default stream; the previous group's all-gather output is
+freed at the next `wait_for_unshard` (`comm_ctx.all_gather_state`, _fsdp_param_group.py:430-432, 483).
 
 Requests per phase (group = a decoder layer, or the root: embedding, final norm, untied lm_head):
   build     every parameter in full, `model.parameters()` order (as `request_stream`); TP × FSDP2 then TP's
