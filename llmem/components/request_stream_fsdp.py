@@ -2,11 +2,9 @@
 stream `request_stream` replays through the caching-allocator model, each request on the stream FSDP2 allocates
 it on. The allocator keeps a pool per stream: a freed block serves only requests of the stream that allocated it
 (c10/cuda/CUDACachingAllocator.cpp at torch 2.13, its header: "Once freed, blocks can be re-allocated on the same
-stream, but not on any other stream"; `Block::stream`, the allocation stream; `BlockPool` keyed by (stream, size,
-address) in
-`BlockComparatorSize`; `get_free_block` searches `BlockPoolKey(stream, size)` of the request's own stream; `free_block`
-returns a block to the pool of `block->stream`), so FSDP2's side-stream buffers never reuse the default stream's
-blocks nor the other way round (docs/notes/2026-11-27-fsdp2-request-stream.md).
+stream, but not on any other stream"; `Block::stream`, the allocation stream; `BlockComparatorSize` orders by
+stream first, and `get_free_block` searches from a key of the request's own stream), so FSDP2's side-stream buffers
+never reuse the default stream's blocks nor the other way round (docs/notes/2026-11-27-fsdp2-request-stream.md).
 
 Streams (torch/distributed/fsdp/_fully_shard at 2.13): 0 the default; 1 `all_gather_copy_in_stream`
 (_fsdp_collectives.py:336, `foreach_all_gather`: the mixed-precision input copy and the all-gather output are
