@@ -24,9 +24,10 @@ Three facts of the allocator carry the figure (docs/MODEL.md, "Reserved memory")
      segment for a request larger than every segment the build left (the root's reduce-scatter input: the
      unsharded gradients of embedding and lm_head in the reduce dtype), which no cached block can serve
      (`oversize_bytes`).
-One GPU, DDP and ZeRO-1 of the plans `request_stream.replays` accepts take none of these sums: the program's own
-requests, tensor by tensor, are replayed through the allocator model instead (default segments), which follows
-fact 3 where a category sum cannot (gradients carved from freed logits blocks, states from freed activations).
+One GPU, DDP, ZeRO-1 and FSDP2 of the plans `request_stream.replays` accepts take none of these sums: the
+program's own requests, tensor by tensor and each on its stream, are replayed through the allocator model instead
+(default segments), which follows facts 2 and 3 where a category sum cannot (gradients carved from freed logits
+blocks, states from freed activations, the order of the root's requests).
 With `expandable_segments:True` a stream's one segment grows by pages at its end and every freed page serves any
 later request of the stream (`try_allocate_expandable_block`), so the default stream reserves its allocated peak
 (or the build's bytes) in 20 MiB pages, plus the side streams' pools.
