@@ -124,7 +124,8 @@ class Option:
                 # a Sym: the walk traced on symbols (`llmem.walk.replay`), its bound guarded by the comparison
                 number = value if type(value) is int or type(value) is Sym else as_int(key, value)
                 if low is not None and number < low:
-                    raise InputError(key, f"must be a positive whole number, got {number}")
+                    least = "a positive whole number" if low == 1 else f"a whole number of at least {low}"
+                    raise InputError(key, f"must be {least}, got {number}")
                 return number
             return whole
         return self.parse or (lambda value: value)

@@ -39,7 +39,8 @@ from llmem.support_rule import Rule, _r
 LORA_METHODS = (Method.LORA, Method.QLORA)
 
 
-_BNB_TP = "{p.optimizer.value} is not modelled with tensor parallelism; use --tp 1, or --optimizer adamw|sgd"
+_BNB_TP = ("{p.optimizer.value} does not run on tensor parallelism's DTensor parameters (bitsandbytes' update kernels "
+           "have no sharding rule; Adafactor's in-place pow_ on a partial norm); use --tp 1, or --optimizer adamw|sgd")
 _OFFLOAD_FSDP = ("optimizer+params runs FSDP2's CPUOffloadPolicy, modelled for --zero 2 or 3 with --tp 1 on 2 or "
                  "more GPUs; use that, or --offload none")
 
@@ -190,7 +191,10 @@ RULES: tuple[Rule, ...] = (
        and (p.tp > 1 or (p.zero >= 2 and p.gpus > 1)),
        "fused SGD does not run on DTensor parameters (ZeRO-2/3, tensor parallelism): torch has no sharding rule for "
        "aten._fused_sgd_; use foreach", REFUSED, optimizer="sgd", optimizer_impl="fused", gpus=2, zero=2),
-    _r("optimizer tp", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.tp > 1, _BNB_TP, GAP,
+    # measured on 2 CPU ranks (gloo), full and LoRA, torch's and transformers' TP plans alike: bitsandbytes raises
+    # "got mixed torch.Tensor and DTensor" (8-bit) or "no sharding strategy" (its 32-bit update of small adapters);
+    # Adafactor raises on `pow_` of a `_NormPartial` DTensor, as under FSDP2 (the rule below)
+    _r("optimizer tp", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.tp > 1, _BNB_TP, REFUSED,
        optimizer="adafactor", gpus=2, tp=2, zero=0),
     _r("optimizer zero engine", "optimizer", lambda p: p.optimizer not in TORCH_OPTIMIZERS and p.zero >= 2
        and p.engine is not Engine.DEEPSPEED,  # Adafactor: an in-place pow_ on a partial norm; bnb: Tensor + DTensor

@@ -197,3 +197,21 @@ def test_nothing_is_read_or_written_outside_the_inputs(tmp_path):
                                   env=env, capture_output=True, text=True, timeout=120)
             assert proc.returncode in (code, 1 if verb == "plan-ckpt" else code), (verb, model, proc.stderr[-500:])
     assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
+
+
+def test_a_bound_above_one_is_named_not_called_positive(capsys):
+    line = refused(capsys, "pp-stages-per-rank", "estimate", "--model", "llama-3.1-8b", "--gpus", "2", "--pp", "2",
+                   "--pp-schedule", "interleaved-1f1b", "--microbatches", "4", "--pp-stages-per-rank", "1")
+    assert "at least 2, got 1" in line and "positive" not in line
+
+
+def test_a_closed_pipe_on_stdout_is_not_a_traceback():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "llmem", "estimate", "--model", "llama-3.1-8b", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(16)  # `| head -c 16`: the reader goes away after a few bytes
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 1) and "Traceback" not in err, err

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 
-from llmem.errors import GAP, InputError
+from llmem.errors import InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
 
@@ -114,35 +114,44 @@ def _copy_kind(spec: ModelSpec, p: ParamTensor) -> str | None:
     return None
 
 
+def _copy_sources(spec: ModelSpec) -> tuple[tuple[str, str, ParamTensor], ...]:
+    """(kind, module name, weight) of each module `--lora-modules-to-save` can copy, in spec order: the input
+    embedding and the lm_head. A tied model's lm_head is a module of its own whose weight is the embedding's:
+    PEFT 0.21.2 without `ensure_weight_tying` (our `LoraConfig`'s default) wraps each named module separately
+    (`tuners_utils.py:1454-1460` warns that the tie breaks), so its copy has the embedding's shape and the frozen
+    original stays the one shared tensor (`ModulesToSaveWrapper`, `utils/other.py`: `copy.deepcopy` of the module)."""
+    return spec.memo(("lora.copy_sources",), lambda: _find_copy_sources(spec))
+
+
+def _find_copy_sources(spec: ModelSpec) -> tuple[tuple[str, str, ParamTensor], ...]:
+    out = [(k, _module(p), p) for p in spec.outer_params if (k := _copy_kind(spec, p))]
+    embed = next((p for k, _, p in out if k == "embed"), None)
+    if spec.tie_word_embeddings and embed is not None and not any(k == "head" for k, _, _ in out):
+        out.append(("head", "lm_head", embed))
+    return tuple(out)
+
+
 def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     """The trainable `modules_to_save["default"]` weights (in spec order: embedding first, then lm_head), named as
     PEFT names them; each has its module's shape and the plan's parameter dtype."""
     names = saved_module_names(plan)
-    out = []
-    for p in spec.outer_params:
-        if _copy_kind(spec, p) and any(_module(p).endswith(n) for n in names):
-            m = _module(p)
-            out.append(ParamTensor(f"{m}.modules_to_save.default.weight", p.shape, None))
-    return out
+    return [ParamTensor(f"{m}.modules_to_save.default.weight", p.shape, None)
+            for _, m, p in _copy_sources(spec) if any(m.endswith(n) for n in names)]
 
 
 @per_spec("layout_key")
 def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
     """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
     names = saved_module_names(plan)
-    return any(_copy_kind(spec, p) == kind and any(_module(p).endswith(n) for n in names) for p in spec.outer_params)
+    return any(k == kind and any(m.endswith(n) for n in names) for k, m, _ in _copy_sources(spec))
 
 
 @per_spec("layout_key")
 def copy_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str | None = None) -> int:
     """Bytes of the trainable copies (of one kind, or all): the plan's parameter dtype. Their gradients have the
     same size."""
-    total = 0
-    for p in spec.outer_params:
-        k = _copy_kind(spec, p)
-        if k and (kind is None or k == kind) and trains_copy(spec, plan, k):
-            total += p.numel
-    return total * plan.precision.param_bytes
+    kinds = {k for k, _, _ in _copy_sources(spec) if (kind is None or k == kind) and trains_copy(spec, plan, k)}
+    return sum(p.numel for k, _, p in _copy_sources(spec) if k in kinds) * plan.precision.param_bytes
 
 
 def _validate_modules_to_save(spec: ModelSpec, plan: TrainingPlan) -> None:
@@ -163,11 +172,6 @@ def _validate_modules_to_save(spec: ModelSpec, plan: TrainingPlan) -> None:
         if bad:
             raise InputError("lora-modules-to-save", f"{n!r} matches {bad[0]}, a module whose trainable copy is not "
                              f"modelled; the modelled names are: {', '.join(modelled)}")
-    if spec.tie_word_embeddings:
-        raise InputError("lora-modules-to-save", f"{spec.model_type} ties its input embedding and lm_head: PEFT "
-                         "copies each wrapped module separately and breaks the tie (one side trains a copy, the "
-                         "other keeps the frozen shared weight), a case not modelled; use a model with "
-                         "tie_word_embeddings = false, or leave --lora-modules-to-save empty", GAP)
 
 
 def _matches(module: str, target: str) -> bool:
