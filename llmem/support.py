@@ -162,11 +162,6 @@ RULES: tuple[Rule, ...] = (
     _r("method quant", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.NONE,
        "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8", REFUSED, method="qlora",
        quant="none", precision="bf16"),
-    _r("method quant ckpt_every", "ckpt-every",
-       lambda p: p.method is Method.QLORA and p.quant is Quant.INT8 and p.ckpt_every > 1,
-       "partial checkpointing is not modelled with an int8 base (its Linears keep their inputs until the step ends, "
-       "checkpointed or not); use --ckpt-every 1", GAP, method="qlora", quant="int8", grad_ckpt="full",
-       ckpt_every=2, precision="bf16"),
     _r("method precision", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed,
        "qlora is modelled with the base built in its compute dtype (pure bf16, fp16 or fp32, as QLoRA recipes load "
        "it); use --precision bf16", GAP, method="qlora", quant="nf4", precision="bf16-mixed"),

@@ -211,7 +211,8 @@ _INPUT_GROUPS = ((("q_proj", "k_proj", "v_proj"), "h"), (("o_proj",), "q"), (("g
 
 
 @per_spec()
-def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -> tuple[int, int]:
+def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False,
+                     checkpointed: bool | None = None) -> tuple[int, int]:
     """`--quant int8`: the inputs of one decoder layer's 8-bit Linears that their autograd nodes keep (`ctx.A` /
     `ctx.tensors`, above) until the outputs are dropped, as (all of them, the part LoRA's saved tensors do not
     already hold). One tensor per group of Linears reading the same input (q/k/v, o_proj, gate/up, down_proj), in the
@@ -225,7 +226,9 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     anyway (after eager attention it is a new contiguous tensor, `attn_output.transpose(1, 2).contiguous()`, that
     no op of the attention saves); the other inputs are lora_A's saved input only with dropout 0 in fp32 on an
     adapted group (with dropout lora_A saves the dropout output, in pure half precision its fp32 copy). With
-    `--grad-ckpt full` LoRA's tensors are not saved in the forward, so all are extra there."""
+    `--grad-ckpt full` LoRA's tensors are not saved in the forward, so all are extra there; with `--ckpt-every K`
+    only in the checkpointed layers (`checkpointed`, default: every layer under --grad-ckpt full), while the input
+    gradient hook is on for all of them."""
     from llmem.components.lora import _module, layer0_targeted, trains_copy
     from llmem.components.lora_activations import _flash_output_is_o_input, _requires_grad
 
@@ -236,8 +239,9 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False) -
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size}
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
-    ckpt = plan.grad_ckpt is GradCkpt.FULL
-    g = _requires_grad(adapted, first and not (ckpt or trains_copy(spec, plan, "embed")))
+    ckpt_on = plan.grad_ckpt is GradCkpt.FULL
+    ckpt = ckpt_on if checkpointed is None else checkpointed
+    g = _requires_grad(adapted, first and not (ckpt_on or trains_copy(spec, plan, "embed")))
     input_grad = (g["input"], g["attention"], g["residual"], g["down_proj input"])
     o_input_saved = _flash_output_is_o_input(spec, plan)
     held = extra = 0
@@ -264,14 +268,15 @@ def forward_moment_label(plan: TrainingPlan) -> str:
 
 
 @per_spec()
-def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, checkpointed: bool | None = None) -> int:
     """`--quant int8`, beyond LoRA's walk at a decoder layer's backward moment (the MLP's down_proj input gradient,
     base + adapter, being summed; `gradients.layer_backward_peak_extra_bytes`), measured on CPU (llama, qwen3):
     - without checkpointing, when lora_A keeps down_proj's input itself (dropout 0, fp32, down_proj adapted), LoRA's
       walk has it freed by lora_A's backward there; the 8-bit node still holds it (T*i*cb);
     - with --grad-ckpt full, when lora_A does not keep the q/k/v input itself (dropout > 0 or half precision), the
       recomputed input_layernorm output (T*h*cb) is still alive there (LoRA's walk frees it after the recompute):
-      the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)"""
+      the recomputed 8-bit q/k/v nodes hold it as `ctx.A`. (The forward's own inputs are in `held_input_bytes`.)
+    `checkpointed`: whether the layer in backward is (default: every layer under --grad-ckpt full)."""
     from llmem.components.lora import _module, layer0_targeted
 
     if not is_int8(plan):
@@ -279,7 +284,7 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32
     tokens, cb = plan.batch_size * plan.seq_len, plan.precision.compute_bytes
-    if plan.grad_ckpt is GradCkpt.FULL:
+    if plan.grad_ckpt is GradCkpt.FULL if checkpointed is None else checkpointed:
         return 0 if lora_keeps_x and adapted & {"q_proj", "k_proj", "v_proj"} else tokens * spec.hidden_size * cb
     return tokens * spec.intermediate_size * cb if lora_keeps_x and "down_proj" in adapted else 0
 

@@ -41,7 +41,9 @@ def held_bytes(t: Terms, layer: int) -> int:
         held = t.kept_layers(spec, plan, layer) + t.current_layer(spec, plan, layer)
     else:
         held = layer * t.kept + (t.recompute or t.kept)
-    held += (t.layers - 1 - layer + bool(t.recompute)) * t.held_layer + quant.held_past_adapter_bytes(spec, plan)
+    recomputing = bool(t.recompute) and (not t.partial or plan.checkpointed(layer))  # (--ckpt-every K: some layers)
+    held += (t.layers - 1 - layer + recomputing) * t.held_layer \
+        + quant.held_past_adapter_bytes(spec, plan, recomputing if t.partial else None)
     return held - act.eager_mask_released_bytes(spec, plan, layer)  # a mask only layers above took is gone
 
 

@@ -97,13 +97,16 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     # --quant int8: each 8-bit Linear's autograd node keeps its input until the outputs are dropped (quant.py)
     held_layer, extra_layer = quant.held_input_bytes(spec, plan)
     held_first, extra_first = quant.held_input_bytes(spec, plan, first=True)
-    kept += extra_layer
-    outer_act -= extra_layer - extra_first
     partial = plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every > 1  # --ckpt-every K
+    kept += extra_layer
+    if not partial:  # (--ckpt-every K: each layer's own, `_int8_partial`)
+        outer_act -= extra_layer - extra_first
     varied = act.varied(spec, plan)  # layers of several kinds: each counted by its own
     kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
     if hand_lora:
         kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
+    if partial and quant.is_int8(plan):
+        kept_layers, current_layer = _int8_partial(kept_layers, current_layer)
     if partial or varied:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
     else:
@@ -114,6 +117,21 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
                 partial=partial, varied=varied, kept_layers=kept_layers, current_layer=current_layer,
                 forward_acts=forward_acts, fwd_inflight=forward_inflight_bytes(spec, plan, final_norm))
+
+
+def _int8_partial(kept_layers: Callable, current_layer: Callable) -> tuple[Callable, Callable]:
+    """`--quant int8 --ckpt-every K`: each layer's held 8-bit inputs beyond its saved tensors (`quant.held_input_bytes`
+    of a checkpointed layer or not, layer 0 its own), added to the layers kept below and to a non-checkpointed layer
+    in its own backward (a checkpointed one's recompute holds them again: `layer.held_bytes`)."""
+    def extra(spec, plan, j):
+        return quant.held_input_bytes(spec, plan, first=j == 0, checkpointed=plan.checkpointed(j))[1]
+
+    def kept(spec, plan, count):
+        return kept_layers(spec, plan, count) + sum(extra(spec, plan, j) for j in range(count))
+
+    def current(spec, plan, layer):
+        return current_layer(spec, plan, layer) + (0 if plan.checkpointed(layer) else extra(spec, plan, layer))
+    return kept, current
 
 
 def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
