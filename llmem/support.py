@@ -168,9 +168,13 @@ RULES: tuple[Rule, ...] = (
     _r("method quant", "quant", lambda p: p.method is not Method.QLORA and p.quant is not Quant.NONE,
        "--quant quantizes the frozen base of --method qlora; use --quant none or --method qlora", REFUSED,
        quant="nf4"),
-    _r("method quant gpus", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.INT8 and p.gpus > 1,
-       "the 8-bit (int8) base is modelled and measured on one GPU only; use --gpus 1, or --quant nf4/fp4 for "
-       "DDP/ZeRO-1", GAP, method="qlora", quant="int8", precision="bf16", gpus=2),
+    # measured on 2 CPU ranks: FSDP2's `_init_sharded_param` makes a plain Parameter of the Int8Params, whose CB/SCB
+    # Linear8bitLt reads in its forward ("'Parameter' object has no attribute 'CB'")
+    _r("method quant gpus zero engine", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.INT8
+       and p.gpus > 1 and p.zero >= 2 and p.engine is Engine.TORCH,
+       "FSDP2 re-creates each parameter as a plain sharded Parameter, dropping the 8-bit weight's CB/SCB that "
+       "bitsandbytes' Linear8bitLt reads in its forward; use --zero 0 or 1, or --quant nf4/fp4", REFUSED,
+       method="qlora", quant="int8", precision="bf16", gpus=2, zero=3),
     # --- the optimizer and its implementation ---------------------------------------------------------------------
     _r("optimizer optimizer_impl", "optimizer-impl",
        lambda p: p.optimizer is Optimizer.ADAFACTOR and p.optimizer_impl is OptimizerImpl.FUSED,

@@ -27,8 +27,9 @@ def test_plan_validation_names_the_flag():
     with pytest.raises(InputError, match="quant"):
         TrainingPlan(method="qlora")
     TrainingPlan(method="qlora", quant="int8", precision="bf16", grad_ckpt="full", ckpt_every=2)  # modelled
-    with pytest.raises(InputError, match="one GPU only"):  # the 8-bit base: measured on one GPU only
-        TrainingPlan(method="qlora", quant="int8", precision="bf16", gpus=2)
+    TrainingPlan(method="qlora", quant="int8", precision="bf16", gpus=2)  # DDP over the 8-bit base: modelled
+    with pytest.raises(InputError, match="CB/SCB"):  # FSDP2 drops the 8-bit weight's attributes
+        TrainingPlan(method="qlora", quant="int8", precision="bf16", gpus=2, zero=3)
     with pytest.raises(InputError, match="quant"):
         TrainingPlan(method="lora", quant="nf4")
     with pytest.raises(InputError, match="quant"):
