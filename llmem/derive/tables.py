@@ -129,9 +129,9 @@ class Derived:
             experts.check_grouped(built[1], self.model_type)
             fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda")
             paths = [] if mapping is None else _layer_paths(built)
-        if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
-            from llmem.derive.lora import checkpointed_windows
+        from llmem.derive.lora import checkpointed_windows, is_checkpointed
 
+        if lora is not None and is_checkpointed(lora):  # --grad-ckpt full: a layer's backward runs its recompute
             built = self._build(config, dtype, attn, lora, checkpointed=True)
             traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
             per = fits["layer_kinds"] if mapping is None else list(range(len(built[2])))  # prefix: per layer
