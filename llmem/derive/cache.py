@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 21
+FORMAT = 22
 
 
 def _directory() -> Path:
