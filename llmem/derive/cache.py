@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 20
+FORMAT = 22
 
 
 def _directory() -> Path:

@@ -2,8 +2,9 @@
 
 Not every architecture repeats one layer: Gemma 3 runs five sliding-window layers to one full-attention layer
 (`config.layer_types`; a sliding layer's explicit mask and its RoPE tables differ from a full one's), others have
-dense first layers or a per-layer pattern. A kind is one fitted table triple (the layer's saved tensors, the events
-of its backward, those of its forward up to its last saved tensor: a checkpointed layer's recompute); `group`
+dense first layers or a per-layer pattern. A kind is one set of fitted tables (the layer's saved tensors, the events
+of its backward, those of its forward up to its last saved tensor: a checkpointed layer's recompute, also with the
+autocast weight copies as made, `trace.Trace.recomputes`); `group`
 returns the kinds and the kind of every decoder layer, in order of first appearance (layer 0 is of kind 0). Layers
 whose traces are identical at every traced point are fitted once; layers whose fitted tables are equal (the same
 saving modules, with the layer index and the allocating op left out, the same coefficients) are one kind.
@@ -45,7 +46,8 @@ def peak_candidates(events: list) -> list:
 def _raw_key(traces: list, i: int) -> str:
     """Layer `i`'s traces at every point: savers and bytes, the backward's and the forward's live bytes."""
     return repr([([(saver(n), b) for n, b in t.layers[i]], [b for _, b in t.backwards[i]],
-                  [b for _, b in t.forwards[i]], [b for _, b in t.accumulating[i]]) for t in traces])
+                  [b for _, b in t.forwards[i]], [b for _, b in t.accumulating[i]],
+                  [b for _, b in t.recomputes[i]] if t.recomputes else []) for t in traces])
 
 
 def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> dict:
@@ -54,6 +56,9 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
                             [t.backwards[i] for t in checks], kind, offset)
     forward = fit_sequence(f"layer {i} forward", [t.forwards[i] for t in traces], [t.forwards[i] for t in checks],
                            kind, offset)
+    recompute = fit_sequence(f"layer {i} recompute, weight copies as made", [t.recomputes[i] for t in traces],
+                             [t.recomputes[i] for t in checks], kind, offset) \
+        if all(t.recomputes for t in traces + checks) else []  # (a Trace built without it)
     accumulating = fit_sequence(f"layer {i} backward, gradients accumulated", [t.accumulating[i] for t in traces],
                                 [t.accumulating[i] for t in checks], kind, offset)
     inflight = fit_sequence(f"layer {i} forward in flight", [t.inflight[i] for t in traces],
@@ -62,13 +67,15 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
     return {"layer": [(LAYER_INDEX.sub(".N.", n, count=1), list(c)) for n, c in saved],
             "backward": [(n, list(c)) for n, c in peak_candidates(backward)],
             "forward": [(n, list(c)) for n, c in peak_candidates(forward)],
+            "recompute": [(n, list(c)) for n, c in peak_candidates(recompute)],
             "accumulating": [(n, list(c)) for n, c in peak_candidates(accumulating)],
             "inflight": [(n, list(c)) for n, c in peak_candidates(inflight)]}
 
 
 def table_key(table: dict) -> tuple:
     return (tuple((saver(n), tuple(c)) for n, c in table["layer"]),
-            *(tuple(sorted(tuple(c) for _, c in table[w])) for w in ("backward", "forward", "accumulating")))
+            *(tuple(sorted(tuple(c) for _, c in table.get(w, [])))
+              for w in ("backward", "forward", "accumulating", "recompute")))
 
 
 def group(traces: list, checks: list, kind: str, offset: int) -> tuple[list[dict], list[int]]:

@@ -40,6 +40,12 @@ def trace_key(plan: TrainingPlan) -> tuple:
             plan.lora_modules_to_save, embeddings_require_grad(plan), plan.grad_ckpt is GradCkpt.FULL)
 
 
+def is_checkpointed(key: tuple) -> bool:
+    """`trace_key`'s checkpointing field (its 8th), which a "half adapters" tag may follow
+    (`Derived.with_half_adapters`): a tagged key's last element is that tag, not the flag."""
+    return bool(key[7])
+
+
 def wrap(model, key: tuple, checkpointed: bool = False):
     """The PEFT model of `trace_key`'s fields, as `llmem.runtime.lora.apply_method` builds it. PEFT moves each new
     adapter to its base layer's device and dtype (`_move_adapter_to_device_of_base_layer`, `module.to(device)`,

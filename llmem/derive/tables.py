@@ -129,9 +129,9 @@ class Derived:
             experts.check_grouped(built[1], self.model_type)
             fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda")
             paths = [] if mapping is None else _layer_paths(built)
-        if lora is not None and lora[-1]:  # --grad-ckpt full: a checkpointed layer's backward runs its recompute
-            from llmem.derive.lora import checkpointed_windows
+        from llmem.derive.lora import checkpointed_windows, is_checkpointed
 
+        if lora is not None and is_checkpointed(lora):  # --grad-ckpt full: a layer's backward runs its recompute
             built = self._build(config, dtype, attn, lora, checkpointed=True)
             traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
             per = fits["layer_kinds"] if mapping is None else list(range(len(built[2])))  # prefix: per layer
@@ -205,7 +205,7 @@ class Derived:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
         table = fits["kinds"][this].get(place, []) if place in ("layer", "backward", "forward", "accumulating",
-                                                                   "inflight") \
+                                                                   "inflight", "recompute") \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         # each layer of a kind asks for the same table: evaluated once per plan
         return list(remembered(self._evaluated, (plan.key, this, place), lambda: _evaluated(table, plan)))
@@ -301,11 +301,18 @@ class Derived:
         transients), less the saved tensors the walk holds for the layer already (all but its input, which the
         checkpoint kept), plus on the cpu profile the recompute's own copy of the CPU RNG state (torch 2.13
         `utils/checkpoint.py`: `fork_rng` around the recompute, `torch.get_rng_state()`, freed when it ends). E.g.
-        gpt-oss's clamped GLU experts make six r × i transients at once, after its trigger made a r × h gradient."""
+        gpt-oss's clamped GLU experts make six r × i transients at once, after its trigger made a r × h gradient.
+        Where the walk counts the layer's autocast weight copies whole (`autocast.applies`; not traced LoRA, whose
+        tables hold them), the window counts each copy from the event that makes it, less all of them
+        (`trace.Trace.recomputes`): phi's recompute peaks in its attention core, before dense's, fc1's and fc2's
+        copies exist."""
+        from llmem.components import autocast
         from llmem.components.activations import CPU_RNG_STATE_BYTES
+        from llmem.components.lora import is_lora
         from llmem.plan import Device
 
-        forward = self._saved(plan, "forward")
+        copies = autocast.applies(plan) and not is_lora(plan)
+        forward = (copies and self._saved(plan, "recompute")) or self._saved(plan, "forward")
         if not forward:
             return 0
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))

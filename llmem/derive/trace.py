@@ -67,6 +67,8 @@ class Trace:
     accumulating: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, each weight gradient
     #                       added in place into its `.grad` (a later micro-step of --grad-accum, `_window`)
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
+    recomputes: list[list[tuple[str, int]]] = field(default_factory=list)  # `forwards` with the weight copies
+    #                       as made, less all the window makes (`_forwards`)
     inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
@@ -84,7 +86,7 @@ class _Allocations(TorchDispatchMode):
 
     def __init__(self, params: set[int], autocast_dtype: torch.dtype | None):
         super().__init__()
-        self.params, self.origin, self.copies = params, {}, set()
+        self.params, self.origin, self.copies, self.matrices = params, {}, set(), set()
         self.autocast_dtype, self.keep = autocast_dtype, []
         self.forward = True  # False once backward starts: see `__torch_dispatch__`
         self._alive: dict[int, weakref.ref] = {}
@@ -109,6 +111,8 @@ class _Allocations(TorchDispatchMode):
                     self._alive[key] = weakref.ref(st)
                 if copy and self.forward:
                     self.copies.add(key)
+                    if t.dim() >= 2:  # a weight matrix's (the walk's `autocast` terms count those alone)
+                        self.matrices.add(key)
                     self.keep.append(st)  # alive to the end of the forward: no activation takes its address
         # In backward (a checkpointed layer's recompute) a copy is not kept: the frozen base's copies, saved by their
         # mm alone, go with their MmBackward0 as in the real step, before the attention core's backward
@@ -288,6 +292,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
+                matrices = {tracker._live[k][0] for k in rec.alloc.matrices if k in tracker._live}
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 rec.alloc.forward = False
@@ -305,12 +310,27 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.backward = out.backwards[-1]
     out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
                         for i in range(len(layers))]
-    out.forwards = [_window(tracker.events, rec.forwards.get(i, []), _trigger(rec, out.backwards[i], i), copies)[1:]
-                    for i in range(len(layers))]  # the weight copies: the walk counts them
+    out.forwards, out.recomputes = _forwards(rec, tracker.events, out.backwards, copies, matrices)
     out.inflight = [_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], 0, copies)
                     if i in rec.forwards and i in rec.forward_ends else [("layer output gradient", 0)]
                     for i in range(len(layers))]
     return out
+
+
+def _forwards(rec: _Recorder, events, backwards: list, copies: set, matrices: set) -> tuple[list, list]:
+    """Per layer, its forward window from the recompute's trigger (`_trigger`) without autocast's copies of
+    parameters (`Trace.forwards`), and the same with each copy counted from the event that makes it, less every
+    weight-matrix copy the window makes (`Trace.recomputes`): the walk counts a recomputing layer's weight copies
+    whole (`autocast.layer_weight_copy_bytes`), but a recompute holds only the copies made so far (phi's attention
+    core, its peak, runs after the q, k, v copies and before dense's, fc1's and fc2's), biases' included."""
+    forwards, recomputes = [], []
+    for i in range(len(backwards)):
+        window, trigger = rec.forwards.get(i, []), _trigger(rec, backwards[i], i)
+        forwards.append(_window(events, window, trigger, copies)[1:])
+        made = sum(events[k][2] for k in range(window[0], window[1]) if events[k][1] in matrices and events[k][2] > 0) \
+            if len(window) >= 2 else 0
+        recomputes.append([(n, b - made) for n, b in _window(events, window, trigger)[1:]])
+    return forwards, recomputes
 
 
 def _trigger(rec: _Recorder, backward: list[tuple[str, int]], layer: int) -> int:

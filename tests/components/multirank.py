@@ -80,6 +80,8 @@ class TwoRankRows:
         assert "error" not in res, res.get("error")
         if est < res["peak_bytes"] * (1 - tolerance):  # read high: once more, in a launch of its own
             res = self.remeasure(name)
+        error = (est - res["peak_bytes"]) / res["peak_bytes"]
+        print(f"{name}: estimate {est:,} measured {res['peak_bytes']:,} ({error:+.3%})")  # shown by -rA
         assert abs(est - res["peak_bytes"]) <= tolerance * res["peak_bytes"], (
             f"{name}: estimate {est:,} not within {tolerance:.0%} of the measured {res['peak_bytes']:,}"
             f" (launches: {res.get('launch_peaks', [res['peak_bytes']])})")

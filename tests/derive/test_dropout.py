@@ -28,10 +28,9 @@ def _error(est: int, truth: int) -> float:
 
 @pytest.mark.parametrize("cfg, plan", [
     ({**config("phi"), **PHI}, dict(precision="fp32", attn="eager")),
-    # An over-estimate the recompute-start change (gpt_oss checkpointed −1.23 -> −0.002 %) brought: +1.67 %
-    # (2,470,404 vs 2,429,764 B at layer 0's checkpointed backward; within 1 % before). Left visible, not yet explained.
-    pytest.param({**config("phi"), **PHI}, dict(precision="bf16-mixed", grad_ckpt="full"),
-                 marks=pytest.mark.xfail(strict=True, reason="+1.67 % over since the recompute-start change")),
+    # +1.67 % (2,470,404 vs 2,429,764 B) while the recompute counted all the layer's autocast weight copies; its peak,
+    # the attention core, runs before dense's, fc1's and fc2's (`trace._forwards`): -0.003 % (2,429,700 B)
+    ({**config("phi"), **PHI}, dict(precision="bf16-mixed", grad_ckpt="full")),
     ({**config("starcoder2"), **STARCODER2}, dict(precision="fp32", attn="eager")),
     (GPT2_DEFAULT_DROPOUT, dict(precision="fp32", method="lora", attn="eager", lora_targets="c_attn")),
 ], ids=["phi-eager", "phi-mixed-ckpt", "starcoder2-eager", "gpt2-lora"])

@@ -248,3 +248,30 @@ MIXED_FSDP = TwoRankRows(dict(_BASE, precision="bf16-mixed", zero=3), {
 @pytest.mark.parametrize("name", MIXED_FSDP.params())
 def test_traced_lora_under_fsdp2_mixed_precision_two_ranks(name):
     MIXED_FSDP.check(name, TOLERANCE)
+
+
+
+@pytest.mark.parametrize("ckpt", ["none", "full"])
+def test_half_adapter_tables_trace_the_checkpointed_program_only_when_the_plan_checkpoints(ckpt, monkeypatch):
+    """FSDP2 mixed precision tags the LoRA key "half adapters" after `trace_key`'s checkpointing flag; the
+    checkpointed program (its layer-backward windows) is built and traced for checkpointed plans alone (the
+    tracing itself stubbed: what is asked of it is the point)."""
+    from llmem.derive import Derived, experts
+    from llmem.derive import lora as derive_lora
+
+    built = []
+    monkeypatch.setattr(Derived, "_shallower", lambda self: (self.config, None))
+    monkeypatch.setattr(Derived, "_build",
+                        lambda self, *a, checkpointed=False, **k: (built.append(checkpointed), None, [], None))
+    monkeypatch.setattr(Derived, "_fit", lambda self, *a: {"layer_kinds": [0]})
+    monkeypatch.setattr(Derived, "_traces", lambda self, *a: ([], []))
+    monkeypatch.setattr(experts, "check_grouped", lambda *a: None)
+    monkeypatch.setattr(derive_lora, "checkpointed_windows", lambda *a: [])
+    plan = TrainingPlan(device="cpu", method="lora", gpus=2, zero=3, precision="bf16-mixed", grad_ckpt=ckpt)
+    assert lora.half_adapters(plan)
+    derived = Derived(config("olmo2"), "olmo2").with_half_adapters()
+    key = derived.key(plan)
+    assert key[-1][-1] == "half adapters"
+    fits = derived._trace_and_fit(key)
+    assert built == ([False, True] if ckpt == "full" else [False])
+    assert ("checkpointed backward" in fits) == (ckpt == "full")
