@@ -299,10 +299,6 @@ RULES: tuple[Rule, ...] = (
        "chunked-ce with qlora under FSDP2 (--zero 2/3) is not modelled: the 4-bit layers' forward then peaks above "
        "the estimate; use --zero 0/1, --method lora, or --loss standard", GAP, loss="chunked-ce", method="qlora",
        quant="nf4", precision="bf16", gpus=2, zero=3),
-    _r("loss lora_modules_to_save", "loss", lambda p: p.loss is Loss.CHUNKED_CE and p.lora_modules_to_save,
-       "chunked-ce with PEFT's modules_to_save is not modelled (a trainable lm_head copy runs the chunks); leave "
-       "--lora-modules-to-save empty, or use --loss standard", GAP, loss="chunked-ce", method="lora",
-       lora_modules_to_save="lm_head"),
     # --- PEFT's modules_to_save -----------------------------------------------------------------------------------
     _r("lora_modules_to_save method", "lora-modules-to-save",
        lambda p: p.lora_modules_to_save and p.method not in LORA_METHODS,

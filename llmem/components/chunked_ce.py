@@ -85,18 +85,24 @@ def loss_backward_peak_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return most + label_bytes(spec, plan)
 
 
-def head_weight_copies(plan: TrainingPlan) -> int:
+def frozen_head(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """LoRA's lm_head is frozen unless `--lora-modules-to-save lm_head` trains a copy of it, which then runs the
+    chunks (PEFT's `ModulesToSaveWrapper` is the module `chunked_output` calls, `llmem.runtime.chunked`)."""
+    return lora.is_lora(plan) and not lora.trains_copy(spec, plan, "head")
+
+
+def head_weight_copies(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast's half copies of the lm_head weight alive from the lm_head's forward to its backward: one (cached
     for the chunks), except for a frozen lm_head (LoRA): autocast caches only the casts of leaves that require grad
     (`aten/src/ATen/autocast_mode.cpp` `cached_cast`), so each chunk casts it anew and its MmBackward0 saves that copy
     (all n chunks' until their backward)."""
-    return len(chunk_tokens(plan)) if is_chunked(plan) and lora.is_lora(plan) else 1
+    return len(chunk_tokens(plan)) if is_chunked(plan) and frozen_head(spec, plan) else 1
 
 
 def head_weight_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """One chunk's lm_head weight gradient (MmBackward0's, compute dtype: under autocast the cached half weight
     copy's); a frozen head (LoRA) makes none."""
-    if lora.is_lora(plan):
+    if frozen_head(spec, plan):
         return 0
     return spec.vocab_size * spec.hidden_size * plan.precision.compute_bytes
 

@@ -91,16 +91,18 @@ def prepare(config: dict, plan: TrainingPlan, topo: Topology | None = None, mark
         enable_checkpointing(model, plan)
     elif plan.grad_ckpt.value == "selective":
         enable_selective(model)
-    if plan.loss is Loss.CHUNKED_CE:
-        chunked.chunk_output_head(model, plan.loss_chunks)
     if plan.tp > 1 and plan.method is not Method.FULL:  # TP first, PEFT after (`llmem.runtime.lora_tp`)
         from llmem.runtime.lora_tp import prepare_lora_tp
 
+        if plan.loss is Loss.CHUNKED_CE:
+            chunked.chunk_output_head(model, plan.loss_chunks)
         mark("wrap")
         wrapped = model = prepare_lora_tp(model, plan, topo.device_type)
         cp_mesh = None
     else:
         model = apply_method(model, plan)
+        if plan.loss is Loss.CHUNKED_CE:  # after PEFT: a trained lm_head copy (modules_to_save) runs the chunks
+            chunked.chunk_output_head(model, plan.loss_chunks)
         if plan.float8.value != "none":  # torchao's Float8Linear, before wrapping (`llmem.runtime.float8`)
             from llmem.runtime.float8 import convert
 

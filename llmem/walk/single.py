@@ -175,7 +175,7 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
 
 def _head_cast(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Autocast's half copies of the lm_head weight: one, cached; with --loss chunked-ce a frozen head's per chunk."""
-    return autocast.head_weight_copy_bytes(spec, plan) * chunked_ce.head_weight_copies(plan)
+    return autocast.head_weight_copy_bytes(spec, plan) * chunked_ce.head_weight_copies(spec, plan)
 
 
 def _head_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
