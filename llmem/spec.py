@@ -85,6 +85,8 @@ class ModelSpec:
     caveats: tuple[str, ...] = ()  # what the estimate cannot vouch for (e.g. a family without activation table)
     params: tuple[ParamTensor, ...] = field(default=(), repr=False, compare=False, hash=False)
     derived: object = field(default=None, repr=False, compare=False, hash=False)  # `llmem.derive.Derived`
+    # LoRA adapters computing in the module's half dtype, as DeepSpeed's bf16 engine casts them (`walk.deepspeed`)
+    half_adapters: bool = False
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _plan_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 

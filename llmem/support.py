@@ -70,14 +70,16 @@ RULES: tuple[Rule, ...] = (
        "optimizer (unmeasured: DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16, engine.py:1391) and "
        "pure half weights are not; use --precision fp32 or bf16-mixed", GAP,
        engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
-    _r("engine method precision zero lora_modules_to_save", "engine", lambda p: p.engine is
+    _r("engine method precision zero lora_modules_to_save grad_ckpt lora_dropout", "engine", lambda p: p.engine is
        Engine.DEEPSPEED and p.method is not Method.FULL and (
-           p.method is not Method.LORA or p.precision.value != "fp32" or p.zero == 3
-           or bool(p.lora_modules_to_save)),
-       "{p.method} under DeepSpeed is modelled as LoRA in fp32 under ZeRO-0/1/2 without --lora-modules-to-save "
-       "(the bf16 engine casts PEFT's fp32 adapters to bf16; ZeRO-3's partitioned frozen base is not modelled); use "
-       "that, --method full, or --engine torch", GAP, engine="deepspeed", method="lora", precision="bf16-mixed",
-       gpus=2, zero=2),
+           p.method is not Method.LORA or p.precision.value not in ("fp32", "bf16-mixed") or p.zero == 3
+           or bool(p.lora_modules_to_save) or (p.precision.value == "bf16-mixed" and p.grad_ckpt is not GradCkpt.NONE
+                                                and not p.lora_dropout)),
+       "{p.method} under DeepSpeed is modelled as LoRA in fp32 or bf16-mixed (checkpointed bf16 only with "
+       "--lora-dropout > 0: with 0 a recomputed layer of the engine's bf16 adapters reads up to +0.85%), under "
+       "ZeRO-0/1/2 without --lora-modules-to-save (ZeRO-3's partitioned frozen base is not modelled); use that, "
+       "--method full, or --engine torch", GAP,
+       engine="deepspeed", method="lora", precision="bf16-mixed", gpus=2, zero=1, grad_ckpt="full", lora_dropout=0.0),
     _r("engine method zero ds_overlap_comm lora_dropout grad_ckpt", "lora-dropout", lambda p: p.engine is
        Engine.DEEPSPEED and p.method is Method.LORA and (p.zero == 2 or p.ds_overlap_comm) and p.lora_dropout > 0
        and p.grad_ckpt is not GradCkpt.NONE,

@@ -1,4 +1,4 @@
-"""LoRA under DeepSpeed ZeRO-0/1/2 (`--engine deepspeed --method lora`, fp32): the PEFT model passed to
+"""LoRA under DeepSpeed ZeRO-0/1/2 (`--engine deepspeed --method lora`, fp32 and bf16-mixed): the PEFT model passed to
 `deepspeed.initialize` with a torch optimizer over its trainable parameters, as the HF Trainer does. DeepSpeed 0.19.0's
 ZeRO optimizer flattens only the parameters that require a gradient (`runtime/zero/stage_1_and_2.py` :376-383,
 `trainable_parameters = [param for param in param_group['params'] if param.requires_grad]`), registers its
@@ -50,6 +50,27 @@ def trainable_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec | Trainable
     return TrainableView(spec, lora.adapter_params(spec, plan))
 
 
+def walk_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
+    """The spec the one-device walk of DeepSpeed's compute reads. Under bf16 the engine casts the whole module, PEFT's
+    fp32 adapters included, to bf16 (engine.py `_configure_distributed_model` :1463, `self.module.bfloat16()`, after
+    `get_peft_model`), so the adapters compute in the half dtype: `x.to(lora_A.weight.dtype)` is a no-op, lora_A
+    saves the half x, lora_B the half A output (`lora_activations.layer_saved`'s `half`, as under FSDP2's
+    MixedPrecisionPolicy; traced tables: `Derived.with_half_adapters`). Other plans keep `spec`."""
+    if plan.method is Method.FULL or plan.precision.value != "bf16-mixed":
+        return spec
+    return spec.memo(("deepspeed half adapters",), lambda: _half(spec))
+
+
+def _half(spec: ModelSpec) -> ModelSpec:
+    import dataclasses
+
+    derived = None if spec.derived is None else spec.derived.with_half_adapters()
+    out = dataclasses.replace(spec, half_adapters=True, derived=derived)
+    if hasattr(spec, "source_config"):  # (set after construction, `ModelSpec.from_config`)
+        object.__setattr__(out, "source_config", spec.source_config)
+    return out
+
+
 def frozen_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The frozen base's elements (the module's own tensors beside the flat adapters): 0 under full fine-tuning."""
     return 0 if plan.method is Method.FULL else spec.total_params
@@ -99,5 +120,5 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
 
     if plan.lora_dropout > 0 and not lora_forward.applies(spec, plan):
         raise InputError("lora-dropout", "LoRA under DeepSpeed ZeRO-2 / overlap_comm with --lora-dropout > 0 is "
-                         "measured on gated-MLP models with down_proj adapted (`lora_forward`); use --lora-dropout 0, "
-                         "or ZeRO-0/1 without overlap_comm", GAP)
+                         "measured in fp32 on gated-MLP models with down_proj adapted (`lora_forward`); use "
+                         "--lora-dropout 0, or ZeRO-0/1 without overlap_comm", GAP)

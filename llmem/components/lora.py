@@ -60,6 +60,12 @@ _EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embed_positions", "word_embeddings
 _HEADS = ("lm_head", "embed_out")
 
 
+def adapter_elem_bytes(spec: ModelSpec) -> int:
+    """Bytes per adapter element: fp32, or bf16 where the engine casts them with the module (`spec.half_adapters`,
+    DeepSpeed's bf16 engine)."""
+    return 2 if getattr(spec, "half_adapters", False) else ADAPTER_BYTES
+
+
 def half_adapters(plan: TrainingPlan) -> bool:
     """Whether the adapters compute in the half dtype: LoRA under FSDP2 with a MixedPrecisionPolicy (see module
     docstring). Everywhere else they compute in fp32 (or under autocast, on their half-precision casts)."""
@@ -327,7 +333,7 @@ def gathered_adapter_numel(spec: ModelSpec, plan: TrainingPlan, layer: int | Non
 @per_spec("layout_key")
 def adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes of every trainable tensor (and of their gradients): the fp32 adapters and the module copies."""
-    return sum(_summary(spec, plan)[0]) * ADAPTER_BYTES + copy_bytes(spec, plan)
+    return sum(_summary(spec, plan)[0]) * adapter_elem_bytes(spec) + copy_bytes(spec, plan)
 
 
 def trainable_tensors(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[int, ...], int]]:
@@ -341,17 +347,17 @@ def trainable_tensors(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[i
     return embed + [(a.shape, ADAPTER_BYTES) for a in adapter_params(spec, plan)] + head
 
 
-def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, elem_bytes: int = ADAPTER_BYTES) -> int:
+def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, elem_bytes: int | None = None) -> int:
     """The adapters of decoder layer `layer` (`elem_bytes`: 2 for their half unsharded gradients under FSDP2 mixed)."""
-    return _summary(spec, plan)[1][layer] * elem_bytes
+    return _summary(spec, plan)[1][layer] * (elem_bytes or adapter_elem_bytes(spec))
 
 
 def outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return _summary(spec, plan)[2] * ADAPTER_BYTES
+    return _summary(spec, plan)[2] * adapter_elem_bytes(spec)
 
 
 @per_spec("layout_key")
-def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: int = ADAPTER_BYTES) -> int:
+def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: int | None = None) -> int:
     """The gradients of the adapters of a layer's last MLP Linear (its A and B), produced during its backward."""
     mlp = [p for p in layer0_targeted(spec, plan) if ".mlp." in p.name or ".fc" in p.name]
     if not mlp:
@@ -362,7 +368,7 @@ def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: i
     a_split, b_split = _tp_splits(mlp[-1], plan)  # under TP: the rank's shard of each
     a = tp_local_shape(ParamTensor("A", (plan.lora_rank, i), 0, a_split), plan.tp)
     b = tp_local_shape(ParamTensor("B", (o, plan.lora_rank), 0, b_split), plan.tp)
-    return (math.prod(a) + math.prod(b)) * elem_bytes
+    return (math.prod(a) + math.prod(b)) * (elem_bytes or adapter_elem_bytes(spec))
 
 
 # What the adapted layers keep for backward lives in its own module, which imports this one's terms; its terms are

@@ -216,9 +216,9 @@ def _adapter_input_saved(name: str, plan: TrainingPlan, tokens: int, width: int,
 
 
 def layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool = False, half: bool = False) -> tuple:
-    """One decoder layer's saved tensors under LoRA (kept per spec, plan and flags: `_layer_saved`)."""
-    return spec.memo(("lora.layer_saved", plan.key, first, half), lambda: tuple(_layer_saved(spec, plan, first, half)),
-                     per_plan=True)
+    """One decoder layer's saved tensors under LoRA (per spec, plan and flags: `_layer_saved`; `spec.half_adapters`)."""
+    return spec.memo(("lora.layer_saved", plan.key, first, (half := half or spec.half_adapters)),
+                     lambda: tuple(_layer_saved(spec, plan, first, half)), per_plan=True)
 
 
 def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -> list:

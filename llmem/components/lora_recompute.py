@@ -50,7 +50,7 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     also allocates a scratch buffer inside that mm (16 KiB for a 128 × 176 @ 176 × 16 product on this machine; its
     size follows the CPU kernel's blocking, not the tensors' shapes alone), which is not modelled: bf16-mixed rows whose
     peak is this moment (or lora_A's mm with dropout 0, a little below the stop) measure up to that much above the
-    estimate (0.4-0.7 % on the CPU suite's tiny models)."""
+    estimate (0.4-0.7 % on the CPU suite's tiny models). Half adapters (`spec.half_adapters`): `_half`."""
     if not is_lora(plan) or plan.grad_ckpt is not GradCkpt.FULL or spec.derived is not None:
         return {}  # a derived architecture's traced layer backward (`llmem.derive`)
     if spec.family.grouped_experts:  # the MoE block's recompute: `lora_moe.frozen_moe_backward_moments`
@@ -73,9 +73,16 @@ def recompute_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, tuple[li
     return moments
 
 
-def _kept_by_lora_a(plan: TrainingPlan) -> bool:
-    """lora_A saves its input x itself (fp32, dropout 0)."""
-    return plan.precision is Precision.FP32 and not plan.lora_dropout
+def _half(spec: ModelSpec) -> bool:
+    """Half adapters (DeepSpeed's bf16 engine casts them with the module): they compute in the half dtype — no
+    `x.to(fp32)`, lora_A keeps x itself with dropout 0, the product, the sums and `grad * scaling` are half and
+    AddBackward0 casts nothing."""
+    return getattr(spec, "half_adapters", False)
+
+
+def _kept_by_lora_a(plan: TrainingPlan, half: bool = False) -> bool:
+    """lora_A saves its input x itself (fp32 or half adapters, dropout 0)."""
+    return (plan.precision is Precision.FP32 or half) and not plan.lora_dropout
 
 
 def _common(spec: ModelSpec, plan: TrainingPlan, adapted: set[str]) -> list[Saved]:
@@ -85,7 +92,7 @@ def _common(spec: ModelSpec, plan: TrainingPlan, adapted: set[str]) -> list[Save
     common = []
     if rb == 2:
         common.append(Saved("residual stream after attention (held by the decoder layer)", tokens * h * rb))
-    if not (_kept_by_lora_a(plan) and adapted & {"gate_proj", "up_proj"}):
+    if not (_kept_by_lora_a(plan, _half(spec)) and adapted & {"gate_proj", "up_proj"}):
         common.append(Saved("post_attention_layernorm output (the MLP input, held by the MLP)", tokens * h * rb))
     if plan.device is Device.CPU:
         from llmem.components.activations import CPU_RNG_STATE_BYTES
@@ -98,6 +105,8 @@ def _gradients(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     """The activation gradients made before the recompute, beside the layer output's (which the walk counts)."""
     tokens, h = plan.batch_size * plan.seq_len, spec.hidden_size
     cb, rb = _bytes(plan)
+    if _half(spec):  # a half product added to the half base output: no cast
+        return [Saved("down_proj grad * scaling (lora_B output gradient, half)", tokens * h * cb)]
     mixed = plan.precision.is_mixed
     grads = [Saved("down_proj grad * scaling (lora_B output gradient)", tokens * h * (2 if mixed else FP32))]
     if rb == 2 and plan.method is not Method.QLORA:
@@ -111,11 +120,12 @@ def _stop(spec: ModelSpec, plan: TrainingPlan, common: list[Saved]) -> list[Save
     """Where the recompute stops: in down_proj, before lora_B's mm."""
     tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
+    half = _half(spec)
     stop = list(common)
-    if not _kept_by_lora_a(plan):
+    if not _kept_by_lora_a(plan, half):
         stop.append(Saved("act_fn(gate) * up (down_proj input)", tokens * i * cb))
     stop.append(Saved("down_proj base_layer output", tokens * h * cb))
-    if plan.precision.is_mixed or (rb == 2 and plan.lora_dropout):
+    if not half and (plan.precision.is_mixed or (rb == 2 and plan.lora_dropout)):
         stop.append(Saved("down_proj x.to(fp32) (input cast to lora_A's dtype)", tokens * i * FP32))
     stop.append(Saved("down_proj scaling, not yet created", -8))
     return stop
@@ -125,7 +135,8 @@ def _up_proj_sum(spec: ModelSpec, plan: TrainingPlan, common: list[Saved]) -> li
     """up_proj's `result + lora_B(...) * scaling`, before down_proj's saved tensors are recomputed."""
     tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
     cb, rb = _bytes(plan)
-    mixed, pure_half = plan.precision.is_mixed, rb == 2
+    half = _half(spec)
+    mixed, pure_half = plan.precision.is_mixed or half, rb == 2 and not half  # (half adapters: as autocast's)
     ab = 2 if mixed else FP32  # the adapter product's dtype
     later = sum(x.bytes for x in layer_saved(spec, plan) if x.name.startswith("down_proj"))
     up = common + [Saved("down_proj saved tensors, not yet recomputed", -later),

@@ -25,7 +25,7 @@ of the module (2 under the bf16 section, 4 in fp32); the sum of the partitions i
                `_all_gather_sequential` (partition_parameters.py:1275) gathers one into a buffer of
                ceil(n / W) x W elements that the parameter then views; released after the module unless the
                recorded trace uses it again within `stage3_max_reuse_distance` elements
-               (`__params_to_release`, partitioned_param_coordinator.py:549): at DeepSpeed's 1e9 every parameter of a
+               (`__params_to_release`, partitioned_param_coordinator.py:574-604): at 1e9 every parameter of a
                model of fewer than 1e9 elements stays gathered from its forward to its backward.
   reduce       `__reduce_and_partition_ipg_grads` (stage3.py:1403) with reduce_scatter on (the default):
                `reduce_scatter_coalesced` (runtime/comm/coalesced_collectives.py:158) concatenates the bucket's

@@ -199,15 +199,21 @@ def _step_moments(spec: ModelSpec, plan: TrainingPlan, base: dict) -> list[Phase
 def _zero0_phases(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> list[Phase]:
     """ZeRO-0: no ZeRO optimizer (engine.py:1583, :1590). In fp32 the client optimizer steps the module itself (the
     one-device program); under bf16 `FP16_UnfusedOptimizer` (fp16/unfused_optimizer.py) holds an fp32 clone of each
-    parameter (:76) under the client's states and, in `step`, makes every parameter's fp32 gradient (:219) beside
-    the bf16 ones before the client steps (:224). After backward the engine all-reduces the whole gradients through
-    flattened buckets (`z.allreduce_flatten_numels`), freed after each copy back."""
+    parameter of the client's groups (:76) under the client's states and, in `step`, makes every such parameter's
+    fp32 gradient (:219) beside the bf16 ones before the client steps (:224). After backward the engine all-reduces
+    the whole gradients through flattened buckets (`z.allreduce_flatten_numels`), freed after each copy back.
+    LoRA (`spec` the adapters' view; `single` the walk of the model with bf16 adapters, `ds_lora.walk_spec`): the
+    client's groups are the adapters."""
     from llmem.walk.single import iteration_phases
 
     b, bf16 = z.module_bytes(plan), plan.precision is Precision.BF16_MIXED
-    fp32 = iteration_phases(spec, compute_plan(plan).with_(precision=Precision.FP32)) if bf16 else single
+    model = spec.base if isinstance(spec, ds_lora.TrainableView) else spec  # (PEFT's fp32 adapters)
+    fp32 = iteration_phases(model, compute_plan(plan).with_(precision=Precision.FP32)) if bf16 else single
     fp32_step = next(ph.breakdown for ph in fp32 if ph.name == "optimizer step")
-    master = fp32_step[Category.PARAMETERS] + fp32_step[Category.OPTIMIZER] if bf16 else None
+    clones = fp32_step[Category.PARAMETERS]  # the fp32 clone of every trainable parameter
+    if isinstance(spec, ds_lora.TrainableView):
+        clones = sum(z.ordered_numels(spec)) * 4
+    master = clones + fp32_step[Category.OPTIMIZER] if bf16 else None
     out = []
     for ph in single:
         br = dict(ph.breakdown)
@@ -217,7 +223,7 @@ def _zero0_phases(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> l
             out.append(Phase("all-reduce of the gradients (largest bucket)", {
                 **br, Category.TEMPORARIES: 0, Category.COMMUNICATION: max(z.allreduce_flatten_numels(spec)) * b}))
         if ph.name == "optimizer step" and bf16:
-            br[Category.GRADIENTS] += fp32_step[Category.PARAMETERS]  # the fp32 gradients, one per master
+            br[Category.GRADIENTS] += clones  # the fp32 gradients, one per master
             br[Category.TEMPORARIES] = fp32_step[Category.TEMPORARIES]
         out.append(Phase(ph.name, br))
     return out
@@ -231,7 +237,8 @@ def deepspeed_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         from llmem.walk.deepspeed3 import zero3_phases
 
         return zero3_phases(spec, plan)
-    walk_spec, spec = spec, ds_lora.trainable_spec(spec, plan)  # the walks read the model, ZeRO its trainables
+    # the walks read the model (bf16 LoRA: its half adapters), ZeRO its trainables
+    walk_spec, spec = ds_lora.walk_spec(spec, plan), ds_lora.trainable_spec(spec, plan)
     if plan.zero == 0:
         return _zero0_phases(spec, plan, iteration_phases(walk_spec, compute_plan(plan)))
     later = plan.grad_accum > 1 and z.reduces_in_backward(plan)  # ZeRO-2: every micro-step reduces

@@ -263,7 +263,7 @@ def end_moments(t: Terms) -> list[Phase]:
     embedding's input gradient is freed) and the optimizer step. --quant int8: the held inputs until the outputs
     are dropped."""
     spec, plan = t.spec, t.plan
-    held_all = (t.layers - 1) * t.held_layer + t.held_first
+    held_all = (t.layers - 1) * t.held_layer + t.held_first + lora_forward.embedding_leaf_bytes(spec, plan)
     excess = spec.derived.gradient_excess_bytes(plan) if spec.derived is not None and plan.tp > 1 else 0
     end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient + excess,
                logits=t.logits, activations=held_all)

@@ -30,6 +30,8 @@ ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "engine": "deepspeed", "method":
     "llama-z0-s256": {"zero": 0, "seq_len": 256},
     "llama-z1-all-r16-default-bucket": {"zero": 1, "seq_len": 16, "lora_targets": "all-linear", "lora_rank": 16},
     "llama-z0-s16-sgd": {"zero": 0, "seq_len": 16, "optimizer": "sgd"},
+    # checkpointed: the embeddings' output leaf and its .grad held through the step (the peak at 16 tokens)
+    "llama-z0-s16-ckpt": {"zero": 0, "seq_len": 16, "grad_ckpt": "full"},
     # gradient accumulation: the adapters' .grads whole between micro-steps, ZeRO-1's bucket open from micro-step 1
     "llama-z1-ga2-s256": {"zero": 1, "seq_len": 256, "ds_reduce_bucket": 4096, "grad_accum": 2},
     "mistral-z0-all-ga2-s64": {"zero": 0, "seq_len": 64, "lora_targets": "all-linear", "grad_accum": 2},

@@ -72,3 +72,24 @@ def test_each_tensor_is_split_evenly_and_persistence_follows_the_threshold():
         total = sum(z.ordered_numels(spec))
         assert 0 <= z3.partition_sum(spec, plan) * gpus - total < gpus * len(z.ordered_numels(spec))
         assert z3.persistent_param_bytes(spec, plan) == 4 * 128 * (2 * spec.num_layers + 1)  # the norms
+
+
+def test_a_reduce_at_up_proj_s_hook_holds_no_gathered_down_proj():
+    """ZeRO-3 releases each module once its input's gradient is made (parameter_offload.py:454-457): at a layer's
+    up_proj hook its down_proj's gathered weight is gone, the layer's other modules still gathered; at the next
+    layer's first hook the whole later layer is gone (4 ranks, fp32: the 4-rank row's peak)."""
+    from llmem.walk.deepspeed3 import _released_at_hooks
+    from llmem.walk.deepspeed_hooks import _param_names
+
+    spec = ModelSpec.from_config(CONFIGS["llama"])
+    plan = TrainingPlan(gpus=4, zero=3, engine="deepspeed", precision="fp32", **AUTO)
+    names = _param_names(spec)
+    index = {n: i for i, n in enumerate(names)}
+    released = _released_at_hooks(spec, plan)
+    inter = CONFIGS["llama"]["intermediate_size"] * HIDDEN  # 44,032: a multiple of 4, no padding
+    head = CONFIGS["llama"]["vocab_size"] * HIDDEN  # the untied lm_head, released after its backward
+    assert released[index["model.layers.1.mlp.down_proj.weight"]] == head * 4
+    assert released[index["model.layers.1.mlp.up_proj.weight"]] == (head + inter) * 4
+    assert released[index["model.layers.1.mlp.gate_proj.weight"]] == (head + 2 * inter) * 4
+    layer = sum(p.numel for p in spec.layer_params(1) if p.numel > plan.ds_persistence_threshold)
+    assert released[index["model.layers.0.mlp.down_proj.weight"]] == (head + layer) * 4
