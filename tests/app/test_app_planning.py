@@ -164,9 +164,9 @@ def test_chunked_ce_under_compare_all_is_compared_on_every_strategy_and_the_link
 
 def test_a_links_warnings_are_in_the_apps_words():
     """A link's repair names the link's key (the option's name), its fix the widget to change, not `--option`."""
-    at = run({**SMALL, "method": "qlora", "quant": "int8", "precision": "bf16", "gpus": "2", "zero": "0"})
+    at = run({**SMALL, "method": "qlora", "quant": "int8", "precision": "bf16", "gpus": "2", "zero": "3"})
     shown = " ".join(w.value for w in at.warning if w.value.startswith("Share link")).replace("\\", "")
-    assert "method:" in shown and "“GPU count” 1" in shown and "--gpus" not in shown
+    assert "method:" in shown and "“Strategy” 0 or 1" in shown and "--zero" not in shown
 
 
 def test_a_bad_link_shows_one_warning_box_that_goes_away_after_an_edit():
