@@ -89,3 +89,18 @@ def test_each_layernorm_walk_has_its_attention_moments(model, attn, moments):
     for m in moments:
         assert any(m in n for n in names), (m, names)
     assert not any("sdpa backward" in n for n in names) or attn == "sdpa"
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("model,moment", [("gpt2", "probabilities' bmm backward"),
+                                          ("gpt_neox", "forward (last layer, in flight)")])
+def test_fsdp2_zero3_walk_has_them_as_simulated(model, moment):
+    """FSDP2 (`walk.fsdp`, `walk.fsdp_layer`): the same moments on the compute plan, against the fake-tensor run of
+    the 2-rank program (rank 0)."""
+    from llmem.simulate import simulate
+
+    plan = TrainingPlan(**BASE, seq_len=512, gpus=2, zero=3)
+    est = estimate(ModelSpec.from_config(ATTN[model]), plan)
+    sim = simulate(ATTN[model], plan)
+    assert moment in est.peak_phase, est.peak_phase
+    assert abs(est.peak_bytes - sim.peak_bytes) <= 0.01 * sim.peak_bytes, (est.peak_bytes, sim.peak_bytes)
