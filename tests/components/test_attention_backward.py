@@ -57,7 +57,7 @@ def test_the_decoder_locals_at_the_final_norm_are_the_measured_peak():
     ("gpt2", "bf16-mixed", "sdpa", "probabilities' bmm backward"),
     ("gpt2", "fp32", "eager", "probabilities' bmm backward"),
     ("gpt_neox", "fp32", "sdpa", "forward (last layer, in flight)"),
-    ("gpt_neox", "bf16", "sdpa", "forward (last layer, in flight)"),
+    ("gpt2", "bf16", "sdpa", "probabilities' bmm backward"),
     ("opt", "bf16-mixed", "sdpa", "forward (last layer, in flight)"),
 ])
 def test_attention_heavy_tiny_vocabulary_shapes_as_measured(model, precision, attn, moment):
