@@ -102,7 +102,9 @@ def inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
     - GPT-NeoX's last parallel residual add: the three unsaved tokens × h tensors (compute dtype) and the locals, less
       what the final norm and the lm_head save (`final_norm`, `activations.final_norm_saved`) but the norm's input,
       the layer output this add makes (the residual stream's dtype);
-    - BLOOM's last attention's residual add (`bloom_attention_add_bytes`).
+    - BLOOM's last attention's residual add (`bloom_attention_add_bytes`);
+    - GPT-2's last attention inside sdpa's CPU math path (`gpt2_math_sdpa_bytes`) and its last block's MLP output
+      dropout (`gpt2_block_end_bytes`).
     0 where none applies."""
     local = decoder_locals_bytes(spec, plan)
     if not local:
@@ -115,4 +117,57 @@ def inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
     at_add = 0
     if parallel_add_applies(spec, plan):
         at_add = 3 * tokens_h * cb + local - (final_norm - tokens_h * rb)
-    return max(0, at_norm, at_add, bloom_attention_add_bytes(spec, plan, final_norm))
+    return max(0, at_norm, at_add, bloom_attention_add_bytes(spec, plan, final_norm),
+               gpt2_math_sdpa_bytes(spec, plan, final_norm), gpt2_block_end_bytes(spec, plan, final_norm))
+
+
+def gpt2_block_end_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
+    """Above the forward's end: GPT-2's last block at its MLP's output dropout (`GPT2Block.forward`: `attn_output`
+    stays a local until the block returns; `GPT2MLP.forward`: `c_proj`'s output, then `self.dropout` makes the dropped
+    copy beside it and its noise, which is saved), so three tokens × h tensors in the compute dtype (two without
+    resid_pdrop) beside every saved tensor but the final norm's and lm_head's (`final_norm`), and the decoder's
+    locals."""
+    if spec.model_type != "gpt2" or not _hand_full(spec, plan):
+        return 0
+    from llmem.components.saved import _p
+
+    tokens_h = plan.batch_size * plan.seq_len * spec.hidden_size
+    unsaved = 2 + (_p(spec, "resid_pdrop") > 0)
+    return unsaved * tokens_h * _bytes(plan)[0] + decoder_locals_bytes(spec, plan) - final_norm
+
+
+def gpt2_math_sdpa_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
+    """Above the forward's end: GPT-2's last attention inside sdpa's CPU math path (attention dropout > 0 on CPU,
+    `saved.attention_saved`), when it casts its output back (torch 2.13 `_scaled_dot_product_attention_math`, its
+    ops as dispatched: q, k, v `to(float32)`, the causal mask `ones(s, s).tril()` turned into an fp32 `where`, the
+    scores, `_safe_softmax`, dropout, the probabilities `to(origin dtype)` (returned, discarded by the caller), the
+    bmm by v, its output `to(origin dtype)`). Alive then beside every tensor saved so far: the fp32 mask (seq²);
+    from a half input the upcast q and k, the probabilities' half copy, the fp32 bmm output and the half output
+    (in fp32 the casts are the tensors themselves: the bmm output only); from micro-batch 2 on, where the bmm
+    operands are copies, `q * scale` and the upcast v too; the block's locals — c_attn's output,
+    whose q/k/v views the attention holds (unless the table counts it as v's saved view), and under autocast ln_1's
+    fp32 output (c_attn saves its half cast) — and the decoder's. Less what the layer saves after the bmm, the final
+    norm's and lm_head's saves (`final_norm`) and under autocast the later Linears' half weight copies."""
+    from llmem.components import activations as act
+    from llmem.components.attention_backward import _DROPPED
+    from llmem.components.attention_core import forward_later_copy_bytes
+
+    if spec.model_type != "gpt2" or not _hand_full(spec, plan):
+        return 0
+    lp = act.layer_plan(plan, spec.num_layers - 1)
+    items = tuple(act.layer_saved(spec, lp))
+    k = next((i for i, it in enumerate(items) if it.name.startswith(_DROPPED[1])), None)
+    if k is None:  # not the math path
+        return 0
+    b, s, h = plan.batch_size, plan.seq_len, spec.hidden_size
+    cb, rb = _bytes(plan)
+    tq = b * s * spec.num_heads * spec.head_dim
+    probs = items[k].bytes // FP32 * cb
+    local = s * s * FP32 + tq * FP32 + (2 * tq * FP32 + probs + tq * cb if cb != FP32 else 0)
+    if b > 1:  # the bmm operands are copies (`at::matmul`'s expand + reshape), which the table counts: q * scale
+        local += tq * FP32 * (1 + (cb != FP32))  # stays a local, and so does the upcast v
+    if not any("view of the fused" in it.name for it in items):
+        local += 3 * tq * cb  # c_attn's output
+    local += autocast.applies(plan) * b * s * h * rb
+    later = sum(it.bytes for it in items[k + 1:])
+    return local + decoder_locals_bytes(spec, plan) - later - final_norm - forward_later_copy_bytes(spec, plan)
