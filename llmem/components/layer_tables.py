@@ -253,8 +253,10 @@ def attention_backward_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> i
 
 
 def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int) -> list[Saved]:
-    """`models/bloom/modeling_bloom.py: BloomBlock` (eager only): fused query_key_value split into q, k, v copies
-    (baddbmm / bmm operands), alibi `baddbmm` scores → fp32 softmax (cast back when half), context (dense input);
+    """`models/bloom/modeling_bloom.py: BloomBlock` (eager only): fused query_key_value split into q, k, v
+    (baddbmm / bmm operands: `BloomAttention._reshape`'s transposed views reshaped to (b·heads, s, d), lines 213-267 —
+    copies, but views of the one fused output at micro-batch 1, where b and heads merge), alibi `baddbmm`
+    scores → fp32 softmax (cast back when half), context (dense input);
     hidden_dropout in both `dropout_add`s, attention_dropout on the probabilities; bloom_gelu_forward saves x and
     its output (4h MLP)."""
     h, i = spec.hidden_size, 4 * spec.hidden_size
@@ -263,7 +265,8 @@ def bloom_layer_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: int
     return [
         Saved("input (residual stream)", tokens * h * rb),
         *layer_norm_saved("input_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "query_key_value"),
-        *attention_saved(spec, plan.with_(attn="eager"), tokens, seq, [], _p(spec, "attention_dropout")),
+        *attention_saved(spec, plan.with_(attn="eager"), tokens, seq, [], _p(spec, "attention_dropout"),
+                         fused_v_bytes=tokens * 3 * h * cb, fused_qk_views=True),
         *dropout_saved("attention dropout_add", plan, tokens * h, cb, hidden),
         Saved("residual after attention", tokens * h * rb),
         *layer_norm_saved("post_attention_layernorm", plan, tokens, h), *_cast(plan, tokens, h, 1, "dense_h_to_4h"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmem.components import activations as act
+from llmem.components import attention_backward as ab
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
 from llmem.components import lora
@@ -156,7 +157,27 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
         phases.append(moment(f"backward (layer {layer}, attention core)", **on,
                              activations=alive - w.first_saving - released,
                              gradients=w.root_grads_head + later + w.core_grads + transient))
-    return phases + _query_moments(w, layer, later, on, held, alive)
+    return phases + _query_moments(w, layer, later, on, held, alive) + _layernorm_moments(w, layer, later, on, held,
+                                                                                         alive)
+
+
+def _layernorm_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],
+                       alive: int) -> list[Phase]:
+    """The LayerNorm decoders' fused sdpa backward and dropped probabilities' bmm backward
+    (`attention_backward`), on the compute plan (unsharded gradients); `alive` as in `_attention_moments`."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    lp = act.layer_plan(cp, layer)
+    items = tuple(act.layer_saved(spec, lp))
+    terms = []
+    if ab.sdpa_applies(spec, plan, items):
+        terms.append(("sdpa backward", ab.sdpa_released(items), ab.sdpa_transient(spec, lp)))
+    if ab.probs_applies(spec, plan, items):
+        terms.append(("probabilities' bmm backward", ab.probs_released(items), ab.probs_transient(spec, lp, items)))
+    phases = [moment(f"backward (layer {layer}, {what})", **on, activations=alive - w.first_saving - released,
+                     gradients=w.root_grads_head + later + w.core_grads + transient)
+              for what, released, transient in terms]
+    held |= {ph.name: later for ph in phases}
+    return phases
 
 
 def _query_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int], alive: int) -> list[Phase]:

@@ -24,6 +24,7 @@ from llmem.components.gradients import (
     layer_output_gradient_bytes,
 )
 from llmem.components.lora_recompute import recompute_moments
+from llmem.walk.attention_backward import attention_moments
 from llmem.walk.phase import Category, Phase, moment
 
 if TYPE_CHECKING:
@@ -229,6 +230,9 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
             backward_later[ph.name] = later + own(spec, plan)  # (micro-step 2: the layer's `.grad`s made before)
     if act.falcon_math_attention(spec, plan) and not lora.is_lora(plan):
         phases.append(_falcon_math_moment(t, layer, name, held, later))
+    for ph in attention_moments(t, layer, name, held, later):  # the LayerNorm decoders' sdpa / probabilities' bmm
+        phases.append(ph)
+        backward_later[ph.name] = later + core.eager_core_layer_gradient_bytes(spec, plan)  # (micro-step 2)
     # micro-step 2 (`accumulation.accumulation_phases`): the later layers' `.grad`s at each moment; the attention
     # core's are derived there from the MLP moment's
     for ph in phases:

@@ -8,7 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmem.components import Category, act_offload, autocast, chunked_ce, fused_ce, lora, lora_forward, lora_head, quant
+from llmem.components import (
+    Category,
+    act_offload,
+    autocast,
+    chunked_ce,
+    decoder_locals,
+    fused_ce,
+    lora,
+    lora_forward,
+    lora_head,
+    quant,
+)
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
@@ -141,8 +152,10 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
     position ids: the decoder's locals until it returns, `Derived.held_saved`'s tensors), so the forward's end
     less `final_norm` plus them."""
     last = spec.num_layers - 1
-    if spec.derived is None or plan.checkpointed(last) or act_offload.applies(plan):
+    if plan.checkpointed(last) or act_offload.applies(plan):
         return 0
+    if spec.derived is None:  # hand-written: the decoder's locals, GPT-NeoX's parallel add (`decoder_locals`)
+        return decoder_locals.inflight_bytes(spec, plan, final_norm)
     d = spec.derived.at(last)
     lp = act.layer_plan(plan, last)
     args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)

@@ -1,0 +1,34 @@
+"""The LayerNorm decoders' attention-backward moments in the walk of one device, DDP, ZeRO-1 and TP
+(`llmem.components.attention_backward`): the fused sdpa kernel's backward and the dropped probabilities' bmm
+backward, each on the layer's own table, beside the layer's weight gradients made after its attention core."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmem.components import activations as act
+from llmem.components import attention_backward as ab
+from llmem.components import attention_core as core
+from llmem.components import autocast
+from llmem.walk.phase import Phase, moment
+
+if TYPE_CHECKING:
+    from llmem.walk.single import Terms
+
+
+def attention_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
+    """Layer `layer`'s moments: "sdpa backward" and "probabilities' bmm backward", where they apply."""
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    items = tuple(act.layer_saved(spec, lp))
+    terms = []
+    if ab.sdpa_applies(spec, plan, items):
+        terms.append(("sdpa backward", ab.sdpa_released(items), ab.sdpa_transient(spec, lp)))
+    if ab.probs_applies(spec, plan, items):
+        terms.append(("probabilities' bmm backward", ab.probs_released(items), ab.probs_transient(spec, lp, items)))
+    copies = autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan)
+    own = core.eager_core_layer_gradient_bytes(spec, plan)
+    return [moment(f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act - released,
+                   gradients=t.grads_outer + later + own + transient, temporaries=copies, logits=t.logits,
+                   communication=t.gathered(layer + 1))
+            for what, released, transient in terms]
