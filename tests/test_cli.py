@@ -52,7 +52,7 @@ def test_compare_writes_the_csv(tmp_path):
         (["--model", "llama-3.1-8b", "--ckpt-every", "2"], "ckpt-every"),
         (["--model", "llama-3.1-8b", "--grad-ckpt", "full", "--ckpt-every", "0"], "ckpt-every"),
         (["--model", "llama-3.1-8b", "--method", "lora", "--lora-modules-to-save", "lm_haed"], "lora-modules-to-save"),
-        (["--model", "qwen2.5-0.5b", "--method", "lora", "--lora-modules-to-save", "lm_head"], "lora-modules-to-save"),
+        (["--model", "qwen2.5-0.5b", "--method", "lora", "--lora-modules-to-save", "norm"], "lora-modules-to-save"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(args, field):

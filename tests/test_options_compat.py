@@ -19,6 +19,13 @@ DATA = json.loads((Path(__file__).parent / "data" / "links_and_command_lines_v1.
 def test_old_links_decode_to_the_same_inputs(case):
     inputs, warnings = decode(case["query"])
     now = {f.name: str(getattr(inputs, f.name)) for f in fields(inputs)}
+    if case["query"].get("quant") == "int8" and int(case["query"].get("gpus", 1)) > 1:
+        # changed on purpose since the recording: the 8-bit base on several GPUs (DDP, ZeRO-1) is modelled now, so
+        # the link keeps its method and quantization and only what still cannot go with them is repaired
+        assert (now["method"], now["quant"]) == ("qlora", "int8"), now
+        assert all(not w.startswith(("method:", "quant:")) for w in warnings), warnings
+        inputs.to_plan()
+        return
     assert {k: now[k] for k in case["inputs"]} == case["inputs"]
     added = {f.name: str(f.default) for f in fields(AppInputs) if f.name not in case["inputs"]}
     assert {k: now[k] for k in added} == added  # options the old links could not carry keep their defaults

@@ -164,7 +164,7 @@ def test_quant_round_trips_and_selects_qlora():
 @pytest.mark.parametrize("query", [
     {"quant": "nf4"},  # default precision bf16-mixed: qlora needs a pure dtype
     {"quant": "nf4", "precision": "bf16", "gpus": "4", "tp": "2", "zero": "3"},  # qlora: no TP
-    {"quant": "int8", "precision": "bf16", "gpus": "2"},  # the 8-bit base too runs on one GPU only
+    {"quant": "int8", "precision": "bf16", "gpus": "2", "zero": "3"},  # FSDP2 drops the 8-bit weight's CB/SCB
 ])
 def test_tampered_quant_combinations_fall_back_to_none_with_a_warning(query):
     inputs, warnings = decode(query)
