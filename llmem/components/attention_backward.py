@@ -104,3 +104,15 @@ def probs_transient(spec: ModelSpec, plan: TrainingPlan, items: tuple[Saved, ...
     width = FP32 if dropped.name.startswith(_MATH) else _bytes(plan)[0]
     q = plan.batch_size * plan.seq_len * spec.num_heads * spec.head_dim // plan.tp
     return dropped.bytes + 2 * q * width + _residual(spec, plan)
+
+
+def moments(spec: ModelSpec, plan: TrainingPlan, layer_plan: TrainingPlan,
+            items: tuple[Saved, ...]) -> list[tuple[str, int, int]]:
+    """(name, saved bytes released, transient bytes) of each moment that applies to a layer of `layer_plan` whose
+    saved tensors are `items`: the fused sdpa kernel's backward, the dropped probabilities' bmm backward."""
+    out = []
+    if sdpa_applies(spec, plan, items):
+        out.append(("sdpa backward", sdpa_released(items), sdpa_transient(spec, layer_plan)))
+    if probs_applies(spec, plan, items):
+        out.append(("probabilities' bmm backward", probs_released(items), probs_transient(spec, layer_plan, items)))
+    return out

@@ -21,11 +21,7 @@ def attention_moments(t: Terms, layer: int, name: str, held: int, later: int) ->
     spec, plan = t.spec, t.plan
     lp = act.layer_plan(plan, layer)
     items = tuple(act.layer_saved(spec, lp))
-    terms = []
-    if ab.sdpa_applies(spec, plan, items):
-        terms.append(("sdpa backward", ab.sdpa_released(items), ab.sdpa_transient(spec, lp)))
-    if ab.probs_applies(spec, plan, items):
-        terms.append(("probabilities' bmm backward", ab.probs_released(items), ab.probs_transient(spec, lp, items)))
+    terms = ab.moments(spec, plan, lp, items)
     copies = autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan)
     own = core.eager_core_layer_gradient_bytes(spec, plan)
     return [moment(f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act - released,

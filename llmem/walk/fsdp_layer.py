@@ -168,14 +168,9 @@ def _layernorm_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
     spec, plan, cp = w.spec, w.plan, w.cp
     lp = act.layer_plan(cp, layer)
     items = tuple(act.layer_saved(spec, lp))
-    terms = []
-    if ab.sdpa_applies(spec, plan, items):
-        terms.append(("sdpa backward", ab.sdpa_released(items), ab.sdpa_transient(spec, lp)))
-    if ab.probs_applies(spec, plan, items):
-        terms.append(("probabilities' bmm backward", ab.probs_released(items), ab.probs_transient(spec, lp, items)))
     phases = [moment(f"backward (layer {layer}, {what})", **on, activations=alive - w.first_saving - released,
                      gradients=w.root_grads_head + later + w.core_grads + transient)
-              for what, released, transient in terms]
+              for what, released, transient in ab.moments(spec, plan, lp, items)]
     held |= {ph.name: later for ph in phases}
     return phases
 
