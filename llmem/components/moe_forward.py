@@ -81,3 +81,19 @@ def forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     if not applies(spec, plan):
         return 0
     return model_mask_bytes(spec, plan) + routed_inflight_bytes(spec, plan) - not_yet_bytes(spec, plan)
+
+
+def final_norm_forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Inside the final RMSNorm's forward, at `self.weight * hidden_states.to(input_dtype)` (`Qwen2MoeRMSNorm`,
+    `MixtralRMSNorm`), beyond the forward end's saves: the model forward's masks (`model_mask_bytes`) and, in pure
+    half precision (no autocast: FSDP2's bf16 parameters too), `hidden_states * rsqrt(...)` (T × h × fp32, no op
+    saves it: `.to` saves nothing), the last layer's output and the embeddings' output (T × h × rb each: the model
+    forward's locals, which the norms' fp32 copies stand for in autograd). In fp32 or under autocast (an fp32
+    residual stream) the same tensors are the ones saved. Measured on the grouped-experts families only (0
+    elsewhere)."""
+    if not applies(spec, plan):
+        return 0
+    T = plan.batch_size * plan.seq_len
+    _, rb = _bytes(plan)
+    half = rb == 2 and not plan.precision.is_mixed
+    return model_mask_bytes(spec, plan) + (T * spec.hidden_size * (FP32 + 2 * rb) if half else 0)

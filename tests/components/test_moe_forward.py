@@ -35,3 +35,16 @@ def test_moe_forward_moment_only_where_the_last_layer_keeps_its_saves():
     mixtral = ModelSpec.from_config(dict(QWEN2_MOE, model_type="mixtral", num_local_experts=4))
     assert moe_forward.model_mask_bytes(mixtral, PLAN.with_(attn="sdpa")) == 0
     assert moe_forward.model_mask_bytes(spec, PLAN) == 2 * moe_forward.model_mask_bytes(mixtral, PLAN)
+
+
+def test_pure_bf16_forward_peaks_in_the_final_norm_as_estimated():
+    """Without autocast the forward's last phase peaks inside the final norm (the masks alive, the norm's fp32
+    product, the last layer's and the embeddings' outputs): the later of the two in-forward moments against the
+    measured peak of the phase from the last layer's pre-hook to the lm_head (the step's peak is the backward)."""
+    from llmem.measure.timeline import phases, timeline
+
+    plan = PLAN.with_(precision="bf16")
+    est = {ph.name: ph.total for ph in estimate(ModelSpec.from_config(QWEN2_MOE), plan).phases}
+    inside = max(est["forward (last layer, MoE experts)"], est["final norm forward"])
+    real = [ph.peak for ph in phases(timeline(dict(QWEN2_MOE), plan)) if ph.name == "forward layer 1"][-1]
+    assert abs(inside - real) / real < 0.01, (inside, real)
