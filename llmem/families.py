@@ -191,7 +191,7 @@ FAMILIES: dict[str, Family] = {
                              "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
                              "mlp_only_layers": [], "qkv_bias": True},
                _qwen2_moe_layer, _llama_outer, extra=("norm_topk_prob", *_DROP), **_LLAMA_TRAITS,
-               grouped_experts=True, shared_expert=True, lora_activations=True),
+               grouped_experts=True, shared_expert=True, lora_activations=True, both_masks=True),
         Family("gpt2", {"vocab_size": 50257, "hidden_size": 768, "intermediate_size": None, "num_layers": 12,
                         "num_heads": 12, "tie_word_embeddings": True, "n_positions": 1024, "resid_pdrop": 0.1,
                         "embd_pdrop": 0.1, "attn_pdrop": 0.1},

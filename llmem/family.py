@@ -92,6 +92,8 @@ class Family:
     #   an explicit mask, or its own matmul-softmax), not through `eager_attention_forward`/the attention interface
     sliding_window_layers: bool = False  # even layers attend in a sliding window, odd ones fully
     #   (`Gemma2Config.layer_types`): the model builds both masks (`causal_mask_mapping`)
+    both_masks: bool = False  # the model forward builds the full and the sliding-window causal masks whatever the
+    #   layers use (`Qwen2MoeModel.forward`'s `causal_mask_mapping`)
     # Norms and embeddings:
     unit_offset_norm: bool = False  # RMSNorm scales by (1 + weight) in fp32 (`GemmaRMSNorm`: x.float() normalized
     #   * (1.0 + self.weight.float()))

@@ -355,8 +355,8 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
                       for n in ("gate_proj", "silu(gate)", "up_proj", "silu(gate) * up")]
             items += [Saved("shared_expert output", tokens * spec.hidden_size * cb),
                       Saved("shared_expert_gate sigmoid", tokens * cb)]
-        elif plan.precision.is_mixed:
-            items += _cast(plan, tokens, spec.hidden_size, 1, "router")
+        # the router's F.linear casts its input under autocast too (`Qwen2MoeTopKRouter.forward`, `MixtralTopKRouter`)
+        items += _cast(plan, tokens, spec.hidden_size, 1, "router")
     return items
 
 

@@ -43,10 +43,11 @@ def moe_layer_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str,
     `shared_expert_output` (grad × sigmoid, T × h × cb, pending for the shared expert), the shared_expert_gate
     weight gradient (h) and the block input's gradient from its Linear (T × h × rb, the residual stream's dtype: under
     autocast `ToCopyBackward0` casts the Linear's half input gradient to fp32, the half one freed; the other branches
-    accumulate into it); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed. The shared
-    expert runs backward last, after every expert and router gradient exists and the routed part's saved tensors
-    are freed: the dense MLP transient of width shared_expert_intermediate_size (its largest weight gradient and
-    two intermediate-sized gradients)."""
+    accumulate into it); its mul's saved shared expert output (T × h × cb) and sigmoid (T × cb) are freed, and under
+    autocast the gate Linear's saved half input (T × h × 2). The shared expert runs backward last, after every
+    expert and router gradient exists and the routed part's saved tensors are freed (under autocast the router's
+    half input cast too): the dense MLP transient of width shared_expert_intermediate_size (its largest weight
+    gradient and two intermediate-sized gradients)."""
     moments = _moe_backward_moments(spec, plan)
     return {name: extra + plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
             for name, extra in moments.items()}
@@ -76,8 +77,9 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     if shared:  # left by the shared-expert gate branch's backward, which runs first
         shared_output_grad = shared_output_saved = T * h * cb
         block_input_grad = T * h * rb  # under autocast ToCopyBackward0 casts the Linear's half one to fp32
+        gate_input_cast = T * h * 2 if plan.precision.is_mixed else 0  # its Linear's saved half input, freed
         shared_gate = (shared_output_grad + h * pb + block_input_grad - shared_output_saved
-                       - T * cb)  # gate weight grad; the freed sigmoid
+                       - T * cb - gate_input_cast)  # gate weight grad; the freed sigmoid
     moments = {}
     if ckpt:
         residual_local = T * h * rb if rb == 2 else 0
@@ -103,6 +105,7 @@ def _moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str, int]
     if shared:
         si = spec.shared_expert_intermediate_size
         routed_saved = sum(s.bytes for s in act.moe_saved(spec, plan, T))
+        routed_saved += T * h * 2 if plan.precision.is_mixed else 0  # the router's half input cast, freed by its mm
         router_grad = e * h * pb
         moments["shared expert backward"] = (shared_gate + down_grad_weight + gate_up_grad_weight + router_grad
                                              - routed_saved + si * h * pb + 2 * T * si * cb)

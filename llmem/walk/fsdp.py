@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llmem.components import Category, act_offload, chunked_ce, decoder_locals, lora, offload, quant
+from llmem.components import Category, act_offload, chunked_ce, decoder_locals, lora, moe_forward, offload, quant
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -244,8 +244,11 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     if chunked_ce.is_chunked(cp) or act_offload.applies(cp):  # the loss after the model's forward
         return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
+    norm = moe_forward.final_norm_forward_extra_bytes(spec, cp)  # inside the final norm's forward
     phases = [
         moment("forward (last layer)", **on, communication=w.end_in_layer),
+        *([moment("final norm forward", **dict(on, activations=w.forward_acts + norm),  # (last layer resharded)
+                  communication=w.end_at_loss)] if norm else []),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),
     ]
     inflight = 0 if plan.checkpointed(w.layers - 1) else decoder_locals.inflight_bytes(spec, cp,

@@ -18,6 +18,7 @@ from llmem.components import (
     lora,
     lora_forward,
     lora_head,
+    moe_forward,
     quant,
 )
 from llmem.components import activations as act
@@ -224,10 +225,16 @@ def head_moments(t: Terms) -> list[Phase]:
     on = dict(**t.persistent, activations=t.forward_acts, communication=t.gathered(t.layers))
     fp32_grad = autocast.head_fp32_gradient_bytes(t.spec, t.plan) * bool(t.head_grad_copy)
     scaled = lora_head.backward_scaled_grad_bytes(t.spec, t.plan)  # an adapted lm_head's grad * scaling
+    moe = moe_forward.forward_extra_bytes(t.spec, t.plan)  # inside the last layer's routed experts
+    norm = moe_forward.final_norm_forward_extra_bytes(t.spec, t.plan)  # inside the final norm's forward
     phases = [
         moment("forward (last layer)", **on, temporaries=t.fwd_casts),
         *([moment("forward (last layer, in flight)", **dict(on, activations=t.forward_acts + t.fwd_inflight),
                   temporaries=t.fwd_casts)] if t.fwd_inflight else []),
+        *([moment("forward (last layer, MoE experts)", **dict(on, activations=t.forward_acts + moe),
+                  temporaries=t.fwd_casts)] if moe else []),
+        *([moment("final norm forward", **dict(on, activations=t.forward_acts + norm), temporaries=t.fwd_casts)]
+          if norm else []),
         moment("loss forward", **on, temporaries=t.fwd_casts + t.head_cast, logits=t.loss_fwd),
         moment("loss backward", **on, temporaries=t.base_casts + t.head_cast, logits=t.loss_bwd),
         moment("lm_head backward", **on, gradients=t.grads_outer + t.head_transient - fp32_grad,
