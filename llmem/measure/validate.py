@@ -295,13 +295,18 @@ def write_csv(records: list[dict], path: Path) -> None:
 def scheme_summary(records: list[dict]) -> list[dict]:
     """Per scheme: rows, rows compared, mean absolute and worst signed error (%)."""
     out = []
-    for scheme, engine in [(s, e) for s in Scheme for e in ("torch", "fsdp1")]:  # FSDP1 rows apart (--engine)
-        rows = [r for r in records if r["scheme"] == scheme.value and str(r.get("engine") or "torch") == engine]
+    groups = [(s, e, None) for s in Scheme for e in ("torch", "fsdp1")]  # FSDP1 and DeepSpeed rows apart (--engine)
+    groups += [(None, "deepspeed", z) for z in range(4)]  # DeepSpeed by its stage (one rank is ZeRO-N too)
+    for scheme, engine, zero in groups:
+        rows = [r for r in records if str(r.get("engine") or "torch") == engine
+                and (r["scheme"] == scheme.value if scheme else int(r["zero"]) == zero)]
         errs = [r["error_pct"] for r in rows if r["error_pct"] is not None]
         if not rows:
             continue
-        label = FSDP1_LABELS.get(scheme, scheme.label) if engine == "fsdp1" else scheme.label
-        out.append({"scheme": scheme.value, "label": label, "rows": len(rows), "compared": len(errs),
+        label = FSDP1_LABELS.get(scheme, scheme.label) if engine == "fsdp1" else scheme.label if scheme else \
+            f"ZeRO-{zero} (DeepSpeed)"
+        out.append({"scheme": scheme.value if scheme else f"deepspeed-zero{zero}", "label": label, "rows": len(rows),
+                    "compared": len(errs),
                     "failed": sum(r["status"] == "failed" for r in rows),
                     "mae_pct": round(sum(map(abs, errs)) / len(errs), 3) if errs else None,
                     "worst_pct": max(errs, key=abs) if errs else None})
