@@ -241,7 +241,7 @@ MIXED_FSDP = TwoRankRows(dict(_BASE, precision="bf16-mixed", zero=3), {
     "falcon-mixed-zero2-all": dict(zero=2, lora_targets="all-linear"),
     "granite-mixed-zero3-every2": dict(grad_ckpt="full", ckpt_every=2, attn="eager", lora_dropout=0.05),
     "gpt_neox-mixed-zero3-all-ckpt": dict(precision="fp16-mixed", lora_targets="all-linear", grad_ckpt="full"),
-}, lambda name: config_of(name.split("-")[0]), sampled=["olmo2-mixed-zero3-all-dropout-ckpt"])
+}, lambda name: config_of(name.split("-")[0]), sampled=[])  # the suite's d2-olmo2-derived-lora-zero3-bf16mix-ckpt
 
 
 @pytest.mark.slow
