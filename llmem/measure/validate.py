@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmem.errors import InputError
+from llmem.measure.schemes import scheme_summary
 from llmem.options import PLAN_OPTIONS
-from llmem.plan import FSDP1_LABELS, Scheme, TrainingPlan
+from llmem.plan import TrainingPlan
 
 # what a suite row may set: the plan's options but the device (a column of its own) and those that need CUDA
 PLAN_FIELDS = tuple(o.name for o in PLAN_OPTIONS if o.name != "device" and not o.cuda_only)
@@ -290,27 +291,6 @@ def write_csv(records: list[dict], path: Path) -> None:
         writer.writeheader()
         for rec in records:
             writer.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in CSV_COLUMNS})
-
-
-def scheme_summary(records: list[dict]) -> list[dict]:
-    """Per scheme: rows, rows compared, mean absolute and worst signed error (%)."""
-    out = []
-    groups = [(s, e, None) for s in Scheme for e in ("torch", "fsdp1")]  # FSDP1 and DeepSpeed rows apart (--engine)
-    groups += [(None, "deepspeed", z) for z in range(4)]  # DeepSpeed by its stage (one rank is ZeRO-N too)
-    for scheme, engine, zero in groups:
-        rows = [r for r in records if str(r.get("engine") or "torch") == engine
-                and (r["scheme"] == scheme.value if scheme else int(r["zero"]) == zero)]
-        errs = [r["error_pct"] for r in rows if r["error_pct"] is not None]
-        if not rows:
-            continue
-        label = FSDP1_LABELS.get(scheme, scheme.label) if engine == "fsdp1" else scheme.label if scheme else \
-            f"ZeRO-{zero} (DeepSpeed)"
-        out.append({"scheme": scheme.value if scheme else f"deepspeed-zero{zero}", "label": label, "rows": len(rows),
-                    "compared": len(errs),
-                    "failed": sum(r["status"] == "failed" for r in rows),
-                    "mae_pct": round(sum(map(abs, errs)) / len(errs), 3) if errs else None,
-                    "worst_pct": max(errs, key=abs) if errs else None})
-    return out
 
 
 def _mib(n) -> str:
