@@ -185,7 +185,7 @@ SCHEME_LABELS = {
 
 
 FSDP1_LABELS = {Scheme.DDP: "ZeRO-0 (FSDP1 NO_SHARD)", Scheme.ZERO2: "ZeRO-2 (FSDP1 SHARD_GRAD_OP)",
-                Scheme.ZERO3: "ZeRO-3 (FSDP1 FULL_SHARD)"}
+                Scheme.ZERO3: "ZeRO-3 (FSDP1 FULL_SHARD)", Scheme.SINGLE: "one GPU (FSDP1 NO_SHARD, a world of one)"}
 
 
 class Engine(Choice):

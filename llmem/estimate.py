@@ -252,7 +252,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
         from llmem.components import context_parallel
 
         context_parallel.check(spec, plan)
-    if plan.engine is Engine.FSDP1 and plan.gpus > 1 and lora.is_lora(plan) and (
+    if plan.engine is Engine.FSDP1 and lora.is_lora(plan) and (
             spec.derived is not None or not spec.family.lora_activations):
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "
                          f"families); {spec.model_type!r}'s are traced (measured 2.4 % low on gpt2): use --engine "

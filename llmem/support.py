@@ -115,9 +115,6 @@ RULES: tuple[Rule, ...] = (
         f"--engine deepspeed --zero 3, or leave it at {d}", REFUSED, **{f: 1000}) for f, key, d in (
         ("ds_prefetch_bucket", "stage3_prefetch_bucket_size", 50_000_000),
         ("ds_persistence_threshold", "stage3_param_persistence_threshold", 100_000))),
-    _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.gpus == 1,
-       "fsdp1 on one GPU shards nothing and is not modelled; use --engine torch, or 2+ GPUs with --zero 2 or 3",
-       GAP, engine="fsdp1"),
     _r("engine gpus tp zero", "engine", lambda p: p.engine is Engine.FSDP1 and p.tp > 1,
        "FSDP1 with tensor parallelism is not modelled; use --tp 1, or --engine torch (TP x FSDP2)", GAP,
        engine="fsdp1", gpus=2, tp=2, zero=0),
@@ -152,11 +149,6 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.engine is Engine.FSDP1 and p.fsdp_shard is not FsdpShard.DIM0,
        "--fsdp-shard chooses FSDP2's shard dim; FSDP1 flattens each unit into one FlatParameter and shards that "
        "flat; use --fsdp-shard dim0", REFUSED, engine="fsdp1", fsdp_shard="dim1-if-short", gpus=2, zero=3),
-    _r("engine grad_accum keep_grads", "engine",
-       lambda p: p.engine is Engine.FSDP1 and (p.grad_accum > 1 or p.keep_grads),
-       "gradients alive across micro-steps or steps under FSDP1 (its _saved_grad_shard accumulation) are not "
-       "modelled; use --grad-accum 1 without --keep-grads, or --engine torch", GAP, engine="fsdp1", grad_accum=2,
-       gpus=2, zero=3),
     _r("engine loss", "engine", lambda p: p.engine is Engine.FSDP1 and p.loss is not Loss.STANDARD,
        "{p.loss.value} under FSDP1 is not modelled; use --loss standard", GAP, engine="fsdp1",
        loss="fused-linear-ce", gpus=2, zero=3),

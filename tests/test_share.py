@@ -349,9 +349,9 @@ def test_double_quant_round_trips_and_is_dropped_without_a_4bit_base():
     decoded.to_plan()
 
 
-def test_engine_fsdp1_link_compares_its_strategies_and_falls_back_on_one_gpu():
+def test_engine_fsdp1_link_compares_its_strategies_and_keeps_one_gpu():
     """engine=fsdp1 with compare-all on 2 GPUs: the base plan is FSDP1 NO_SHARD, so the link keeps the engine; on
-    one GPU FSDP1 is refused and the link falls back to torch with a warning."""
+    one GPU FSDP1 runs a world of one (NO_SHARD), and the link keeps it too."""
     from llmem.plan import Engine
 
     two = AppInputs(model="gpt2", gpus=2, zero="all", engine=Engine.FSDP1)
@@ -359,4 +359,5 @@ def test_engine_fsdp1_link_compares_its_strategies_and_falls_back_on_one_gpu():
     kept, warnings = decode(encode(two))
     assert kept.engine is Engine.FSDP1 and not warnings
     one, warnings = decode(encode(two.with_(gpus=1)))
-    assert one.engine is Engine.TORCH and any(w.startswith("engine") for w in warnings)
+    assert one.engine is Engine.FSDP1 and not warnings
+    assert one.to_plan().strategy_label == "one GPU (FSDP1 NO_SHARD, a world of one)"

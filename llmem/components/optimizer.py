@@ -77,7 +77,7 @@ def _largest_partition(items: Trained, world: int) -> list[int]:
 
 
 def _fsdp1(plan: TrainingPlan) -> bool:
-    return plan.engine is Engine.FSDP1 and plan.gpus > 1
+    return plan.engine is Engine.FSDP1
 
 
 def optimized_params(spec: ModelSpec, plan: TrainingPlan) -> list[int]:

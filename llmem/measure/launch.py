@@ -59,11 +59,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _deepspeed(row: dict) -> bool:
+def _launched(row: dict) -> bool:
     """A DeepSpeed row runs as its own launcher runs it even on one rank (`deepspeed --num_gpus 1`: a process with
     RANK / LOCAL_RANK / WORLD_SIZE set and a process group of one): under torchrun, which does the same, so that
-    DeepSpeed's process-wide state (its communication backend, the group) never stays in this process."""
-    return row.get("plan", {}).get("engine") == "deepspeed"
+    DeepSpeed's process-wide state (its communication backend, the group) never stays in this process. FSDP1 on
+    one GPU (`accelerate launch --num_processes 1`) likewise: its process group of one."""
+    return row.get("plan", {}).get("engine") in ("deepspeed", "fsdp1")
 
 
 def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | None = None,
@@ -73,11 +74,11 @@ def run_job(rows: list[dict], world_size: int, device: str, out_path: Path | Non
     if world_size == 1 and not under_torchrun():
         from llmem.measure import worker
 
-        here = [r for r in rows if not _deepspeed(r)]  # in this process; DeepSpeed's under a launch of one
+        here = [r for r in rows if not _launched(r)]  # in this process; DeepSpeed's, FSDP1's under a launch of one
         results = worker.run_job({**job, "rows": here}, str(out_path) if out_path else None) if here else []
         if len(here) == len(rows):
             return results, ""
-        launched, err = _launch({**job, "rows": [r for r in rows if _deepspeed(r)]}, 1, out_path, timeout)
+        launched, err = _launch({**job, "rows": [r for r in rows if _launched(r)]}, 1, out_path, timeout)
         return results + launched, err
     if under_torchrun():
         from llmem.measure import worker

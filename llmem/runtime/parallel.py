@@ -40,7 +40,7 @@ FSDP_SCHEMES = (Scheme.ZERO2, Scheme.ZERO3, Scheme.TP_ZERO3)
 
 def uses_fsdp(plan: TrainingPlan) -> bool:
     """FSDP2, or FSDP1 (`--engine fsdp1`, NO_SHARD included): their mixed precision casts, no autocast runs."""
-    return plan.scheme in FSDP_SCHEMES or (plan.engine is Engine.FSDP1 and plan.gpus > 1)
+    return plan.scheme in FSDP_SCHEMES or plan.engine is Engine.FSDP1
 
 
 def check_supported(model_type: str, plan: TrainingPlan, config: dict | None = None) -> None:
@@ -186,8 +186,13 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
     if plan.precision.is_mixed:
         half = getattr(torch, plan.precision.compute_dtype_name)
         mixed = MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
+    # one GPU: FSDP switches any strategy to NO_SHARD at world size 1 (torch 2.13 fsdp/_init_utils.py:430-438)
     strategy = {Scheme.ZERO3: ShardingStrategy.FULL_SHARD, Scheme.ZERO2: ShardingStrategy.SHARD_GRAD_OP,
-                Scheme.DDP: ShardingStrategy.NO_SHARD}[plan.scheme]
+                Scheme.DDP: ShardingStrategy.NO_SHARD, Scheme.SINGLE: ShardingStrategy.NO_SHARD}[plan.scheme]
+    if plan.gpus == 1:
+        from llmem.runtime.deepspeed import _one_rank_group
+
+        _one_rank_group(plan)  # its process group of one (torchrun --nproc_per_node 1 makes it under `measure`)
     device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, torch.cuda.current_device())
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mixed,
                 device_id=device, use_orig_params=True, limit_all_gathers=True,
@@ -197,10 +202,10 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
 def wrap(model: nn.Module, plan: TrainingPlan, device_type: str = "cpu") -> nn.Module:
     """The model wrapped for `plan.scheme`; the default process group must be initialised for multi-rank."""
     scheme = plan.scheme
+    if plan.engine is Engine.FSDP1:  # one GPU included: FSDP1 wraps a world of one
+        return _wrap_fsdp1(model, plan, device_type)
     if scheme is Scheme.SINGLE or plan.engine is Engine.DEEPSPEED:  # DeepSpeed wraps in its own engine
         return model
-    if plan.engine is Engine.FSDP1:
-        return _wrap_fsdp1(model, plan, device_type)
     from torch.distributed.device_mesh import init_device_mesh
 
     if scheme in (Scheme.DDP, Scheme.ZERO1):

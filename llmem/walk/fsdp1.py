@@ -38,6 +38,7 @@ from llmem.components.gradients import (
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
+from llmem.walk.accumulation import gradients_kept
 from llmem.walk.final_norm import norm_moment
 from llmem.walk.fsdp import FsdpTerms, compute_plan, fsdp_terms
 from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
@@ -230,10 +231,54 @@ def _layer_kept(w: Fsdp1Terms, layer: int) -> tuple[int, int]:
 
 
 def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
-    """FSDP1 (ZeRO-2/3): the candidate peak moments of one steady-state iteration on the largest rank."""
+    """FSDP1 (NO_SHARD, one GPU included, SHARD_GRAD_OP, FULL_SHARD): the candidate peak moments of one
+    steady-state iteration on the largest rank; with gradients kept across micro-steps or steps, micro-step 2's."""
     w = fsdp1_terms(spec, plan)
     phases = forward_moments(w) + head_moments(w)
+    held = dict.fromkeys((ph.name for ph in phases), 0)  # phase -> the gradient shards micro-step 1 holds there
     shards = fp.shard_bytes(spec, plan)
     for layer in act.backward_layers(spec, w.cp, edge=2):
-        phases += layer_moments(w, layer, sum(shards[2 + layer:]))
-    return phases + end_moments(w)
+        later = sum(shards[2 + layer:])
+        new = layer_moments(w, layer, later)
+        held |= dict.fromkeys((ph.name for ph in new), later)
+        phases += new
+    end = end_moments(w)
+    held |= dict.fromkeys((ph.name for ph in end[:-1]), sum(shards[1:]))
+    if gradients_kept(plan):
+        phases += kept_gradient_moments(w, phases + end[:-1], held)
+    return phases + end
+
+
+def _in_post_backward_hook(name: str) -> int | None:
+    """The unit whose post-backward hook a moment is inside (its reduction and cast), None outside one."""
+    if name.startswith("reduce-scatter (layer "):
+        return 1 + int(name.removeprefix("reduce-scatter (layer ").split(")")[0].split(",")[0])
+    return 0 if name in ("backward end (root reduce-scatter)", "backward end (root gradient cast)") else None
+
+
+def no_shard_hook_copy_bytes(w: Fsdp1Terms, name: str) -> int:
+    """NO_SHARD under MixedPrecision with a gradient already in `.grad` (fp32, the parameter dtype): AccumulateGrad
+    adds the new half flat gradient into it in place, and the autograd engine keeps that input alive through the
+    node's post-hooks (torch 2.13 `torch/csrc/autograd/engine.cpp` `call_function`: `inputs` are passed to
+    `call_post_hooks`), FSDP's `_post_backward_hook` among them, which casts the accumulated `.grad` to the reduce dtype
+    (`fsdp/_runtime_utils.py:764`: a new N-element half copy) before the all-reduce: N · gb more than micro-step 1,
+    where AccumulateGrad takes the new gradient as `.grad` itself. Sharded strategies: `.grad` is None by then."""
+    unit = _in_post_backward_hook(name)
+    if unit is None or fp.sharded(w.flat) or not fp.cast_grad_bytes(w.spec, w.flat, unit):
+        return 0
+    return fp.unsharded_grad_bytes(w.spec, w.flat, unit)
+
+
+def kept_gradient_moments(w: Fsdp1Terms, phases: list[Phase], held: dict[str, int]) -> list[Phase]:
+    """`--grad-accum K > 1` (every micro-step synced, no `no_sync`) or `--keep-grads`: a flat parameter's gradient
+    shard of the previous micro-step (or the step's, zeroed in place) is its `.grad` until its unit's pre-backward,
+    where `prepare_gradient_for_backward` moves it to `_saved_grad_shard` (torch 2.13 `fsdp/_flat_param.py:1627`),
+    and `_accumulate_sharded_grad` adds the new reduce-scattered shard into it in place (`fsdp/_runtime_utils.py:906`):
+    each moment of micro-step 2 is micro-step 1's with every unit's shard alive (those micro-step 1 held there,
+    `held`, not twice). The shards are `flat_param.shard_bytes` (NO_SHARD: the whole flat gradient, accumulated by
+    autograd's AccumulateGrad in place); a frozen root (LoRA) has none."""
+    shards = fp.shard_bytes(w.spec, w.flat)
+    total = sum(shards[1:]) if w.frozen_root else sum(shards)
+    when = "micro-step 2" if w.plan.grad_accum > 1 else "gradients kept by zero_grad(set_to_none=False)"
+    return [with_extra(ph, f"{ph.name}, gradient shards alive ({when})", Category.GRADIENTS,
+                       total - held[ph.name] + no_shard_hook_copy_bytes(w, ph.name)) for ph in phases]

@@ -311,7 +311,7 @@ def iteration_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         from llmem.walk.deepspeed import deepspeed_phases
 
         return deepspeed_phases(spec, plan)
-    if plan.engine is Engine.FSDP1 and plan.gpus > 1:
+    if plan.engine is Engine.FSDP1:  # one GPU: NO_SHARD (`flat_param.sharded`)
         from llmem.walk.fsdp1 import fsdp1_phases
 
         return fsdp1_phases(spec, plan)
