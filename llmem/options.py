@@ -124,7 +124,8 @@ OPTIONS: tuple[Option, ...] = (
            low=1, high=MAX_TOKENS, widget=Widget("Sequence length (tokens)", "w_seq", NUMBER, step=256, group=G_BATCH)),
     Option("precision", c.Precision, c.Precision.BF16_MIXED,
            "fp32: 4-byte everything. bf16/fp16: pure half (2-byte weights, gradients, optimizer states). "
-           "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast).",
+           "bf16-mixed/fp16-mixed: fp32 weights and optimizer states, half-precision activations (autocast); "
+           "with --method qlora the 4-bit Linears compute in the half dtype and return their input's fp32.",
            widget=Widget("Precision", "w_precision", SELECT, group=G_PRECISION)),
     Option("optimizer", c.Optimizer, c.Optimizer.ADAMW,
            "adamw keeps two states per parameter (2× weights); sgd with momentum keeps one. adafactor (torch) keeps "

@@ -156,12 +156,16 @@ RULES: tuple[Rule, ...] = (
     _r("method quant", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.NONE,
        "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8", REFUSED, method="qlora",
        quant="none", precision="bf16"),
-    _r("method precision", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed,
-       "qlora is modelled with the base built in its compute dtype (pure bf16, fp16 or fp32, as QLoRA recipes load "
-       "it); use --precision bf16", GAP, method="qlora", quant="nf4", precision="bf16-mixed"),
+    # QLoRA under autocast (4-bit base, torch engine, DDP/ZeRO-1): docs/MODEL-QLORA-MIXED.md
+    _r("method precision quant zero engine", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed
+       and (p.quant is Quant.INT8 or p.zero >= 2 or p.engine is not Engine.TORCH),
+       "qlora with {p.precision.value} is modelled for a 4-bit base (nf4/fp4) under torch.autocast on one GPU, DDP "
+       "or ZeRO-1 (an 8-bit base under autocast and FSDP's MixedPrecisionPolicy over a 4-bit base are not); use "
+       "--precision {p.precision.pure}, --quant nf4 or --zero 0/1", GAP, method="qlora", quant="int8",
+       precision="bf16-mixed"),
     _r("method quant", "quant", lambda p: p.method is not Method.QLORA and p.quant is not Quant.NONE,
        "--quant quantizes the frozen base of --method qlora; use --quant none or --method qlora", REFUSED,
-       quant="nf4"),
+       method="lora", quant="nf4"),
     # measured on 2 CPU ranks: FSDP2's `_init_sharded_param` makes a plain Parameter of the Int8Params, whose CB/SCB
     # Linear8bitLt reads in its forward ("'Parameter' object has no attribute 'CB'")
     _r("method quant gpus zero engine", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.INT8

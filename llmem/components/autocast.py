@@ -34,7 +34,11 @@ def weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan, kept=lambda name: Tru
     does not apply): the one sum the moments' copy terms below and in `attention_core` take over their own Linears."""
     if not applies(plan):
         return 0
-    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0) if kept(p.name)) * plan.precision.compute_bytes
+    from llmem.components.quant import quantized_weights
+
+    quantized = {p.name for p in quantized_weights(spec, plan)}  # 4-bit/8-bit Linears: no autocast copy
+    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)
+               if kept(p.name) and p.name not in quantized) * plan.precision.compute_bytes
 
 
 @per_spec("layout_key")

@@ -5,6 +5,7 @@ experts MoE block. Built from `llmem.components.saved`; chosen by `llmem.compone
 
 from __future__ import annotations
 
+from llmem.components import quant_autocast
 from llmem.components.saved import (
     FP32,
     Saved,
@@ -357,7 +358,7 @@ def llama_family_saved(spec: ModelSpec, plan: TrainingPlan, tokens: int, seq: in
                       Saved("shared_expert_gate sigmoid", tokens * cb)]
         # the router's F.linear casts its input under autocast too (`Qwen2MoeTopKRouter.forward`, `MixtralTopKRouter`)
         items += _cast(plan, tokens, spec.hidden_size, 1, "router")
-    return items
+    return quant_autocast.fp32_output_items(items, plan)  # QLoRA under autocast: fp32 4-bit Linear outputs
 
 
 def _fused_projection_items(spec: ModelSpec, plan: TrainingPlan, items: list[Saved], tokens: int) -> list[Saved]:

@@ -27,12 +27,14 @@ def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     intermediate-sized gradients, less what the branch freed: `lora_forward.down_proj_backward_freed_bytes`), and the
     backward of `silu(gate) * up` (the incoming gradient, d up and d silu(gate): three, with what down_proj's adapter
     saved already freed; with a frozen down_proj nothing saved the down_proj input at all)."""
+    from llmem.components import quant_autocast as qa  # (fp32 MLP tensors, down's adapter done: QLoRA mixed)
     tokens, inter = plan.batch_size * plan.seq_len, spec.intermediate_size // plan.tp
-    grad = tokens * inter * plan.precision.compute_bytes
+    grad = tokens * inter * qa.mlp_bytes(plan)
     down = [p for p in layer0_targeted(spec, plan) if _module(p).rsplit(".", 1)[-1] == "down_proj"]
     items = _adapter_input_saved("down_proj", plan, tokens, inter, len(down), shared=True) if down else []
     from llmem.components.lora_forward import down_proj_backward_freed_bytes as freed
-    return max(2 * grad - freed(plan, items), 3 * grad - sum(s.bytes for s in items))
+    done = sum(s.bytes for s in items) + qa.down_adapter_done_bytes(spec, plan)
+    return max(2 * grad - freed(plan, items), 3 * grad - done)
 
 
 _GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj": "attention",
@@ -47,7 +49,6 @@ def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     Linear's input requires grad. In layer 0 that is not so before the first adapted Linear (`_requires_grad`);
     these copies, counted for every layer by `autocast.layer_weight_copy_bytes`, do not exist there."""
     from llmem.components import autocast
-
     if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan) or layer0_input_requires_grad(spec, plan):
         return 0
     grad = _requires_grad(_layer_targets_short(spec, plan), first=True)
@@ -62,11 +63,10 @@ def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     until the forward's autocast region exits, in checkpointed layers too); mixtral's expert-stack factors are
     not cast (`lora_experts.uncast_adapter_elements`)."""
     from llmem.components import autocast
-
-    if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan):
-        return 0
     from llmem.components.lora_experts import uncast_adapter_elements
 
+    if not is_lora(plan) or not autocast.applies(plan):  # (a 4-bit base has no copies of its own: quant_autocast)
+        return 0
     return (_summary(spec, plan)[1][0] - uncast_adapter_elements(spec, plan)) * plan.precision.compute_bytes
 
 

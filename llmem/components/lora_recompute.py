@@ -4,6 +4,7 @@ are `llmem.components.lora_activations.layer_saved`."""
 
 from __future__ import annotations
 
+from llmem.components import quant_autocast
 from llmem.components.lora import _module, is_lora, layer0_targeted
 from llmem.components.lora_activations import layer_saved
 from llmem.components.saved import FP32, Saved, _bytes
@@ -111,7 +112,7 @@ def _gradients(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     grads = [Saved("down_proj grad * scaling (lora_B output gradient)", tokens * h * (2 if mixed else FP32))]
     if rb == 2 and plan.method is not Method.QLORA:
         grads.append(Saved("down_proj base_layer output gradient (cast from fp32 by AddBackward0)", tokens * h * cb))
-    if mixed:
+    if mixed and not quant_autocast.applies(plan):  # (QLoRA: down_proj's output is already fp32)
         grads.append(Saved("MLP output gradient (cast to half by the fp32 residual add)", tokens * h * 2))
     return grads
 
@@ -119,13 +120,15 @@ def _gradients(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
 def _stop(spec: ModelSpec, plan: TrainingPlan, common: list[Saved]) -> list[Saved]:
     """Where the recompute stops: in down_proj, before lora_B's mm."""
     tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
-    cb, rb = _bytes(plan)
+    _, rb = _bytes(plan)
+    mb = quant_autocast.mlp_bytes(plan)  # the compute dtype's, fp32 for QLoRA under autocast
     half = _half(spec)
     stop = list(common)
     if not _kept_by_lora_a(plan, half):
-        stop.append(Saved("act_fn(gate) * up (down_proj input)", tokens * i * cb))
-    stop.append(Saved("down_proj base_layer output", tokens * h * cb))
-    if not half and (plan.precision.is_mixed or (rb == 2 and plan.lora_dropout)):
+        stop.append(Saved("act_fn(gate) * up (down_proj input)", tokens * i * mb))
+    stop.append(Saved("down_proj base_layer output", tokens * h * mb))
+    # (QLoRA under autocast: peft's bnb layer does not cast x, already fp32)
+    if not half and not quant_autocast.applies(plan) and (plan.precision.is_mixed or (rb == 2 and plan.lora_dropout)):
         stop.append(Saved("down_proj x.to(fp32) (input cast to lora_A's dtype)", tokens * i * FP32))
     stop.append(Saved("down_proj scaling, not yet created", -8))
     return stop
@@ -134,7 +137,8 @@ def _stop(spec: ModelSpec, plan: TrainingPlan, common: list[Saved]) -> list[Save
 def _up_proj_sum(spec: ModelSpec, plan: TrainingPlan, common: list[Saved]) -> list[Saved]:
     """up_proj's `result + lora_B(...) * scaling`, before down_proj's saved tensors are recomputed."""
     tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
-    cb, rb = _bytes(plan)
+    _, rb = _bytes(plan)
+    cb = quant_autocast.mlp_bytes(plan)  # the compute dtype's, fp32 for QLoRA under autocast
     half = _half(spec)
     mixed, pure_half = plan.precision.is_mixed or half, rb == 2 and not half  # (half adapters: as autocast's)
     ab = 2 if mixed else FP32  # the adapter product's dtype

@@ -116,19 +116,20 @@ def dequant_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     the modelled one by numel * cb - tokens * in * cb when positive (wide weights, few tokens). Measured on
     llama/qwen3 (fp32, CPU) within 0.7 %; an approximation for the Linears before the MLP output."""
     from llmem.components.lora import in_out
+    from llmem.components.quant_autocast import mlp_bytes
 
     tokens = plan.batch_size * plan.seq_len
-    cb = plan.precision.compute_bytes
+    cb, gb = plan.precision.compute_bytes, mlp_bytes(plan)  # (gb: fp32 gradients under autocast)
     layer = [p for p in quantized_weights(spec, plan) if p.layer == 0]
     if not layer:
         return 0
     # the last Linear of the forward (the MLP output) runs its backward first, with all of the layer alive; the
     # others run after its input (tokens, in) that its LoRA branch kept has been freed
     last_in = in_out(spec, layer[-1])[0]
-    best = max(0, layer[-1].numel - tokens * last_in)
+    best = max(0, layer[-1].numel * cb - tokens * last_in * gb)
     for p in layer[:-1]:
-        best = max(best, p.numel - tokens * (in_out(spec, p)[0] + last_in))
-    return best * cb
+        best = max(best, p.numel * cb - tokens * (in_out(spec, p)[0] + last_in) * gb)
+    return best
 
 
 # --- 8-bit base (`--quant int8`, LLM.int8) -----------------------------------------------------------------------

@@ -8,6 +8,10 @@ bnb_4bit_compute_dtype=<the plan's dtype>, bnb_4bit_use_double_quant=<--double-q
 quantized as its loader does, `bnb.nn.Params4bit(weight, requires_grad=False, **meta_param.__dict__).to(device)`.
 (`from_config` does not run a quantizer; this is the same replacement and quantization, done on the built model.)
 `peft.prepare_model_for_kbit_training` is not part of the program (see DESIGN.md).
+Under `--precision bf16-mixed|fp16-mixed` (docs/MODEL-QLORA-MIXED.md) this is the common recipe's model:
+`from_pretrained(..., dtype=<half>, quantization_config=<4-bit, compute dtype half>)` (each weight quantized from
+its half values: the `quant_state.dtype` that `dequantize_4bit` returns in backward is half), then
+`prepare_model_for_kbit_training`'s cast of every other parameter to fp32 (here: built in fp32).
 
 `--quant int8` (LLM.int8): the same replacement with `BitsAndBytesConfig(load_in_8bit=True)` (llm_int8_threshold 6.0,
 llm_int8_has_fp16_weight False) gives `bnb.nn.Linear8bitLt` modules, and each weight is quantized as transformers'
@@ -39,7 +43,7 @@ def bnb_config(plan: TrainingPlan):
     if plan.quant is Quant.INT8:
         return BitsAndBytesConfig(load_in_8bit=True)  # llm_int8_threshold=6.0, llm_int8_has_fp16_weight=False
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(plan.quant),
-                              bnb_4bit_compute_dtype=getattr(torch, plan.precision.torch_dtype_name),
+                              bnb_4bit_compute_dtype=getattr(torch, plan.precision.compute_dtype_name),
                               bnb_4bit_use_double_quant=plan.double_quant,
                               bnb_4bit_quant_storage=torch.uint8)
 
@@ -60,6 +64,8 @@ def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
             module.bias = nn.Parameter(biases.pop(name), requires_grad=False)
         if isinstance(module, bnb.nn.Linear4bit):
             value = weights.pop(name)
+            if plan.precision.is_mixed:  # loaded in the half dtype (the quant_state's dtype), see the docstring
+                value = value.to(getattr(torch, plan.precision.compute_dtype_name))
             meta = module.weight
             module.weight = bnb.nn.Params4bit(value, requires_grad=False, **meta.__dict__).to(value.device)
             del value

@@ -176,7 +176,7 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         # layers live until the forward's autocast region exits (`llmem.derive.lora`)
         return dict(casts=0, head_cast=_head_cast(spec, plan), first_casts=0, base_casts=0,
                     fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
-    if lora.is_lora(plan) and casts:
+    if lora.is_lora(plan) and autocast.applies(plan):  # (a 4-bit base has no copies: `quant_autocast`)
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
         # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
         first_casts = lora.first_layer_unsaved_copy_bytes(spec, plan)
