@@ -34,8 +34,10 @@ Left out: the op-level temporaries that live for an op or two (norm statistics, 
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
 ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 %, the other TP rows −2.4 … +0.5 %), so TP is not replayed (`REPLAYED`);
-plans outside it keep the category rules (`reserved.reserved_bytes`).
+logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast the layers' forward and
+backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4 full-size TP
+rows −1.1 … −0.05 %); TP in fp32 or pure bf16 is not replayed. Plans outside `replays` keep the category rules
+(`reserved.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
 from llmem.components import request_stream_fsdp as fsdp
+from llmem.components import request_stream_tp as tp_ops
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
@@ -115,8 +118,9 @@ def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False
 
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the layer structure the forward and backward write out
-# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md)
-REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, *FSDP_SCHEMES)
+# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md,
+# TP under autocast: docs/notes/2026-11-27-tp-request-stream.md)
+REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -143,8 +147,9 @@ def _checkpointing(plan: TrainingPlan) -> bool:
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
-    scheme in `REPLAYED` (TP stays on the category rules: docs/notes/2026-11-27-reserved-replay.md)."""
-    return plan.scheme in REPLAYED and covers(spec, plan)
+    scheme in `REPLAYED`; TP only under autocast, whose layers are written op by op (`per_op`; TP in fp32 or pure
+    bf16 keeps the category rules: its layer stream leaves the backward's temporaries out, −2.3 … −6.9 %)."""
+    return plan.scheme in REPLAYED and covers(spec, plan) and (plan.scheme is not Scheme.TP or per_op(plan))
 
 
 def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: bool = False) -> int:
@@ -157,6 +162,8 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
+    if per_op(plan) and plan.scheme not in FSDP_SCHEMES:  # sizes of many shapes: the plan's own stream
+        return replay_reserved(program_requests(spec, plan, sizes).events, expandable)
     shape = (len(sizes.table), sizes.upcast)  # the stream's structure besides the layout
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
                          lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
@@ -185,7 +192,9 @@ class _PlanSizes:
         self.pow = tokens * spec.hidden_size * 4
         # FSDP2 runs no autocast (its MixedPrecisionPolicy gathers half weights): no input casts are made
         casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES
-        self.table = [s.bytes for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
+        saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
+        self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
+        self.tokens = tokens
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
@@ -294,6 +303,12 @@ def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
 def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> list[list[int]]:
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
+    if per_op(plan):  # each layer's tensors by name, the last layer's output last
+        res, table = kept[0].pop(), dict(zip(sizes.names, sizes.table, strict=True))
+        for layer in range(spec.num_layers):
+            named, res = tp_ops.layer_forward(req, spec, plan, layer, table, res, sizes.tokens)
+            kept.append(named)
+        return [*kept, [res]]
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
@@ -325,11 +340,14 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
     if mixed:
         req.free(g_head)
-    req.free(g_in)
-    for layer in reversed(range(spec.num_layers)):
-        for p in reversed(spec.layer_params(layer)):
-            grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
-        req.free(*reversed(kept[layer + 1]))
+    if per_op(plan):
+        _backward_per_op(req, spec, plan, kept, sizes, g_in, grads)
+    else:
+        req.free(g_in)
+        for layer in reversed(range(spec.num_layers)):
+            for p in reversed(spec.layer_params(layer)):
+                grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
+            req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
     embed = req.alloc(spec.vocab_size * spec.hidden_size * plan.precision.param_bytes // plan.tp)
     if spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
@@ -337,6 +355,24 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     else:
         grads.append(embed)
     return grads
+
+
+def per_op(plan: TrainingPlan) -> bool:
+    """Whether the layers' backward is written op by op (`request_stream_tp`): TP under autocast."""
+    return plan.tp > 1 and autocast.applies(plan)
+
+
+def _backward_per_op(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]],
+                     sizes: _PlanSizes, g_in: int, grads: list[int]) -> None:
+    """The final norm's and each layer's backward op by op (`request_stream_tp`), the saved tensors freed by name;
+    the residual gradient into the embedding freed after `embedding_dense_backward` is made (here: at once)."""
+    g_res = tp_ops.final_norm_backward(req, spec, plan, g_in, sizes.tokens, kept[-1][0])
+    for layer in reversed(range(spec.num_layers)):
+        req.mark(f"layer {layer} backward")
+        new, g_res = tp_ops.layer_backward(req, spec, plan, layer, kept[layer + 1], g_res,
+                                           lambda n, cast: _gradient(req, n, cast, plan), sizes.tokens)
+        grads.extend(new)
+    req.free(g_res)
 
 
 def _gradient(req: Requests, numel: int, cast: bool, plan: TrainingPlan) -> int:

@@ -88,18 +88,21 @@ def test_rebuilt_buckets_as_torch_assigns_them():
     assert sorted(rs.rebuilt_bucket_bytes(spec, plan)) == theirs
 
 
-@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}])
+@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}, {"gpus": 2, "tp": 2}])
 def test_the_high_end_is_the_replay_where_it_applies(plan):
-    """One GPU, DDP and ZeRO-1 (llama-like, full fine-tuning, foreach AdamW): the high end of the default-segment
-    range is the replay (the point figure at least); TP, checkpointing, LoRA, eager attention (its fp32 softmax
-    temporaries are not written out), fp16 (GradScaler) or a fused step keep the rules."""
+    """One GPU, DDP, ZeRO-1 and TP under autocast (llama-like, full fine-tuning, foreach AdamW): the high end of the
+    default-segment range is the replay (the point figure at least); TP in fp32, checkpointing, LoRA, eager
+    attention (its fp32 softmax temporaries are not written out), fp16 (GradScaler) or a fused step keep the
+    rules."""
     p = TrainingPlan(**MIXED, **plan)
     spec = _spec("qwen2.5-0.5b", p)
     est = estimate(spec, p)
     assert rs.replays(spec, p)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
-    others = (p.with_(grad_ckpt="full"), TrainingPlan(**MIXED, gpus=2, tp=2), p.with_(method="lora"),
-              p.with_(attn="eager"), p.with_(precision="fp16-mixed"), p.with_(optimizer_impl="fused"))
+    one = TrainingPlan(**MIXED)
+    others = (one.with_(grad_ckpt="full"), TrainingPlan(**(MIXED | {"precision": "fp32"}), gpus=2, tp=2),
+              one.with_(method="lora"),
+              one.with_(attn="eager"), one.with_(precision="fp16-mixed"), one.with_(optimizer_impl="fused"))
     for other in others:
         assert not rs.replays(_spec("qwen2.5-0.5b", other), other)
     assert not rs.replays(_spec("gpt2", p), p)  # a LayerNorm family: another layer program
