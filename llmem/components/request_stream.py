@@ -306,6 +306,7 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         res, table = kept[0].pop(), dict(zip(sizes.names, sizes.table, strict=True))
         for layer in range(spec.num_layers):
+            req.mark(f"layer {layer} forward")
             named, res = tp_ops.layer_forward(req, spec, plan, layer, table, res, sizes.tokens)
             kept.append(named)
         return [*kept, [res]]
@@ -349,7 +350,7 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
                 grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
             req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
-    embed = req.alloc(spec.vocab_size * spec.hidden_size * plan.precision.param_bytes // plan.tp)
+    embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
     if spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
         req.free(embed)
     else:

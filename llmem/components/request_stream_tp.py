@@ -29,7 +29,7 @@ class _Layer:
 
     def __init__(self, spec, plan, layer: int, tokens: int) -> None:
         c = plan.precision.compute_bytes
-        self.c, self.tokens = c, tokens
+        self.c, self.tokens, self.head_dim = c, tokens, spec.head_dim
         self.f_th, self.c_th = tokens * spec.hidden_size * F32, tokens * spec.hidden_size * c
         self.linear, self.bias = {}, {}
         for p in spec.layer_params(layer):
@@ -190,6 +190,17 @@ def _rope(req, s: _Layer, x32: int, name: str) -> int:
     return out
 
 
+def _contiguous(req, s: _Layer, key: int, name: str) -> int:
+    """The q or k gradient back through `.view(hidden_shape).transpose(1, 2)`: (b, heads, s, d) transposed is not
+    viewable as (b, s, heads · d) unless one head is local, so `reshape` copies it (`clone`); v's gradient comes out
+    of SDPA's backward in v's own strides and needs none."""
+    if s.width[name] // s.head_dim <= 1:
+        return key
+    out = req.alloc(s.rows(name, s.c))
+    req.free(key)
+    return out
+
+
 def _attention(req, s: _Layer, free: _Freer, grads: list, grad, g_mid: int) -> int:
     g = req.alloc(s.c_th)
     o = s.linear["o_proj"]
@@ -209,13 +220,11 @@ def _attention(req, s: _Layer, free: _Freer, grads: list, grad, g_mid: int) -> i
     dk = _rope(req, s, k32, "k_proj")
     dq = _rope(req, s, q32, "q_proj")
     a_v = _linear(req, s, free, grads, grad, "v_proj", dv, ())
-    a_k = _linear(req, s, free, grads, grad, "k_proj", dk, ())
+    a_k = _linear(req, s, free, grads, grad, "k_proj", _contiguous(req, s, dk, "k_proj"), ())
     free.prefix("k_norm")
     acc = req.alloc(s.f_th)
     req.free(a_v, a_k)
-    q = req.alloc(s.rows("q_proj", s.c))  # the query gradient made contiguous (`clone`)
-    req.free(dq)
-    a_q = _linear(req, s, free, grads, grad, "q_proj", q, ())
+    a_q = _linear(req, s, free, grads, grad, "q_proj", _contiguous(req, s, dq, "q_proj"), ())
     free.prefix("q_norm")
     out = req.alloc(s.f_th)
     req.free(acc, a_q)
