@@ -54,7 +54,8 @@ from llmem.components import request_stream_tp as tp_ops
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
-from llmem.components.sharding import FSDP_SCHEMES, local_numel, tp_local_shape
+from llmem.components.request_stream_tp import applies as per_op
+from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
 from llmem.plan import (
     Device,
@@ -125,19 +126,27 @@ REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
-    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards) on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed
-    adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not written out), no
-    checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8,
-    foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
+    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
+    bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
+    written out), no checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8, foreach AdamW
+    stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
             and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
             and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
             and not plan.optimizer_in_backward and not plan.keep_grads
             and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
-            and not plan.ddp_bucket_view and plan.fsdp_shard is FsdpShard.DIM0 and plan.pp == 1 and plan.cp == 1
+            and not plan.ddp_bucket_view and _dim0_shards(spec, plan) and plan.pp == 1 and plan.cp == 1
             and not spec.is_moe
             and spec.derived is None and spec.model_type in MODEL_TYPES)
+
+
+def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """FSDP2's dim-0 shards: `--fsdp-shard dim0`, or dim1-if-short where no tensor takes `Shard(1)` (its placement
+    function, `runtime.parallel._dim1_if_short`, returns None — Shard(0) — for a tensor with at least as many dim-0
+    rows as ranks: every tensor of a dense decoder at the data-parallel sizes one plans)."""
+    return plan.fsdp_shard is FsdpShard.DIM0 or plan.scheme not in FSDP_SCHEMES or not any(
+        fsdp_shard_dim(tp_local_shape(p, plan.tp), plan) for p in spec.params)
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
@@ -304,12 +313,8 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
-        res, table = kept[0].pop(), dict(zip(sizes.names, sizes.table, strict=True))
-        for layer in range(spec.num_layers):
-            req.mark(f"layer {layer} forward")
-            named, res = tp_ops.layer_forward(req, spec, plan, layer, table, res, sizes.tokens)
-            kept.append(named)
-        return [*kept, [res]]
+        return tp_ops.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
+                              sizes.tokens)
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
@@ -342,7 +347,8 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     if mixed:
         req.free(g_head)
     if per_op(plan):
-        _backward_per_op(req, spec, plan, kept, sizes, g_in, grads)
+        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
+                        sizes.tokens)
     else:
         req.free(g_in)
         for layer in reversed(range(spec.num_layers)):
@@ -356,24 +362,6 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     else:
         grads.append(embed)
     return grads
-
-
-def per_op(plan: TrainingPlan) -> bool:
-    """Whether the layers' backward is written op by op (`request_stream_tp`): TP under autocast."""
-    return plan.tp > 1 and autocast.applies(plan)
-
-
-def _backward_per_op(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]],
-                     sizes: _PlanSizes, g_in: int, grads: list[int]) -> None:
-    """The final norm's and each layer's backward op by op (`request_stream_tp`), the saved tensors freed by name;
-    the residual gradient into the embedding freed after `embedding_dense_backward` is made (here: at once)."""
-    g_res = tp_ops.final_norm_backward(req, spec, plan, g_in, sizes.tokens, kept[-1][0])
-    for layer in reversed(range(spec.num_layers)):
-        req.mark(f"layer {layer} backward")
-        new, g_res = tp_ops.layer_backward(req, spec, plan, layer, kept[layer + 1], g_res,
-                                           lambda n, cast: _gradient(req, n, cast, plan), sizes.tokens)
-        grads.extend(new)
-    req.free(g_res)
 
 
 def _gradient(req: Requests, numel: int, cast: bool, plan: TrainingPlan) -> int:

@@ -18,9 +18,38 @@ from __future__ import annotations
 
 import math
 
+from llmem.components import autocast
 from llmem.components.sharding import local_numel, tp_local_shape
 
 F32 = 4
+
+
+def applies(plan) -> bool:
+    """Whether the layers are written op by op: TP under autocast (`request_stream.per_op`)."""
+    return plan.tp > 1 and autocast.applies(plan)
+
+
+def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
+    """Each layer's forward (`layer_forward`) on the embedding's output `embedded`; returns [[], each layer's kept
+    tensors by name ..., [the last layer's output]]."""
+    kept: list = [[]]
+    res = embedded
+    for layer in range(spec.num_layers):
+        req.mark(f"layer {layer} forward")
+        named, res = layer_forward(req, spec, plan, layer, table, res, tokens)
+        kept.append(named)
+    return [*kept, [res]]
+
+
+def backward(req, spec, plan, kept: list, g_in: int, grads: list, grad, tokens: int) -> None:
+    """The final norm's and each layer's backward, the saved tensors freed by name; the residual gradient into the
+    embedding freed as `embedding_dense_backward` is made (here: before it)."""
+    g_res = final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    for layer in reversed(range(spec.num_layers)):
+        req.mark(f"layer {layer} backward")
+        new, g_res = layer_backward(req, spec, plan, layer, kept[layer + 1], g_res, grad, tokens)
+        grads.extend(new)
+    req.free(g_res)
 
 
 class _Layer:
