@@ -171,9 +171,7 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
-    if per_op(plan) and plan.scheme not in FSDP_SCHEMES:  # sizes of many shapes: the plan's own stream
-        return replay_reserved(program_requests(spec, plan, sizes).events, expandable)
-    shape = (len(sizes.table), sizes.upcast)  # the stream's structure besides the layout
+    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
                          lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
     slots = sizes.slots()
@@ -204,21 +202,23 @@ class _PlanSizes:
         saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
         self.tokens = tokens
+        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) else {}
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
     def slots(self) -> dict:
         named = {n: getattr(self, n) for n in ("residual", "pow", "half", "l32", "g_in")}
-        return named | {f"t{i}": n for i, n in enumerate(self.table)}
+        return named | {f"t{i}": n for i, n in enumerate(self.table)} | self.tp
 
 
 class _Skeleton:
-    """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...)."""
+    """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...; the op-by-op
+    layers' `request_stream_tp.slots`, `tokens` None)."""
 
-    def __init__(self, n_table: int, upcast: bool) -> None:
+    def __init__(self, n_table: int, upcast: bool, names: tuple) -> None:
         self.residual, self.pow, self.half, self.l32, self.g_in = "residual", "pow", "half", "l32", "g_in"
         self.table = [f"t{i}" for i in range(n_table)]
-        self.upcast = upcast
+        self.upcast, self.names, self.tokens = upcast, list(names), None
 
 
 def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Requests:

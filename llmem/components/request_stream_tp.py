@@ -56,10 +56,11 @@ class _Layer:
     """Sizes (bytes) of one layer's backward tensors: T·H in fp32 and in the compute dtype, the local q and kv
     widths, the local MLP width; each Linear by its short name (q, k, v, o, gate, up, down)."""
 
-    def __init__(self, spec, plan, layer: int, tokens: int) -> None:
+    def __init__(self, spec, plan, layer: int, tokens: int | None) -> None:
         c = plan.precision.compute_bytes
         self.c, self.tokens, self.head_dim = c, tokens, spec.head_dim
-        self.f_th, self.c_th = tokens * spec.hidden_size * F32, tokens * spec.hidden_size * c
+        self.f_th, self.c_th = (("tp f_th", "tp c_th") if tokens is None
+                                else (tokens * spec.hidden_size * F32, tokens * spec.hidden_size * c))
         self.linear, self.bias = {}, {}
         for p in spec.layer_params(layer):
             short = p.name.split(".")[-2]
@@ -71,9 +72,25 @@ class _Layer:
         self.width = {k: math.prod(tp_local_shape(p, plan.tp)[:-1]) for k, p in self.linear.items()
                       if p.tp_split.value == "colwise"}
 
-    def rows(self, name: str, nbytes: int) -> int:
-        """A tensor of `tokens` rows of the local width of Linear `name`'s output."""
-        return self.tokens * self.width[name] * nbytes
+    def rows(self, name: str, nbytes: int, half: bool = False):
+        """A tensor of `tokens` rows of the local width of Linear `name`'s output (`half`: of half its width); a
+        layout's stream (`tokens` None): the slot's name, filled per plan by `slots`."""
+        if self.tokens is None:
+            return f"tp {name} {nbytes}{' half' if half else ''}"
+        n = self.tokens * self.width[name] * nbytes
+        return n // 2 if half else n
+
+
+def slots(spec, plan, tokens: int) -> dict:
+    """The sizes of a layout's op-by-op stream that follow the micro-batch and the sequence, by slot name (every
+    layer of a llama-like decoder has layer 0's shapes)."""
+    s = _Layer(spec, plan, 0, tokens)
+    named = {"tp f_th": s.f_th, "tp c_th": s.c_th}
+    for name in s.width:
+        for nbytes in (s.c, F32):
+            named[f"tp {name} {nbytes}"] = s.rows(name, nbytes)
+            named[f"tp {name} {nbytes} half"] = s.rows(name, nbytes, half=True)
+    return named
 
 
 def layer_backward(req, spec, plan, layer: int, kept: dict, g_res: int, grad, tokens: int) -> tuple[list[int], int]:
@@ -204,7 +221,7 @@ def _rope(req, s: _Layer, x32: int, name: str) -> int:
     m = req.alloc(f)
     c1 = req.alloc(c)
     req.free(m)
-    ng = req.alloc(c // 2)
+    ng = req.alloc(s.rows(name, s.c, half=True))
     s1 = req.alloc(c)
     req.free(ng)
     s2 = req.alloc(c)
@@ -296,8 +313,8 @@ def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, token
     return kept, res
 
 
-def _keep(req, kept: dict, name: str, nbytes: int) -> None:
-    if nbytes > 0:
+def _keep(req, kept: dict, name: str, nbytes) -> None:
+    if nbytes.__class__ is str or nbytes > 0:
         kept[name] = req.alloc(nbytes)
 
 
@@ -318,7 +335,7 @@ def _rope_forward(req, s: _Layer, name: str) -> int:
     """`apply_rotary_pos_emb` on q or k: x · cos (fp32), rotate_half's `neg` and `cat` (half), · sin, the sum."""
     f, c = s.rows(name, F32), s.rows(name, s.c)
     m1 = req.alloc(f)
-    ng = req.alloc(c // 2)
+    ng = req.alloc(s.rows(name, s.c, half=True))
     cat = req.alloc(c)
     req.free(ng)
     m2 = req.alloc(f)

@@ -140,6 +140,8 @@ def test_replay_against_simulate(plan):
      {"gpus": 4, "zero": 1, "batch_size": 1, "seq_len": 4096, "precision": "fp32"}),
     ({"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 1, "seq_len": 256, "precision": "bf16-mixed"},
      {"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 2, "seq_len": 1000, "precision": "bf16-mixed"}),
+    ({"gpus": 2, "tp": 2, "batch_size": 1, "seq_len": 512, "precision": "bf16-mixed"},
+     {"gpus": 2, "tp": 2, "batch_size": 3, "seq_len": 333, "precision": "bf16-mixed"}),
 ])
 def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, second):
     """The replay writes the stream once per layout (`_Skeleton`, from the first plan asked) and fills in each plan's
@@ -150,7 +152,7 @@ def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, se
     rs.replayed_reserved_bytes(spec, a)
     assert a.layout_key == b.layout_key
     sizes = rs._PlanSizes(spec, b)
-    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast)),
+    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast, tuple(sizes.names))),
                          lambda: pytest.fail("no stream kept for the layout"), per_plan=True)
     slots = sizes.slots()
     filled = [(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)]
