@@ -34,9 +34,9 @@ Left out: the op-level temporaries that live for an op or two (norm statistics, 
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
 ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast the layers' forward and
-backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4 full-size TP
-rows −1.1 … −0.05 %); TP in fp32 or pure bf16 is not replayed. Plans outside `replays` keep the category rules
+logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast or in fp32 the layers'
+forward and backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4
+full-size TP rows −0.6 … −0.0 %); TP in pure bf16 is not replayed. Plans outside `replays` keep the category rules
 (`reserved.reserved_bytes`).
 """
 
@@ -156,8 +156,8 @@ def _checkpointing(plan: TrainingPlan) -> bool:
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
-    scheme in `REPLAYED`; TP only under autocast, whose layers are written op by op (`per_op`; TP in fp32 or pure
-    bf16 keeps the category rules: its layer stream leaves the backward's temporaries out, −2.3 … −6.9 %)."""
+    scheme in `REPLAYED`; TP only under autocast or in fp32, whose layers are written op by op (`per_op`; TP in
+    pure bf16 keeps the category rules: its norms' casts are another op sequence, not written out)."""
     return plan.scheme in REPLAYED and covers(spec, plan) and (plan.scheme is not Scheme.TP or per_op(plan))
 
 
@@ -357,7 +357,10 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
             req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
-    if spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
+    if spec.tie_word_embeddings and per_op(plan) and not mixed:  # InputBuffer: the waiting lm_head gradient is a
+        head, grads[1] = grads[1], req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)
+        req.free(head, embed)  # view (`.t()` of its matmul's): `old + new`, a new sum (simulate's tied_accumulation)
+    elif spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
         req.free(embed)
     else:
         grads.append(embed)

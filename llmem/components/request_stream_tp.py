@@ -25,8 +25,8 @@ F32 = 4
 
 
 def applies(plan) -> bool:
-    """Whether the layers are written op by op: TP under autocast (`request_stream.per_op`)."""
-    return plan.tp > 1 and autocast.applies(plan)
+    """Whether the layers are written op by op: TP under autocast or in fp32 (`request_stream.per_op`)."""
+    return plan.tp > 1 and (autocast.applies(plan) or plan.precision.compute_bytes == F32)
 
 
 def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
@@ -58,6 +58,7 @@ class _Layer:
 
     def __init__(self, spec, plan, layer: int, tokens: int | None) -> None:
         c = plan.precision.compute_bytes
+        self.cast = autocast.applies(plan)  # autocast's copies and casts; else (fp32) the tensors themselves
         self.c, self.tokens, self.head_dim = c, tokens, spec.head_dim
         self.f_th, self.c_th = (("tp f_th", "tp c_th") if tokens is None
                                 else (tokens * spec.hidden_size * F32, tokens * spec.hidden_size * c))
@@ -112,8 +113,9 @@ def final_norm_backward(req, spec, plan, d_out: int, tokens: int, residual: int)
     """The final RMSNorm's backward on the lm_head's input gradient (`d_out`, the compute dtype): cast to fp32, the
     norm's products; returns the residual stream's gradient into the last layer."""
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
-    x32 = req.alloc(s.f_th)
-    req.free(d_out)
+    x32 = req.alloc(s.f_th) if s.cast else d_out
+    if s.cast:
+        req.free(d_out)
     return _norm(req, s, _Freer(req, {"input": residual}), x32, 0, "norm", "input")
 
 
@@ -153,6 +155,11 @@ def _linear(req, s: _Layer, free: _Freer, grads: list, grad, name: str, d_out: i
     req.free(d_out)
     free.weight(name)
     free(f"input cast {name}", *saved)
+    if not s.cast:  # fp32: the weight gradient is the `.grad`, the input gradient the residual stream's dtype
+        grads.append(d_w)
+        if name in s.bias:
+            grads.append(grad(local_numel(s.bias[name], s.plan), False))
+        return all_reduce(req, s.plan, d_x, s.f_th)
     x32 = req.alloc(s.f_th)
     req.free(d_x)
     grads.append(req.alloc(numel * s.plan.precision.param_bytes))
@@ -173,15 +180,19 @@ def all_reduce(req, plan, key: int, nbytes: int) -> int:
 
 
 def _mlp(req, s: _Layer, free: _Freer, grads: list, grad) -> int:
-    g = req.alloc(s.c_th)  # the output gradient in the compute dtype
+    g = req.alloc(s.c_th) if s.cast else 0  # the output gradient in the compute dtype
     down = s.linear["down_proj"]
     d_w = req.alloc(local_numel(down, s.plan) * s.c)
     d_x = req.alloc(s.rows("up_proj", s.c))
-    req.free(g)
+    if s.cast:
+        req.free(g)
     free.weight("down_proj")
     free("silu(gate) * up")
-    grads.append(req.alloc(local_numel(down, s.plan) * s.plan.precision.param_bytes))
-    req.free(d_w)
+    if s.cast:
+        grads.append(req.alloc(local_numel(down, s.plan) * s.plan.precision.param_bytes))
+        req.free(d_w)
+    else:
+        grads.append(d_w)
     d_up, d_silu = req.alloc(s.rows("up_proj", s.c)), req.alloc(s.rows("up_proj", s.c))
     req.free(d_x)
     free("up_proj", "silu(gate)")
@@ -189,7 +200,7 @@ def _mlp(req, s: _Layer, free: _Freer, grads: list, grad) -> int:
     d_gate = req.alloc(s.rows("gate_proj", s.c))  # silu_backward
     req.free(d_silu)
     free("gate_proj")
-    a_gate = _linear(req, s, free, grads, grad, "gate_proj", d_gate, ())
+    a_gate = _linear(req, s, free, grads, grad, "gate_proj", d_gate, ("post_attention_layernorm.output",))
     acc = req.alloc(s.f_th)
     req.free(a_up, a_gate)
     return acc
@@ -219,8 +230,9 @@ def _rope(req, s: _Layer, x32: int, name: str) -> int:
     two `slice_backward`, their sums; returns the gradient of the projection's output."""
     f, c = s.rows(name, F32), s.rows(name, s.c)
     m = req.alloc(f)
-    c1 = req.alloc(c)
-    req.free(m)
+    c1 = req.alloc(c) if s.cast else m  # fp32: no half casts, the products themselves
+    if s.cast:
+        req.free(m)
     ng = req.alloc(s.rows(name, s.c, half=True))
     s1 = req.alloc(c)
     req.free(ng)
@@ -229,8 +241,10 @@ def _rope(req, s: _Layer, x32: int, name: str) -> int:
     ad = req.alloc(c)
     req.free(s1, s2)
     m2 = req.alloc(f)
-    c2 = req.alloc(c)
-    req.free(m2, x32)
+    c2 = req.alloc(c) if s.cast else m2
+    if s.cast:
+        req.free(m2)
+    req.free(x32)
     out = req.alloc(c)
     req.free(ad, c2)
     return out
@@ -248,29 +262,34 @@ def _contiguous(req, s: _Layer, key: int, name: str) -> int:
 
 
 def _attention(req, s: _Layer, free: _Freer, grads: list, grad, g_mid: int) -> int:
-    g = req.alloc(s.c_th)
+    g = req.alloc(s.c_th) if s.cast else 0
     o = s.linear["o_proj"]
     d_w = req.alloc(local_numel(o, s.plan) * s.c)
     d_x = req.alloc(s.rows("q_proj", s.c))
-    req.free(g)
-    free.weight("o_proj")
-    grads.append(req.alloc(local_numel(o, s.plan) * s.plan.precision.param_bytes))
-    req.free(d_w)
+    if s.cast:
+        req.free(g)
+        free.weight("o_proj")
+        grads.append(req.alloc(local_numel(o, s.plan) * s.plan.precision.param_bytes))
+        req.free(d_w)
+    else:
+        grads.append(d_w)
     dq, dk, dv = req.alloc(s.rows("q_proj", s.c)), req.alloc(s.rows("k_proj", s.c)), req.alloc(s.rows("v_proj", s.c))
     req.free(d_x)
     free("k_embed (RoPE)", "q_embed (RoPE)", "v_proj", "sdpa logsumexp", "sdpa output")
-    q32 = req.alloc(s.rows("q_proj", F32))
-    req.free(dq)
-    k32 = req.alloc(s.rows("k_proj", F32))
-    req.free(dk)
-    dk = _rope(req, s, k32, "k_proj")
-    dq = _rope(req, s, q32, "q_proj")
+    if s.cast:  # the gradients cast to RoPE's fp32 output
+        q32 = req.alloc(s.rows("q_proj", F32))
+        req.free(dq)
+        k32 = req.alloc(s.rows("k_proj", F32))
+        req.free(dk)
+        dq, dk = q32, k32
+    dk = _rope(req, s, dk, "k_proj")
+    dq = _rope(req, s, dq, "q_proj")
     a_v = _linear(req, s, free, grads, grad, "v_proj", dv, ())
     a_k = _linear(req, s, free, grads, grad, "k_proj", _contiguous(req, s, dk, "k_proj"), ())
     free.prefix("k_norm")
     acc = req.alloc(s.f_th)
     req.free(a_v, a_k)
-    a_q = _linear(req, s, free, grads, grad, "q_proj", _contiguous(req, s, dq, "q_proj"), ())
+    a_q = _linear(req, s, free, grads, grad, "q_proj", _contiguous(req, s, dq, "q_proj"), ("input_layernorm.output",))
     free.prefix("q_norm")
     out = req.alloc(s.f_th)
     req.free(acc, a_q)
@@ -290,23 +309,26 @@ def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, token
     out = {}
     for name in ("q_proj", "k_proj", "v_proj"):
         _copy(req, s, kept, name)
-        kept[f"input cast {name}"] = req.alloc(s.c_th)
         out[name] = req.alloc(s.rows(name, s.c))
     kept["v_proj"] = out.pop("v_proj")
     qe, ke = _rope_forward(req, s, "q_proj"), _rope_forward(req, s, "k_proj")
     req.free(out["q_proj"], out["k_proj"])
-    kept["k_embed (RoPE)"], kept["q_embed (RoPE)"] = req.alloc(s.rows("k_proj", s.c)), req.alloc(s.rows("q_proj", s.c))
+    if s.cast:  # SDPA's inputs in the compute dtype, RoPE's fp32 outputs freed after o_proj
+        kept["k_embed (RoPE)"] = req.alloc(s.rows("k_proj", s.c))
+        kept["q_embed (RoPE)"] = req.alloc(s.rows("q_proj", s.c))
+        temps = (qe, ke, o1)
+    else:
+        kept["k_embed (RoPE)"], kept["q_embed (RoPE)"], temps = ke, qe, ()
     kept["sdpa output"] = req.alloc(s.rows("q_proj", s.c))
     _keep(req, kept, "sdpa logsumexp", table.get("sdpa logsumexp", 0))
-    mid = _row_parallel(req, s, kept, "o_proj", (qe, ke, o1))
+    mid = _row_parallel(req, s, kept, "o_proj", temps)
     kept["residual after attention"] = mid
     o2 = _norm_forward(req, s, kept, table, "post_attention_layernorm")
     for name, saved in (("gate_proj", ("gate_proj", "silu(gate)")), ("up_proj", ("up_proj", "silu(gate) * up"))):
         _copy(req, s, kept, name)
-        kept[f"input cast {name}"] = req.alloc(s.c_th)
         for n in saved:
             kept[n] = req.alloc(s.rows(name, s.c))
-    res = _row_parallel(req, s, kept, "down_proj", (o2,))
+    res = _row_parallel(req, s, kept, "down_proj", (o2,) if s.cast else ())
     for name, nbytes in table.items():
         if name not in kept and not name.startswith("autocast input"):
             _keep(req, kept, name, nbytes)
@@ -318,9 +340,14 @@ def _keep(req, kept: dict, name: str, nbytes) -> None:
         kept[name] = req.alloc(nbytes)
 
 
-def _copy(req, s: _Layer, kept: dict, name: str) -> None:
+def _copy(req, s: _Layer, kept: dict, name: str, cast_input: bool = True) -> None:
+    """Autocast's half copy of the Linear's weight and of its fp32 input (both saved by the matmul); fp32: none."""
+    if not s.cast:
+        return
     p = s.linear[name]
     kept[p.name] = req.alloc(local_numel(p, s.plan) * s.c)
+    if cast_input:
+        kept[f"input cast {name}"] = req.alloc(s.c_th)
 
 
 def _norm_forward(req, s: _Layer, kept: dict, table: dict, norm: str) -> int:
@@ -328,7 +355,10 @@ def _norm_forward(req, s: _Layer, kept: dict, table: dict, norm: str) -> int:
     req.free(req.alloc(s.f_th))
     _keep(req, kept, f"{norm}.rsqrt", table.get(f"{norm}.rsqrt", 0))
     kept[f"{norm}.normalized"] = req.alloc(s.f_th)
-    return req.alloc(s.f_th)
+    if s.cast:  # the weighted output, cast per Linear (`_copy`)
+        return req.alloc(s.f_th)
+    kept[f"{norm}.output"] = req.alloc(s.f_th)  # fp32: the Linears' saved input itself
+    return 0
 
 
 def _rope_forward(req, s: _Layer, name: str) -> int:
@@ -348,7 +378,7 @@ def _rope_forward(req, s: _Layer, name: str) -> int:
 def _row_parallel(req, s: _Layer, kept: dict, name: str, temps: tuple) -> int:
     """A RowwiseParallel Linear: its half weight copy (saved), the partial output, the all-reduce's output, then the
     fp32 residual sum; returns the sum's key."""
-    _copy(req, s, kept, name)
+    _copy(req, s, kept, name, cast_input=False)  # its input (SDPA's, the MLP product) is already half
     reduced = all_reduce(req, s.plan, req.alloc(s.c_th), s.c_th)
     req.free(*temps)
     res = req.alloc(s.f_th)

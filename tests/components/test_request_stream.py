@@ -91,7 +91,7 @@ def test_rebuilt_buckets_as_torch_assigns_them():
 @pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}, {"gpus": 2, "tp": 2}])
 def test_the_high_end_is_the_replay_where_it_applies(plan):
     """One GPU, DDP, ZeRO-1 and TP under autocast (llama-like, full fine-tuning, foreach AdamW): the high end of the
-    default-segment range is the replay (the point figure at least); TP in fp32, checkpointing, LoRA, eager
+    default-segment range is the replay (the point figure at least); TP in pure bf16, checkpointing, LoRA, eager
     attention (its fp32 softmax temporaries are not written out), fp16 (GradScaler) or a fused step keep the
     rules."""
     p = TrainingPlan(**MIXED, **plan)
@@ -100,7 +100,7 @@ def test_the_high_end_is_the_replay_where_it_applies(plan):
     assert rs.replays(spec, p)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
     one = TrainingPlan(**MIXED)
-    others = (one.with_(grad_ckpt="full"), TrainingPlan(**(MIXED | {"precision": "fp32"}), gpus=2, tp=2),
+    others = (one.with_(grad_ckpt="full"), TrainingPlan(**(MIXED | {"precision": "bf16"}), gpus=2, tp=2),
               one.with_(method="lora"),
               one.with_(attn="eager"), one.with_(precision="fp16-mixed"), one.with_(optimizer_impl="fused"))
     for other in others:
