@@ -99,10 +99,11 @@ class Estimate:
         With expandable segments any freed page serves any later request of its stream, so the rules give the peak
         in 20 MiB pages (within 2.1 % of `simulate` on 29 full-size rows): both ends are the rules' figure (the
         point figure's allowance is derived from them, `_fragmentation_bytes`). With default segments the flat
-        allowance stays the low end and a floor of the high end; one GPU, DDP and ZeRO-1 replay the program's own
-        requests through the allocator model (`components.request_stream`: 12 full-size rows within −2.6 … +0.1 %
-        of `simulate`, docs/notes/2026-11-27-reserved-replay.md), TP and FSDP2 keep the category high-water, which
-        misses cross-kind reuse and order effects (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
+        allowance stays the low end and a floor of the high end; one GPU, DDP, ZeRO-1, FSDP2 and TP (autocast, fp32)
+        replay the program's own requests through the allocator model (`components.request_stream`: 29 full-size
+        rows within −2.6 … +0.3 % of `simulate`, docs/notes/2026-11-27-tp-request-stream.md); other plans keep
+        the category high-water, which misses cross-kind reuse and order effects (−14 … +19 %,
+        docs/notes/2026-11-27-reserved-agreement.md)."""
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
         high = self.expandable_reserved_bytes if expandable else None
         if high is None:

@@ -34,8 +34,10 @@ Left out: the op-level temporaries that live for an op or two (norm statistics, 
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
 ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 %, the other TP rows −2.4 … +0.5 %), so TP is not replayed (`REPLAYED`);
-plans outside it keep the category rules (`reserved.reserved_bytes`).
+logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast or in fp32 the layers'
+forward and backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4
+full-size TP rows −0.6 … −0.0 %); TP in pure bf16 is not replayed. Plans outside `replays` keep the category rules
+(`reserved.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
 from llmem.components import request_stream_fsdp as fsdp
+from llmem.components import request_stream_tp as tp_ops
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
-from llmem.components.sharding import FSDP_SCHEMES, local_numel, tp_local_shape
+from llmem.components.request_stream_tp import applies as per_op
+from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
 from llmem.plan import (
     Device,
@@ -115,25 +119,34 @@ def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False
 
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the layer structure the forward and backward write out
-# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md)
-REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, *FSDP_SCHEMES)
+# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md,
+# TP under autocast: docs/notes/2026-11-27-tp-request-stream.md)
+REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
-    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards) on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed
-    adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not written out), no
-    checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8,
-    foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
+    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
+    bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
+    written out), no checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8, foreach AdamW
+    stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
             and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
             and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
             and not plan.optimizer_in_backward and not plan.keep_grads
             and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
-            and not plan.ddp_bucket_view and plan.fsdp_shard is FsdpShard.DIM0 and plan.pp == 1 and plan.cp == 1
+            and not plan.ddp_bucket_view and _dim0_shards(spec, plan) and plan.pp == 1 and plan.cp == 1
             and not spec.is_moe
             and spec.derived is None and spec.model_type in MODEL_TYPES)
+
+
+def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """FSDP2's dim-0 shards: `--fsdp-shard dim0`, or dim1-if-short where no tensor takes `Shard(1)` (its placement
+    function, `runtime.parallel._dim1_if_short`, returns None — Shard(0) — for a tensor with at least as many dim-0
+    rows as ranks: every tensor of a dense decoder at the data-parallel sizes one plans)."""
+    return plan.fsdp_shard is FsdpShard.DIM0 or plan.scheme not in FSDP_SCHEMES or not any(
+        fsdp_shard_dim(tp_local_shape(p, plan.tp), plan) for p in spec.params)
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
@@ -143,8 +156,9 @@ def _checkpointing(plan: TrainingPlan) -> bool:
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
-    scheme in `REPLAYED` (TP stays on the category rules: docs/notes/2026-11-27-reserved-replay.md)."""
-    return plan.scheme in REPLAYED and covers(spec, plan)
+    scheme in `REPLAYED`; TP only under autocast or in fp32, whose layers are written op by op (`per_op`; TP in
+    pure bf16 keeps the category rules: its norms' casts are another op sequence, not written out)."""
+    return plan.scheme in REPLAYED and covers(spec, plan) and (plan.scheme is not Scheme.TP or per_op(plan))
 
 
 def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: bool = False) -> int:
@@ -157,7 +171,7 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast)  # the stream's structure besides the layout
+    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
                          lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
     slots = sizes.slots()
@@ -185,22 +199,26 @@ class _PlanSizes:
         self.pow = tokens * spec.hidden_size * 4
         # FSDP2 runs no autocast (its MixedPrecisionPolicy gathers half weights): no input casts are made
         casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES
-        self.table = [s.bytes for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
+        saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
+        self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
+        self.tokens = tokens
+        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) else {}
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
     def slots(self) -> dict:
         named = {n: getattr(self, n) for n in ("residual", "pow", "half", "l32", "g_in")}
-        return named | {f"t{i}": n for i, n in enumerate(self.table)}
+        return named | {f"t{i}": n for i, n in enumerate(self.table)} | self.tp
 
 
 class _Skeleton:
-    """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...)."""
+    """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...; the op-by-op
+    layers' `request_stream_tp.slots`, `tokens` None)."""
 
-    def __init__(self, n_table: int, upcast: bool) -> None:
+    def __init__(self, n_table: int, upcast: bool, names: tuple) -> None:
         self.residual, self.pow, self.half, self.l32, self.g_in = "residual", "pow", "half", "l32", "g_in"
         self.table = [f"t{i}" for i in range(n_table)]
-        self.upcast = upcast
+        self.upcast, self.names, self.tokens = upcast, list(names), None
 
 
 def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Requests:
@@ -294,6 +312,9 @@ def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
 def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> list[list[int]]:
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
+    if per_op(plan):  # each layer's tensors by name, the last layer's output last
+        return tp_ops.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
+                              sizes.tokens)
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
@@ -325,14 +346,21 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
     if mixed:
         req.free(g_head)
-    req.free(g_in)
-    for layer in reversed(range(spec.num_layers)):
-        for p in reversed(spec.layer_params(layer)):
-            grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
-        req.free(*reversed(kept[layer + 1]))
+    if per_op(plan):
+        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
+                        sizes.tokens)
+    else:
+        req.free(g_in)
+        for layer in reversed(range(spec.num_layers)):
+            for p in reversed(spec.layer_params(layer)):
+                grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
+            req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
-    embed = req.alloc(spec.vocab_size * spec.hidden_size * plan.precision.param_bytes // plan.tp)
-    if spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
+    embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
+    if spec.tie_word_embeddings and per_op(plan) and not mixed:  # InputBuffer: the waiting lm_head gradient is a
+        head, grads[1] = grads[1], req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)
+        req.free(head, embed)  # view (`.t()` of its matmul's): `old + new`, a new sum (simulate's tied_accumulation)
+    elif spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
         req.free(embed)
     else:
         grads.append(embed)

@@ -24,7 +24,8 @@ Three facts of the allocator carry the figure (docs/MODEL.md, "Reserved memory")
      segment for a request larger than every segment the build left (the root's reduce-scatter input: the
      unsharded gradients of embedding and lm_head in the reduce dtype), which no cached block can serve
      (`oversize_bytes`).
-One GPU, DDP, ZeRO-1 and FSDP2 of the plans `request_stream.replays` accepts take none of these sums: the
+One GPU, DDP, ZeRO-1, TP (autocast, fp32) and FSDP2 of the plans `request_stream.replays` accepts take none of
+these sums: the
 program's own requests, tensor by tensor and each on its stream, are replayed through the allocator model instead
 (default segments), which follows facts 2 and 3 where a category sum cannot (gradients carved from freed logits
 blocks, states from freed activations, the order of the root's requests).

@@ -88,18 +88,21 @@ def test_rebuilt_buckets_as_torch_assigns_them():
     assert sorted(rs.rebuilt_bucket_bytes(spec, plan)) == theirs
 
 
-@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}])
+@pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}, {"gpus": 2, "tp": 2}])
 def test_the_high_end_is_the_replay_where_it_applies(plan):
-    """One GPU, DDP and ZeRO-1 (llama-like, full fine-tuning, foreach AdamW): the high end of the default-segment
-    range is the replay (the point figure at least); TP, checkpointing, LoRA, eager attention (its fp32 softmax
-    temporaries are not written out), fp16 (GradScaler) or a fused step keep the rules."""
+    """One GPU, DDP, ZeRO-1 and TP under autocast (llama-like, full fine-tuning, foreach AdamW): the high end of the
+    default-segment range is the replay (the point figure at least); TP in pure bf16, checkpointing, LoRA, eager
+    attention (its fp32 softmax temporaries are not written out), fp16 (GradScaler) or a fused step keep the
+    rules."""
     p = TrainingPlan(**MIXED, **plan)
     spec = _spec("qwen2.5-0.5b", p)
     est = estimate(spec, p)
     assert rs.replays(spec, p)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
-    others = (p.with_(grad_ckpt="full"), TrainingPlan(**MIXED, gpus=2, tp=2), p.with_(method="lora"),
-              p.with_(attn="eager"), p.with_(precision="fp16-mixed"), p.with_(optimizer_impl="fused"))
+    one = TrainingPlan(**MIXED)
+    others = (one.with_(grad_ckpt="full"), TrainingPlan(**(MIXED | {"precision": "bf16"}), gpus=2, tp=2),
+              one.with_(method="lora"),
+              one.with_(attn="eager"), one.with_(precision="fp16-mixed"), one.with_(optimizer_impl="fused"))
     for other in others:
         assert not rs.replays(_spec("qwen2.5-0.5b", other), other)
     assert not rs.replays(_spec("gpt2", p), p)  # a LayerNorm family: another layer program
@@ -137,6 +140,8 @@ def test_replay_against_simulate(plan):
      {"gpus": 4, "zero": 1, "batch_size": 1, "seq_len": 4096, "precision": "fp32"}),
     ({"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 1, "seq_len": 256, "precision": "bf16-mixed"},
      {"gpus": 8, "zero": 3, "grad_ckpt": "full", "batch_size": 2, "seq_len": 1000, "precision": "bf16-mixed"}),
+    ({"gpus": 2, "tp": 2, "batch_size": 1, "seq_len": 512, "precision": "bf16-mixed"},
+     {"gpus": 2, "tp": 2, "batch_size": 3, "seq_len": 333, "precision": "bf16-mixed"}),
 ])
 def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, second):
     """The replay writes the stream once per layout (`_Skeleton`, from the first plan asked) and fills in each plan's
@@ -147,7 +152,7 @@ def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, se
     rs.replayed_reserved_bytes(spec, a)
     assert a.layout_key == b.layout_key
     sizes = rs._PlanSizes(spec, b)
-    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast)),
+    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast, tuple(sizes.names))),
                          lambda: pytest.fail("no stream kept for the layout"), per_plan=True)
     slots = sizes.slots()
     filled = [(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)]

@@ -73,16 +73,33 @@ def test_side_stream_requests_follow_fsdp2s_program(zero):
 
 
 def test_fsdp2_plans_replay_and_their_outliers_keep_the_rules():
-    """ZeRO-2, ZeRO-3 (checkpointed too) and TP × FSDP2 replay; dim-1 shards, selective checkpointing, LoRA and
-    eager attention keep the rules."""
+    """ZeRO-2, ZeRO-3 (checkpointed too), TP × FSDP2 and dim1-if-short where no tensor is short replay; selective
+    checkpointing, LoRA and eager attention keep the rules."""
     base = TrainingPlan(gpus=8, zero=3, **MIXED)
-    for p in (base, base.with_(zero=2), base.with_(grad_ckpt="full"), base.with_(tp=2)):
+    for p in (base, base.with_(zero=2), base.with_(grad_ckpt="full"), base.with_(tp=2),
+              base.with_(fsdp_shard="dim1-if-short")):
         assert rs.replays(_spec("qwen2.5-0.5b", p), p), p
-    for p in (base.with_(fsdp_shard="dim1-if-short"), base.with_(grad_ckpt="selective"), base.with_(method="lora"),
-              base.with_(attn="eager")):
+    for p in (base.with_(grad_ckpt="selective"), base.with_(method="lora"), base.with_(attn="eager")):
         assert not rs.replays(_spec("qwen2.5-0.5b", p), p), p
     est = estimate(_spec("qwen2.5-0.5b", base), base)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(est.spec, base))
+
+
+@pytest.mark.parametrize("gpus", [4])
+def test_dim1_if_short_shards_a_dense_model_on_dim0(gpus):
+    """`--fsdp-shard dim1-if-short` against the runtime's own placement function (`_dim1_if_short`, what it passes
+    to `fully_shard(shard_placement_fn=...)`) over every parameter (the model's shapes: checked against
+    transformers' in tests/components/test_request_stream.py): it returns None (FSDP2's Shard(0)) for each tensor
+    of a dense decoder, so the plan's stream is dim0's, and it replays."""
+    torch = pytest.importorskip("torch")
+    from llmem.runtime.parallel import _dim1_if_short
+
+    p = TrainingPlan(gpus=gpus, zero=3, fsdp_shard="dim1-if-short", **MIXED)
+    spec = _spec("qwen2.5-0.5b", p)
+    placement = _dim1_if_short(gpus)
+    assert all(placement(torch.empty(t.shape, device="meta")) is None for t in spec.params)
+    assert rs.replays(spec, p)
+    assert rs.program_requests(spec, p).events == rs.program_requests(spec, p.with_(fsdp_shard="dim0")).events
 
 
 def test_the_checkpointed_layer_keeps_its_input_and_recomputes_in_backward():
@@ -104,7 +121,8 @@ def test_the_checkpointed_layer_keeps_its_input_and_recomputes_in_backward():
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("plan", [{"gpus": 8, "zero": 2}, {"gpus": 8, "tp": 2, "zero": 3},
-                                  {"gpus": 8, "zero": 3, "grad_ckpt": "full"}])
+                                  {"gpus": 8, "zero": 3, "grad_ckpt": "full"},
+                                  {"gpus": 4, "zero": 3, "fsdp_shard": "dim1-if-short"}])
 def test_fsdp2_replay_against_simulate(plan):
     """qwen2.5-0.5b, 1 × 1024, bf16-mixed: the replay within 3 % of simulate's replay of the fake-tensor run (every
     aten allocation of the real runtime, each on its stream, through the same allocator model). ZeRO-3 alone:
