@@ -110,6 +110,10 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
     from llmem.components import zero_ds as z
     from llmem.errors import GAP, InputError
 
+    if plan.engine.value == "deepspeed" and plan.method is Method.LORA and plan.zero == 3:
+        from llmem.walk import deepspeed3_lora
+
+        return deepspeed3_lora.check(spec, plan)
     if not (plan.engine.value == "deepspeed" and plan.method is Method.LORA and z.reduces_in_backward(plan)):
         return
     if spec.is_moe:
