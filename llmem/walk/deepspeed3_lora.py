@@ -10,12 +10,13 @@ defragmented module-dtype partitions, fp32 master, states, partition-gradient bu
 reduces are `zero3_ds`' terms over the adapters (`ds_lora.trainable_spec`); the frozen partitions stay the
 `ds_tensor`s of their own parameters (not defragmented: only the optimizer's groups are), Sigma_frozen x b.
 
-Release in backward: a module's post-backward hook is a `PostBackwardFunctionModule` applied to its forward's
-inputs that require a gradient (`_post_backward_module_hook`, parameter_offload.py:370 `if input.requires_grad`).
-Under LoRA without checkpointing the input embeddings' output needs no gradient, so the modules of the first
-decoder layer that read the layer's input before any adapter (its input norm, the attention's input projections
-beside the first adapted one, and so on: `_unhooked`) run no post-backward hook and stay gathered until the
-step's `_partition_all_parameters` (stage3.py:2419). Checkpointed LoRA is refused: a frozen parameter released
+Releases: a module whose output needs no gradient gets no pre-backward fetch (`_pre_backward_module_hook` wraps
+only outputs that require one), so the trace never uses its tensors again and they are released after its forward
+(`__params_to_release`, partitioned_param_coordinator.py:574): without checkpointing the frozen input embeddings and
+the first layer's frozen modules up to its first adapted stage (`released_in_forward`). A module whose input needs
+no gradient runs no post-backward hook (parameter_offload.py:370 `if input.requires_grad`): those stages' lora_A
+stay gathered until the step's `_partition_all_parameters` (stage3.py:2419). The first iteration gathers an untied
+lm_head again at its backward (`_first_iteration`). Checkpointed LoRA is refused: a frozen parameter released
 before its layer's recompute is recomputed empty and torch's non-reentrant checkpoint raises (deepspeedai/
 DeepSpeed#8148, after 0.19.0; `llmem.support`).
 """
@@ -38,6 +39,9 @@ _STAGES = (re.compile(r"input_layernorm|ln_1\b|\.ln_1\.|norm1"),
            re.compile(r"post_attention_layernorm|pre_feedforward_layernorm|ln_2|norm2"),
            re.compile(r"gate_proj|up_proj|c_fc|fc1|dense_h_to_4h|gate_up"),
            re.compile(r"down_proj|mlp\.c_proj|fc2|dense_4h_to_h"))
+
+
+_WORDS = re.compile(r"embed_tokens|wte|word_embeddings")  # the input embeddings a tied lm_head shares
 
 
 def all_params_view(spec: ModelSpec, plan: TrainingPlan) -> ds_lora.TrainableView:
@@ -69,16 +73,16 @@ def _first_layer(view: ds_lora.TrainableView) -> tuple[set[int], set[int]]:
 
 def released_in_forward(spec: ModelSpec, plan: TrainingPlan) -> set[int]:
     """The frozen tensors whose module's output needs no gradient (indices of `all_params_view`): the input
-    embeddings (their output needs none without checkpointing, whose PEFT hook is refused here; kept when tied to
-    the lm_head, whose backward uses them) and the first layer's frozen modules before its first adapter
-    (`_first_layer`)."""
+    embeddings (their output needs none without checkpointing, whose PEFT hook is refused here; the word
+    embeddings kept when tied to the lm_head, whose backward uses them; gpt2's position embeddings released) and
+    the first layer's frozen modules before its first adapter (`_first_layer`)."""
     from llmem.walk.deepspeed_hooks import _param_names
 
     view = all_params_view(spec, plan)
     names = _param_names(view)
-    tied = not z.untied_head_numel(spec)  # (a tied lm_head's module fetches the embeddings' weight in backward)
-    return _first_layer(view)[0] | {i for i, key in enumerate(z.backward_keys(view))
-                                    if key < 0 and ".lora_" not in names[i] and not tied}
+    tied = not z.untied_head_numel(spec)  # (a tied lm_head's module fetches the word embeddings in backward)
+    return _first_layer(view)[0] | {i for i, key in enumerate(z.backward_keys(view)) if key < 0 and ".lora_" not in
+                                    names[i] and not (tied and _WORDS.search(names[i]))}
 
 
 def frozen_partition_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -141,16 +145,12 @@ def zero3_lora_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
 
 
 def check(spec: ModelSpec, plan: TrainingPlan) -> None:
-    """Measured on llama-like layers (separate q/k/v/o projections, a gated MLP, RMSNorm); another layout (gpt2's
-    fused c_attn and tied embeddings read -27.7%, not placed) is a gap."""
+    """Measured on dense models; a mixture-of-experts layer's gathers and releases are not (a gap)."""
     from llmem.errors import GAP, InputError
 
-    names = [p.name for p in spec.layer_params(0)]
-    if any(_stage(n) is None for n in names) or not {"q_proj", "k_proj", "v_proj", "gate_proj"} <= {
-            n.split(".")[-2] for n in names}:
-        raise InputError("engine", f"LoRA under DeepSpeed ZeRO-3 is measured on llama-like layers (q/k/v/o and "
-                         f"gate/up/down projections); {spec.model_type!r}'s are not (gpt2 read -27.7%): use "
-                         "ZeRO-0/1/2, or --engine torch", GAP)
+    if spec.is_moe:
+        raise InputError("engine", f"LoRA under DeepSpeed ZeRO-3 is measured on dense models; {spec.model_type!r}'s "
+                         "expert layers are not: use ZeRO-0/1/2, or --engine torch", GAP)
 
 
 def _first_iteration(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) -> list[Phase]:
