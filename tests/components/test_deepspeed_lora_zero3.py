@@ -33,7 +33,7 @@ CONFIGS = {"llama": LLAMA, "llama1024": {**LLAMA, "vocab_size": 1024},
 AUTO = {"ds_reduce_bucket": 4096, "ds_prefetch_bucket": 3686, "ds_persistence_threshold": 640}  # the Trainer's
 
 ROWS = TwoRankRows({"gpus": 2, "batch_size": 1, "engine": "deepspeed", "method": "lora", "zero": 3,
-                    "lora_dropout": 0.0, "optimizer_impl": "forloop"}, {
+                    "precision": "fp32", "lora_dropout": 0.0, "optimizer_impl": "forloop"}, {
     # the peak at the loss's backward: every frozen matrix gathered but the embeddings and layer 0's q/k/v
     "llama-s256": {"seq_len": 256, **AUTO},
     "llama-s64": {"seq_len": 64, **AUTO},
@@ -77,8 +77,8 @@ def test_deepspeed_lora_zero3_within_1_percent_of_the_real_run(name):
 
 
 def _plan(**extra) -> TrainingPlan:
-    return TrainingPlan(**{"gpus": 2, "engine": "deepspeed", "method": "lora", "zero": 3, "lora_dropout": 0.0,
-                           "batch_size": 1, "seq_len": 16, **extra})
+    return TrainingPlan(**{"gpus": 2, "engine": "deepspeed", "method": "lora", "zero": 3, "precision": "fp32",
+                           "lora_dropout": 0.0, "batch_size": 1, "seq_len": 16, **extra})
 
 
 def test_checkpointed_lora_under_zero3_is_refused():
