@@ -72,14 +72,28 @@ RULES: tuple[Rule, ...] = (
        engine="deepspeed", precision="fp16-mixed", gpus=2, zero=2),
     _r("engine method precision zero lora_modules_to_save grad_ckpt lora_dropout", "engine", lambda p: p.engine is
        Engine.DEEPSPEED and p.method is not Method.FULL and (
-           p.method is not Method.LORA or p.precision.value not in ("fp32", "bf16-mixed") or p.zero == 3
-           or bool(p.lora_modules_to_save) or (p.precision.value == "bf16-mixed" and p.grad_ckpt is not GradCkpt.NONE
-                                                and not p.lora_dropout)),
+           p.method is not Method.LORA or p.precision.value not in ("fp32", "bf16-mixed")
+           or (bool(p.lora_modules_to_save) and p.zero == 3) or (
+               p.precision.value == "bf16-mixed" and p.grad_ckpt is not GradCkpt.NONE and not p.lora_dropout
+               and p.zero != 3)),
        "{p.method} under DeepSpeed is modelled as LoRA in fp32 or bf16-mixed (checkpointed bf16 only with "
-       "--lora-dropout > 0: with 0 a recomputed layer of the engine's bf16 adapters reads up to +0.85%), under "
-       "ZeRO-0/1/2 without --lora-modules-to-save (ZeRO-3's partitioned frozen base is not modelled); use that, "
-       "--method full, or --engine torch", GAP,
+       "--lora-dropout > 0: with 0 a recomputed layer of the engine's bf16 adapters reads up to +0.85%), "
+       "--lora-modules-to-save under ZeRO-0/1/2 (under ZeRO-3 the copy's frozen original is never gathered: not "
+       "modelled); use that, --method full, or --engine torch", GAP,
        engine="deepspeed", method="lora", precision="bf16-mixed", gpus=2, zero=1, grad_ckpt="full", lora_dropout=0.0),
+    # ZeRO-3 partitions the frozen base too; a frozen parameter released before its layer's recompute is recomputed
+    # empty (deepspeedai/DeepSpeed#8148, merged after 0.19.0): torch's non-reentrant checkpoint raises
+    _r("engine method zero grad_ckpt", "grad-ckpt", lambda p: p.engine is Engine.DEEPSPEED and p.method is Method.LORA
+       and p.zero == 3 and p.grad_ckpt is not GradCkpt.NONE,
+       "LoRA under DeepSpeed 0.19.0's ZeRO-3 cannot checkpoint: a frozen parameter released before its layer's "
+       "recompute is recomputed empty and torch's checkpoint raises 'Recomputed values ... different metadata' "
+       "(fixed after 0.19.0, deepspeedai/DeepSpeed#8148); use --grad-ckpt none, or ZeRO-0/1/2", REFUSED,
+       engine="deepspeed", method="lora", gpus=2, zero=3, grad_ckpt="full"),
+    _r("engine method gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is Method.LORA
+       and p.zero == 3 and p.gpus == 1,
+       "LoRA under DeepSpeed ZeRO-3 is measured on 2+ GPUs (on one, whose gathers are views of the whole partitions, "
+       "the walk reads +21% to +39%); use --gpus 2+, or ZeRO-0/1/2", GAP, engine="deepspeed", method="lora", gpus=1,
+       zero=3),
     _r("engine method zero ds_overlap_comm lora_dropout grad_ckpt", "lora-dropout", lambda p: p.engine is
        Engine.DEEPSPEED and p.method is Method.LORA and (p.zero == 2 or p.ds_overlap_comm) and p.lora_dropout > 0
        and p.grad_ckpt is not GradCkpt.NONE,
@@ -302,7 +316,8 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.lora_modules_to_save and p.method not in LORA_METHODS,
        "trainable module copies are a LoRA option (PEFT's modules_to_save); use --method lora or qlora, or leave "
        "--lora-modules-to-save empty", REFUSED, lora_modules_to_save="lm_head"),
-    _r("lora_modules_to_save zero", "lora-modules-to-save", lambda p: p.lora_modules_to_save and p.zero >= 2,
+    _r("lora_modules_to_save zero engine", "lora-modules-to-save",
+       lambda p: p.lora_modules_to_save and p.zero >= 2 and p.engine is not Engine.DEEPSPEED,
        "trainable module copies under FSDP2 (--zero 2/3) are not modelled: the root group would all-gather and "
        "reduce-scatter the copied embedding / lm_head beside the frozen originals; use --zero 0 or 1, or leave "
        "--lora-modules-to-save empty", GAP, lora_modules_to_save="lm_head", method="lora", gpus=2, zero=2),

@@ -44,10 +44,12 @@ class TrainableView:
 
 
 def trainable_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec | TrainableView:
-    """The spec itself under full fine-tuning; under LoRA the view over its adapters."""
+    """The spec itself under full fine-tuning; under LoRA the view over its adapters and PEFT's trainable module
+    copies (`--lora-modules-to-save`: `lora.module_copies`, the embeddings' first and the lm_head's last in
+    `model.parameters()` order, each in the module's dtype), the tensors the optimizer gets."""
     if plan.method is Method.FULL:
         return spec
-    return TrainableView(spec, lora.adapter_params(spec, plan))
+    return TrainableView(spec, [*lora.adapter_params(spec, plan), *lora.module_copies(spec, plan)])
 
 
 def walk_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
@@ -110,6 +112,10 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
     from llmem.components import zero_ds as z
     from llmem.errors import GAP, InputError
 
+    if plan.engine.value == "deepspeed" and plan.method is Method.LORA and plan.zero == 3:
+        from llmem.walk import deepspeed3_lora
+
+        return deepspeed3_lora.check(spec, plan)
     if not (plan.engine.value == "deepspeed" and plan.method is Method.LORA and z.reduces_in_backward(plan)):
         return
     if spec.is_moe:

@@ -25,7 +25,7 @@ from llmem.components import Category
 from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
 from llmem.components.gradients import bucket_view_pending_bytes
-from llmem.plan import TrainingPlan
+from llmem.plan import Method, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.deepspeed import _layer_of, compute_plan
 from llmem.walk.phase import Phase, moment
@@ -183,6 +183,10 @@ def zero3_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     parameter is split evenly)."""
     from llmem.walk.single import iteration_phases
 
+    if plan.method is not Method.FULL:
+        from llmem.walk.deepspeed3_lora import zero3_lora_phases
+
+        return zero3_lora_phases(spec, plan)
     step = next(ph for ph in iteration_phases(spec, compute_plan(plan)) if ph.name == "optimizer step")
     held = {"logits": step.breakdown[Category.LOGITS], "activations": step.breakdown[Category.ACTIVATIONS]}
     single = iteration_phases(spec, compute_plan(plan).with_(grad_accum=1, optimizer_in_backward=True))
