@@ -6,7 +6,8 @@ task_type="CAUSAL_LM"))` (peft 0.21). Every targeted Linear (a module whose name
   lora_A: Linear(in, r) -> weight (r, in);  lora_B: Linear(r, out) -> weight (out, r)
 so it adds r * (in + out) trainable elements (Conv1D stores its weight (in, out); the count is the same).
 PEFT casts bf16/fp16 adapters to fp32 (`autocast_adapter_dtype=True`), and fp32 bases make fp32 adapters: adapter
-parameters, gradients and optimizer states are 4 bytes per element under every precision.
+parameters, gradients and optimizer states are 4 bytes per element under every precision, except with
+`--lora-adapter-dtype base` on a pure half base (`base_dtype_adapters`: 2 bytes, `adapter_elem_bytes`).
 The base weights are frozen: no gradients, no optimizer states.
 
 Forward of an adapted Linear (`peft/tuners/lora/layer.py: Linear.forward`):
