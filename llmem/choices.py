@@ -205,3 +205,14 @@ class Float8(Choice):
     NONE = "none"
     TENSORWISE = "tensorwise"  # one fp32 scale per cast tensor (dynamic scaling)
     ROWWISE = "rowwise"  # one fp32 scale per row of each cast operand (axiswise dynamic scaling)
+
+
+class LoraAdapterDtype(Choice):
+    """`--lora-adapter-dtype`: the dtype PEFT leaves the LoRA adapters in (peft 0.21.2). fp32: `get_peft_model`'s
+    default `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters to fp32 (`tuners/tuners_utils.py:2719-2745`).
+    base: `autocast_adapter_dtype=False` leaves them in the base layer's dtype, to which `update_layer` moves them
+    (`tuners/lora/layer.py:314`, `_move_adapter_to_device_of_base_layer`, `tuners/tuners_utils.py:2183-2186`), as
+    torchtune, Answer.AI's FSDP-QLoRA train.py and LitGPT's bf16-true keep them."""
+
+    FP32 = "fp32"
+    BASE = "base"

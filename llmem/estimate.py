@@ -13,6 +13,7 @@ import functools
 import operator
 from dataclasses import dataclass, field
 
+from llmem import support_lora_dtype
 from llmem.components import Category, act_offload, ds_lora, float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
 from llmem.plan import AllocConf, Device, Engine, GradCkpt, Loss, Scheme, TrainingPlan
@@ -247,6 +248,7 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
     lora.validate(spec, plan)
     lora.check_supported(spec, plan)
     ds_lora.check(spec, plan)
+    support_lora_dtype.check_model(spec, plan)
     float8.check(spec, plan)
     act_offload.check_model(spec, plan)
     if plan.cp > 1:

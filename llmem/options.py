@@ -203,6 +203,14 @@ OPTIONS: tuple[Option, ...] = (
            parse=parse_modules_to_save, link=WHEN_SET, fallback=True,
            needs=Needs("method", ("lora", "qlora"), "trainable module copies go with --method lora/qlora"),
            widget=Widget("LoRA modules to save (trained in full)", "w_lora_mts", TEXT, group=G_METHOD)),
+    Option("lora_adapter_dtype", c.LoraAdapterDtype, c.LoraAdapterDtype.FP32,
+           "With lora on a pure bf16/fp16 base: fp32 (PEFT's default, autocast_adapter_dtype=True) upcasts the "
+           "adapters, so they, their gradients and optimizer states take 4 bytes per element; base "
+           "(autocast_adapter_dtype=False, as torchtune and FSDP-QLoRA run) leaves them in the base's 2-byte dtype, "
+           "and lora_A saves the shared half input instead of an fp32 copy per Linear. No effect under fp32 or "
+           "mixed precision (an fp32 base).",
+           link=WHEN_SET, needs=_LORA,
+           widget=Widget("LoRA adapter dtype", "w_lora_dtype", SELECT, group=G_METHOD)),
     Option("quant", c.Quant, c.Quant.NONE,
            "Storage of the frozen base under --method qlora (bitsandbytes): nf4 or fp4 = 4-bit codes (half a byte per"
            " weight) plus one fp32 scale per 64 weights; each Linear is dequantized to the compute dtype while it "

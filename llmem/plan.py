@@ -25,6 +25,7 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
     Engine,
     FsdpShard,
     GradCkpt,
+    LoraAdapterDtype,
     Loss,
     Method,
     Offload,
@@ -40,7 +41,8 @@ from llmem.memo import remembered
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
 __all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice",
-           "Device", "Engine", "FsdpShard", "GradCkpt", "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl",
+           "Device", "Engine", "FsdpShard", "GradCkpt", "LoraAdapterDtype",
+           "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl",
            "PpSchedule", "Precision", "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 
 MAX_GPUS = 65536

@@ -256,7 +256,14 @@ def program_spec(spec: ModelSpec, plan) -> ModelSpec:
     it (memoized on the spec)."""
     from llmem.components.lora_activations import traced_spec
 
-    return hf_tp_spec(traced_spec(spec, plan), plan)
+    spec = hf_tp_spec(traced_spec(spec, plan), plan)
+    from llmem.components import lora
+
+    if lora.base_dtype_adapters(plan) and not spec.half_adapters:  # `--lora-adapter-dtype base` on a half base
+        from llmem.components.ds_lora import half_spec
+
+        return half_spec(spec)
+    return spec
 
 
 def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:

@@ -17,6 +17,7 @@ SAMPLES = {
     "device": ("cpu", {}), "method": ("lora", {}), "lora_rank": ("8", {"method": "lora"}),
     "lora_alpha": ("64", {"method": "lora"}), "lora_dropout": ("0.1", {"method": "lora"}),
     "lora_targets": ("q_proj,v_proj", {"method": "lora"}), "lora_modules_to_save": ("lm_head", {"method": "lora"}),
+    "lora_adapter_dtype": ("base", {"method": "lora", "precision": "bf16"}),
     "quant": ("int8", {"method": "qlora", "precision": "bf16"}),
     "double_quant": ("true", {"method": "qlora", "quant": "nf4", "precision": "bf16"}), "grad_accum": ("4", {}),
     "offload": ("optimizer", {}), "loss": ("fused-linear-ce", {}),

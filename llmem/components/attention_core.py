@@ -122,7 +122,8 @@ def eager_core_layer_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, adapter
         return 0
     if lora.is_lora(plan):
         after = [p for p in lora.layer0_targeted(spec, plan) if _after_core(p.name)]
-        return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * (adapter_bytes or lora.ADAPTER_BYTES)
+        elem = adapter_bytes or lora.adapter_elem_bytes(spec)
+        return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in after) * elem
     params = spec.memo(("core.after",), lambda: tuple(p for p in spec.layer_params(0) if _after_core(p.name)))
     return sum(local_numel(p, plan) for p in params) * plan.precision.param_bytes
 

@@ -107,7 +107,7 @@ def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 def _adapter_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
     if not lora.is_lora(plan):
         return 0
-    dtype_bytes = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
+    dtype_bytes = plan.precision.compute_bytes if plan.precision.is_mixed else lora.adapter_elem_bytes(spec)
     return lora.gathered_adapter_numel(spec, plan, layer) * dtype_bytes
 
 
@@ -290,7 +290,7 @@ def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = Fa
         return 0
     shapes = _group_shapes(spec, plan, root=root, trainable_only=True)
     if lora.is_lora(plan):
-        elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.ADAPTER_BYTES
+        elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.adapter_elem_bytes(spec)
     else:
         elem = gather_bytes(plan)
     padded = [-(-s[0] // plan.dp) * plan.dp * math.prod(s[1:]) for s in shapes

@@ -60,7 +60,12 @@ def walk_spec(spec: ModelSpec, plan: TrainingPlan) -> ModelSpec:
     MixedPrecisionPolicy; traced tables: `Derived.with_half_adapters`). Other plans keep `spec`."""
     if plan.method is Method.FULL or plan.precision.value != "bf16-mixed":
         return spec
-    return spec.memo(("deepspeed half adapters",), lambda: _half(spec))
+    return half_spec(spec)
+
+
+def half_spec(spec: ModelSpec) -> ModelSpec:
+    """`spec` with half adapters (`spec.half_adapters`; traced tables: `Derived.with_half_adapters`), memoized."""
+    return spec.memo(("half adapters spec",), lambda: _half(spec))
 
 
 def _half(spec: ModelSpec) -> ModelSpec:

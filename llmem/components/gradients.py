@@ -113,7 +113,7 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
 
 @per_spec()
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
-                                    adapter_bytes: int = lora.ADAPTER_BYTES) -> int:
+                                    adapter_bytes: int | None = None) -> int:
     """Bytes beyond the layer's saved tensors (and the earlier layers' and head's gradients) at the peak of a decoder
     layer's backward. Mixture-of-experts layers: `moe_layer_backward_peak_extra_bytes`.
 

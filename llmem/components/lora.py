@@ -6,7 +6,8 @@ task_type="CAUSAL_LM"))` (peft 0.21). Every targeted Linear (a module whose name
   lora_A: Linear(in, r) -> weight (r, in);  lora_B: Linear(r, out) -> weight (out, r)
 so it adds r * (in + out) trainable elements (Conv1D stores its weight (in, out); the count is the same).
 PEFT casts bf16/fp16 adapters to fp32 (`autocast_adapter_dtype=True`), and fp32 bases make fp32 adapters: adapter
-parameters, gradients and optimizer states are 4 bytes per element under every precision.
+parameters, gradients and optimizer states are 4 bytes per element under every precision, except with
+`--lora-adapter-dtype base` on a pure half base (`base_dtype_adapters`: 2 bytes, `adapter_elem_bytes`).
 The base weights are frozen: no gradients, no optimizer states.
 
 Forward of an adapted Linear (`peft/tuners/lora/layer.py: Linear.forward`):
@@ -64,6 +65,15 @@ def adapter_elem_bytes(spec: ModelSpec) -> int:
     """Bytes per adapter element: fp32, or bf16 where the engine casts them with the module (`spec.half_adapters`,
     DeepSpeed's bf16 engine)."""
     return 2 if getattr(spec, "half_adapters", False) else ADAPTER_BYTES
+
+
+def base_dtype_adapters(plan: TrainingPlan) -> bool:
+    """`--lora-adapter-dtype base` on a pure bf16/fp16 base: PEFT leaves the adapters in the base's 2-byte dtype
+    (`get_peft_model(..., autocast_adapter_dtype=False)`: peft 0.21.2 `tuners/tuners_utils.py:2719` skips the fp32
+    upcast; `tuners/lora/layer.py:314` moved them to the base layer's dtype). The estimate then reads the spec with
+    half adapters (`spec.half_adapters`, `llmem.spec.program_spec`): 2-byte adapters, gradients and optimizer states,
+    and the half activations of `lora_activations.layer_saved`'s `half`. fp32 and mixed precision: an fp32 base."""
+    return is_lora(plan) and plan.lora_adapter_dtype.value == "base" and plan.precision.value in ("bf16", "fp16")
 
 
 def half_adapters(plan: TrainingPlan) -> bool:
@@ -309,7 +319,7 @@ def sharded_layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int
     per_layer = [0] * spec.num_layers
     for a in adapter_params(spec, plan):
         if a.layer is not None:
-            per_layer[a.layer] += fsdp_shard_numel(a.shape, plan) * ADAPTER_BYTES
+            per_layer[a.layer] += fsdp_shard_numel(a.shape, plan) * adapter_elem_bytes(spec)
     return per_layer
 
 
@@ -318,7 +328,7 @@ def sharded_outer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.sharding import fsdp_shard_numel
 
     return sum(fsdp_shard_numel(a.shape, plan) for a in adapter_params(spec, plan) if a.layer is None) \
-        * ADAPTER_BYTES
+        * adapter_elem_bytes(spec)
 
 
 @per_spec("layout_key")
@@ -344,7 +354,7 @@ def trainable_tensors(spec: ModelSpec, plan: TrainingPlan) -> list[tuple[tuple[i
     heads = [c.name.removesuffix(".modules_to_save.default.weight").endswith(_HEADS) for c in copies]
     embed = [(c.shape, pb) for c, h in zip(copies, heads, strict=True) if not h]
     head = [(c.shape, pb) for c, h in zip(copies, heads, strict=True) if h]
-    return embed + [(a.shape, ADAPTER_BYTES) for a in adapter_params(spec, plan)] + head
+    return embed + [(a.shape, adapter_elem_bytes(spec)) for a in adapter_params(spec, plan)] + head
 
 
 def layer_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, elem_bytes: int | None = None) -> int:

@@ -117,7 +117,7 @@ def _fsdp_host_tensors(spec: ModelSpec, plan: TrainingPlan) -> tuple[list[int], 
     params = [n * pb for n in shard_summary(spec, plan).sizes]
     trainable_bytes = pb
     if lora.is_lora(plan):
-        trainable_bytes = lora.ADAPTER_BYTES
+        trainable_bytes = lora.adapter_elem_bytes(spec)
         params += [n * trainable_bytes for n in lora.sharded_adapter_sizes(spec, plan)]
     return params, optimized_params(spec, plan), trainable_bytes
 

@@ -66,7 +66,7 @@ def _adapters(spec: ModelSpec, plan: TrainingPlan) -> Trained:
     for a in lora.adapter_params(spec, plan):
         shape = tp_local_shape(a, plan.tp)
         numel = fsdp_shard_numel(a.shape, plan) if fsdp else math.prod(shape)
-        rows.append((numel, shape, lora.ADAPTER_BYTES, a.tp_split is not TpSplit.NONE))
+        rows.append((numel, shape, lora.adapter_elem_bytes(spec), a.tp_split is not TpSplit.NONE))
     rows += [(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
     return Trained(*(tuple(column) for column in zip(*rows, strict=True))) if rows else Trained((), (), (), ())
 

@@ -94,4 +94,7 @@ def apply_method(model: nn.Module, plan: TrainingPlan) -> nn.Module:
 
     if plan.method is Method.QLORA:
         model = quantize_base(model, plan)
-    return get_peft_model(model, lora_config(plan))
+    # `--lora-adapter-dtype base`: PEFT skips its fp32 upcast (peft 0.21.2 `tuners/tuners_utils.py:2719`), leaving
+    # the adapters in the base layer's dtype (`tuners/lora/layer.py:314`)
+    autocast = plan.lora_adapter_dtype.value == "fp32"
+    return get_peft_model(model, lora_config(plan), autocast_adapter_dtype=autocast)

@@ -154,7 +154,7 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     is the layers' shards after layer l (suffix sums of `sharded_layer`)."""
     cp = compute_plan(plan)
     half = lora.half_adapters(plan)
-    adapter_grad = cp.precision.compute_bytes if half else lora.ADAPTER_BYTES  # unsharded adapter gradients
+    adapter_grad = cp.precision.compute_bytes if half else lora.adapter_elem_bytes(spec)  # unsharded adapter gradients
     pb = plan.precision.param_bytes
     sharded_layer = [n * pb for n in shard_summary(spec, plan).per_layer]
     layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
