@@ -32,12 +32,13 @@ LORA_DTYPE_RULES: tuple[Rule, ...] = (
 
 
 def check_model(spec, plan) -> None:
-    """Traced LoRA tables (`spec.derived`: families without hand-written LoRA tables) with base-dtype adapters are
-    not measured: a gap."""
+    """Traced LoRA tables (`spec.derived`: families without hand-written LoRA tables) and the mixtures of experts'
+    with base-dtype adapters are not measured: a gap."""
     from llmem.components import lora
     from llmem.errors import InputError
 
-    if lora.base_dtype_adapters(plan) and spec.derived is not None:
-        raise InputError("lora-adapter-dtype", f"--lora-adapter-dtype base is measured on the hand-written LoRA "
-                         f"tables (llama-like families); {spec.model_type!r}'s are traced: use --lora-adapter-dtype "
-                         "fp32", GAP)
+    if lora.base_dtype_adapters(plan) and (spec.derived is not None or spec.is_moe):
+        kind = "a mixture of experts" if spec.derived is None else "traced"
+        raise InputError("lora-adapter-dtype", f"--lora-adapter-dtype base is measured on the hand-written dense "
+                         f"LoRA tables (llama-like families); {spec.model_type!r} is {kind}: use "
+                         "--lora-adapter-dtype fp32", GAP)

@@ -19,6 +19,7 @@ from llmem.plan import GradCkpt, Loss, Method, Offload, Optimizer, OptimizerImpl
 from llmem.sweep import ds_lora
 from llmem.sweep.act_offload import draw_activation_offload
 from llmem.sweep.cp import draw_cp
+from llmem.sweep.lora_dtype import draw_lora_adapter_dtype
 from llmem.sweep.lora_tp import draw_lora_tp
 from llmem.sweep.models import lora_targets, models, tp_capable
 from llmem.sweep.tiny_vocab import draw_tiny_vocab
@@ -136,6 +137,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
         fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED or k in kept} | pipeline
     fields |= draw_cp(seed, index, fields, config)
     fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
+    fields |= draw_lora_adapter_dtype(seed, index, fields, config)  # bf16 LoRA, where it runs (its own stream)
     return Draw(index, name, config, fields)
 
 

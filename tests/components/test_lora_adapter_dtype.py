@@ -54,3 +54,19 @@ def test_one_gpu_estimate_and_saving_match_real_runs():
 @pytest.mark.parametrize("name", ROWS.params())
 def test_two_ranks_within_one_percent(name):
     ROWS.check(name, tolerance=0.01)
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "vocab_size": 256},
+    {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256},
+])
+def test_unmeasured_families_are_a_gap_naming_the_option(config):
+    """A mixture of experts (hand-written MoE LoRA tables) and a traced family: not measured with bf16 adapters."""
+    from llmem.errors import InputError
+
+    plan = TrainingPlan(method="lora", precision="bf16", lora_dropout=0.0, lora_adapter_dtype="base")
+    with pytest.raises(InputError) as err:
+        estimate(ModelSpec.from_config(config), plan)
+    assert err.value.field == "lora-adapter-dtype" and err.value.gap
+    assert estimate(ModelSpec.from_config(config), TrainingPlan(method="lora", precision="bf16", lora_dropout=0.0)).peak_bytes > 0
