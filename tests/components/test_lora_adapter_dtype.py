@@ -69,4 +69,5 @@ def test_unmeasured_families_are_a_gap_naming_the_option(config):
     with pytest.raises(InputError) as err:
         estimate(ModelSpec.from_config(config), plan)
     assert err.value.field == "lora-adapter-dtype" and err.value.gap
-    assert estimate(ModelSpec.from_config(config), TrainingPlan(method="lora", precision="bf16", lora_dropout=0.0)).peak_bytes > 0
+    fp32_adapters = TrainingPlan(method="lora", precision="bf16", lora_dropout=0.0)
+    assert estimate(ModelSpec.from_config(config), fp32_adapters).peak_bytes > 0
