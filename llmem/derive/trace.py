@@ -129,10 +129,12 @@ def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: boo
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
+    from llmem.derive.quant import preload
     from llmem.plan import TrainingPlan
     from llmem.runtime.model import decoder_layers, hf_config
 
     cfg = hf_config(config, TrainingPlan())
+    preload(lora)  # --method qlora: bitsandbytes' import-time tensors made before the fake mode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name), attn_implementation=attn,
@@ -266,6 +268,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     `llmem.simulate.patches.cuda_kernel_choices`)."""
     import transformers.masking_utils as masking
 
+    from llmem.derive.quant import default_gemm_4bit
     from llmem.plan import TrainingPlan
     from llmem.simulate.patches import cuda_kernel_choices
     from llmem.simulate.stand_ins import stand_ins
@@ -285,7 +288,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
-                untracked_sharding_propagation(tracker), kernels:
+                untracked_sharding_propagation(tracker), kernels, default_gemm_4bit(model):
             ids = torch.zeros((batch, seq), dtype=torch.long)
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
