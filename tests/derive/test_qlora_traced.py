@@ -92,7 +92,6 @@ GRID = {
     "gpt_neox-ckpt-bf16": ("gpt_neox", dict(grad_ckpt="full", precision="bf16")),
     "gpt_neox-qkv-dq": ("gpt_neox", dict(double_quant=True, lora_targets="query_key_value")),
     "phi-fp4-dq-bf16-dropout": ("phi", dict(quant="fp4", double_quant=True, precision="bf16", lora_dropout=0.1)),
-    "opt-ckpt-bf16": ("opt", dict(grad_ckpt="full", precision="bf16")),
     "starcoder2-ckpt-bf16": ("starcoder2", dict(grad_ckpt="full", precision="bf16")),
     "stablelm-ckpt-bf16": ("stablelm", dict(grad_ckpt="full", precision="bf16")),
     **{f"wide-{f}": (f, dict(wide=True)) for f in WIDE},
@@ -128,6 +127,7 @@ def test_traced_qlora_ddp(name):
     ("olmo2", dict(quant="int8", precision="bf16"), "quant"),  # 8-bit Linears keep inputs no pack hook sees
     ("gpt2", dict(quant="nf4"), "method"),  # Conv1D: the measured step's quantization reads nn.Linear weights
     ("gpt_neox", dict(quant="nf4", gpus=2, zero=1), "zero"),
+    ("opt", dict(quant="nf4", precision="bf16", grad_ckpt="full"), "grad-ckpt"),  # layer 0's backward 0.9-2.1 % low
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
     p = TrainingPlan(**{"method": "qlora", "precision": "fp32", "seq_len": 64, **plan})
