@@ -49,7 +49,21 @@ def quantized_weights(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     """The base weights that are stored quantized (every Linear but the output layer)."""
     from llmem.components.lora import linear_weights
 
-    return linear_weights(spec) if is_qlora(plan) else []
+    if not is_qlora(plan):
+        return []
+    if spec.derived is None:
+        return linear_weights(spec)
+    return spec.memo(("quant.traced_weights",), lambda: _converted(spec))
+
+
+def _converted(spec: ModelSpec) -> list[ParamTensor]:
+    """A traced spec's Linears that transformers' replacement converts (`llmem.derive.quant.unconverted_linears`:
+    subclasses of nn.Linear, e.g. falcon's FalconLinear, stay in the plan's dtype)."""
+    from llmem.components.lora import linear_weights
+    from llmem.derive.quant import unconverted_linears
+
+    kept = unconverted_linears(spec.derived.config)
+    return [p for p in linear_weights(spec) if p.name.removesuffix(".weight").rsplit(".", 1)[-1] not in kept]
 
 
 NESTED_BLOCKSIZE = 256  # quantize_4bit(compress_statistics=True): quantize_blockwise(absmax - offset, blocksize=256)
@@ -100,6 +114,11 @@ def dequant_forward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
     if is_int8(plan) and plan.device is Device.CUDA:
         return int8_forward_cuda_bytes(spec, plan)
+    if spec.derived is not None and not plan.checkpointed(spec.num_layers - 1):
+        from llmem.components import act_offload
+
+        if not act_offload.applies(plan):  # traced: the last layer's forward in flight holds each dequantized
+            return 0  # weight where it is made (`walk.single.forward_inflight_bytes`, `llmem.derive.quant`)
     tokens = plan.batch_size * plan.seq_len
     cb = plan.precision.compute_bytes
     return max((p.numel * cb + tokens * in_out(spec, p)[1] * cb
@@ -118,6 +137,8 @@ def dequant_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.lora import in_out
     from llmem.components.quant_autocast import mlp_bytes
 
+    if spec.derived is not None:  # traced (`llmem.derive.quant`): the layers' backward windows hold it already
+        return 0
     tokens = plan.batch_size * plan.seq_len
     cb, gb = plan.precision.compute_bytes, mlp_bytes(plan)  # (gb: fp32 gradients under autocast)
     layer = [p for p in quantized_weights(spec, plan) if p.layer == 0]

@@ -190,7 +190,7 @@ class Derived:
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> dict:
         traces, checks = self._traces(built, kind, mixed, offset, cuda)
-        places = ("outer", "final", "head", "held")
+        places = ("outer", "final", "head", "held", "locals")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
         if any((t.held_layers, t.outer_layers) != (traces[0].held_layers, traces[0].outer_layers)

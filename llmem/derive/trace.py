@@ -49,6 +49,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from llmem.derive.windows import _window
+
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -72,6 +74,7 @@ class Trace:
     inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
+    locals: list[tuple[str, int]] = field(default_factory=list)  # `_Recorder._locals`: one entry
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
     #                       gradient, DTensor's embedding backward)
 
@@ -129,10 +132,12 @@ def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: boo
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
+    from llmem.derive.quant import preload
     from llmem.plan import TrainingPlan
     from llmem.runtime.model import decoder_layers, hf_config
 
     cfg = hf_config(config, TrainingPlan())
+    preload(lora)  # --method qlora: bitsandbytes' import-time tensors made before the fake mode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name), attn_implementation=attn,
@@ -171,6 +176,7 @@ class _Recorder:
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
+        self.last, self.before_last, self.locals, self.ids = len(layers) - 1, {}, 0, None
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -201,6 +207,8 @@ class _Recorder:
         def hook(module, args, kwargs):
             self.place = i
             self.forwards[i] = [len(self.tracker.events)]
+            if i == self.last:
+                self.before_last = {k: (v[1], v[2]) for k, v in self.tracker._live.items() if v[0] >= 0}
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if leaves:
                 self.inputs[leaves[0].untyped_storage()._cdata] = i
@@ -217,9 +225,20 @@ class _Recorder:
         def hook(module, args, output):
             self.place = POST
             self.forward_ends[i] = len(self.tracker.events)
+            if i == self.last:
+                self.locals = self._locals()
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             out.register_hook(lambda g: self._mark(g, i, True))
         return hook
+
+    def _locals(self) -> int:
+        """The bytes alive from the last decoder layer's pre-hook to its forward hook that no saved tensor, layer
+        argument, autocast copy or the input ids account for: the model forward's own locals through its layer loop
+        (e.g. `inputs_embeds` under LoRA, whose layer 0 saves no input), beside the last layer's forward in
+        flight (`walk.single.forward_inflight_bytes`)."""
+        skip = set(self.places) | set(self.layer_args) | self.alloc.copies | self.params | {self.ids}
+        return sum(n for k, (n, ref) in self.before_last.items()
+                   if k not in skip and k in self.tracker._live and self.tracker._live[k][2] is ref)
 
     def pack(self, t):
         st = _local(t).untyped_storage()
@@ -266,6 +285,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     `llmem.simulate.patches.cuda_kernel_choices`)."""
     import transformers.masking_utils as masking
 
+    from llmem.derive.quant import default_gemm_4bit
     from llmem.plan import TrainingPlan
     from llmem.simulate.patches import cuda_kernel_choices
     from llmem.simulate.stand_ins import stand_ins
@@ -285,8 +305,9 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
-                untracked_sharding_propagation(tracker), kernels:
+                untracked_sharding_propagation(tracker), kernels, default_gemm_4bit(model):
             ids = torch.zeros((batch, seq), dtype=torch.long)
+            rec.ids = ids.untyped_storage()._cdata
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
@@ -297,7 +318,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 rec.alloc.keep.clear()
                 rec.alloc.forward = False
                 logits.backward(torch.ones_like(logits))
-            out.grad_excess = _grad_excess(model)
+            out.grad_excess, out.locals = _grad_excess(model), [("model forward locals", rec.locals)]
             grads = {tracker._live[k][0] for k in (_local(p.grad).untyped_storage()._cdata
                                                    for p in model.parameters() if p.grad is not None)
                      if k in tracker._live}
@@ -348,24 +369,6 @@ def _grad_excess(model) -> int:
     own plan the vocab-sharded embedding's gradient comes back Replicate, the whole vocabulary on every rank."""
     return sum(max(0, _local(p.grad).untyped_storage().nbytes() - _local(p).untyped_storage().nbytes())
                for p in model.parameters() if p.grad is not None)
-
-
-def _window(events, window: list[int], grad_out: int, skip=frozenset(), in_place=frozenset()) -> list[tuple[str, int]]:
-    """Live bytes after each event of a layer's backward (or forward), relative to its start, plus the output
-    grad; the blocks in `skip` (autocast's weight copies) left out. `in_place`: the blocks that became `.grad`s —
-    in a later micro-step AccumulateGrad adds each new gradient into the `.grad` (`variable_grad += new_grad`,
-    torch/csrc/autograd/functions/accumulate_grad.h `accumulateGrad`) and frees it, so from the next event on it
-    is no longer live here (the `.grad`s are counted apart, as every gradient alive)."""
-    if len(window) < 2:
-        return [("layer output gradient", grad_out)]
-    start, end = window[0], window[1]
-    live, out, added = grad_out, [("layer output gradient", grad_out)], 0
-    for k in range(start, end):
-        live += events[k][2] if events[k][1] not in skip else 0
-        out.append((f"event {k - start}", live - added))
-        if events[k][1] in in_place and events[k][2] > 0:
-            added += events[k][2]
-    return out
 
 
 def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:

@@ -160,6 +160,7 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
     d = spec.derived.at(last)
     lp = act.layer_plan(plan, last)
     args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)
+    args += sum(s.bytes for s in d._saved(lp, "locals"))  # the model forward's unsaved locals (`trace._locals`)
     return max(0, d.forward_inflight_extra_bytes(lp) + args - final_norm)
 
 
