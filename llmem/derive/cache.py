@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 22
+FORMAT = 24
 
 
 def _directory() -> Path:

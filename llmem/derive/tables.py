@@ -190,7 +190,7 @@ class Derived:
 
     def _fit(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> dict:
         traces, checks = self._traces(built, kind, mixed, offset, cuda)
-        places = ("outer", "final", "head", "held")
+        places = ("outer", "final", "head", "held", "locals")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
         if any((t.held_layers, t.outer_layers) != (traces[0].held_layers, traces[0].outer_layers)
@@ -293,6 +293,11 @@ class Derived:
             return 0
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
         return max(0, max(s.bytes for s in inflight) - saved)
+
+    def locals_bytes(self, plan: TrainingPlan) -> int:
+        """The decoder forward's unsaved locals alive when the last layer's forward starts (`trace._locals`: e.g. an
+        `inputs_embeds` no op of layer 0 saves), beside that layer's forward in flight."""
+        return sum(s.bytes for s in self._saved(plan, "locals"))
 
     def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
         """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative
