@@ -49,6 +49,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from llmem.derive.trace_live import grad_excess, unsaved_locals
+
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -71,8 +73,7 @@ class Trace:
     #                       as made, less all the window makes (`_forwards`)
     inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
-    locals: list[tuple[str, int]] = field(default_factory=list)  # unsaved storages alive at the last layer's start
-    #                       (one summed entry, `_locals`): the decoder's locals, e.g. an unsaved `inputs_embeds`
+    locals: list[tuple[str, int]] = field(default_factory=list)  # the decoder's locals: `trace_live.unsaved_locals`
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
     #                       gradient, DTensor's embedding backward)
@@ -173,8 +174,7 @@ class _Recorder:
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
-        self.last, self.ids_bytes = len(layers) - 1, 0
-        self.entry_live: dict[int, tuple[int, weakref.ref]] = {}  # the last layer's pre-hook: live storage -> bytes
+        self.last, self.ids_bytes, self.entry_live = len(layers) - 1, 0, {}  # entry_live: `_enter`'s snapshot
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -299,14 +299,14 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
-                out.locals = _locals(rec)
+                out.locals = unsaved_locals(rec)
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 matrices = {tracker._live[k][0] for k in rec.alloc.matrices if k in tracker._live}
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 rec.alloc.forward = False
                 logits.backward(torch.ones_like(logits))
-            out.grad_excess = _grad_excess(model)
+            out.grad_excess = grad_excess(model)
             grads = {tracker._live[k][0] for k in (_local(p.grad).untyped_storage()._cdata
                                                    for p in model.parameters() if p.grad is not None)
                      if k in tracker._live}
@@ -352,13 +352,6 @@ def _trigger(rec: _Recorder, backward: list[tuple[str, int]], layer: int) -> int
     return backward[first - window[0]][1]
 
 
-def _grad_excess(model) -> int:
-    """The bytes by which the parameters' local gradients exceed the local parameters: under TP with the model's
-    own plan the vocab-sharded embedding's gradient comes back Replicate, the whole vocabulary on every rank."""
-    return sum(max(0, _local(p.grad).untyped_storage().nbytes() - _local(p).untyped_storage().nbytes())
-               for p in model.parameters() if p.grad is not None)
-
-
 def _window(events, window: list[int], grad_out: int, skip=frozenset(), in_place=frozenset()) -> list[tuple[str, int]]:
     """Live bytes after each event of a layer's backward (or forward), relative to its start, plus the output
     grad; the blocks in `skip` (autocast's weight copies) left out. `in_place`: the blocks that became `.grad`s —
@@ -375,26 +368,6 @@ def _window(events, window: list[int], grad_out: int, skip=frozenset(), in_place
         if events[k][1] in in_place and events[k][2] > 0:
             added += events[k][2]
     return out
-
-
-def _saved_storage(rec: _Recorder, key: int, storage) -> bool:
-    """Whether `storage` (at address `key`) is a saved tensor a node alive at the end of the forward holds."""
-    entry = rec.places.get(key)
-    return (entry is not None and storage is not None and entry[3]() is storage
-            and any(ref() is not None for _, ref in entry[0]))
-
-
-def _locals(rec: _Recorder) -> list[tuple[str, int]]:
-    """What is alive when the last decoder layer's forward starts beyond what the walk counts there (the saved
-    tensors, the layer arguments, autocast's weight copies, the parameters): the decoder forward's unsaved locals,
-    e.g. the embeddings' output that `inputs_embeds` keeps until the model's forward returns where no op of layer 0
-    saves it (LoRA: layer 0's input needs no gradient; transformers 5.23 `modeling_falcon.py` FalconModel.forward,
-    `modeling_llama.py` LlamaModel.forward), or the last layer's input where that layer does not save it. One
-    summed entry (its parts may differ between batch sizes, the sum is fitted)."""
-    leaf = rec.embedding_leaf[0] if rec.embedding_leaf is not None else None  # counted in `outer` (`_sort`)
-    total = sum(nbytes for key, (nbytes, ref) in rec.entry_live.items()
-                if key != leaf and not _saved_storage(rec, key, ref()))
-    return [("decoder locals: unsaved tensors alive at the last layer's start", total)]
 
 
 def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
@@ -418,9 +391,8 @@ def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
             out.outer_layers.append(sorted(w for w in where if isinstance(w, int)))
     out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
     out.held_layers = [rec.arg_layers[k] for k in rec.layer_args if k not in rec.places]
-    if not any(name == "input_ids (labels)" for name, _ in out.outer):  # a frozen embedding saves no ids, but the
-        out.outer.append(("input_ids (labels)", rec.ids_bytes))  # step's batch is alive all the same
-        out.outer_layers.append([])
+    if not any(name == "input_ids (labels)" for name, _ in out.outer):  # a frozen embedding saves none: the batch's
+        out.outer, out.outer_layers = [*out.outer, ("input_ids (labels)", rec.ids_bytes)], [*out.outer_layers, []]
     leaf = rec.embedding_leaf
     if leaf is not None and leaf[0] not in rec.places and rec.inputs.get(leaf[0]) != 0:  # not layer 0's input
         out.outer.append(("embedding output (a leaf that requires grad, kept by its AccumulateGrad)", leaf[1]))

@@ -279,8 +279,8 @@ def test_half_adapter_tables_trace_the_checkpointed_program_only_when_the_plan_c
 
 # The last layer's forward in flight with a vocabulary as small as the hidden size (sweep s21-22): the decoder's
 # `inputs_embeds`, which no op of layer 0 saves under LoRA, and the step's input_ids, which the frozen embedding does
-# not save, are alive beside it (`trace._locals`): falcon -1.99 % -> -0.007 %, all-linear -1.27 % -> -0.003 %,
-# gpt_neox all-linear bf16 -0.91 % -> -0.001 %.
+# not save, are alive beside it (`trace_live.unsaved_locals`): falcon -1.99 % -> -0.007 %, all-linear -1.27 % ->
+# -0.003 %, gpt_neox all-linear bf16 -0.91 % -> -0.001 %.
 @pytest.mark.heavy
 @pytest.mark.parametrize("family, plan", [
     ("falcon", dict(lora_targets="query_key_value", precision="fp16")),
