@@ -299,3 +299,27 @@ def test_traced_lora_forward_in_flight_with_a_tiny_vocabulary(family, plan):
     measured = measure_rank(cfg, p)["peak_bytes"]
     assert est.peak_phase.startswith("forward (last layer, in flight)")
     assert abs(est.peak_bytes - measured) / measured <= TOLERANCE
+
+
+def _tiny_vocab_falcon(_name: str) -> dict:
+    from llmem.sweep.tiny_vocab import with_vocab
+
+    return with_vocab(SMALL["falcon"], SMALL["falcon"]["hidden_size"])
+
+
+FALCON_INFLIGHT = TwoRankRows(dict(gpus=2, method="lora", precision="fp16", optimizer="sgd", attn="eager", batch_size=4,
+                                   seq_len=128, lora_rank=16, lora_alpha=32, lora_dropout=0.0,
+                                   lora_targets="query_key_value"),
+                              {"falcon-v64-zero2": dict(zero=2), "falcon-v64-zero3": dict(zero=3)}, _tiny_vocab_falcon,
+                              sampled=("falcon-v64-zero2", "falcon-v64-zero3"))  # one launch (the test is heavy)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", list(FALCON_INFLIGHT.rows))
+def test_traced_lora_forward_in_flight_under_fsdp2(name):
+    """The FSDP2 walk's last layer's forward in flight from the traced tables (it had only the hand-written
+    families' `decoder_locals`): ZeRO-3 -6.85 % -> -0.003 %, ZeRO-2 -0.003 %."""
+    est = estimate(ModelSpec.from_config(_tiny_vocab_falcon(name)), FALCON_INFLIGHT.plan(name))
+    measured = FALCON_INFLIGHT.measured()[name]["peak_bytes"]
+    assert est.peak_phase == "forward (last layer, in flight)"
+    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured, (est.peak_bytes, measured)
