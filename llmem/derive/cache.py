@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 23
+FORMAT = 25
 
 
 def _directory() -> Path:

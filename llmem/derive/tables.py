@@ -294,6 +294,9 @@ class Derived:
         saved = sum(s.bytes for s in self.layer_saved(plan) if not s.name.startswith("input (residual"))
         return max(0, max(s.bytes for s in inflight) - saved)
 
+    def locals_bytes(self, plan: TrainingPlan) -> int:  # beside the last layer's forward in flight
+        return sum(s.bytes for s in self._saved(plan, "locals"))  # (`trace_live.unsaved_locals`)
+
     def recompute_extra_bytes(self, plan: TrainingPlan) -> int:
         """A checkpointed layer's recompute at its largest: the largest live total of the layer's forward relative
         to its start, on top of what the backward holds when it triggers it (the output gradient and the nodes'

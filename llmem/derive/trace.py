@@ -49,6 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from llmem.derive.trace_live import grad_excess, unsaved_locals
 from llmem.derive.windows import _window
 
 PRE, POST, HEAD = "pre", "post", "head"
@@ -73,8 +74,8 @@ class Trace:
     #                       as made, less all the window makes (`_forwards`)
     inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
+    locals: list[tuple[str, int]] = field(default_factory=list)  # the decoder's locals: `trace_live.unsaved_locals`
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
-    locals: list[tuple[str, int]] = field(default_factory=list)  # `_Recorder._locals`: one entry
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
     #                       gradient, DTensor's embedding backward)
 
@@ -176,7 +177,7 @@ class _Recorder:
         self.embedding_leaf: tuple[int, int] | None = None  # (storage, bytes), see `_leaf`
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
-        self.last, self.before_last, self.locals, self.ids = len(layers) - 1, {}, 0, None
+        self.last, self.ids_bytes, self.entry_live = len(layers) - 1, 0, {}  # entry_live: `_enter`'s snapshot
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -207,8 +208,6 @@ class _Recorder:
         def hook(module, args, kwargs):
             self.place = i
             self.forwards[i] = [len(self.tracker.events)]
-            if i == self.last:
-                self.before_last = {k: (v[1], v[2]) for k, v in self.tracker._live.items() if v[0] >= 0}
             leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if leaves:
                 self.inputs[leaves[0].untyped_storage()._cdata] = i
@@ -219,26 +218,18 @@ class _Recorder:
                 self.keep.append(st)  # alive to the end of the trace: no later storage takes its address
                 self.layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
                 self.arg_layers.setdefault(st._cdata, []).append(i)
+            if i == self.last:  # what the walk counts apart is told now: a storage freed later leaves its address
+                self.entry_live = {k: (n, ref) for k, (block, n, ref) in self.tracker._live.items()  # to others
+                                   if block >= 0 and k not in self.layer_args and k not in self.alloc.copies}
         return hook
 
     def _leave(self, i: int):
         def hook(module, args, output):
             self.place = POST
             self.forward_ends[i] = len(self.tracker.events)
-            if i == self.last:
-                self.locals = self._locals()
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             out.register_hook(lambda g: self._mark(g, i, True))
         return hook
-
-    def _locals(self) -> int:
-        """The bytes alive from the last decoder layer's pre-hook to its forward hook that no saved tensor, layer
-        argument, autocast copy or the input ids account for: the model forward's own locals through its layer loop
-        (e.g. `inputs_embeds` under LoRA, whose layer 0 saves no input), beside the last layer's forward in
-        flight (`walk.single.forward_inflight_bytes`)."""
-        skip = set(self.places) | set(self.layer_args) | self.alloc.copies | self.params | {self.ids}
-        return sum(n for k, (n, ref) in self.before_last.items()
-                   if k not in skip and k in self.tracker._live and self.tracker._live[k][2] is ref)
 
     def pack(self, t):
         st = _local(t).untyped_storage()
@@ -307,18 +298,19 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
                 untracked_sharding_propagation(tracker), kernels, default_gemm_4bit(model):
             ids = torch.zeros((batch, seq), dtype=torch.long)
-            rec.ids = ids.untyped_storage()._cdata
+            rec.ids_bytes = ids.untyped_storage().nbytes()
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
                 out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
+                out.locals = unsaved_locals(rec)
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 matrices = {tracker._live[k][0] for k in rec.alloc.matrices if k in tracker._live}
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 rec.alloc.forward = False
                 logits.backward(torch.ones_like(logits))
-            out.grad_excess, out.locals = _grad_excess(model), [("model forward locals", rec.locals)]
+            out.grad_excess = grad_excess(model)
             grads = {tracker._live[k][0] for k in (_local(p.grad).untyped_storage()._cdata
                                                    for p in model.parameters() if p.grad is not None)
                      if k in tracker._live}
@@ -364,13 +356,6 @@ def _trigger(rec: _Recorder, backward: list[tuple[str, int]], layer: int) -> int
     return backward[first - window[0]][1]
 
 
-def _grad_excess(model) -> int:
-    """The bytes by which the parameters' local gradients exceed the local parameters: under TP with the model's
-    own plan the vocab-sharded embedding's gradient comes back Replicate, the whole vocabulary on every rank."""
-    return sum(max(0, _local(p.grad).untyped_storage().nbytes() - _local(p).untyped_storage().nbytes())
-               for p in model.parameters() if p.grad is not None)
-
-
 def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
     out = Trace([[] for _ in range(n_layers)], [], [], [], [])
     for key, (packs, name, nbytes, _) in rec.places.items():
@@ -392,6 +377,8 @@ def _sort(rec: _Recorder, ids_key: int, n_layers: int) -> Trace:
             out.outer_layers.append(sorted(w for w in where if isinstance(w, int)))
     out.held = [v for k, v in rec.layer_args.items() if k not in rec.places]
     out.held_layers = [rec.arg_layers[k] for k in rec.layer_args if k not in rec.places]
+    if not any(name == "input_ids (labels)" for name, _ in out.outer):  # a frozen embedding saves none: the batch's
+        out.outer, out.outer_layers = [*out.outer, ("input_ids (labels)", rec.ids_bytes)], [*out.outer_layers, []]
     leaf = rec.embedding_leaf
     if leaf is not None and leaf[0] not in rec.places and rec.inputs.get(leaf[0]) != 0:  # not layer 0's input
         out.outer.append(("embedding output (a leaf that requires grad, kept by its AccumulateGrad)", leaf[1]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llmem.components import Category, act_offload, chunked_ce, decoder_locals, lora, moe_forward, offload, quant
+from llmem.components import Category, act_offload, chunked_ce, lora, moe_forward, offload, quant
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -240,7 +240,7 @@ def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
 def head_moments(w: FsdpTerms) -> list[Phase]:
     """The end of forward, the loss's forward and backward, the lm_head's backward; ZeRO-3 inserts the root's
     pre-backward moments after the loss forward (`root_prebackward_moments`)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
+    spec, cp = w.spec, w.cp
     if chunked_ce.is_chunked(cp) or act_offload.applies(cp):  # the loss after the model's forward
         return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
@@ -251,8 +251,9 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
                   communication=w.end_at_loss)] if norm else []),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),
     ]
-    inflight = 0 if plan.checkpointed(w.layers - 1) else decoder_locals.inflight_bytes(spec, cp,
-                                                                                    act.final_norm_bytes(spec, cp))
+    from llmem.walk.single import forward_inflight_bytes  # (0 for a checkpointed last layer; traced tables: theirs)
+
+    inflight = forward_inflight_bytes(spec, cp, act.final_norm_bytes(spec, cp))
     if inflight:  # the decoder's locals, GPT-NeoX's parallel add, BLOOM's attention add (`decoder_locals`)
         phases.insert(1, moment("forward (last layer, in flight)", **dict(on, activations=w.forward_acts + inflight),
                                 communication=w.end_in_layer))

@@ -150,8 +150,8 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
     """A traced (derived) last decoder layer whose forward keeps its saves (not checkpointed, no activation
     offload): its transients beyond them (`Derived.forward_inflight_extra_bytes`) sit beside every earlier saved
     tensor before the final norm's saves exist, and beside the layer arguments no checkpoint holds (masks,
-    position ids: the decoder's locals until it returns, `Derived.held_saved`'s tensors), so the forward's end
-    less `final_norm` plus them."""
+    position ids: the decoder's locals until it returns, `Derived.held_saved`'s tensors) and the other unsaved
+    locals (`Derived.locals_bytes`), so the forward's end less `final_norm` plus them."""
     last = spec.num_layers - 1
     if plan.checkpointed(last) or act_offload.applies(plan):
         return 0
@@ -160,8 +160,7 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
     d = spec.derived.at(last)
     lp = act.layer_plan(plan, last)
     args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)
-    args += sum(s.bytes for s in d._saved(lp, "locals"))  # the model forward's unsaved locals (`trace._locals`)
-    return max(0, d.forward_inflight_extra_bytes(lp) + args - final_norm)
+    return max(0, d.forward_inflight_extra_bytes(lp) + args + d.locals_bytes(lp) - final_norm)
 
 
 def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:

@@ -63,7 +63,7 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 @pytest.mark.parametrize("family, plan, field", [
     ("olmo2", dict(method="qlora", quant="int8", precision="bf16"), "quant"),  # traced 4-bit: test_qlora_traced.py
     ("qwen3_moe", dict(lora_targets="all-linear"), "lora-targets"),  # a derived MoE: PEFT may adapt its experts
-    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager"), "grad-ckpt"),  # its forward in flight: -1.1 %
+    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"), "grad-ckpt"),  # -0.85 %
     ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
 ])
@@ -103,6 +103,8 @@ def test_traced_lora_within_one_percent(family, plan):
                                  grad_ckpt="full"), marks=pytest.mark.heavy),
     pytest.param("qwen3_moe", dict(lora_targets="q_proj,v_proj", precision="bf16", grad_ckpt="full",
                                    lora_dropout=0.0), marks=pytest.mark.heavy),
+    # the last layer's forward in flight beside the unsaved `inputs_embeds` (-1.1 % before it was counted)
+    pytest.param("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager"), marks=pytest.mark.heavy),
 ])
 def test_traced_lora_on_derived_moe_within_one_percent(family, plan):
     assert abs(_error(family, **{"batch_size": 2, "seq_len": 64, "precision": "fp32", **plan})) <= TOLERANCE
@@ -275,3 +277,49 @@ def test_half_adapter_tables_trace_the_checkpointed_program_only_when_the_plan_c
     fits = derived._trace_and_fit(key)
     assert built == ([False, True] if ckpt == "full" else [False])
     assert ("checkpointed backward" in fits) == (ckpt == "full")
+
+
+# The last layer's forward in flight with a vocabulary as small as the hidden size (sweep s21-22): the decoder's
+# `inputs_embeds`, which no op of layer 0 saves under LoRA, and the step's input_ids, which the frozen embedding does
+# not save, are alive beside it (`trace_live.unsaved_locals`): falcon -1.99 % -> -0.007 %, all-linear -1.27 % ->
+# -0.003 %, gpt_neox all-linear bf16 -0.91 % -> -0.001 %.
+@pytest.mark.heavy
+@pytest.mark.parametrize("family, plan", [
+    ("falcon", dict(lora_targets="query_key_value", precision="fp16")),
+    ("falcon", dict(lora_targets="all-linear", precision="fp16")),
+    ("gpt_neox", dict(lora_targets="all-linear", precision="bf16")),
+])
+def test_traced_lora_forward_in_flight_with_a_tiny_vocabulary(family, plan):
+    from llmem.sweep.tiny_vocab import with_vocab
+
+    cfg = with_vocab(SMALL[family], SMALL[family]["hidden_size"])
+    p = TrainingPlan(device="cpu", method="lora", batch_size=4, seq_len=128, optimizer="sgd", attn="eager",
+                     lora_rank=16, lora_alpha=32, lora_dropout=0.0, **plan)
+    est = estimate(ModelSpec.from_config(cfg), p)
+    measured = measure_rank(cfg, p)["peak_bytes"]
+    assert est.peak_phase.startswith("forward (last layer, in flight)")
+    assert abs(est.peak_bytes - measured) / measured <= TOLERANCE
+
+
+def _tiny_vocab_falcon(_name: str) -> dict:
+    from llmem.sweep.tiny_vocab import with_vocab
+
+    return with_vocab(SMALL["falcon"], SMALL["falcon"]["hidden_size"])
+
+
+FALCON_INFLIGHT = TwoRankRows(dict(gpus=2, method="lora", precision="fp16", optimizer="sgd", attn="eager", batch_size=4,
+                                   seq_len=128, lora_rank=16, lora_alpha=32, lora_dropout=0.0,
+                                   lora_targets="query_key_value"),
+                              {"falcon-v64-zero2": dict(zero=2), "falcon-v64-zero3": dict(zero=3)}, _tiny_vocab_falcon,
+                              sampled=("falcon-v64-zero2", "falcon-v64-zero3"))  # one launch (the test is heavy)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", list(FALCON_INFLIGHT.rows))
+def test_traced_lora_forward_in_flight_under_fsdp2(name):
+    """The FSDP2 walk's last layer's forward in flight from the traced tables (it had only the hand-written
+    families' `decoder_locals`): ZeRO-3 -6.85 % -> -0.003 %, ZeRO-2 -0.003 %."""
+    est = estimate(ModelSpec.from_config(_tiny_vocab_falcon(name)), FALCON_INFLIGHT.plan(name))
+    measured = FALCON_INFLIGHT.measured()[name]["peak_bytes"]
+    assert est.peak_phase == "forward (last layer, in flight)"
+    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured, (est.peak_bytes, measured)

@@ -36,3 +36,21 @@ def test_fake_trace_equals_the_real_cpu_trace(model_type, dtype, mixed, attn):
             assert [b for _, b in getattr(f, place)] == [b for _, b in getattr(r, place)], place
         assert [[b for _, b in layer] for layer in f.layers] == [[b for _, b in layer] for layer in r.layers]
         assert sum(b for layer in f.layers for _, b in layer) > 0
+
+
+def test_unsaved_embeddings_output_and_input_ids_under_lora():
+    """LoRA on falcon (frozen embeddings): no op of layer 0 saves its input, but `FalconModel.forward` keeps it as
+    `inputs_embeds` until it returns (transformers 5.23 `modeling_falcon.py`), so it is alive when the last layer's
+    forward starts: tokens × h fp32 bytes; the frozen embedding saves no input_ids, which the step holds all along."""
+    from llmem.derive.lora import trace_key
+    from llmem.plan import TrainingPlan
+    from llmem.sweep.models import SMALL
+
+    plan = TrainingPlan(method="lora", lora_targets="query_key_value", lora_dropout=0.0)
+    lora_model = build(SMALL["falcon"], "float32", "eager", lora=trace_key(plan))
+    batch, seq, hidden = 2, 16, SMALL["falcon"]["hidden_size"]
+    t = trace(lora_model, batch, seq, None)
+    assert sum(b for _, b in t.locals) == batch * seq * hidden * 4
+    assert ("input_ids (labels)", batch * seq * 8) in t.outer
+    full = trace(build(SMALL["falcon"], "float32", "eager"), batch, seq, None)  # layer 0's norm saves its input
+    assert sum(b for _, b in full.locals) == 0
