@@ -218,7 +218,7 @@ FAMILIES: dict[str, Family] = {
                           "multi_query": True, "parallel_attn": True, "bias": False, "num_ln_in_parallel_attn": None},
                _falcon_layer, _falcon_outer, norm="layer", kv_heads=_falcon_kv_heads,
                extra=("new_decoder_architecture", "parallel_attn", "attention_dropout", "hidden_dropout"),
-               rope=True, own_attention_core=True,
+               rope=True, own_attention_core=True, returns_attention_probs=True,
                mlp_activation="gelu", transposed_weight_matmul=True),
         Family("bloom", {"vocab_size": 250880, "hidden_size": 64, "num_layers": 2, "num_heads": 8,
                          "tie_word_embeddings": True},
