@@ -160,7 +160,22 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
     d = spec.derived.at(last)
     lp = act.layer_plan(plan, last)
     args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)
-    return max(0, d.forward_inflight_extra_bytes(lp) + args - final_norm)
+    return max(0, d.forward_inflight_extra_bytes(lp) + args + held_embeddings_bytes(spec, plan) - final_norm)
+
+
+def held_embeddings_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The embeddings' output during the decoder's layer loop where no op of layer 0 saves it (a traced layer 0
+    without the residual stream in its table: LoRA's frozen norm, a half RMSNorm's fp32 copy) and no checkpoint
+    keeps it: the decoder's forward holds it in a local until it returns (transformers 5.23
+    `models/llama/modeling_llama.py` `LlamaModel.forward`: `inputs_embeds = self.embed_tokens(input_ids)`, then
+    `hidden_states = inputs_embeds` rebound by each layer; the same in the models built on it, e.g. gpt_oss's
+    `GptOssModel.forward` lines 450-475). Tokens × h in the embedding's (parameter) dtype."""
+    if plan.checkpointed(0):
+        return 0
+    lp = act.layer_plan(plan, 0)
+    if any(s.name.startswith("input (residual") for s in spec.derived.at(0).layer_saved(lp)):
+        return 0
+    return plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
 
 def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:

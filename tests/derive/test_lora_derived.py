@@ -63,7 +63,7 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 @pytest.mark.parametrize("family, plan, field", [
     ("olmo2", dict(method="qlora", quant="nf4", precision="bf16"), "method"),
     ("qwen3_moe", dict(lora_targets="all-linear"), "lora-targets"),  # a derived MoE: PEFT may adapt its experts
-    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager"), "grad-ckpt"),  # its forward in flight: -1.1 %
+    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"), "grad-ckpt"),  # -0.9 %
     ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
 ])
