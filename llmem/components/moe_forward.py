@@ -52,7 +52,10 @@ def routed_inflight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     gathers save their indices; `Qwen2MoeSparseMoeBlock.forward` / `MixtralSparseMoeBlock.forward`); under
     autocast the post-attention norm's output, the block's input (T × h × rb): no op saves it (the Linears save
     their half casts), it is the decoder layer's `hidden_states` until the block returns (in fp32/bf16 the
-    router's linear saves it: counted)."""
+    router's linear saves it: counted). In pure half precision (FSDP2's compute too) the residual stream's tensors
+    no op saves (the norms save their fp32 copies): the embeddings' output (`inputs_embeds`, the model forward's
+    local), the last layer's input (its `residual`) and the attention's residual sum (the MLP's `residual`),
+    T × h × rb each (one fewer with one layer: its input is the embeddings' output)."""
     T = plan.batch_size * plan.seq_len
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     r = T * k
@@ -60,7 +63,8 @@ def routed_inflight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     wb = moe_routing_weight_bytes(spec, plan)
     ob = max(plan.precision.param_bytes, wb)
     block_input = T * h * rb if plan.precision.is_mixed else 0
-    return 2 * r * h * ob + r * FP32 + e * FP32 + r * 8 + T * e * cb + r * wb + block_input
+    residuals = (2 + (spec.num_layers > 1)) * T * h * rb if rb == 2 and not plan.precision.is_mixed else 0
+    return 2 * r * h * ob + r * FP32 + e * FP32 + r * 8 + T * e * cb + r * wb + block_input + residuals
 
 
 def not_yet_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -245,8 +245,11 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
         return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
     norm = moe_forward.final_norm_forward_extra_bytes(spec, cp)  # inside the final norm's forward
+    moe = moe_forward.forward_extra_bytes(spec, cp)  # inside the last layer's routed experts (still gathered)
     phases = [
         moment("forward (last layer)", **on, communication=w.end_in_layer),
+        *([moment("forward (last layer, MoE experts)", **dict(on, activations=w.forward_acts + moe),
+                  communication=w.end_in_layer)] if moe else []),
         *([moment("final norm forward", **dict(on, activations=w.forward_acts + norm),  # (last layer resharded)
                   communication=w.end_at_loss)] if norm else []),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),

@@ -14,6 +14,7 @@ from llmem.components import communication as comm
 from llmem.components import lora
 from llmem.components import norm_backward as norm_bwd
 from llmem.components import query_backward as qb
+from llmem.components import rms_norm_backward as rms_bwd
 from llmem.components.gradients import attention_backward_layer_gradient_bytes, layer_backward_peak_extra_bytes
 from llmem.components.lora_recompute import recompute_moments
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
@@ -116,6 +117,8 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
     phases = [moment(f"backward (layer {layer})", **on,
                      activations=below + w.outer_act + current - w.first_saving - mlp_dropout - post_norm,
                      gradients=w.root_grads_head + later + peak_extra)]
+    for norm in (rms_bwd.PRE_MLP, rms_bwd.INPUT):
+        phases += _norm_moment(w, layer, later, on, held, below + w.outer_act + current - mlp_dropout, norm)
     phases += fsdp_float8_moments(w, layer, later, below + w.outer_act + current - w.first_saving - mlp_dropout,
                                   gathered + retained)
     phases += _attention_moments(w, layer, later, on, held, below + w.outer_act + current)
@@ -137,6 +140,23 @@ def _backward_moments(w: FsdpTerms, layer: int, later: int, retained: int, held:
             activations=below + w.outer_act + current - mlp_dropout - act.attention_backward_freed_bytes(spec, cp),
             gradients=w.root_grads_head + later + attention_backward_layer_gradient_bytes(spec, cp),
             temporaries=act.attention_backward_transient_bytes(spec, cp)))
+    return phases
+
+
+def _norm_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int], alive: int,
+                 norm: str) -> list[Phase]:
+    """A norm's backward (`rms_norm_backward`): the saved tensors of the nodes after it released, their unsharded
+    weight gradients and the residual stream's gradient beside the norm's traced backward; `alive`: the layers' kept
+    bytes, the layer's own and the outer (less the MLP output's dropout)."""
+    spec, cp = w.spec, w.cp
+    if not rms_bwd.applies(spec, cp):
+        return []
+    released = rms_bwd.released_bytes(tuple(act.layer_saved(spec, act.layer_plan(cp, layer))), norm)
+    what = "pre-MLP norm" if norm == rms_bwd.PRE_MLP else "input norm"
+    phases = [moment(f"backward (layer {layer}, {what})", **on, activations=alive - w.first_saving - released,
+                     gradients=w.root_grads_head + later + w.residual_grad
+                     + rms_bwd.weight_gradient_bytes(spec, cp, norm) + rms_bwd.backward_bytes(spec, cp))]
+    held |= {ph.name: later for ph in phases}
     return phases
 
 

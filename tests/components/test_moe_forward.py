@@ -48,3 +48,20 @@ def test_pure_bf16_forward_peaks_in_the_final_norm_as_estimated():
     inside = max(est["forward (last layer, MoE experts)"], est["final norm forward"])
     real = [ph.peak for ph in phases(timeline(dict(QWEN2_MOE), plan)) if ph.name == "forward layer 1"][-1]
     assert abs(inside - real) / real < 0.01, (inside, real)
+
+
+def test_fsdp2_zero3_forward_in_the_routed_experts_against_simulate():
+    """FSDP2 ZeRO-3 on 2 ranks, bf16-mixed (pure bf16 compute), eager: the same moment in the FSDP2 walk, with the
+    residual stream's tensors no op saves in half precision (the embeddings', the last layer's input, the attention's
+    residual sum): -0.17 % before (8,937,132 vs measured 8,952,596 on 2 ranks), -0.012 % with them. Against simulate
+    (the real FSDP2 program on fake tensors, one rank): within 0.1 %, and the walk without the moment short by 0.1 %."""
+    from llmem.simulate import simulate
+
+    plan = TrainingPlan(device="cpu", gpus=2, zero=3, batch_size=4, seq_len=128, precision="bf16-mixed", attn="eager",
+                        optimizer_impl="forloop")
+    est = estimate(ModelSpec.from_config(QWEN2_MOE), plan)
+    sim = simulate(dict(QWEN2_MOE), plan).peak_bytes
+    assert est.peak_phase == "forward (last layer, MoE experts)"
+    assert abs(est.peak_bytes - sim) <= 0.001 * sim, (est.peak_bytes, sim)
+    others = max(ph.total for ph in est.phases if ph.name != "forward (last layer, MoE experts)")
+    assert others < 0.999 * sim, (others, sim)
