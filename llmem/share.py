@@ -287,9 +287,11 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
         if quant_given:
             warnings.append("quant: none leaves --method qlora without its quantized base; using nf4")
         inputs = replace(inputs, quant=QLORA_BASE)
-    if inputs.method is Method.QLORA and inputs.precision.is_mixed and not method_implied:  # as the app's edit does
-        warnings.append(f"precision: QLoRA builds its base in the compute dtype (a pure precision); using "
-                        f"{inputs.precision.pure}")
+    pure = replace(inputs, precision=inputs.precision.pure)
+    if inputs.method is Method.QLORA and inputs.precision.is_mixed and not method_implied \
+            and not _valid(inputs) and _valid(pure):  # (autocast over a 4-bit base: one GPU, DDP, ZeRO-1)
+        warnings.append(f"precision: QLoRA under autocast is not modelled with these inputs; using "
+                        f"{inputs.precision.pure}, the base's compute dtype")
         inputs = replace(inputs, precision=inputs.precision.pure)
     if inputs.method is Method.FULL:
         return inputs

@@ -67,8 +67,8 @@ def _method_edited(state: MutableMapping) -> list[str]:
         precision = Precision(state.get("w_precision", Precision.BF16_MIXED.value))
         if precision.is_mixed:
             state["w_precision"] = pure_precision(precision).value
-            notes.append(f"precision {precision} → {pure_precision(precision)}: QLoRA builds its base in the compute "
-                         "dtype (a pure precision)")
+            notes.append(f"precision {precision} → {pure_precision(precision)}: QLoRA recipes build the base in its "
+                         "compute dtype")
         if state.get("w_quant") == Quant.INT8.value and int(state.get("w_gpus", 1)) > 1:
             state["w_quant"] = QLORA_BASE.value
             notes.append(f"QLoRA base int8 → {QLORA_BASE}: the 8-bit base is modelled on one GPU")

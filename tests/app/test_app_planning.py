@@ -61,9 +61,9 @@ def test_qlora_from_a_mixed_precision_page_switches_to_its_compute_dtype_with_a_
 
 
 def test_a_refused_field_shows_its_message_next_to_it_and_the_last_result_stays_greyed():
-    at = run({**SMALL, "method": "qlora", "precision": "bf16"})
+    at = run({**SMALL, "method": "qlora", "quant": "int8", "precision": "bf16"})
     before = at.table[0].value
-    at.selectbox(key="w_precision").set_value("fp16-mixed").run()
+    at.selectbox(key="w_precision").set_value("fp16-mixed").run()  # an 8-bit base under autocast: not modelled
     assert not at.exception
     inline = [e.value for e in group(at, "Precision & optimizer").error]
     assert len(inline) == 1 and plain("precision") in inline[0] and "“Precision”" in inline[0]  # app words, no --
@@ -366,6 +366,7 @@ def test_the_page_carries_the_phone_layout_and_hides_streamlits_upload_limit():
     bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
     assert len(bar) == 1 and "llmem-fits" in bar[0] and "Fits with" in bar[0] and "NVIDIA A100 80GB" in bar[0]
     at.selectbox(key="w_method").set_value("qlora").run()
+    at.selectbox(key="w_quant").set_value("int8").run()
     at.selectbox(key="w_precision").set_value("fp16-mixed").run()  # refused: the line says so, nothing stale in it
     bar = [e.proto.body for e in at.get("html") if "llmem-phone-verdict" in e.proto.body and "<div" in e.proto.body]
     assert len(bar) == 1 and "Not a plan yet" in bar[0]

@@ -252,7 +252,9 @@ def test_first_view_fits_with_curves_and_qlora_then_a_refused_field_keeps_the_re
         expect(page.locator(".llmem-phone-verdict")).to_be_hidden()  # the phone's verdict line: phones only
         _choose(page, "Fine-tuning method", "qlora")
         _wait_verdict(page, "QLoRA nf4")
-        _choose(page, "Precision", "fp16-mixed")
+        _choose(page, "QLoRA quantized base", "int8")
+        _wait_verdict(page, "QLoRA int8")
+        _choose(page, "Precision", "fp16-mixed")  # an 8-bit base under autocast: not modelled
         sidebar = page.locator("[data-testid='stSidebar']")
         expect(sidebar.locator("[data-testid='stAlert']").filter(has_text="precision")).to_be_visible(
             timeout=UI_TIMEOUT)
