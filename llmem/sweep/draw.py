@@ -137,7 +137,7 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
         fields = {k: v for k, v in fields.items() if k not in _NOT_PIPELINED or k in kept} | pipeline
     fields |= draw_cp(seed, index, fields, config)
     fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
-    fields |= draw_lora_adapter_dtype(seed, index, fields, config)  # bf16 LoRA, where it runs (its own stream)
+    fields |= draw_lora_adapter_dtype(seed, index, fields, _lora_tables(config))  # bf16 LoRA (own stream)
     return Draw(index, name, config, fields)
 
 

@@ -18,10 +18,12 @@ from llmem.plan import TrainingPlan
 LORA_DTYPE_SHARE = 0.5
 
 
-def draw_lora_adapter_dtype(seed: int, index: int, fields: dict, config: dict) -> dict:
-    """`{"lora_adapter_dtype": "base", "precision": "bf16"}` for a share of the LoRA plans that run it, or nothing."""
+def draw_lora_adapter_dtype(seed: int, index: int, fields: dict, lora_tables: bool) -> dict:
+    """`{"lora_adapter_dtype": "base", "precision": "bf16"}` for a share of the LoRA plans that run it, or nothing;
+    `lora_tables`: the model is a dense family with hand-written LoRA tables (`draw._lora_tables`: traced ones and
+    mixtures of experts are a gap for the option, `support_lora_dtype.check_model`)."""
     rng = random.Random(f"{seed}:{index}:lora-adapter-dtype")
-    if fields["method"] != "lora" or not _hand_written_lora(config) or rng.random() >= LORA_DTYPE_SHARE:
+    if fields["method"] != "lora" or not lora_tables or rng.random() >= LORA_DTYPE_SHARE:
         return {}
     out = {"lora_adapter_dtype": "base", "precision": "bf16"}
     try:
@@ -30,12 +32,3 @@ def draw_lora_adapter_dtype(seed: int, index: int, fields: dict, config: dict) -
         return {}
     return out
 
-
-def _hand_written_lora(config: dict) -> bool:
-    """A dense family with hand-written LoRA tables (`Family.lora_activations`): traced ones and mixtures of experts
-    are a gap for the option (`support_lora_dtype.check_model`)."""
-    from llmem.families import FAMILIES
-
-    family = FAMILIES.get(str(config.get("model_type")))
-    moe = any(k in config for k in ("num_local_experts", "num_experts"))
-    return family is not None and bool(family.lora_activations) and not moe
