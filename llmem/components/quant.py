@@ -99,11 +99,20 @@ def weight_storage_bytes(spec: ModelSpec, plan: TrainingPlan, p: ParamTensor) ->
     return storage_bytes(p.numel, plan.double_quant)
 
 
+def process_map_bytes(plan: TrainingPlan) -> int:
+    """bitsandbytes' own 256-entry fp32 dynamic map, made on the weights' device by the first double quantization
+    of the process and kept for it (`functional.quantize_blockwise`: `name2qmap["dynamic"] =
+    create_dynamic_map().to(A.device)`, bitsandbytes 0.50 functional.py:654), beside each weight's own copy."""
+    return DYNAMIC_CODE_BYTES if plan.double_quant and not is_int8(plan) else 0
+
+
 def base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The frozen base: quantized Linears plus everything else in the plan's parameter dtype."""
+    """The frozen base: quantized Linears plus everything else in the plan's parameter dtype, and the process's
+    dynamic map (`process_map_bytes`)."""
     q = quantized_weights(spec, plan)
     plain = spec.total_params - sum(p.numel for p in q)
-    return plain * plan.precision.param_bytes + sum(weight_storage_bytes(spec, plan, p) for p in q)
+    return plain * plan.precision.param_bytes + sum(weight_storage_bytes(spec, plan, p) for p in q) + \
+        process_map_bytes(plan)
 
 
 @per_spec()
@@ -347,8 +356,10 @@ def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathe
 
 
 def quant_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Each 4-bit weight's `quant_state` (fp32 absmax per block of 64, the 64-byte code table): not sharded."""
-    return sum(storage_bytes(p.numel, plan.double_quant) - -(-p.numel // 2) for p in quantized_weights(spec, plan))
+    """Each 4-bit weight's `quant_state` (fp32 absmax per block of 64, the 64-byte code table), not sharded, and the
+    process's dynamic map (`process_map_bytes`)."""
+    return sum(storage_bytes(p.numel, plan.double_quant) - -(-p.numel // 2)
+               for p in quantized_weights(spec, plan)) + process_map_bytes(plan)
 
 
 def fsdp_base_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

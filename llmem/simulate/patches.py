@@ -138,7 +138,8 @@ def preload_imports(plan: TrainingPlan) -> None:
     """Import PEFT and bitsandbytes before the fake mode starts: their modules make tensors at import time
     (bitsandbytes' NF4/FP4 code tables, PEFT's LoHa default scales), and `bnb.functional.quantize_blockwise`
     caches its 256-entry map on first use (`name2qmap["dynamic"]`). Made under the fake mode they would be fake
-    for the rest of the process, and counted; in a real run they are host tensors made once per process."""
+    for the rest of the process, and counted; in a real run they are made once per process (the dynamic map on the
+    weights' device: the estimate counts it, `quant.process_map_bytes`, while this run leaves its 1,024 B out)."""
     if str(plan.method) != "full":
         import peft  # noqa: F401
         import peft.tuners.loha.layer  # noqa: F401
