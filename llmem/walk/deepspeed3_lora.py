@@ -164,21 +164,34 @@ def _first_iteration(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) 
     each forward shows the same two copies, `_all_gather_sequential` partition_parameters.py:1275 over gloo). Under
     LoRA the states are small, so at short sequences this moment is the peak (fp32 q,v s16: -12% without it).
     Recording its trace, the coordinator releases every module's parameters after its forward
-    (`release_sub_module`, partitioned_param_coordinator.py:474-475; `free_param` swaps `param.data`). A Linear's
-    autograd keeps the gathered buffer through the view it saves (`weight.t()`, for its input's gradient): why the
-    frozen weights stay and the lm_head is gathered a second time. The first layer's lora_A of `_first_layer`
-    (their input needs no gradient) save none: freed here, kept in the steady state. Measured, llama fp32 s16, 2
-    ranks: 13,576 B fewer than the steady state at this moment beside the AdamW states, 12,288 B its three lora_A
-    (with q,v targets the same residual); the rest, the norm weights (saved as the parameters themselves, so freed
-    by the swap), is left counted (+0.07%). None on one rank, whose gathers are views (`zero3_ds.gathers_copy`)."""
+    (`release_sub_module`, partitioned_param_coordinator.py:474-475; `free_param` swaps `param.data`): what autograd
+    saved keeps its buffer only through a view of its own, so `_record_freed_bytes` are gone at this moment.
+    None on one rank, whose gathers are views (`zero3_ds.gathers_copy`)."""
     head = z.untied_head_numel(spec)
     at = next((ph for ph in moments if ph.name.startswith("lm_head backward")), None)
     if not head or at is None or z3.persists(head, plan) or not z3.gathers_copy(plan):
         return []
     train, view = ds_lora.trainable_spec(spec, plan), all_params_view(spec, plan)
-    freed = z3.gathered_bytes(view, plan, _first_layer(view)[1])
+    freed = _record_freed_bytes(spec, plan, view)
     b = {**at.breakdown, Category.OPTIMIZER: z3.master_bytes(train, plan),
          Category.PARAMETERS: at.breakdown[Category.PARAMETERS] - freed,
          Category.COMMUNICATION: at.breakdown[Category.COMMUNICATION] + 2 * z3.aligned(head, plan) * z.module_bytes(
              plan)}
     return [Phase("lm_head backward, first iteration (lm_head gathered again)", b)]
+
+
+def _record_freed_bytes(spec: ModelSpec, plan: TrainingPlan, view: ds_lora.TrainableView) -> int:
+    """The gathered bytes the recording iteration frees that the steady state keeps at its lm_head's backward. A
+    Linear saves `weight.t()` (for its input's gradient), a view holding the gathered buffer: the frozen weights
+    stay. Freed: the first layer's lora_A of `_first_layer` (their input needs no gradient: nothing saved) and
+    every 1-D tensor (a norm weight, saved as the parameter itself, whose `.data` the release swaps; a bias, not
+    saved). Measured, llama fp32 s16, 2 ranks (`llmem.measure.rank_timeline`): 13,576 B fewer than the steady state
+    at this moment beside the AdamW states = 3 lora_A x 4,096 B + 5 norm weights x 256 B (+ 8 B)."""
+    from llmem.walk.deepspeed_hooks import _param_names
+
+    names, numels, gone = _param_names(view), z.ordered_numels(view), released_in_forward(spec, plan)
+    shapes = {p.name: p.shape for p in (*view.outer_params, *(q for k in range(view.num_layers)
+                                                                for q in view.layer_params(k)))}
+    flat = [i for i, name in enumerate(names) if len(shapes[name]) == 1]
+    whole = sum(numels[i] for i in flat if z3.persists(numels[i], plan)) * z.module_bytes(plan)
+    return z3.gathered_bytes(view, plan, _first_layer(view)[1] | {i for i in flat if i not in gone}) + whole

@@ -131,14 +131,16 @@ def test_deepspeed_lora_zero3_on_one_rank_within_1_percent_of_the_real_run(name)
 def test_one_rank_suite_rows_within_1_percent_of_their_committed_measurement():
     """The suite's one-process ZeRO-3 LoRA rows against the peaks ACCURACY.md records for them (real one-process
     runs, `python -m llmem validate`; the accuracy tests re-measure them under -m heavy and check the table): the
-    estimate within 1% plus the table's rounding. Fast: no launch."""
+    estimate within 1% plus the table's rounding. Fast: no launch, and not gpt2's row, whose LoRA estimate traces
+    the model in torch (the accuracy suite's default run measures that one)."""
     from llmem.estimate import estimate
     from llmem.measure.validate import load_suite
     from tests.accuracy.test_accuracy import SUITE, TABLE_RESOLUTION_MIB, committed_measured_mib
 
     committed = committed_measured_mib()
-    rows = [r for r in load_suite(SUITE).rows if "zero3-lora" in r.id and r.plan.get("gpus") == 1]
-    assert len(rows) >= 3
+    rows = [r for r in load_suite(SUITE).rows if "zero3-lora" in r.id and r.plan.get("gpus") == 1
+            and r.config["model_type"] != "gpt2"]
+    assert len(rows) >= 2
     for row in rows:
         est = estimate(ModelSpec.from_config(row.config), row.training_plan("cpu")).peak_bytes / 2**20
         assert abs(est - committed[row.id]) <= 0.01 * committed[row.id] + TABLE_RESOLUTION_MIB, (row.id, est)
