@@ -90,11 +90,6 @@ RULES: tuple[Rule, ...] = (
        "recompute is recomputed empty and torch's checkpoint raises 'Recomputed values ... different metadata' "
        "(fixed after 0.19.0, deepspeedai/DeepSpeed#8148); use --grad-ckpt none, or ZeRO-0/1/2", REFUSED,
        engine="deepspeed", method="lora", gpus=2, zero=3, grad_ckpt="full"),
-    _r("engine method gpus tp zero", "engine", lambda p: p.engine is Engine.DEEPSPEED and p.method is Method.LORA
-       and p.zero == 3 and p.gpus == 1,
-       "LoRA under DeepSpeed ZeRO-3 is measured on 2+ GPUs (on one, whose gathers are views of the whole partitions, "
-       "the walk reads +21% to +39%); use --gpus 2+, or ZeRO-0/1/2", GAP, engine="deepspeed", method="lora", gpus=1,
-       zero=3),
     _r("engine method zero ds_overlap_comm lora_dropout grad_ckpt", "lora-dropout", lambda p: p.engine is
        Engine.DEEPSPEED and p.method is Method.LORA and (p.zero == 2 or p.ds_overlap_comm) and p.lora_dropout > 0
        and p.grad_ckpt is not GradCkpt.NONE,

@@ -86,16 +86,29 @@ def bucket_bytes(plan: TrainingPlan) -> int:
     return plan.ds_reduce_bucket * z.module_bytes(plan)
 
 
+def gathers_copy(plan: TrainingPlan) -> bool:
+    """Whether a gather allocates: on W > 1 `_all_gather_sequential` fills a buffer of its own; on one rank
+    `all_gather_coalesced` takes `_no_gather_coalesced` (partition_parameters.py:1449) and `NoGatherHandle`
+    (:68) sets `param.data = ds_tensor.data.to(device).view(ds_shape)`, the same device: a view of the whole
+    partition (`_aligned_size` pads nothing at W = 1), no bytes; released, `free_param` (:315) drops the view."""
+    return plan.dp > 1
+
+
 def persistent_param_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The whole persistent parameters (n x b each), gathered outside `step` (their elements kept on the spec per
-    persistence threshold)."""
+    persistence threshold); none on one rank, where a gather is a view of the partition (`gathers_copy`)."""
+    if not gathers_copy(plan):
+        return 0
     numel = spec.memo(("deepspeed3 persistent numel", plan.ds_persistence_threshold),
                       lambda: sum(n for n in z.ordered_numels(spec) if persists(n, plan)))
     return numel * z.module_bytes(plan)
 
 
 def gathered_bytes(spec: ModelSpec, plan: TrainingPlan, indices) -> int:
-    """The gathered buffers of the non-persistent tensors `indices` (of `ordered_numels`): ceil(n / W) x W x b."""
+    """The gathered buffers of the non-persistent tensors `indices` (of `ordered_numels`): ceil(n / W) x W x b;
+    none on one rank (views of the partitions, `gathers_copy`)."""
+    if not gathers_copy(plan):
+        return 0
     numels = z.ordered_numels(spec)
     return sum(aligned(numels[i], plan) for i in indices if not persists(numels[i], plan)) * z.module_bytes(plan)
 

@@ -48,7 +48,7 @@ def _released_at_hooks(spec: ModelSpec, plan: TrainingPlan) -> dict[int, int]:
 
     keys, names, numels = z.backward_keys(spec), _param_names(spec), z.ordered_numels(spec)
     b, module = z.module_bytes(plan), [name.rsplit(".", 1)[0] for name in names]
-    gathered = [0 if z3.persists(n, plan) else z3.aligned(n, plan) * b for n in numels]
+    gathered = [0 if z3.persists(n, plan) or not z3.gathers_copy(plan) else z3.aligned(n, plan) * b for n in numels]
     out, before, group = {}, 0, []
     for i in z3.backward_order(spec):
         if group and keys[group[0]] != keys[i]:

@@ -8,7 +8,10 @@ runs and released after the module's backward (`release_sub_module`, parameter_o
 holds only the adapters (`_get_trainable_parameter_groups`, stage3.py:580: `if p.requires_grad`): their
 defragmented module-dtype partitions, fp32 master, states, partition-gradient buffer, the one bucket and its
 reduces are `zero3_ds`' terms over the adapters (`ds_lora.trainable_spec`); the frozen partitions stay the
-`ds_tensor`s of their own parameters (not defragmented: only the optimizer's groups are), Sigma_frozen x b.
+`ds_tensor`s of their own parameters (not defragmented: only the optimizer's groups are), Sigma_frozen x b. On one
+rank (W = 1) a gather is a view of the whole partition (`_no_gather_coalesced`, partition_parameters.py:1449,
+`NoGatherHandle` :68): the parameters are the partitions alone, whatever is gathered or released
+(`zero3_ds.gathers_copy`; measured within -0.03%..0%, `tests/components/test_deepspeed_lora_zero3.py`).
 
 Releases: a module whose output needs no gradient gets no pre-backward fetch (`_pre_backward_module_hook` wraps
 only outputs that require one), so the trace never uses its tensors again and they are released after its forward
@@ -159,13 +162,36 @@ def _first_iteration(spec: ModelSpec, plan: TrainingPlan, moments: list[Phase]) 
     lm_head's backward moment (measured on a per-phase timeline, llama, 2 ranks: +2 x 131,072 B at vocab 512 and
     +2 x 262,144 B at vocab 1024 in fp32, none in the second iteration; the input embeddings' gather at the start of
     each forward shows the same two copies, `_all_gather_sequential` partition_parameters.py:1275 over gloo). Under
-    LoRA the states are small, so at short sequences this moment is the peak (fp32 q,v s16: -12% without it)."""
+    LoRA the states are small, so at short sequences this moment is the peak (fp32 q,v s16: -12% without it).
+    Recording its trace, the coordinator releases every module's parameters after its forward
+    (`release_sub_module`, partitioned_param_coordinator.py:474-475; `free_param` swaps `param.data`): what autograd
+    saved keeps its buffer only through a view of its own, so `_record_freed_bytes` are gone at this moment.
+    None on one rank, whose gathers are views (`zero3_ds.gathers_copy`)."""
     head = z.untied_head_numel(spec)
     at = next((ph for ph in moments if ph.name.startswith("lm_head backward")), None)
-    if not head or at is None or z3.persists(head, plan):
+    if not head or at is None or z3.persists(head, plan) or not z3.gathers_copy(plan):
         return []
-    train = ds_lora.trainable_spec(spec, plan)
+    train, view = ds_lora.trainable_spec(spec, plan), all_params_view(spec, plan)
+    freed = _record_freed_bytes(spec, plan, view)
     b = {**at.breakdown, Category.OPTIMIZER: z3.master_bytes(train, plan),
+         Category.PARAMETERS: at.breakdown[Category.PARAMETERS] - freed,
          Category.COMMUNICATION: at.breakdown[Category.COMMUNICATION] + 2 * z3.aligned(head, plan) * z.module_bytes(
              plan)}
     return [Phase("lm_head backward, first iteration (lm_head gathered again)", b)]
+
+
+def _record_freed_bytes(spec: ModelSpec, plan: TrainingPlan, view: ds_lora.TrainableView) -> int:
+    """The gathered bytes the recording iteration frees that the steady state keeps at its lm_head's backward. A
+    Linear saves `weight.t()` (for its input's gradient), a view holding the gathered buffer: the frozen weights
+    stay. Freed: the first layer's lora_A of `_first_layer` (their input needs no gradient: nothing saved) and
+    every 1-D tensor (a norm weight, saved as the parameter itself, whose `.data` the release swaps; a bias, not
+    saved). Measured, llama fp32 s16, 2 ranks (`llmem.measure.rank_timeline`): 13,576 B fewer than the steady state
+    at this moment beside the AdamW states = 3 lora_A x 4,096 B + 5 norm weights x 256 B (+ 8 B)."""
+    from llmem.walk.deepspeed_hooks import _param_names
+
+    names, numels, gone = _param_names(view), z.ordered_numels(view), released_in_forward(spec, plan)
+    shapes = {p.name: p.shape for p in (*view.outer_params, *(q for k in range(view.num_layers)
+                                                                for q in view.layer_params(k)))}
+    flat = [i for i, name in enumerate(names) if len(shapes[name]) == 1]
+    whole = sum(numels[i] for i in flat if z3.persists(numels[i], plan)) * z.module_bytes(plan)
+    return z3.gathered_bytes(view, plan, _first_layer(view)[1] | {i for i in flat if i not in gone}) + whole
