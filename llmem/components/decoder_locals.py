@@ -1,5 +1,6 @@
 """The forward's last moments inside the decoder's own forward, before it returns: its locals, and GPT-NeoX's parallel
-residual add.
+residual add. Which family keeps which is read from its traits (`Family.forward_locals`, `attention_adds_residual`,
+`parallel_residual_sum`, `last_block_moments`), not its model_type.
 
 The decoder's forward (`GPT2Model`, `OPTDecoder`, `GPTNeoXModel`) keeps tensors in Python locals that no autograd
 node saves until it returns, right after the final norm: they sit beside every saved activation and the final
@@ -59,22 +60,41 @@ def _rows(spec: ModelSpec, plan: TrainingPlan) -> int:
     return plan.batch_size if spec.family.batched_position_ids else 1
 
 
+def _position_embeds(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The learned position embeddings (rows × seq × h), the parameters' dtype."""
+    return _rows(spec, plan) * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+
+
+def _position_ids(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The position ids (rows × seq), int64."""
+    return _rows(spec, plan) * plan.seq_len * INT64
+
+
+def _position_mask(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """OPT's `torch.ones(batch, seq)` position mask, fp32."""
+    return plan.batch_size * plan.seq_len * FP32
+
+
 def _undropped(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The embeddings kept beside their dropped copy, when the embedding dropout makes one (p > 0)."""
     dropout = (spec.options.get(spec.family.embedding_dropout[1]) or 0) > 0
     return dropout * plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
 
 
+def _alibi(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """BLOOM's ALiBi biases (batch·heads × 1 × seq), the hidden states' dtype: the parameters'."""
+    return plan.batch_size * spec.num_heads * plan.seq_len * plan.precision.param_bytes
+
+
+def _eager_mask(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Eager attention's float causal mask (micro-batch × 1 × seq², the embeddings' dtype); none under sdpa."""
+    return 0 if _sdpa(spec, plan) else plan.batch_size * plan.seq_len ** 2 * _bytes(plan)[1]
+
+
 LOCALS = {  # `Family.forward_locals`: each local's bytes (this rank's tokens)
-    "inputs_embeds": _embeds,
-    "position_embeds": lambda spec, plan: _rows(spec, plan) * plan.seq_len * spec.hidden_size
-    * plan.precision.param_bytes,
-    "position_ids": lambda spec, plan: _rows(spec, plan) * plan.seq_len * INT64,
-    "position_attention_mask": lambda spec, plan: plan.batch_size * plan.seq_len * FP32,
-    "undropped_embeds": _undropped,
-    "alibi": lambda spec, plan: plan.batch_size * spec.num_heads * plan.seq_len * plan.precision.param_bytes,
-    "eager_mask": lambda spec, plan: 0 if _sdpa(spec, plan) else plan.batch_size * plan.seq_len ** 2
-    * _bytes(plan)[1],
+    "inputs_embeds": _embeds, "position_embeds": _position_embeds, "position_ids": _position_ids,
+    "position_attention_mask": _position_mask, "undropped_embeds": _undropped, "alibi": _alibi,
+    "eager_mask": _eager_mask,
 }
 
 
