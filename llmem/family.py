@@ -96,6 +96,10 @@ class Family:
     #   checkpointed layer's probabilities sit beside the next layer's forward (not modelled: measured -8.5 to -13.9 %)
     sliding_window_layers: bool = False  # even layers attend in a sliding window, odd ones fully
     #   (`Gemma2Config.layer_types`): the model builds both masks (`causal_mask_mapping`)
+    window_layers: str = ""  # with `use_sliding_window`, which layers the config class makes sliding when the config
+    #   has no layer_types: "from-max" the layers >= max_window_layers (`Qwen2Config.__post_init__`,
+    #   `configuration_qwen2.py:84-93`; qwen3 the same, 87-94), "even-below-max" the even ones below it
+    #   (`configuration_qwen2_moe.py:113-119`)
     both_masks: bool = False  # the model forward builds the full and the sliding-window causal masks whatever the
     #   layers use (`Qwen2MoeModel.forward`'s `causal_mask_mapping`)
     # Norms and embeddings:
@@ -116,6 +120,17 @@ class Family:
     qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE (`Qwen3Attention.q_norm`, `k_norm`)
     residual_dropout: bool = False  # a llama-like layer's dropout on each sublayer's output before the residual add
     #   (`Phi3DecoderLayer.resid_attn_dropout`, `resid_mlp_dropout`, resid_pdrop)
+    # The forward's end (`components.decoder_locals`; transformers 5.23.0 `models/<type>/modeling_<type>.py` lines):
+    forward_locals: tuple[str, ...] = ()  # tensors the model forward keeps in Python locals, which no autograd node
+    #   saves, beside every layer's forward until it returns (`decoder_locals.LOCALS` sizes each): "inputs_embeds"
+    #   (GPT-2 567/575, OPT 338/369-371: summed with the positions), "position_embeds" (GPT-2 `wpe` 574, OPT
+    #   `pos_embeds` 366), "position_ids" (OPT 354-355, GPT-NeoX 333-334), "position_attention_mask" (OPT 350:
+    #   `torch.ones(batch, seq)`), "undropped_embeds" (GPT-NeoX 344: `emb_dropout(inputs_embeds)`), "alibi" (BLOOM
+    #   514-518), "eager_mask" (GPT-NeoX 336, BLOOM 520: `create_causal_mask`; GPT-2's and OPT's are not listed)
+    attention_adds_residual: bool = False  # the attention module runs the residual add itself, its locals alive
+    #   (`BloomAttention.forward(hidden_states, residual, ...)`, 309: `dropout_add(output_tensor, residual, ...)`)
+    parallel_residual_sum: bool = False  # with `use_parallel_residual` the layer's output is one expression of two
+    #   out-of-place adds, `mlp_output + attn_output + hidden_states` (`GPTNeoXLayer.forward`, 260-263)
     # Linear layers and MLP:
     fused_projections: bool = False  # one qkv_proj and one gate_up_proj Linear (`Phi3Attention`, `Phi3MLP`)
     conv1d: bool = False  # projections are transformers' `Conv1D` (weight stored (in, out)), not nn.Linear (GPT-2)
@@ -139,6 +154,11 @@ class Family:
     #   llama's decoder layer (separate q/k/v/o and gate/up/down Linears, two pre-norms, a dense MLP, or a
     #   grouped-experts MoE block kept frozen: `lora_moe.moe_targets_refusal`); without it
     #   LoRA's tables are traced from the PEFT model (`lora_activations.traced_spec`)
+    last_block_moments: bool = False  # the last block's moments above the forward's end are modelled: its MLP's
+    #   output dropout beside its `attn_output` local, its attention inside sdpa's CPU math path
+    #   (`decoder_locals.gpt2_block_end_bytes`, `gpt2_math_sdpa_bytes`: `GPT2Block.forward` 274-282, `GPT2MLP.forward`
+    #   241-242). GPT-NeoX's layer keeps `attn_output` too: only its parallel add is modelled
+    #   (`parallel_residual_sum`)
 
     def build(self, raw: dict) -> ModelSpec:
         c = Config(raw, self.defaults, KEYS.get(self.model_type, {}))

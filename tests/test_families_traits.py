@@ -87,6 +87,9 @@ def observed(model_type: str) -> dict:
         "residual_dropout": "resid_attn_dropout" in short,
         "tp_plan": all(isinstance(in_layer.get(n), torch.nn.Linear) for n in tp_layer_plan()),
         "passes_position_ids": "position_ids" in inspect.signature(type(layer0).forward).parameters,
+        "attention_adds_residual": "residual" in inspect.signature(type(attention).forward).parameters,
+        "parallel_residual_sum": "mlp_output + attn_output + hidden_states" in _source(layer0),
+        "forward_source": _source(model.base_model) + _source(getattr(model.base_model, "decoder", model.base_model)),
     }
 
 
@@ -103,7 +106,7 @@ def _observed(model_type: str) -> dict:
 def test_traits_match_the_transformers_model(model_type):
     family, seen = FAMILIES[model_type], _observed(model_type)
     for trait, value in seen.items():
-        if trait not in ("passes_position_ids", "has_embedding_dropout"):
+        if trait not in ("passes_position_ids", "has_embedding_dropout", "forward_source"):
             assert getattr(family, trait) == value, trait
     assert family.norm == ("rms" if any(k.endswith("RMSNorm") for k in map(lambda m: type(m).__name__,
                                                                                _build(model_type)[1].modules()))
@@ -161,3 +164,35 @@ def test_embedding_dropout_where_the_model_has_one():
     assert present <= modelled and modelled - present == {"phi3"}
     for model_type in modelled:
         assert FAMILIES[model_type].embedding_dropout[1] in transformers.AutoConfig.for_model(model_type).to_dict()
+
+
+LOCALS_MADE = {  # `Family.forward_locals` -> what the model forward's source makes it with (transformers 5.23.0)
+    "inputs_embeds": r"inputs_embeds = self\.", "position_embeds": r"pos(ition)?_embeds = self\.",
+    "position_ids": r"position_ids = ", "position_attention_mask": r"position_attention_mask = torch\.ones\(",
+    "alibi": r"alibi = ", "eager_mask": r"create_causal_mask\(",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(with_trait("forward_locals")))
+def test_forward_locals_are_made_by_the_model_forward(model_type):
+    """Each local a family lists is made in its model (or decoder) forward; the undropped embeddings are the input
+    of the embedding dropout module."""
+    import re
+
+    family, source = FAMILIES[model_type], _observed(model_type)["forward_source"]
+    for local in family.forward_locals:
+        if local == "undropped_embeds":
+            assert f"self.{family.embedding_dropout[0]}(inputs_embeds)" in source
+        else:
+            assert re.search(LOCALS_MADE[local], source), local
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_window_layers_follow_the_config_class(model_type):
+    """`Family.window_layers` is how the config class completes layer_types from use_sliding_window and
+    max_window_layers (4 layers, max_window_layers 2)."""
+    cfg = transformers.AutoConfig.for_model(model_type, num_hidden_layers=4, use_sliding_window=True,
+                                            max_window_layers=2, sliding_window=16)
+    kinds = ["s" if t == "sliding_attention" else "f" for t in (getattr(cfg, "layer_types", None) or [])]
+    seen = {"ffss": "from-max", "sfff": "even-below-max"}.get("".join(kinds), "")
+    assert FAMILIES[model_type].window_layers == seen

@@ -188,9 +188,10 @@ def forward_later_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def recompute_locals_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """bloom, full fine-tuning on the hand-written table, one device / DDP / ZeRO-1: `BloomAttention.forward` runs
-    its residual `dropout_add` itself, so the attention's locals outlive the output projection."""
-    return spec.model_type == "bloom" and spec.derived is None and plan.method is Method.FULL and plan.tp == 1
+    """Full fine-tuning on the hand-written table, one device / DDP / ZeRO-1, of a family whose attention runs the
+    residual add itself (`Family.attention_adds_residual`: `BloomAttention.forward`'s `dropout_add`), so the
+    attention's locals outlive the output projection."""
+    return spec.derived is None and plan.method is Method.FULL and plan.tp == 1 and spec.family.attention_adds_residual
 
 
 def recompute_locals_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

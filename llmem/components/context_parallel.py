@@ -117,7 +117,6 @@ def ring_backward_bytes(spec: ModelSpec, plan, last: bool = False) -> int:
 
 MEASURED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "mixtral", "qwen2_moe")
 _SLIDING_DEFAULT = {"mistral": 4096}  # the config classes' `sliding_window` defaults (transformers 5.23)
-_QWEN = ("qwen2", "qwen3", "qwen2_moe")
 
 
 def sliding_layers(spec: ModelSpec) -> bool:
@@ -126,15 +125,16 @@ def sliding_layers(spec: ModelSpec) -> bool:
     without layer_types, a `sliding_window`), read from the config as transformers 5.23 completes it: mistral's
     `sliding_window` defaults to 4096 (`configuration_mistral.py:80`); qwen2/qwen3 make layers ≥ max_window_layers
     sliding when `use_sliding_window` (`configuration_qwen2.py:84-93`), qwen2_moe the even ones below it
-    (`configuration_qwen2_moe.py:113-119`)."""
+    (`configuration_qwen2_moe.py:113-119`): `Family.window_layers`."""
     cfg = getattr(spec, "source_config", None) or {}
     if cfg.get("layer_types"):
         return any(t != "full_attention" for t in cfg["layer_types"])
-    if spec.model_type in _QWEN:
+    rule = spec.family.window_layers  # how the config class makes layers sliding (`Family.window_layers`)
+    if rule:
         window_layers = int(cfg.get("max_window_layers", 28))
         if not cfg.get("use_sliding_window"):
             return False
-        if spec.model_type == "qwen2_moe":
+        if rule == "even-below-max":
             return window_layers > 0
         return cfg.get("sliding_window", 4096) is not None and window_layers < spec.num_layers
     return bool(cfg.get("sliding_window", _SLIDING_DEFAULT.get(spec.model_type)))

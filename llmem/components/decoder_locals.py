@@ -1,5 +1,6 @@
 """The forward's last moments inside the decoder's own forward, before it returns: its locals, and GPT-NeoX's parallel
-residual add.
+residual add. Which family keeps which is read from its traits (`Family.forward_locals`, `attention_adds_residual`,
+`parallel_residual_sum`, `last_block_moments`), not its model_type.
 
 The decoder's forward (`GPT2Model`, `OPTDecoder`, `GPTNeoXModel`) keeps tensors in Python locals that no autograd
 node saves until it returns, right after the final norm: they sit beside every saved activation and the final
@@ -46,24 +47,63 @@ def _hand_full(spec: ModelSpec, plan: TrainingPlan) -> bool:
     return spec.derived is None and plan.method is Method.FULL
 
 
+def _embeds(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The word embeddings (tokens × h): the parameters' dtype (an embedding is not autocast), or autocast's half
+    where OPT's project_in makes them (word_embed_proj_dim differs from hidden)."""
+    cb, _ = _bytes(plan)
+    return plan.batch_size * plan.seq_len * spec.hidden_size * (
+        cb if _proj_dim(spec) != spec.hidden_size else plan.precision.param_bytes)
+
+
+def _rows(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Position ids per sequence (OPT's, from the mask's cumsum) or one row for the batch."""
+    return plan.batch_size if spec.family.batched_position_ids else 1
+
+
+def _position_embeds(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The learned position embeddings (rows × seq × h), the parameters' dtype."""
+    return _rows(spec, plan) * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+
+
+def _position_ids(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The position ids (rows × seq), int64."""
+    return _rows(spec, plan) * plan.seq_len * INT64
+
+
+def _position_mask(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """OPT's `torch.ones(batch, seq)` position mask, fp32."""
+    return plan.batch_size * plan.seq_len * FP32
+
+
+def _undropped(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """The embeddings kept beside their dropped copy, when the embedding dropout makes one (p > 0)."""
+    dropout = (spec.options.get(spec.family.embedding_dropout[1]) or 0) > 0
+    return dropout * plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+
+
+def _alibi(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """BLOOM's ALiBi biases (batch·heads × 1 × seq), the hidden states' dtype: the parameters'."""
+    return plan.batch_size * spec.num_heads * plan.seq_len * plan.precision.param_bytes
+
+
+def _eager_mask(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Eager attention's float causal mask (micro-batch × 1 × seq², the embeddings' dtype); none under sdpa."""
+    return 0 if _sdpa(spec, plan) else plan.batch_size * plan.seq_len ** 2 * _bytes(plan)[1]
+
+
+LOCALS = {  # `Family.forward_locals`: each local's bytes (this rank's tokens)
+    "inputs_embeds": _embeds, "position_embeds": _position_embeds, "position_ids": _position_ids,
+    "position_attention_mask": _position_mask, "undropped_embeds": _undropped, "alibi": _alibi,
+    "eager_mask": _eager_mask,
+}
+
+
 def decoder_locals_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The decoder forward's unsaved locals alive from its start to its return (this rank's tokens)."""
+    """The decoder forward's unsaved locals alive from its start to its return (this rank's tokens):
+    `Family.forward_locals`, each sized by `LOCALS`."""
     if not _hand_full(spec, plan):
         return 0
-    b, s, h = plan.batch_size, plan.seq_len, spec.hidden_size
-    cb, rb = _bytes(plan)
-    if spec.model_type == "gpt2":
-        return (b * s + s) * h * plan.precision.param_bytes
-    if spec.model_type == "opt":
-        embeds = b * s * h * (cb if _proj_dim(spec) != h else plan.precision.param_bytes)  # project_in's output
-        return embeds + b * s * h * plan.precision.param_bytes + b * s * (FP32 + INT64)
-    mask = 0 if _sdpa(spec, plan) else b * s * s * rb
-    if spec.model_type == "gpt_neox":
-        dropout = (spec.options.get("hidden_dropout") or 0) > 0
-        return s * INT64 + dropout * b * s * h * plan.precision.param_bytes + mask
-    if spec.model_type == "bloom":
-        return b * spec.num_heads * s * plan.precision.param_bytes + mask
-    return 0
+    return sum(LOCALS[name](spec, plan) for name in spec.family.forward_locals)
 
 
 def bloom_attention_add_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -> int:
@@ -71,7 +111,7 @@ def bloom_attention_add_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: i
     decoder's, less what the layer saves after that add (the post-attention norm's, the MLP's), what the final norm
     and the lm_head save (`final_norm`) and, under autocast, the last MLP's half weight copies; 0 for the other
     families."""
-    if spec.model_type != "bloom" or not _hand_full(spec, plan):
+    if not (_hand_full(spec, plan) and spec.family.attention_adds_residual):
         return 0
     from llmem.components import activations as act
     from llmem.components.attention_core import recompute_mlp_saved_bytes
@@ -89,8 +129,9 @@ def bloom_attention_add_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: i
 
 
 def parallel_add_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """GPT-NeoX's parallel residual, full fine-tuning on the hand-written table."""
-    return (spec.model_type == "gpt_neox" and _hand_full(spec, plan)
+    """GPT-NeoX's parallel residual (`Family.parallel_residual_sum`, unless the config turns it off), full
+    fine-tuning on the hand-written table."""
+    return (_hand_full(spec, plan) and spec.family.parallel_residual_sum
             and spec.options.get("use_parallel_residual") is not False)
 
 
@@ -127,7 +168,7 @@ def gpt2_block_end_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -
     copy beside it and its noise, which is saved), so three tokens × h tensors in the compute dtype (two without
     resid_pdrop) beside every saved tensor but the final norm's and lm_head's (`final_norm`), and the decoder's
     locals."""
-    if spec.model_type != "gpt2" or not _hand_full(spec, plan):
+    if not (_hand_full(spec, plan) and spec.family.last_block_moments):
         return 0
     from llmem.components.saved import _p
 
@@ -152,7 +193,7 @@ def gpt2_math_sdpa_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) -
     from llmem.components.attention_backward import _DROPPED
     from llmem.components.attention_core import forward_later_copy_bytes
 
-    if spec.model_type != "gpt2" or not _hand_full(spec, plan):
+    if not (_hand_full(spec, plan) and spec.family.last_block_moments):
         return 0
     lp = act.layer_plan(plan, spec.num_layers - 1)
     items = tuple(act.layer_saved(spec, lp))

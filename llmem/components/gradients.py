@@ -168,7 +168,7 @@ def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> i
     every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE: per
     moment (`moe_held_gradient_bytes`); traced layers: their window with each weight gradient added in place. Dense
     tables: 0 (their moment counts only the last Linear's weight gradient, not yet taken)."""
-    if spec.is_moe and spec.model_type in ("mixtral", "qwen2_moe") and not lora.is_lora(plan):
+    if spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan) - moe_layer_backward_peak_extra_bytes(spec, plan, True)
     if spec.derived is not None:  # traced: the window with each weight gradient added in place (`llmem.derive`)
         return (spec.derived.backward_extra_bytes(spec, plan)

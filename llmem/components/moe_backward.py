@@ -131,7 +131,7 @@ def moe_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> dict[str, in
     h, e = spec.hidden_size, spec.num_experts
     i = spec.moe_intermediate_size or spec.intermediate_size
     pb = plan.precision.param_bytes
-    gate = h * pb if spec.model_type == "qwen2_moe" and spec.shared_expert_intermediate_size else 0
+    gate = h * pb if spec.family.shared_expert and spec.shared_expert_intermediate_size else 0
     down, gate_up, router = e * h * i * pb, e * 2 * i * h * pb, e * h * pb
     return {"routing-weight mul backward": gate, "down grouped mm backward": gate,
             "silu(gate) * up backward": gate + down, "gate_up grouped mm backward": gate + down,

@@ -29,7 +29,7 @@ def regime(batch: int) -> str:
 
 def shifted(kind: str, offset: int) -> tuple:
     """Regime `kind`'s (fit points, check points, basis) with every sequence length moved up by `offset` (a band
-    of sequence lengths at or above a sliding window, `llmem.derive.tables.band`)."""
+    of sequence lengths at or above a sliding window, `llmem.derive.config_reads.band`)."""
     points, checks, basis = REGIMES[kind]
     return (tuple((b, s + offset) for b, s in points), tuple((b, s + offset) for b, s in checks), basis)
 

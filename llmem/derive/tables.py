@@ -27,7 +27,8 @@ import operator
 
 from llmem.components.saved import Saved
 from llmem.derive import cache, depth, experts, kinds
-from llmem.derive.fit import REGIMES, fit_sequence, monomials, regime, shifted
+from llmem.derive.config_reads import band, dropout_keys, static_refusal  # noqa: F401 (re-exported)
+from llmem.derive.fit import fit_sequence, monomials, regime, shifted
 from llmem.errors import InputError
 from llmem.memo import remembered
 from llmem.plan import GradCkpt, TrainingPlan
@@ -348,53 +349,6 @@ def _cuda_bytes(name: str, nbytes: int, plan: TrainingPlan) -> int:
     if plan.device is Device.CUDA and name.endswith(_HALF_STATISTICS):
         return 2 * nbytes
     return nbytes
-
-
-_LOWEST_WINDOW = max(s for kind in REGIMES for pts in REGIMES[kind][:2] for _, s in pts)  # see `band`
-
-
-def band(config: dict, seq: int) -> int:
-    """0, or the sliding window W when seq >= W: transformers 5.23 `masking_utils._ignore_causal_mask_sdpa` builds
-    an explicit sliding-window mask (instead of sdpa's `is_causal`) once the key length reaches W, so the traced
-    tensors change there; a plan at or above W is traced at W + the regime's points, one below W below it."""
-    window = config.get("sliding_window")
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-        return 0
-    if seq >= window:
-        return window
-    low = _LOWEST_WINDOW
-    if window <= low:
-        raise InputError("sliding_window", f"{window} is traced only for windows above {low} tokens, or for "
-                         f"--seq-len at least the window; use --seq-len {window} or more")
-    return 0
-
-
-def static_refusal(config: dict) -> InputError | None:
-    """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
-    preset): expert layers not derived (`experts.experts_refusal`, read from the config or its text_config). A
-    config that passes may still be refused when traced (e.g. no sdpa path)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return experts.experts_refusal({**text, **config}, config.get("model_type"))
-
-
-def _dropout_keys(values: dict) -> list[str]:
-    return [k for k, v in values.items() if ("dropout" in k or "pdrop" in k) and not k.startswith(("classifier",
-            "summary")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
-
-
-def dropout_keys(config: dict) -> list[str]:
-    """The dropout keys above 0 the config sets, else those its configuration class defaults above 0."""
-    keys = _dropout_keys(config)
-    if keys:
-        return keys
-    try:
-        from transformers import AutoConfig
-
-        rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-        with quiet_libraries():
-            return _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
-    except Exception:  # noqa: BLE001 - a config transformers rejects is named when it is built
-        return []
 
 
 from llmem.derive.inventory import derived_spec, inventory, is_cached  # noqa: E402, F401 (re-exported)

@@ -345,7 +345,7 @@ def _fsdp1_runs(fields: dict, lora: bool = False) -> bool:
 def _lora_tables(config: dict) -> bool:
     """LoRA under FSDP1 is modelled on the hand-written dense families' LoRA tables (`llmem.estimate`); LoRA on
     several GPUs is refused on MoE models. Drawn on the cpu profile only: under the simulate oracle (cuda profile)
-    a tied-embedding model's FSDP1 LoRA run fails (docs/MODEL.md)."""
+    a tied-embedding model's FSDP1 LoRA run fails (docs/MODEL-FSDP1.md)."""
     from llmem.families import FAMILIES
 
     family = FAMILIES.get(str(config.get("model_type")))

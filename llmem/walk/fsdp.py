@@ -327,49 +327,6 @@ def embedding_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase
     return phases
 
 
-def root_copy_in_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
-    """The root's post-backward before its collective: `foreach_reduce` allocates `reduce_scatter_input` (reduce
-    dtype) and copies every unsharded gradient of the root into it; only then does `unsharded_grads.clear()` free
-    them (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:581-587). So each root gradient (param_dtype;
-    LoRA: the root's adapters) is alive beside the whole input — above the collective's moment when the root's
-    gradients outweigh its output shard and the lm_head's gradient (an untied embedding and lm_head)."""
-    spec, plan, cp = w.spec, w.plan, w.cp
-    unsharded = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
-    if lora.is_lora(plan):
-        unsharded = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad
-    name = "backward end (root reduce-scatter copy-in)"
-    held[name] = sum(w.sharded_layer) * w.resident
-    return moment(name, **w.persistent, logits=w.logits, gradients=held[name] + unsharded,
-                  communication=comm.root_reduce_scatter_input_bytes(spec, plan)
-                  + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
-                  + comm.chunk_cat_padding_bytes(spec, plan, root=True))
-
-
-def root_reduce_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
-    """The root's post-backward (final callback): its parameters are resharded before the reduce; of its unsharded
-    gradients an untied lm_head weight's is still referenced during the collective (seen in every untied run; the
-    holder of the reference is not pinned down), the others are freed after the copy-in — with tied embeddings the
-    shared weight's too (its `.grad` is the tied sum's fresh tensor; measured on a tied gemma under ZeRO-3)."""
-    root_sharded, head_unsharded, buffers = _root_reduce_terms(w.spec, w.plan)
-    held["backward end (root reduce-scatter)"] = w.sharded_total * w.resident
-    return moment("backward end (root reduce-scatter)", **w.persistent, logits=w.logits,
-                  gradients=w.sharded_total * w.resident + root_sharded + head_unsharded, communication=buffers)
-
-
-@per_spec("layout_key")
-def _root_reduce_terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, int]:
-    """The root's sharded gradients, the lm_head's unsharded one still referenced, and the reduce-scatter's buffers."""
-    cp = compute_plan(plan)
-    root_sharded = sum(local_numel(p, plan) for p in spec.outer_params) * plan.precision.param_bytes
-    head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), None)
-    head_unsharded = local_numel(head, cp) * cp.precision.param_bytes if head is not None else 0
-    if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
-        root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
-    return root_sharded, head_unsharded, (comm.root_reduce_scatter_input_bytes(spec, plan)
-                                          + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
-                                          + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
-
-
 def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """FSDP2 (ZeRO-2/3, and TP x FSDP2): the candidate peak moments of one steady-state iteration on one rank."""
     from llmem.walk.fsdp_layer import fsdp_layer_moments
@@ -394,3 +351,7 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases.append(moment("optimizer step", **w.persistent, gradients=gradient_bytes(spec, plan) * w.resident,
                          logits=w.logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * w.resident))
     return phases
+
+
+# the root's post-backward (its own module; read through this one)
+from llmem.walk.fsdp_root import root_copy_in_moment, root_reduce_moment  # noqa: E402
