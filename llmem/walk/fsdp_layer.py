@@ -205,7 +205,7 @@ def _query_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[st
     """sdpa's, q's RoPE and q_norm's backward (`query_backward`), on the compute plan (unsharded gradients);
     `alive` as in `_attention_moments`."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    if qb.applies_lora_sdpa(spec, plan):
+    if qb.applies_lora_sdpa(spec, plan) or qb.applies_moe_sdpa(spec, plan):
         return _lora_sdpa_moment(w, layer, later, on, held, alive)
     if not qb.applies_rope(spec, plan):
         return []
@@ -233,12 +233,17 @@ def _lora_sdpa_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict
     """LoRA's sdpa backward (`query_backward.applies_lora_sdpa`): the layer's LoRA table (`lora.layer_saved`, half
     adapters under a MixedPrecisionPolicy) less what the ops after sdpa saved (`lora_sdpa_released`), the adapters'
     unsharded gradients of the Linears after the core (`core_grads`), and sdpa's output gradient, q's, k's and v's
-    and the residual stream's (`sdpa_transient_bytes`) on the compute plan; `alive` as in `_attention_moments`."""
+    and the residual stream's (`sdpa_transient_bytes`) on the compute plan; `alive` as in `_attention_moments`. The
+    MoE families' in full fine-tuning (`applies_moe_sdpa`), on their layer's table, the MoE block's gradients
+    made."""
     spec, cp = w.spec, w.cp
     lp = act.layer_plan(cp, layer)
-    saved = lora.layer_saved(spec, lp, half=w.half)
+    if w.lora:
+        released = qb.lora_sdpa_released(lora.layer_saved(spec, lp, half=w.half))
+    else:
+        released = qb.sdpa_released(tuple(act.layer_saved(spec, lp)))
     phase = moment(f"backward (layer {layer}, sdpa backward)", **on,
-                   activations=alive - w.first_saving - qb.lora_sdpa_released(saved),
+                   activations=alive - w.first_saving - released,
                    gradients=w.root_grads_head + later + w.core_grads + qb.sdpa_transient_bytes(spec, lp))
     held[phase.name] = later
     return [phase]
