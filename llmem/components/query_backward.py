@@ -72,6 +72,35 @@ def sdpa_released(items: tuple[Saved, ...]) -> int:
     return sum(s.bytes for s in items if not s.name.startswith(_BEFORE_ROPE + _SDPA_SAVED))
 
 
+def applies_lora_sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """LoRA (not QLoRA) on a llama-like dense attention in the hand-written tables with sdpa: the layer's backward
+    reaches the same fused sdpa backward as full fine-tuning's (`applies_sdpa`), its frozen o_proj having returned
+    sdpa's output gradient."""
+    f = spec.family
+    return (plan.method is Method.LORA and f.rope and f.tp_plan and spec.derived is None and _sdpa(spec, plan)
+            and not (f.partial_rotary or f.fused_projections or f.own_attention_core))
+
+
+def applies_moe_sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """The MoE families' llama attention (mixtral, qwen2_moe: no TP plan, so not `applies_rope`) in full
+    fine-tuning: the same fused sdpa backward after the MoE block's and o_proj's. Not LoRA: the attention-heavy
+    mixtral LoRA plan measured 2.2 % above its walk with this moment (12,704,456 / 12,427,872 B under --cp 2; the
+    ring not the peak), so `--cp` keeps the bound there (`walk.context_parallel._check_ring_below_peak`)."""
+    f = spec.family
+    return (spec.is_moe and f.rope and spec.derived is None and _sdpa(spec, plan) and plan.method is Method.FULL
+            and not (f.partial_rotary or f.fused_projections or f.own_attention_core))
+
+
+_LORA_BEFORE_SDPA = ("q_proj/k_proj/v_proj",)  # the q/k/v adapters' entries (`lora_activations._INPUT_GROUPS`)
+
+
+def lora_sdpa_released(items: tuple[Saved, ...]) -> int:
+    """`sdpa_released` on a LoRA table (`lora_activations.layer_saved`): the MLP's and o_proj's adapter entries
+    (dropout masks and outputs, lora_A outputs, scalings, weight casts) are released by then; the q/k/v adapters'
+    stay, their MmBackward0s run after sdpa's."""
+    return sum(s.bytes for s in items if not s.name.startswith(_BEFORE_ROPE + _SDPA_SAVED + _LORA_BEFORE_SDPA))
+
+
 def sdpa_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The gradients in flight when sdpa's backward has allocated its outputs: its output's gradient and q's (q-sized)
     and k's and v's (kv-sized), all in the compute dtype; the residual stream's (param dtype)."""

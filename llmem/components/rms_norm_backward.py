@@ -15,8 +15,10 @@ Each norm is the same module class as the final norm (`LlamaRMSNorm`, `MistralRM
 `Qwen3RMSNorm`, `GemmaRMSNorm`, `Phi3RMSNorm`), so its backward is the final norm's traced curve
 (`llmem.components.final_norm.backward_bytes`: its output gradient only the engine holds, its temporaries, its
 input and weight gradients, less its own saved tensors once released). Modelled for the hand-written llama-like
-dense tables (`layer_tables.llama_family_saved`) in full fine-tuning without autocast (FSDP2's compute plan): not
-LoRA (frozen norms), not MoE, not gemma2's sandwich norms (`norm_backward`), not float8, TP or context parallelism.
+dense tables (`layer_tables.llama_family_saved`) in full fine-tuning without autocast (FSDP2's compute plan), and
+under LoRA in the FSDP2 walk (`applies_lora`: frozen norms, the final norm's frozen curve, the LoRA table and the
+adapters' gradients); not MoE, not gemma2's sandwich norms (`norm_backward`), not float8, TP or context parallelism
+(a cp rank's walk is its local plan's, cp 1).
 """
 
 from __future__ import annotations
@@ -66,3 +68,37 @@ def weight_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, norm: str) -> int
 def backward_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """A norm's backward above its start: the final norm's traced curve (the same module class)."""
     return fnorm.backward_bytes(spec, plan)
+
+
+# --- LoRA (hand-written dense tables, FSDP2's compute plan): the frozen norms still make their input's gradient ----
+_LORA_MLP = ("gate_proj", "silu(gate)", "up_proj", "down_proj")  # the MLP's entries and its adapters'
+
+
+def applies_lora(spec: ModelSpec, plan: TrainingPlan, layer: int) -> bool:
+    """LoRA (not QLoRA) on the llama-like dense tables, as `applies` otherwise. The norms are frozen: no weight
+    gradient, and the final norm's frozen curve (`final_norm.curve`). Layer 0 only where its input requires grad
+    (`lora_activations.layer0_input_requires_grad`): otherwise neither of its norms has a node to run (the input
+    norm's input needs no grad; the pre-MLP norm's only when an attention Linear is adapted, not walked)."""
+    from llmem.components.lora_activations import layer0_input_requires_grad
+    from llmem.plan import Method
+
+    family = spec.family
+    return (plan.method is Method.LORA and spec.derived is None and spec.model_type not in _TABLES
+            and family.tp_plan and not family.sandwich_norms and not autocast.applies(plan) and plan.tp == 1
+            and plan.cp == 1 and plan.float8.value == "none"
+            and (layer > 0 or layer0_input_requires_grad(spec, plan)))
+
+
+def lora_released_bytes(items: tuple, norm: str) -> int:
+    """`released_bytes` on a LoRA table (`lora_activations.layer_saved`): before the pre-MLP norm's backward the
+    MLP's entries and its adapters' (`_LORA_MLP`); before the input norm's every entry but its rsqrt and input."""
+    if norm == PRE_MLP:
+        return sum(s.bytes for s in items if s.name.startswith(_LORA_MLP))
+    return sum(s.bytes for s in items if not _own(s.name, INPUT) and s.name != "input (residual stream)")
+
+
+def lora_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, norm: str, elem: int) -> int:
+    """The adapters' gradients made before `norm`'s backward (`elem` bytes each): the MLP's adapters (`PRE_MLP`),
+    every adapter of the layer (`INPUT`)."""
+    made = [p for p in lora.layer0_targeted(spec, plan) if norm == INPUT or ".mlp." in p.name]
+    return sum(plan.lora_rank * sum(lora.in_out(spec, p)) for p in made) * elem

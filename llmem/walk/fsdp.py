@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llmem.components import Category, act_offload, chunked_ce, lora, moe_forward, offload, quant
+from llmem.components import Category, act_offload, chunked_ce, lora, lora_forward, moe_forward, offload, quant
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -246,10 +246,13 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
     on = dict(**w.persistent, activations=w.forward_acts)
     norm = moe_forward.final_norm_forward_extra_bytes(spec, cp)  # inside the final norm's forward
     moe = moe_forward.forward_extra_bytes(spec, cp)  # inside the last layer's routed experts (still gathered)
+    down = lora_forward.down_proj_forward_extra_bytes(spec, cp)  # inside its down_proj's adapter (`lora_forward`)
     phases = [
         moment("forward (last layer)", **on, communication=w.end_in_layer),
         *([moment("forward (last layer, MoE experts)", **dict(on, activations=w.forward_acts + moe),
                   communication=w.end_in_layer)] if moe else []),
+        *([moment("forward (last layer), down_proj LoRA", **dict(on, activations=w.forward_acts + down),
+                  communication=w.end_in_layer)] if down else []),
         *([moment("final norm forward", **dict(on, activations=w.forward_acts + norm),  # (last layer resharded)
                   communication=w.end_at_loss)] if norm else []),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),

@@ -149,13 +149,19 @@ def _norm_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str,
     weight gradients and the residual stream's gradient beside the norm's traced backward; `alive`: the layers' kept
     bytes, the layer's own and the outer (less the MLP output's dropout)."""
     spec, cp = w.spec, w.cp
-    if not rms_bwd.applies(spec, cp):
+    if w.lora and rms_bwd.applies_lora(spec, cp, layer):  # frozen norms: the adapters' gradients, the LoRA table
+        saved, grads = lora.layer_saved(spec, act.layer_plan(cp, layer), half=w.half), w.adapter_grad
+        released = rms_bwd.lora_released_bytes(saved, norm)
+        weight = rms_bwd.lora_gradient_bytes(spec, cp, norm, grads)
+    elif rms_bwd.applies(spec, cp):
+        released = rms_bwd.released_bytes(tuple(act.layer_saved(spec, act.layer_plan(cp, layer))), norm)
+        weight = rms_bwd.weight_gradient_bytes(spec, cp, norm)
+    else:
         return []
-    released = rms_bwd.released_bytes(tuple(act.layer_saved(spec, act.layer_plan(cp, layer))), norm)
     what = "pre-MLP norm" if norm == rms_bwd.PRE_MLP else "input norm"
     phases = [moment(f"backward (layer {layer}, {what})", **on, activations=alive - w.first_saving - released,
-                     gradients=w.root_grads_head + later + w.residual_grad
-                     + rms_bwd.weight_gradient_bytes(spec, cp, norm) + rms_bwd.backward_bytes(spec, cp))]
+                     gradients=w.root_grads_head + later + w.residual_grad + weight
+                     + rms_bwd.backward_bytes(spec, cp))]
     held |= {ph.name: later for ph in phases}
     return phases
 
@@ -199,6 +205,8 @@ def _query_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[st
     """sdpa's, q's RoPE and q_norm's backward (`query_backward`), on the compute plan (unsharded gradients);
     `alive` as in `_attention_moments`."""
     spec, plan, cp = w.spec, w.plan, w.cp
+    if qb.applies_lora_sdpa(spec, plan) or qb.applies_moe_sdpa(spec, plan):
+        return _lora_sdpa_moment(w, layer, later, on, held, alive)
     if not qb.applies_rope(spec, plan):
         return []
     acts = alive - w.first_saving
@@ -218,6 +226,27 @@ def _query_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[st
                              + qb.q_norm_transient_bytes(spec, lp)))
     held |= {ph.name: later for ph in phases}
     return phases
+
+
+def _lora_sdpa_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],
+                      alive: int) -> list[Phase]:
+    """LoRA's sdpa backward (`query_backward.applies_lora_sdpa`): the layer's LoRA table (`lora.layer_saved`, half
+    adapters under a MixedPrecisionPolicy) less what the ops after sdpa saved (`lora_sdpa_released`), the adapters'
+    unsharded gradients of the Linears after the core (`core_grads`), and sdpa's output gradient, q's, k's and v's
+    and the residual stream's (`sdpa_transient_bytes`) on the compute plan; `alive` as in `_attention_moments`. The
+    MoE families' in full fine-tuning (`applies_moe_sdpa`), on their layer's table, the MoE block's gradients
+    made."""
+    spec, cp = w.spec, w.cp
+    lp = act.layer_plan(cp, layer)
+    if w.lora:
+        released = qb.lora_sdpa_released(lora.layer_saved(spec, lp, half=w.half))
+    else:
+        released = qb.sdpa_released(tuple(act.layer_saved(spec, lp)))
+    phase = moment(f"backward (layer {layer}, sdpa backward)", **on,
+                   activations=alive - w.first_saving - released,
+                   gradients=w.root_grads_head + later + w.core_grads + qb.sdpa_transient_bytes(spec, lp))
+    held[phase.name] = later
+    return [phase]
 
 
 def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int, gathered: int) -> list[Phase]:
