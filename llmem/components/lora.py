@@ -206,7 +206,11 @@ def layer0_targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, .
 
 
 def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
+    from llmem.derive.lora_experts import MAPPED, converted
+
     linears = linear_weights(spec)
+    if converted(spec):  # PEFT moves MLP names to the fused experts' target_parameters: no Linear of that name
+        linears = tuple(p for p in linears if _module(p).rsplit(".", 1)[-1] not in MAPPED)
     if targets == ALL_LINEAR:
         return linears
     names = targets.split(",")
@@ -253,8 +257,10 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
         out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer, a_split),
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer, b_split)]
     from llmem.components import lora_experts, lora_head  # mixtral's experts (ParamWrapper); the output layer's
+    from llmem.derive import lora_experts as derived_experts  # a traced MoE's (ParamWrapper)
 
-    return out + lora_experts.adapter_params(spec, plan) + lora_head.adapter_params(spec, plan)
+    return (out + lora_experts.adapter_params(spec, plan) + derived_experts.adapter_params(spec, plan)
+            + lora_head.adapter_params(spec, plan))
 
 
 def _tp_splits(p: ParamTensor, plan: TrainingPlan) -> tuple[TpSplit, TpSplit]:

@@ -57,6 +57,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
 
     import torch
     from peft import get_peft_model
+    from peft.tuners.lora.layer import ParamWrapper
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     from llmem.quiet import quiet_libraries
@@ -72,6 +73,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
         return module if dtype is None and device in (None, torch.device("cpu")) else to(module, *args, **kwargs)
 
     with mock.patch.object(BaseTunerLayer, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
+            mock.patch.object(ParamWrapper, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
             mock.patch.object(torch.nn.Module, "to", same_device), mock.patch.object(copy, "deepcopy", _deepcopy), \
             quiet_libraries():
         if tag != "lora":  # --method qlora: the base quantized first, as `llmem.runtime.lora.apply_method` does
@@ -190,15 +192,18 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     `peft/utils/transformers_weight_conversion.py`, which the meta-device inventory does not count; a shared
     expert's gate_proj alone makes PEFT raise), FSDP2 (--zero 2/3) and TP."""
     from llmem.components.lora import linear_weights
+    from llmem.derive import lora_experts
     from llmem.plan import ALL_LINEAR
 
-    if plan.lora_targets == ALL_LINEAR:
+    lora_experts.check(spec, plan)
+    if plan.lora_targets == ALL_LINEAR and not lora_experts.converted(spec):
         return InputError("lora-targets", f"{name}: all-linear on a mixture-of-experts model may adapt its fused "
                           "experts (PEFT's ParamWrapper), which is not modelled yet; name the Linears, e.g. "
                           "q_proj,v_proj", GAP)
     mlp = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec) if ".mlp." in p.name}
     modules = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec)} - mlp
-    other = sorted({t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")} - modules)
+    named = set() if plan.lora_targets == ALL_LINEAR else {t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")}
+    other = sorted(named - modules - lora_experts.mapped_targets(spec, plan))
     if other:  # an MLP name (a shared expert's gate_proj) PEFT also maps onto the fused experts' gate_up_proj
         return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
                           "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
