@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 
+from llmem.derive import lora_experts as traced_experts  # a traced MoE's ParamWrappers
 from llmem.errors import InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
@@ -206,11 +207,7 @@ def layer0_targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, .
 
 
 def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
-    from llmem.derive.lora_experts import MAPPED, converted
-
-    linears = linear_weights(spec)
-    if converted(spec):  # PEFT moves MLP names to the fused experts' target_parameters: no Linear of that name
-        linears = tuple(p for p in linears if _module(p).rsplit(".", 1)[-1] not in MAPPED)
+    linears = tuple(p for p in linear_weights(spec) if not traced_experts.maps(spec, _module(p)))  # PEFT's
     if targets == ALL_LINEAR:
         return linears
     names = targets.split(",")
@@ -230,7 +227,7 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
 
             check_supported(spec, plan, t)
             continue
-        if not any(_matches(m, t) for m in modules):
+        if not any(_matches(m, t) for m in modules) and not traced_experts.maps(spec, t):
             from llmem.components.lora_experts import v4_moe_name_refusal
 
             v4_moe_name_refusal(spec, t)
@@ -257,10 +254,9 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
         out += [ParamTensor(f"{m}.lora_A.default.weight", (r, i), p.layer, a_split),
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer, b_split)]
     from llmem.components import lora_experts, lora_head  # mixtral's experts (ParamWrapper); the output layer's
-    from llmem.derive import lora_experts as derived_experts  # a traced MoE's (ParamWrapper)
 
-    return (out + lora_experts.adapter_params(spec, plan) + derived_experts.adapter_params(spec, plan)
-            + lora_head.adapter_params(spec, plan))
+    experts = lora_experts.adapter_params(spec, plan) + traced_experts.adapter_params(spec, plan)
+    return out + experts + lora_head.adapter_params(spec, plan)
 
 
 def _tp_splits(p: ParamTensor, plan: TrainingPlan) -> tuple[TpSplit, TpSplit]:

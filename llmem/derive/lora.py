@@ -19,8 +19,8 @@ layer 0 is a kind of its own (`activations.varied`; looked up as the first layer
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
 QLoRA's 4-bit base: `llmem.derive.quant`. Refused (one line naming the field): QLoRA's int8 base and the cases of
-`qlora_refusal`; on expert layers, targets that reach the experts
-or router, FSDP2 and TP (`moe_refusal`).
+`qlora_refusal`; on expert layers, MLP targets PEFT does not map onto the fused experts, FSDP2 and TP
+(`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -186,11 +186,11 @@ def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
 def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """LoRA on a derived mixture-of-experts model (`llmem.derive.experts`: grouped_mm experts, whose tensors have
     tokens × top_k rows whatever the routing, so the trace needs no routing values): modelled with named targets
-    that are `nn.Linear`s outside the MLP blocks (the experts stay frozen 3-D parameters), on one GPU or DDP /
-    ZeRO-1 (whose walk has the last layer's forward in flight, `Derived.forward_inflight_extra_bytes`). Not yet:
-    `all-linear` or MLP-block names (PEFT 0.21.2 maps them onto transformers 5's fused experts as `ParamWrapper`s,
-    `peft/utils/transformers_weight_conversion.py`, which the meta-device inventory does not count; a shared
-    expert's gate_proj alone makes PEFT raise), FSDP2 (--zero 2/3) and TP."""
+    that are `nn.Linear`s outside the MLP blocks, and with `all-linear` or MLP names where PEFT 0.21.2 maps them
+    onto the router and fused experts (`llmem.derive.lora_experts`: its ParamWrappers are in the traced program),
+    on one GPU or DDP / ZeRO-1 (whose walk has the last layer's forward in flight,
+    `Derived.forward_inflight_extra_bytes`). Not yet: `all-linear` or MLP names on a model PEFT does not rewrite
+    (gpt_oss, granitemoe), FSDP2 (--zero 2/3) and TP."""
     from llmem.components.lora import linear_weights
     from llmem.derive import lora_experts
     from llmem.plan import ALL_LINEAR

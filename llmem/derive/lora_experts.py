@@ -35,6 +35,11 @@ def converted(spec: ModelSpec) -> bool:
     return spec.derived is not None and spec.is_moe and spec.model_type in PATTERN_QWEN2_MOE
 
 
+def maps(spec: ModelSpec, name: str) -> bool:
+    """Whether PEFT maps this target (or Linear) name onto the router or fused experts, off `target_modules`."""
+    return converted(spec) and name.rsplit(".", 1)[-1] in MAPPED
+
+
 def mapped_targets(spec: ModelSpec, plan: TrainingPlan) -> frozenset:
     """The names of `MAPPED` the plan's targets reach (all of them with `all-linear`); none unless `converted`."""
     if not converted(spec):
