@@ -18,7 +18,7 @@ model); what the inventory lacks are the adapters themselves, `adapter_params`.
 
 from __future__ import annotations
 
-from llmem.errors import InputError
+from llmem.errors import REFUSED, InputError
 from llmem.plan import ALL_LINEAR, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
 
@@ -55,11 +55,11 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
     if len(names & {"gate_proj", "up_proj"}) == 1:
         have, missing = sorted(names & {"gate_proj", "up_proj"})[0], ({"gate_proj", "up_proj"} - names).pop()
         raise InputError("lora-targets", f"{have} on {spec.model_type} adapts the fused experts' gate_up_proj, "
-                         f"which PEFT refuses without {missing}; add {missing}")
+                         f"which PEFT refuses without {missing}; add {missing}", REFUSED)
     if names and plan.lora_dropout:
         raise InputError("lora-dropout", f"{', '.join(sorted(names))} on {spec.model_type} adapts the router or "
                          "the fused experts through PEFT's ParamWrapper, which refuses lora_dropout > 0; use "
-                         "--lora-dropout 0, or name the attention Linears (e.g. q_proj,v_proj)")
+                         "--lora-dropout 0, or name the attention Linears (e.g. q_proj,v_proj)", REFUSED)
 
 
 def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
