@@ -51,6 +51,7 @@ from llmem.components.lora_copies import (  # noqa: F401 (re-exported: `--lora-m
     saved_module_names,
     trains_copy,
 )
+from llmem.derive import lora_experts as traced_experts  # a traced MoE's ParamWrappers
 from llmem.errors import InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, TpSplit, per_spec
@@ -122,7 +123,7 @@ def layer0_targeted(spec: ModelSpec, plan: TrainingPlan) -> tuple[ParamTensor, .
 
 
 def _targeted(spec: ModelSpec, targets: str) -> tuple[ParamTensor, ...]:
-    linears = linear_weights(spec)
+    linears = tuple(p for p in linear_weights(spec) if not traced_experts.maps(spec, _module(p)))  # PEFT's
     if targets == ALL_LINEAR:
         return linears
     names = targets.split(",")
@@ -142,7 +143,7 @@ def validate(spec: ModelSpec, plan: TrainingPlan) -> None:
 
             check_supported(spec, plan, t)
             continue
-        if not any(_matches(m, t) for m in modules):
+        if not any(_matches(m, t) for m in modules) and not traced_experts.maps(spec, t):
             from llmem.components.lora_experts import v4_moe_name_refusal
 
             v4_moe_name_refusal(spec, t)
@@ -170,7 +171,8 @@ def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
                 ParamTensor(f"{m}.lora_B.default.weight", (o, r), p.layer, b_split)]
     from llmem.components import lora_experts, lora_head  # mixtral's experts (ParamWrapper); the output layer's
 
-    return out + lora_experts.adapter_params(spec, plan) + lora_head.adapter_params(spec, plan)
+    experts = lora_experts.adapter_params(spec, plan) + traced_experts.adapter_params(spec, plan)
+    return out + experts + lora_head.adapter_params(spec, plan)
 
 
 def _tp_splits(p: ParamTensor, plan: TrainingPlan) -> tuple[TpSplit, TpSplit]:

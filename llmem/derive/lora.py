@@ -19,8 +19,7 @@ layer 0 is a kind of its own (`activations.varied`; looked up as the first layer
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
 QLoRA's 4-bit base: `llmem.derive.quant`. Refused (one line naming the field): QLoRA's int8 base and the cases of
-`qlora_refusal`; on expert layers, targets that reach the experts
-or router, FSDP2 and TP (`moe_refusal`).
+`qlora_refusal`; on expert layers, MLP targets PEFT does not map onto the fused experts, and TP (`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
 
     import torch
     from peft import get_peft_model
+    from peft.tuners.lora.layer import ParamWrapper
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     from llmem.quiet import quiet_libraries
@@ -72,6 +72,7 @@ def wrap(model, key: tuple, checkpointed: bool = False):
         return module if dtype is None and device in (None, torch.device("cpu")) else to(module, *args, **kwargs)
 
     with mock.patch.object(BaseTunerLayer, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
+            mock.patch.object(ParamWrapper, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None), \
             mock.patch.object(torch.nn.Module, "to", same_device), mock.patch.object(copy, "deepcopy", _deepcopy), \
             quiet_libraries():
         if tag != "lora":  # --method qlora: the base quantized first, as `llmem.runtime.lora.apply_method` does
@@ -184,21 +185,25 @@ def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
 def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """LoRA on a derived mixture-of-experts model (`llmem.derive.experts`: grouped_mm experts, whose tensors have
     tokens × top_k rows whatever the routing, so the trace needs no routing values): modelled with named targets
-    that are `nn.Linear`s outside the MLP blocks (the experts stay frozen 3-D parameters), on one GPU or DDP /
-    ZeRO-1 (whose walk has the last layer's forward in flight, `Derived.forward_inflight_extra_bytes`). Not yet:
-    `all-linear` or MLP-block names (PEFT 0.21.2 maps them onto transformers 5's fused experts as `ParamWrapper`s,
-    `peft/utils/transformers_weight_conversion.py`, which the meta-device inventory does not count; a shared
-    expert's gate_proj alone makes PEFT raise), FSDP2 (--zero 2/3) and TP."""
+    that are `nn.Linear`s outside the MLP blocks, and with `all-linear` or MLP names where PEFT 0.21.2 maps them
+    onto the router and fused experts (`llmem.derive.lora_experts`: its ParamWrappers are in the traced program),
+    on one GPU, DDP / ZeRO-1 (whose walk has the last layer's forward in flight,
+    `Derived.forward_inflight_extra_bytes`) and FSDP2 ZeRO-2/3 (the walk of every scheme; the wrappers' adapters are
+    sharded as any parameter; measured on 2 ranks within 0.11 %, tests/derive/test_lora_experts.py). Not yet:
+    `all-linear` or MLP names on a model PEFT does not rewrite (gpt_oss, granitemoe), and TP."""
     from llmem.components.lora import linear_weights
+    from llmem.derive import lora_experts
     from llmem.plan import ALL_LINEAR
 
-    if plan.lora_targets == ALL_LINEAR:
+    lora_experts.check(spec, plan)
+    if plan.lora_targets == ALL_LINEAR and not lora_experts.converted(spec):
         return InputError("lora-targets", f"{name}: all-linear on a mixture-of-experts model may adapt its fused "
                           "experts (PEFT's ParamWrapper), which is not modelled yet; name the Linears, e.g. "
                           "q_proj,v_proj", GAP)
     mlp = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec) if ".mlp." in p.name}
     modules = {p.name.removesuffix(".weight").rsplit(".", 1)[-1] for p in linear_weights(spec)} - mlp
-    other = sorted({t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")} - modules)
+    named = set() if plan.lora_targets == ALL_LINEAR else {t.rsplit(".", 1)[-1] for t in plan.lora_targets.split(",")}
+    other = sorted(named - modules - lora_experts.mapped_targets(spec, plan))
     if other:  # an MLP name (a shared expert's gate_proj) PEFT also maps onto the fused experts' gate_up_proj
         return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
                           "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
@@ -207,9 +212,9 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
         return InputError("grad-ckpt", f"{name} under autocast: unless its last layer is checkpointed the peak is "
                           "that layer's forward (its clamped GLU experts' transients), measured 0.85 % above the "
                           "estimate (bf16-mixed; fp32, bf16 and fp16 within 0.005 %); use --grad-ckpt full", GAP)
-    if plan.zero >= 2 or plan.tp > 1:
-        return InputError("zero" if plan.zero >= 2 else "tp", f"{name}: mixture-of-experts models are measured on "
-                          "one GPU, DDP and ZeRO-1 so far; use --zero 0/1 and --tp 1", GAP)
+    if plan.tp > 1:
+        return InputError("tp", f"{name}: mixture-of-experts models are measured on one GPU, DDP, ZeRO-1 and FSDP2 "
+                          "(ZeRO-2/3) so far; use --tp 1", GAP)
     return None
 
 

@@ -62,7 +62,10 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 @pytest.mark.parametrize("family, plan, field", [
     ("olmo2", dict(method="qlora", quant="int8", precision="bf16"), "quant"),  # traced 4-bit: test_qlora_traced.py
-    ("qwen3_moe", dict(lora_targets="all-linear"), "lora-targets"),  # a derived MoE: PEFT may adapt its experts
+    ("gpt_oss", dict(lora_targets="all-linear", attn="eager", grad_ckpt="full"), "lora-targets"),  # no PEFT rewrite
+    ("qwen3_moe", dict(lora_targets="all-linear", lora_dropout=0.05), "lora-dropout"),  # PEFT's ParamWrapper refuses
+    ("glm4_moe", dict(lora_targets="up_proj,down_proj", lora_dropout=0.0), "lora-targets"),  # half of gate_up_proj
+    ("qwen3_moe", dict(lora_targets="q_proj,v_proj", tp=2, gpus=2), "tp"),  # TP on experts: not measured
     ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"), "grad-ckpt"),  # -0.85 %
     ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
