@@ -23,7 +23,8 @@ sizes it in the walk:
   backward  nll_loss's and log_softmax's fp32 gradients, the half logits gradient, the lm_head's gradients; per
             layer, last first, each parameter's gradient (a half gradient cast to the fp32 `.grad` under autocast,
             `ToCopyBackward0`) in reverse registration order, then the layer's saved tensors freed; the embedding's
-            `embedding_dense_backward` (accumulated in place into a tied weight's `.grad`).
+            `embedding_dense_backward` (a tied weight's: summed in place with the lm_head's under autocast, into a
+            new tensor outside it, where the waiting lm_head gradient is a view: `_backward`).
   step      per parameter group (`optimizer._group_bytes`: ZeRO-1 this rank's partition, TP the DTensor group and
             the plain one): in iteration 1 `_init_group`'s `exp_avg`, `exp_avg_sq` per tensor (`zeros_like`), then
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
@@ -34,10 +35,10 @@ Left out: the op-level temporaries that live for an op or two (norm statistics, 
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
 ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast or in fp32 the layers'
-forward and backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4
-full-size TP rows −0.6 … −0.0 %); TP in pure bf16 is not replayed. Plans outside `replays` keep the category rules
-(`reserved.reserved_bytes`).
+logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP the layers' forward and backward are
+written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4 full-size TP rows
+−0.6 … −0.0 %; pure bf16, docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the category
+rules (`reserved.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from llmem.components import autocast
 from llmem.components import communication as comm
 from llmem.components import request_stream_fsdp as fsdp
 from llmem.components import request_stream_tp as tp_ops
+from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
@@ -156,8 +158,7 @@ def _checkpointing(plan: TrainingPlan) -> bool:
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
-    scheme in `REPLAYED`; TP only under autocast or in fp32, whose layers are written op by op (`per_op`; TP in
-    pure bf16 keeps the category rules: its norms' casts are another op sequence, not written out)."""
+    scheme in `REPLAYED` (TP: its layers written op by op, `per_op`, under autocast, in fp32 or in pure bf16)."""
     return plan.scheme in REPLAYED and covers(spec, plan) and (plan.scheme is not Scheme.TP or per_op(plan))
 
 
@@ -313,7 +314,7 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
-        return tp_ops.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
+        return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
@@ -357,10 +358,10 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
             req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
-    if spec.tie_word_embeddings and per_op(plan) and not mixed:  # InputBuffer: the waiting lm_head gradient is a
+    if spec.tie_word_embeddings and not mixed:  # InputBuffer: the waiting lm_head gradient is a view (`.t()` of its
         head, grads[1] = grads[1], req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)
-        req.free(head, embed)  # view (`.t()` of its matmul's): `old + new`, a new sum (simulate's tied_accumulation)
-    elif spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
+        req.free(head, embed)  # matmul's; one GPU, DDP and TP alike): `old + new`, a new sum (`tied_accumulation`)
+    elif spec.tie_word_embeddings:  # autocast: a fresh `ToCopyBackward0` output, `old.add_(new)` in place
         req.free(embed)
     else:
         grads.append(embed)
