@@ -30,7 +30,8 @@ sizes it in the walk:
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
-`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md).
+`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). With every layer checkpointed under autocast
+(one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
@@ -50,6 +51,7 @@ from llmem.allocator_replay import peak_reserved
 from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
+from llmem.components import request_stream_ckpt as ckpt_ops
 from llmem.components import request_stream_fsdp as fsdp
 from llmem.components import request_stream_tp as tp_ops
 from llmem.components import request_stream_tp_forward as tp_forward
@@ -130,7 +132,8 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
     DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
     bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), no checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8, foreach AdamW
+    written out), no checkpointing (full: under FSDP2, or of every layer under autocast,
+    `request_stream_ckpt.applies`; selective is not written out), accumulation, offload or float8, foreach AdamW
     stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
@@ -152,8 +155,10 @@ def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
-    """None; under FSDP2 also full (every `ckpt_every`-th layer recomputed in its backward)."""
-    return plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
+    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward) or of every layer under
+    autocast elsewhere (`request_stream_ckpt.applies`)."""
+    return (plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
+            or ckpt_ops.applies(plan))
 
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -203,7 +208,7 @@ class _PlanSizes:
         saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
         self.tokens = tokens
-        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) else {}
+        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) or ckpt_ops.applies(plan) else {}
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
@@ -316,6 +321,8 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
+    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
+        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop())
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
@@ -330,12 +337,14 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     (`zero_grad`)."""
     half, l32 = sizes.half, sizes.l32
     mixed = autocast.applies(plan)
+    cached = kept.pop() if ckpt_ops.applies(plan) else []
     head = _head_numel(spec, plan)
     copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
     logits = req.alloc(half)
     upcast = req.alloc(l32) if sizes.upcast else 0
     lsm = req.alloc(l32)
     req.free(upcast)
+    req.free(*cached)  # autocast's exit (`torch.autocast.__exit__` clears its cache) before `loss.backward()`
     g_nll = req.alloc(l32)
     g_lsm = req.alloc(l32)
     req.free(g_nll, lsm)
@@ -347,7 +356,10 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
     if mixed:
         req.free(g_head)
-    if per_op(plan):
+    if ckpt_ops.applies(plan):
+        ckpt_ops.backward(req, spec, plan, kept, g_in, grads, dict(zip(sizes.names, sizes.table, strict=True)),
+                          sizes.tokens)
+    elif per_op(plan):
         tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
                         sizes.tokens)
     else:
