@@ -31,7 +31,7 @@ sizes it in the walk:
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
 `request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). With every layer checkpointed under autocast
-(one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
+(full or selective; one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
@@ -132,8 +132,8 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
     DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
     bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), no checkpointing (full: under FSDP2, or of every layer under autocast,
-    `request_stream_ckpt.applies`; selective is not written out), accumulation, offload or float8, foreach AdamW
+    written out), no checkpointing (but full under FSDP2, or every layer's, full or selective, under autocast:
+    `request_stream_ckpt.applies`), accumulation, offload or float8, foreach AdamW
     stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
@@ -155,8 +155,8 @@ def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
-    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward) or of every layer under
-    autocast elsewhere (`request_stream_ckpt.applies`)."""
+    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward); every layer's, full or
+    selective, under autocast elsewhere (`request_stream_ckpt.applies`)."""
     return (plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
             or ckpt_ops.applies(plan))
 
