@@ -1,11 +1,13 @@
 """`estimate`'s reserved high end against `simulate`'s caching-allocator replay at full size, both allocator settings.
 
     PYTHONPATH=. .venv/bin/python scripts/check_reserved.py [--cache out/check_reserved.jsonl] [--only MODEL ...]
+        [--scheme SCHEME ...]
         [--markdown FILE]
 
 Rows: the models of docs/notes/2026-11-26-reserved-model.md × the schemes of llmem/simulate/sweep.py (single, DDP,
-ZeRO-1/2/3 on 8, TP 2, TP 2 × FSDP2 on 8; llama-3.1-8b also ZeRO-3 with full checkpointing), micro-batch 1 × 2048,
-bf16-mixed, AdamW. `simulate` takes 10–60 s a row at full size, so its figures (peak, `max_memory_reserved` with
+ZeRO-1/2/3 on 8, TP 2, TP 2 × FSDP2 on 8), micro-batch 1 × 2048, bf16-mixed, AdamW; for some models (`FOR`) also
+ZeRO-3 and one GPU with full checkpointing, one GPU and DDP with selective checkpointing, one GPU in fp32 and TP 2
+in pure bf16. `simulate` takes 10–60 s a row at full size, so its figures (peak, `max_memory_reserved` with
 default and with expandable segments) are kept in the cache (JSON lines, one per row) and reused; the estimate is
 computed afresh each run. Prints one table row per plan and the distribution of est − sim for each setting.
 """
@@ -23,17 +25,24 @@ SCHEMES = {
     "single": {}, "ddp": {"gpus": 8}, "zero1": {"gpus": 8, "zero": 1}, "zero2": {"gpus": 8, "zero": 2},
     "zero3": {"gpus": 8, "zero": 3}, "tp": {"gpus": 2, "tp": 2}, "tp+zero3": {"gpus": 8, "tp": 2, "zero": 3},
     "zero3 ckpt": {"gpus": 8, "zero": 3, "grad_ckpt": "full"},
+    "single ckpt": {"grad_ckpt": "full"}, "single sel": {"grad_ckpt": "selective"},
+    "ddp sel": {"gpus": 8, "grad_ckpt": "selective"}, "single fp32": {"precision": "fp32"},
+    "tp bf16": {"gpus": 2, "tp": 2, "precision": "bf16"},
 }
+# schemes simulated for some models only (minutes a row at full size)
+FOR = {"zero3 ckpt": ["llama-3.1-8b"],
+       "single sel": ["qwen2.5-1.5b", "llama-3.1-8b"], "ddp sel": ["qwen3-4b"], "single fp32": ["qwen3-4b"],
+       "tp bf16": ["qwen2.5-1.5b", "llama-3.1-8b"]}
 BASE = {"batch_size": 1, "seq_len": 2048, "precision": "bf16-mixed"}
 GIB = 1 << 30
 
 
-def row_names(only: list[str] | None):
+def row_names(only: list[str] | None, schemes: list[str] | None = None):
     for model in MODELS:
         if only and model not in only:
             continue
         for scheme in SCHEMES:
-            if scheme == "zero3 ckpt" and model != "llama-3.1-8b":
+            if model not in FOR.get(scheme, [model]) or (schemes and scheme not in schemes):
                 continue
             yield model, scheme
 
@@ -49,7 +58,7 @@ def simulated(model: str, scheme: str, cache: Path) -> dict:
     from llmem.presets import load_preset
     from llmem.simulate import simulate
 
-    sim = simulate(load_preset(model), TrainingPlan(**BASE, **SCHEMES[scheme]))
+    sim = simulate(load_preset(model), TrainingPlan(**(BASE | SCHEMES[scheme])))
     r = {"model": model, "scheme": scheme, "peak": sim.peak_bytes, "reserved": sim.reserved_bytes,
          "expandable": sim.reserved_expandable_bytes, "at_reset": sim.reserved_at_reset_bytes}
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +75,7 @@ def estimated(model: str, scheme: str) -> tuple[int, int, int]:
     from llmem.spec import ModelSpec
 
     spec = ModelSpec.from_config(load_preset(model))
-    plan = TrainingPlan(**BASE, **SCHEMES[scheme])
+    plan = TrainingPlan(**(BASE | SCHEMES[scheme]))
     est = estimate(spec, plan)
     exp = estimate(spec, plan.with_(alloc_conf="expandable-segments"))
     return est.peak_bytes, est.reserved_bytes_range[1], exp.reserved_bytes_range[1]
@@ -94,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", default="out/check_reserved.jsonl")
     p.add_argument("--only", nargs="*", default=None, help="model presets")
+    p.add_argument("--scheme", nargs="*", default=None, help="schemes (keys of SCHEMES)")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     args = p.parse_args(argv)
     rows = []
-    for model, scheme in row_names(args.only):
+    for model, scheme in row_names(args.only, args.scheme):
         sim = simulated(model, scheme, Path(args.cache))
         rows.append((model, scheme, sim, estimated(model, scheme)))
         print(f"{model:<18}{scheme:<12}done", file=sys.stderr, flush=True)

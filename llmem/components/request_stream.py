@@ -23,21 +23,23 @@ sizes it in the walk:
   backward  nll_loss's and log_softmax's fp32 gradients, the half logits gradient, the lm_head's gradients; per
             layer, last first, each parameter's gradient (a half gradient cast to the fp32 `.grad` under autocast,
             `ToCopyBackward0`) in reverse registration order, then the layer's saved tensors freed; the embedding's
-            `embedding_dense_backward` (accumulated in place into a tied weight's `.grad`).
+            `embedding_dense_backward` (a tied weight's: summed in place with the lm_head's under autocast, into a
+            new tensor outside it, where the waiting lm_head gradient is a view: `_backward`).
   step      per parameter group (`optimizer._group_bytes`: ZeRO-1 this rank's partition, TP the DTensor group and
             the plain one): in iteration 1 `_init_group`'s `exp_avg`, `exp_avg_sq` per tensor (`zeros_like`), then
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
-`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md).
+`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). With every layer checkpointed under autocast
+(full or selective; one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
 ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP with autocast or in fp32 the layers'
-forward and backward are written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4
-full-size TP rows −0.6 … −0.0 %); TP in pure bf16 is not replayed. Plans outside `replays` keep the category rules
-(`reserved.reserved_bytes`).
+logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP the layers' forward and backward are
+written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4 full-size TP rows
+−0.6 … −0.0 %; pure bf16, docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the category
+rules (`reserved.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ from llmem.allocator_replay import peak_reserved
 from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
+from llmem.components import request_stream_ckpt as ckpt_ops
 from llmem.components import request_stream_fsdp as fsdp
 from llmem.components import request_stream_tp as tp_ops
+from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
@@ -128,7 +132,8 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
     DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
     bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), no checkpointing (FSDP2: full checkpointing too), accumulation, offload or float8, foreach AdamW
+    written out), no checkpointing (but full under FSDP2, or every layer's, full or selective, under autocast:
+    `request_stream_ckpt.applies`), accumulation, offload or float8, foreach AdamW
     stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
@@ -150,14 +155,15 @@ def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
-    """None; under FSDP2 also full (every `ckpt_every`-th layer recomputed in its backward)."""
-    return plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
+    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward); every layer's, full or
+    selective, under autocast elsewhere (`request_stream_ckpt.applies`)."""
+    return (plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
+            or ckpt_ops.applies(plan))
 
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Whether the high end of reserved memory (default segments) is this replay's: a plan `covers` accepts, of a
-    scheme in `REPLAYED`; TP only under autocast or in fp32, whose layers are written op by op (`per_op`; TP in
-    pure bf16 keeps the category rules: its norms' casts are another op sequence, not written out)."""
+    scheme in `REPLAYED` (TP: its layers written op by op, `per_op`, under autocast, in fp32 or in pure bf16)."""
     return plan.scheme in REPLAYED and covers(spec, plan) and (plan.scheme is not Scheme.TP or per_op(plan))
 
 
@@ -202,7 +208,7 @@ class _PlanSizes:
         saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
         self.tokens = tokens
-        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) else {}
+        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) or ckpt_ops.applies(plan) else {}
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
@@ -313,8 +319,10 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
-        return tp_ops.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
+        return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
+    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
+        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop())
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
@@ -329,12 +337,14 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     (`zero_grad`)."""
     half, l32 = sizes.half, sizes.l32
     mixed = autocast.applies(plan)
+    cached = kept.pop() if ckpt_ops.applies(plan) else []
     head = _head_numel(spec, plan)
     copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
     logits = req.alloc(half)
     upcast = req.alloc(l32) if sizes.upcast else 0
     lsm = req.alloc(l32)
     req.free(upcast)
+    req.free(*cached)  # autocast's exit (`torch.autocast.__exit__` clears its cache) before `loss.backward()`
     g_nll = req.alloc(l32)
     g_lsm = req.alloc(l32)
     req.free(g_nll, lsm)
@@ -346,7 +356,10 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     grads = [logits, req.alloc(head * plan.precision.param_bytes) if mixed else g_head]
     if mixed:
         req.free(g_head)
-    if per_op(plan):
+    if ckpt_ops.applies(plan):
+        ckpt_ops.backward(req, spec, plan, kept, g_in, grads, dict(zip(sizes.names, sizes.table, strict=True)),
+                          sizes.tokens)
+    elif per_op(plan):
         tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
                         sizes.tokens)
     else:
@@ -357,10 +370,10 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
             req.free(*reversed(kept[layer + 1]))
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
-    if spec.tie_word_embeddings and per_op(plan) and not mixed:  # InputBuffer: the waiting lm_head gradient is a
+    if spec.tie_word_embeddings and not mixed:  # InputBuffer: the waiting lm_head gradient is a view (`.t()` of its
         head, grads[1] = grads[1], req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)
-        req.free(head, embed)  # view (`.t()` of its matmul's): `old + new`, a new sum (simulate's tied_accumulation)
-    elif spec.tie_word_embeddings:  # accumulated in place into the tied weight's .grad
+        req.free(head, embed)  # matmul's; one GPU, DDP and TP alike): `old + new`, a new sum (`tied_accumulation`)
+    elif spec.tie_word_embeddings:  # autocast: a fresh `ToCopyBackward0` output, `old.add_(new)` in place
         req.free(embed)
     else:
         grads.append(embed)

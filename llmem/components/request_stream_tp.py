@@ -1,17 +1,22 @@
 """A decoder layer's backward under tensor parallelism written out op by op for `request_stream`'s replay: the
-temporaries that decide which freed blocks the fp32 weight gradients split (docs/notes/2026-11-27-tp-request-stream.md).
+temporaries that decide which freed blocks the fp32 weight gradients split (docs/notes/2026-11-27-tp-request-stream.md);
+its forward is `request_stream_tp_forward`'s.
 
 Under TP the backward of every ColwiseParallel Linear (q, k, v, gate, up) all-reduces its input gradient
 (torch 2.13 torch/distributed/tensor/parallel/style.py `ColwiseParallel._prepare_input_fn`: the input is
 redistributed from Replicate, whose backward is a partial-to-replicate all-reduce of the gradient, a new tensor of
-the input's shape and dtype: under autocast the layer's fp32 residual stream), and the two gradients of a block are
-summed in fp32 (`add`). Around them the op-level tensors of the llama-like layer's backward (transformers 5.23
+the input's shape and dtype: the residual stream's, fp32 under autocast), and the two gradients of a block are
+summed in that dtype (`add`). Around them the op-level tensors of the llama-like layer's backward (transformers 5.23
 models/llama/modeling_llama.py: RMSNorm, rotate_half RoPE, SDPA, the gated MLP), each allocated and freed where
 autograd does: the half gradient of a Linear's output (the autocast cast's backward, `ToCopyBackward0`), the half
 weight gradient then its fp32 cast (`.grad`), the input gradient cast back to fp32, RMSNorm's backward products in
 fp32, RoPE's `slice_backward`/`neg` pieces; the layer's saved tensors freed as the op that reads them finishes.
 Only the large pool's requests (> 1 MiB at full size) and the gradients are written; small temporaries live in
 their own pool. The order follows `simulate`'s record of the real program (qwen2.5-1.5b, TP 2, bf16-mixed) op by op.
+In pure bf16 (no autocast) the residual stream, RoPE and the Linears are in bf16 and RMSNorm casts its input to fp32
+and its normalized product back (`hidden_states.to(torch.float32)` ... `.to(input_dtype)`): it saves the fp32 copy,
+not its input, so a layer's input and its mid-layer residual die as the layer returns (`_norm_forward`,
+`_norm_half`; the order of qwen2.5-0.5b TP 2, 1 × 1024, pure bf16's record).
 """
 
 from __future__ import annotations
@@ -25,20 +30,8 @@ F32 = 4
 
 
 def applies(plan) -> bool:
-    """Whether the layers are written op by op: TP under autocast or in fp32 (`request_stream.per_op`)."""
-    return plan.tp > 1 and (autocast.applies(plan) or plan.precision.compute_bytes == F32)
-
-
-def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
-    """Each layer's forward (`layer_forward`) on the embedding's output `embedded`; returns [[], each layer's kept
-    tensors by name ..., [the last layer's output]]."""
-    kept: list = [[]]
-    res = embedded
-    for layer in range(spec.num_layers):
-        req.mark(f"layer {layer} forward")
-        named, res = layer_forward(req, spec, plan, layer, table, res, tokens)
-        kept.append(named)
-    return [*kept, [res]]
+    """Whether the layers are written op by op (`request_stream.per_op`): under TP (autocast, fp32 or pure bf16)."""
+    return plan.tp > 1
 
 
 def backward(req, spec, plan, kept: list, g_in: int, grads: list, grad, tokens: int) -> None:
@@ -59,9 +52,13 @@ class _Layer:
     def __init__(self, spec, plan, layer: int, tokens: int | None) -> None:
         c = plan.precision.compute_bytes
         self.cast = autocast.applies(plan)  # autocast's copies and casts; else (fp32) the tensors themselves
+        # pure half precision: RMSNorm casts its input to fp32 and its output back (`hidden_states.to(float32)`)
+        self.norm_cast = not self.cast and c != F32
+        self.rope = F32 if self.cast else c  # RoPE's products: fp32 under autocast, else the compute dtype
         self.c, self.tokens, self.head_dim = c, tokens, spec.head_dim
-        self.f_th, self.c_th = (("tp f_th", "tp c_th") if tokens is None
-                                else (tokens * spec.hidden_size * F32, tokens * spec.hidden_size * c))
+        r = plan.precision.param_bytes  # the residual stream: the parameters' dtype
+        self.f_th, self.c_th, self.r_th = (("tp f_th", "tp c_th", "tp r_th") if tokens is None else
+                                           (tokens * spec.hidden_size * n for n in (F32, c, r)))
         self.linear, self.bias = {}, {}
         for p in spec.layer_params(layer):
             short = p.name.split(".")[-2]
@@ -86,7 +83,7 @@ def slots(spec, plan, tokens: int) -> dict:
     """The sizes of a layout's op-by-op stream that follow the micro-batch and the sequence, by slot name (every
     layer of a llama-like decoder has layer 0's shapes)."""
     s = _Layer(spec, plan, 0, tokens)
-    named = {"tp f_th": s.f_th, "tp c_th": s.c_th}
+    named = {"tp f_th": s.f_th, "tp c_th": s.c_th, "tp r_th": s.r_th}
     for name in s.width:
         for nbytes in (s.c, F32):
             named[f"tp {name} {nbytes}"] = s.rows(name, nbytes)
@@ -109,14 +106,16 @@ def layer_backward(req, spec, plan, layer: int, kept: dict, g_res: int, grad, to
     return grads, g_out
 
 
-def final_norm_backward(req, spec, plan, d_out: int, tokens: int, residual: int) -> int:
+def final_norm_backward(req, spec, plan, d_out: int, tokens: int, final) -> int:
     """The final RMSNorm's backward on the lm_head's input gradient (`d_out`, the compute dtype): cast to fp32, the
-    norm's products; returns the residual stream's gradient into the last layer."""
+    norm's products; returns the residual stream's gradient into the last layer. `final`: the norm's input (the last
+    layer's output), or in pure half precision its saved tensors by name (`request_stream_tp_forward.forward`)."""
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
     x32 = req.alloc(s.f_th) if s.cast else d_out
     if s.cast:
         req.free(d_out)
-    return _norm(req, s, _Freer(req, {"input": residual}), x32, 0, "norm", "input")
+    saved = final if isinstance(final, dict) else {"input": final}
+    return _norm(req, s, _Freer(req, saved), x32, 0, "norm", "input")
 
 
 class _Freer:
@@ -159,7 +158,7 @@ def _linear(req, s: _Layer, free: _Freer, grads: list, grad, name: str, d_out: i
         grads.append(d_w)
         if name in s.bias:
             grads.append(grad(local_numel(s.bias[name], s.plan), False))
-        return all_reduce(req, s.plan, d_x, s.f_th)
+        return all_reduce(req, s.plan, d_x, s.r_th)
     x32 = req.alloc(s.f_th)
     req.free(d_x)
     grads.append(req.alloc(numel * s.plan.precision.param_bytes))
@@ -201,7 +200,7 @@ def _mlp(req, s: _Layer, free: _Freer, grads: list, grad) -> int:
     req.free(d_silu)
     free("gate_proj")
     a_gate = _linear(req, s, free, grads, grad, "gate_proj", d_gate, ("post_attention_layernorm.output",))
-    acc = req.alloc(s.f_th)
+    acc = req.alloc(s.r_th)
     req.free(a_up, a_gate)
     return acc
 
@@ -209,6 +208,8 @@ def _mlp(req, s: _Layer, free: _Freer, grads: list, grad) -> int:
 def _norm(req, s: _Layer, free: _Freer, d_out: int, g_res: int, norm: str, residual: str) -> int:
     """RMSNorm's backward in fp32 (x · rsqrt(mean(x²) + eps) · w: the products `mul`, `div`, `pow`), then the
     residual stream's gradient summed with the incoming one; returns its key."""
+    if s.norm_cast:
+        return _norm_half(req, s, free, d_out, g_res, norm)
     m1, m2 = req.alloc(s.f_th), req.alloc(s.f_th)
     req.free(m2, d_out)
     free(f"{norm}.normalized", f"{norm}.output")
@@ -225,10 +226,36 @@ def _norm(req, s: _Layer, free: _Freer, d_out: int, g_res: int, norm: str, resid
     return out
 
 
+def _norm_half(req, s: _Layer, free: _Freer, d_out: int, g_res: int, norm: str) -> int:
+    """`_norm` in pure half precision: the weight's products in the compute dtype, the gradient cast to fp32
+    (`.to(input_dtype)`'s backward), the fp32 products, their sum cast back (`.to(float32)`'s backward), then summed
+    with the incoming residual gradient (the input itself is not saved: its fp32 copy is)."""
+    m1, m2 = req.alloc(s.c_th), req.alloc(s.c_th)
+    req.free(m2, d_out)
+    free(f"{norm}.normalized", f"{norm}.output")
+    x32 = req.alloc(s.f_th)
+    req.free(m1)
+    m3, m4 = req.alloc(s.f_th), req.alloc(s.f_th)
+    req.free(m3, x32)
+    free(f"{norm}.rsqrt")
+    d, pw, ms, mt = (req.alloc(s.f_th) for _ in range(4))
+    req.free(ms, pw, d)
+    free(f"{norm}.to_fp32")
+    add = req.alloc(s.f_th)
+    req.free(m4, mt)
+    cast = req.alloc(s.c_th)
+    req.free(add)
+    if not g_res:
+        return cast
+    out = req.alloc(s.c_th)
+    req.free(g_res, cast)
+    return out
+
+
 def _rope(req, s: _Layer, x32: int, name: str) -> int:
     """rotate_half's backward on q or k (`apply_rotary_pos_emb`): fp32 products, half casts, `neg`,
     two `slice_backward`, their sums; returns the gradient of the projection's output."""
-    f, c = s.rows(name, F32), s.rows(name, s.c)
+    f, c = s.rows(name, s.rope), s.rows(name, s.c)
     m = req.alloc(f)
     c1 = req.alloc(c) if s.cast else m  # fp32: no half casts, the products themselves
     if s.cast:
@@ -287,100 +314,10 @@ def _attention(req, s: _Layer, free: _Freer, grads: list, grad, g_mid: int) -> i
     a_v = _linear(req, s, free, grads, grad, "v_proj", dv, ())
     a_k = _linear(req, s, free, grads, grad, "k_proj", _contiguous(req, s, dk, "k_proj"), ())
     free.prefix("k_norm")
-    acc = req.alloc(s.f_th)
+    acc = req.alloc(s.r_th)
     req.free(a_v, a_k)
     a_q = _linear(req, s, free, grads, grad, "q_proj", _contiguous(req, s, dq, "q_proj"), ("input_layernorm.output",))
     free.prefix("q_norm")
-    out = req.alloc(s.f_th)
+    out = req.alloc(s.r_th)
     req.free(acc, a_q)
     return out
-
-
-def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, tokens: int) -> tuple[dict, int]:
-    """One layer's forward op by op (the order of `simulate`'s record, as `layer_backward`): RMSNorm's fp32
-    products, autocast's half weight copies and input casts per Linear, the q/k/v outputs, RoPE in fp32 with its
-    half casts for SDPA, the RowwiseParallel outputs' all-reduce (`RowwiseParallel._prepare_output_fn`: Partial to
-    Replicate, a new tensor) before the fp32 residual add. `table` the layer's saved tensors by name (sizes);
-    `residual` the key of the layer's input. Returns the kept tensors by name (weight copies by parameter name) and
-    the layer's output's key. A saved tensor this does not make (qwen3's q/k norms) is allocated after the layer."""
-    s = _Layer(spec, plan, layer, tokens)
-    kept = {"input (residual stream)": residual}
-    o1 = _norm_forward(req, s, kept, table, "input_layernorm")
-    out = {}
-    for name in ("q_proj", "k_proj", "v_proj"):
-        _copy(req, s, kept, name)
-        out[name] = req.alloc(s.rows(name, s.c))
-    kept["v_proj"] = out.pop("v_proj")
-    qe, ke = _rope_forward(req, s, "q_proj"), _rope_forward(req, s, "k_proj")
-    req.free(out["q_proj"], out["k_proj"])
-    if s.cast:  # SDPA's inputs in the compute dtype, RoPE's fp32 outputs freed after o_proj
-        kept["k_embed (RoPE)"] = req.alloc(s.rows("k_proj", s.c))
-        kept["q_embed (RoPE)"] = req.alloc(s.rows("q_proj", s.c))
-        temps = (qe, ke, o1)
-    else:
-        kept["k_embed (RoPE)"], kept["q_embed (RoPE)"], temps = ke, qe, ()
-    kept["sdpa output"] = req.alloc(s.rows("q_proj", s.c))
-    _keep(req, kept, "sdpa logsumexp", table.get("sdpa logsumexp", 0))
-    mid = _row_parallel(req, s, kept, "o_proj", temps)
-    kept["residual after attention"] = mid
-    o2 = _norm_forward(req, s, kept, table, "post_attention_layernorm")
-    for name, saved in (("gate_proj", ("gate_proj", "silu(gate)")), ("up_proj", ("up_proj", "silu(gate) * up"))):
-        _copy(req, s, kept, name)
-        for n in saved:
-            kept[n] = req.alloc(s.rows(name, s.c))
-    res = _row_parallel(req, s, kept, "down_proj", (o2,) if s.cast else ())
-    for name, nbytes in table.items():
-        if name not in kept and not name.startswith("autocast input"):
-            _keep(req, kept, name, nbytes)
-    return kept, res
-
-
-def _keep(req, kept: dict, name: str, nbytes) -> None:
-    if nbytes.__class__ is str or nbytes > 0:
-        kept[name] = req.alloc(nbytes)
-
-
-def _copy(req, s: _Layer, kept: dict, name: str, cast_input: bool = True) -> None:
-    """Autocast's half copy of the Linear's weight and of its fp32 input (both saved by the matmul); fp32: none."""
-    if not s.cast:
-        return
-    p = s.linear[name]
-    kept[p.name] = req.alloc(local_numel(p, s.plan) * s.c)
-    if cast_input:
-        kept[f"input cast {name}"] = req.alloc(s.c_th)
-
-
-def _norm_forward(req, s: _Layer, kept: dict, table: dict, norm: str) -> int:
-    """RMSNorm in fp32: `pow` (freed), the rsqrt and the normalized input (saved), the weighted output (returned)."""
-    req.free(req.alloc(s.f_th))
-    _keep(req, kept, f"{norm}.rsqrt", table.get(f"{norm}.rsqrt", 0))
-    kept[f"{norm}.normalized"] = req.alloc(s.f_th)
-    if s.cast:  # the weighted output, cast per Linear (`_copy`)
-        return req.alloc(s.f_th)
-    kept[f"{norm}.output"] = req.alloc(s.f_th)  # fp32: the Linears' saved input itself
-    return 0
-
-
-def _rope_forward(req, s: _Layer, name: str) -> int:
-    """`apply_rotary_pos_emb` on q or k: x · cos (fp32), rotate_half's `neg` and `cat` (half), · sin, the sum."""
-    f, c = s.rows(name, F32), s.rows(name, s.c)
-    m1 = req.alloc(f)
-    ng = req.alloc(s.rows(name, s.c, half=True))
-    cat = req.alloc(c)
-    req.free(ng)
-    m2 = req.alloc(f)
-    req.free(cat)
-    out = req.alloc(f)
-    req.free(m1, m2)
-    return out
-
-
-def _row_parallel(req, s: _Layer, kept: dict, name: str, temps: tuple) -> int:
-    """A RowwiseParallel Linear: its half weight copy (saved), the partial output, the all-reduce's output, then the
-    fp32 residual sum; returns the sum's key."""
-    _copy(req, s, kept, name, cast_input=False)  # its input (SDPA's, the MLP product) is already half
-    reduced = all_reduce(req, s.plan, req.alloc(s.c_th), s.c_th)
-    req.free(*temps)
-    res = req.alloc(s.f_th)
-    req.free(reduced)
-    return res

@@ -1,0 +1,150 @@
+"""Checkpointed decoder layers under autocast, op by op, for `request_stream`'s replay (one GPU, DDP, ZeRO-1 with
+`--grad-ckpt full`, every layer, or `selective`; docs/notes/2026-11-27-reserved-tp-bf16.md).
+
+Forward: non-reentrant `torch.utils.checkpoint` (torch 2.13 torch/utils/checkpoint.py) saves nothing of the layer
+but its input, so each tensor dies after its last reader, and autocast's half weight copies stay in its cache
+(`cached_casts`, aten/src/ATen/autocast_mode.cpp: a leaf fp32 weight's cast is kept to the autocast region's exit,
+before `loss.backward()`). Backward, per layer, last first: the recompute (the forward again, saving what autograd
+saves: `request_stream_tp_forward.layer_forward` at one rank) on the kept input, then the layer's backward
+(`request_stream_tp.layer_backward`, whose all-reduces are the tensors themselves at one rank). The forward's order
+is `simulate`'s record (qwen2.5-0.5b, 1 × 1024, bf16-mixed; transformers 5.23 models/llama/modeling_llama.py).
+Selective (torchtitan's policy, `llmem.runtime.selective`): the forward also keeps the outputs the policy saves
+(`policy_saved`); the recompute takes them out of the checkpoint's cache as it reaches their ops (here: freed as it
+starts, made again by it), but for an output dispatched after the layer's last pack (the down projection's), which
+the early-stopped recompute never takes out: it stays to the end of the layer's backward (`SavedOutputs.extra`)."""
+
+from __future__ import annotations
+
+from llmem.choices import GradCkpt
+from llmem.components import autocast
+from llmem.components import request_stream_tp as tp_ops
+from llmem.components import request_stream_tp_forward as tp_forward
+from llmem.components.request_stream_tp import F32, _Layer
+from llmem.components.sharding import FSDP_SCHEMES, local_numel
+
+
+def applies(plan) -> bool:
+    """One GPU, DDP, ZeRO-1 with every layer checkpointed (`--grad-ckpt full` with `ckpt_every` 1, or `selective`)
+    under autocast."""
+    every = plan.grad_ckpt is GradCkpt.SELECTIVE or (plan.grad_ckpt is GradCkpt.FULL and plan.ckpt_every == 1)
+    return every and autocast.applies(plan) and plan.tp == 1 and plan.scheme not in FSDP_SCHEMES
+
+
+def forward(req, spec, plan, tokens, embedded: int) -> list:
+    """Each layer checkpointed on the previous one's output (the embedding's first), the inputs kept by the
+    checkpoints; returns [[], [each layer's input] ..., [the last layer's output], the cached weight copies]."""
+    cached: list = []
+    kept, res = [[]], embedded
+    for layer in range(spec.num_layers):
+        kept.append([res])
+        res = layer_forward(req, spec, plan, layer, tokens, cached, kept[-1])
+    return [*kept, [res], cached]
+
+
+def backward(req, spec, plan, kept: list, g_in: int, grads: list, table: dict, tokens) -> None:
+    """The final norm's backward, then per layer, last first, its recompute (the op-by-op forward of
+    `request_stream_tp_forward`, saving what autograd saves, on the kept input; its output dropped) and its
+    backward (`request_stream_tp.layer_backward`: at one rank its all-reduces are the tensors themselves)."""
+    g_res = tp_ops.final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    for layer in reversed(range(spec.num_layers)):
+        inp, *held = kept[layer + 1]
+        extra = [k for n, k in held if n == LINEARS[-1]]  # dispatched after the last pack: never taken out
+        req.free(*(k for n, k in held if k not in extra))  # taken out of the cache as the recompute reaches them
+        named, out = tp_forward.layer_forward(req, spec, plan, layer, table, inp, tokens)
+        req.free(out)
+        new, g_res = tp_ops.layer_backward(req, spec, plan, layer, named, g_res, _grad(req, plan), tokens)
+        req.free(*extra)
+        grads.extend(new)
+    req.free(g_res)
+
+
+def _grad(req, plan):
+    return lambda numel, cast: req.alloc(numel * plan.precision.param_bytes)
+
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def policy_saved(spec, plan, layer: int = 0) -> set:
+    """Selective: the outputs torchtitan's policy saves (`llmem.runtime.selective.policy`): SDPA's and every
+    odd-numbered `aten.mm` of the layer's forward (a Linear with a bias runs `addmm`, not in the save list)."""
+    if plan.grad_ckpt is not GradCkpt.SELECTIVE:
+        return set()
+    biased = {p.name.split(".")[-2] for p in spec.layer_params(layer) if p.name.endswith(".bias")}
+    mms = [n for n in LINEARS if n not in biased]
+    return {"sdpa"} | set(mms[::2])
+
+
+def layer_forward(req, spec, plan, layer: int, tokens, cached: list, kept: list) -> int:
+    """One checkpointed layer on the input the caller keeps; its weight copies appended to `cached`, the policy's
+    saved outputs (selective) to `kept` as (name, key); returns the key of its output."""
+    s = _Layer(spec, plan, layer, tokens)
+    keep = policy_saved(spec, plan, layer)
+    held: set = set()
+
+    def made(name: str, key: int) -> int:
+        if name in keep:
+            kept.append((name, key))
+            held.add(key)
+        return key
+
+    def drop(*keys: int) -> None:
+        req.free(*(k for k in keys if k not in held))
+
+    o1 = _norm(req, s)
+    out = {n: made(n, _linear(req, s, cached, n, cast=True)) for n in ("q_proj", "k_proj", "v_proj")}
+    qe, ke = _rope(req, s, "q_proj"), _rope(req, s, "k_proj")
+    drop(out["q_proj"], out["k_proj"])
+    qc, kc = req.alloc(s.rows("q_proj", s.c)), req.alloc(s.rows("k_proj", s.c))
+    sdpa = made("sdpa", req.alloc(s.rows("q_proj", s.c)))
+    req.free(qc, kc)
+    o = made("o_proj", _linear(req, s, cached, "o_proj", cast=False))
+    drop(qe, ke, o1, sdpa, out["v_proj"])
+    mid = req.alloc(s.f_th)
+    drop(o)
+    o2 = _norm(req, s)
+    g = made("gate_proj", _linear(req, s, cached, "gate_proj", cast=True))
+    silu = req.alloc(s.rows("gate_proj", s.c))
+    drop(g)
+    u = made("up_proj", _linear(req, s, cached, "up_proj", cast=True))
+    prod = req.alloc(s.rows("up_proj", s.c))
+    drop(silu, u)
+    d = made("down_proj", _linear(req, s, cached, "down_proj", cast=False))
+    req.free(prod, o2)
+    res = req.alloc(s.f_th)
+    drop(d, mid)
+    return res
+
+
+def _norm(req, s: _Layer) -> int:
+    """RMSNorm in fp32: `pow` (freed), the normalized product, the weighted output (returned), the product freed."""
+    req.free(req.alloc(s.f_th))
+    n32 = req.alloc(s.f_th)
+    out = req.alloc(s.f_th)
+    req.free(n32)
+    return out
+
+
+def _linear(req, s: _Layer, cached: list, name: str, cast: bool) -> int:
+    """Autocast's half weight copy (cached), the input's half cast (freed after the matmul), the output."""
+    p = s.linear[name]
+    cached.append(req.alloc(local_numel(p, s.plan) * s.c))
+    x = req.alloc(s.c_th) if cast else 0
+    out = req.alloc(s.c_th if name in ("o_proj", "down_proj") else s.rows(name, s.c))
+    req.free(x)
+    return out
+
+
+def _rope(req, s: _Layer, name: str) -> int:
+    """`apply_rotary_pos_emb` on q or k under autocast: x · cos in fp32, rotate_half's `neg` and `cat` (half), · sin,
+    the fp32 sum (returned)."""
+    f, c = s.rows(name, F32), s.rows(name, s.c)
+    m1 = req.alloc(f)
+    ng = req.alloc(s.rows(name, s.c, half=True))
+    cat = req.alloc(c)
+    req.free(ng)
+    m2 = req.alloc(f)
+    req.free(cat)
+    out = req.alloc(f)
+    req.free(m1, m2)
+    return out
