@@ -11,6 +11,7 @@ if "LLMEM_CACHE_DIR" not in os.environ:
     os.environ["LLMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="llmem-derive-")
     atexit.register(shutil.rmtree, os.environ["LLMEM_CACHE_DIR"], ignore_errors=True)
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 # Repeatable property tests: the same examples on every run and machine (CI must not turn red by chance).
@@ -24,3 +25,21 @@ def pytest_configure(config):
     environment so xdist's workers see it too."""
     expr = (config.getoption("markexpr", "") or "").strip()
     os.environ["LLMEM_HEAVY_RUN"] = "0" if expr == "not heavy" else "1"
+
+
+HEAVY_LIST = os.path.join(os.path.dirname(__file__), "heavy_list.txt")
+
+
+def heavy_ids() -> set[str]:
+    """The node ids of tests/heavy_list.txt: tests kept out of the default run for its time budget."""
+    with open(HEAVY_LIST) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests tests/heavy_list.txt names `heavy`, before `-m` selects (hence tryfirst)."""
+    ids = heavy_ids()
+    for item in items:
+        if item.nodeid in ids:
+            item.add_marker(pytest.mark.heavy)
