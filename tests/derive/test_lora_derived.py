@@ -61,7 +61,7 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 
 @pytest.mark.parametrize("family, plan, field", [
-    ("olmo2", dict(method="qlora", quant="int8", precision="bf16"), "quant"),  # traced 4-bit: test_qlora_traced.py
+    ("olmo2", dict(method="qlora", quant="int8", precision="bf16", gpus=2, zero=1), "zero"),  # test_qlora_traced.py
     ("qwen3_moe", dict(lora_targets="all-linear"), "lora-targets"),  # a derived MoE: PEFT may adapt its experts
     ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"), "grad-ckpt"),  # -0.85 %
     ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
