@@ -141,8 +141,8 @@ def test_a_meta_device_spec_gets_derived_tables_and_refuses_what_they_do_not_cov
     assert e.value.field == "model_type" and "forward fails" in str(e.value)
     spec = ModelSpec.from_config({**config, "num_key_value_heads": 4})
     assert spec.derived is not None and estimate(spec, TrainingPlan(seq_len=64)).peak_bytes > 0
-    qlora = TrainingPlan(method="qlora", quant="int8", precision="bf16")  # traced 4-bit bases run; 8-bit: not yet
-    for plan, field in ((TrainingPlan(gpus=2, tp=2), "tp"), (qlora, "quant")):
+    qlora = TrainingPlan(method="qlora", quant="int8", precision="bf16", gpus=2, zero=1)  # traced: one GPU and DDP
+    for plan, field in ((TrainingPlan(gpus=2, tp=2), "tp"), (qlora, "zero")):
         with pytest.raises(InputError) as e:
             estimate(spec, plan)
         assert e.value.field == field

@@ -75,6 +75,11 @@ def embedding_leaf_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     +16,384 B in fp32)."""
     from llmem.components.lora_activations import embeddings_require_grad
 
-    if not (is_lora(plan) and embeddings_require_grad(plan)):
+    if spec.derived is not None and is_lora(plan):  # traced QLoRA too: transformers' own hook
+        from llmem.derive.lora import input_requires_grad
+
+        if not input_requires_grad(plan):
+            return 0
+    elif not (is_lora(plan) and embeddings_require_grad(plan)):
         return 0
     return 2 * plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes

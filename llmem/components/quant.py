@@ -263,7 +263,7 @@ def held_input_bytes(spec: ModelSpec, plan: TrainingPlan, first: bool = False,
     from llmem.components.lora import _module, layer0_targeted, trains_copy
     from llmem.components.lora_activations import _flash_output_is_o_input, _requires_grad
 
-    if not is_int8(plan):
+    if not is_int8(plan) or spec.derived is not None:  # traced: in the layer tables (`quant_int8_traced`)
         return 0, 0
     tokens = plan.batch_size * plan.seq_len
     cb = plan.precision.compute_bytes
@@ -310,7 +310,7 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, checkpointed: b
     `checkpointed`: whether the layer in backward is (default: every layer under --grad-ckpt full)."""
     from llmem.components.lora import _module, layer0_targeted
 
-    if not is_int8(plan):
+    if not is_int8(plan) or spec.derived is not None:  # traced: the backward windows hold them
         return 0
     adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
     lora_keeps_x = plan.lora_dropout == 0 and plan.precision is Precision.FP32

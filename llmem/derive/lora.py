@@ -18,8 +18,9 @@ requiring grad (PEFT's hook); they are looked up by their own index in the table
 layer 0 is a kind of its own (`activations.varied`; looked up as the first layer they read 3-6% low).
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
-QLoRA's 4-bit base: `llmem.derive.quant`. Refused (one line naming the field): QLoRA's int8 base and the cases of
-`qlora_refusal`; on expert layers, MLP targets PEFT does not map onto the fused experts, and TP (`moe_refusal`).
+QLoRA's 4-bit base: `llmem.derive.quant`, its 8-bit base: `llmem.derive.int8`. Refused (one line naming the field):
+the cases of `qlora_refusal`; on expert layers, MLP targets PEFT does not map onto the fused experts, and TP
+(`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,22 @@ def trace_key(plan: TrainingPlan) -> tuple:
     """The plan's fields that change the traced LoRA program: rank, alpha, dropout, targets, modules_to_save, and
     whether layer 0's input requires grad (`lora_activations.layer0_input_requires_grad`'s first cause), and whether
     layers are checkpointed (their backward window is traced on the checkpointed program too)."""
-    from llmem.components.lora_activations import embeddings_require_grad
     from llmem.derive.quant import method_tag
 
     return (method_tag(plan), plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lora_targets,
-            plan.lora_modules_to_save, embeddings_require_grad(plan), plan.grad_ckpt is GradCkpt.FULL)
+            plan.lora_modules_to_save, input_requires_grad(plan), plan.grad_ckpt is GradCkpt.FULL)
+
+
+def input_requires_grad(plan: TrainingPlan) -> bool:
+    """Whether the embeddings' output (layer 0's input) requires grad in the traced program: with `--grad-ckpt full`
+    for LoRA and QLoRA alike. PEFT skips its own input-require-grads hook for a 4/8-bit base
+    (`PeftModel._prepare_model_for_gradient_checkpointing`), but transformers 5.23 calls it itself when checkpointing
+    is enabled on a model taking input_ids (`modeling_utils.py`: `activation_checkpointing_enable`,
+    `self.enable_input_require_grads()`), and the measured step enables checkpointing
+    (`llmem.runtime.session.enable_checkpointing`)."""
+    from llmem.components.lora_activations import embeddings_require_grad
+
+    return embeddings_require_grad(plan) or (plan.method is Method.QLORA and plan.grad_ckpt is GradCkpt.FULL)
 
 
 def is_checkpointed(key: tuple) -> bool:
@@ -162,23 +174,14 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
 
 def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """QLoRA on a traced architecture (`llmem.derive.quant`): the 4-bit base (nf4/fp4, double quantization or not)
-    on one GPU and DDP (--zero 0). Not yet: `--quant int8` (its Linears keep their inputs as autograd-node
-    attributes, which no pack hook sees), transformers' Conv1D models (gpt2: the measured step's quantization reads
-    nn.Linear weights only), opt with checkpointing (measured 0.9-2.1 % low), mixtures of experts, ZeRO-1, FSDP2."""
-    from llmem.plan import Quant
-
-    if plan.quant is Quant.INT8:
-        return InputError("quant", f"q{name} with --quant int8 is not modelled: its 8-bit Linears keep their inputs "
-                          "beyond the traced saved tensors; use --quant nf4", GAP)
+    and the 8-bit one (`--quant int8`: the inputs its Linears' nodes keep, `llmem.derive.int8`) on one GPU and DDP
+    (--zero 0). Not yet: transformers' Conv1D models (gpt2: the measured step's quantization reads nn.Linear weights
+    only), mixtures of experts, ZeRO-1, FSDP2."""
     if spec.family.conv1d or spec.is_moe:
         return InputError("method", f"q{name} is not modelled for {'Conv1D' if spec.family.conv1d else 'expert'} "
                           "layers; use --method lora", GAP)
     if plan.gpus > 1 and plan.zero > 0:
         return InputError("zero", f"q{name} is measured on one GPU and DDP so far; use --zero 0", GAP)
-    if spec.model_type == "opt" and plan.grad_ckpt is not GradCkpt.NONE:
-        return InputError("grad-ckpt", f"q{name} with checkpointing: layer 0's backward is measured 0.9-2.1 % above "
-                          "the estimate (its input needs no gradient without PEFT's hook; not pinned down); use "
-                          "--grad-ckpt none or --method lora", GAP)
     return None
 
 

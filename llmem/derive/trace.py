@@ -49,6 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from llmem.derive import int8
 from llmem.derive.trace_live import grad_excess, unsaved_locals
 from llmem.derive.windows import _window
 
@@ -296,13 +297,15 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
-                untracked_sharding_propagation(tracker), kernels, default_gemm_4bit(model):
+                untracked_sharding_propagation(tracker), kernels, default_gemm_4bit(model), \
+                int8.held_inputs(model, rec):
             ids = torch.zeros((batch, seq), dtype=torch.long)
             rec.ids_bytes = ids.untyped_storage().nbytes()
             with tracker, rec.alloc:
                 with autocast, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
                     logits = model(input_ids=ids).logits
-                out = _sort(rec, ids.untyped_storage()._cdata, len(layers))  # what the graph keeps for backward
+                # what the graph keeps for backward (--quant int8: and the inputs its nodes keep, `derive.int8`)
+                out = int8.sorted_with_held(rec, lambda: _sort(rec, ids.untyped_storage()._cdata, len(layers)))
                 out.locals = unsaved_locals(rec)
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 matrices = {tracker._live[k][0] for k in rec.alloc.matrices if k in tracker._live}

@@ -11,6 +11,10 @@ def _local(t):
 
 def _saved_storage(rec, key: int, storage) -> bool:
     """Whether `storage` (at address `key`) is a saved tensor a node alive at the end of the forward holds."""
+    from llmem.derive.int8 import live_keys
+
+    if storage is not None and live_keys(rec).get(key) is storage:  # an 8-bit Linear's node keeps it
+        return True
     entry = rec.places.get(key)
     return (entry is not None and storage is not None and entry[3]() is storage
             and any(ref() is not None for _, ref in entry[0]))

@@ -13,6 +13,7 @@ from llmem.components import attention_core as core
 from llmem.components import autocast, grad_accum, lora, quant
 from llmem.components import communication as comm
 from llmem.components import norm_backward as norm_bwd
+from llmem.components import quant_int8_traced as int8_traced
 from llmem.components import query_backward as qb
 from llmem.components import step_in_backward as sib
 from llmem.components import weight_gradient as wgrad
@@ -44,7 +45,8 @@ def held_bytes(t: Terms, layer: int) -> int:
         held = layer * t.kept + (t.recompute or t.kept)
     recomputing = bool(t.recompute) and (not t.partial or plan.checkpointed(layer))  # (--ckpt-every K: some layers)
     held += (t.layers - 1 - layer + recomputing) * t.held_layer \
-        + quant.held_past_adapter_bytes(spec, plan, recomputing if t.partial else None)
+        + quant.held_past_adapter_bytes(spec, plan, recomputing if t.partial else None) \
+        + int8_traced.during_backward_bytes(spec, plan, layer)
     return held - act.eager_mask_released_bytes(spec, plan, layer)  # a mask only layers above took is gone
 
 

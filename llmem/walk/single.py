@@ -24,6 +24,7 @@ from llmem.components import (
 from llmem.components import activations as act
 from llmem.components import communication as comm
 from llmem.components import logits as lg
+from llmem.components import quant_int8_traced as int8_traced
 from llmem.components import step_in_backward as sib
 from llmem.components import weight_gradient as wgrad
 from llmem.components.gradients import (
@@ -123,6 +124,7 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
     else:
         forward_acts = spec.num_layers * kept + outer_act + final_norm
+    forward_acts += int8_traced.forward_end_bytes(spec, plan)  # traced --quant int8: checkpointed layers' inputs
     if act_offload.applies(plan):  # only the final norm's saved tensors stay (the forward stash); the layers' inputs
         # are on the host, and a layer's backward holds its recompute alone
         forward_acts, kept_layers = outer_act + final_norm, act_offload.layers_below_bytes
@@ -283,7 +285,8 @@ def end_moments(t: Terms) -> list[Phase]:
     embedding's input gradient is freed) and the optimizer step. --quant int8: the held inputs until the outputs
     are dropped."""
     spec, plan = t.spec, t.plan
-    held_all = (t.layers - 1) * t.held_layer + t.held_first + lora_forward.embedding_leaf_bytes(spec, plan)
+    held_all = (t.layers - 1) * t.held_layer + t.held_first + lora_forward.embedding_leaf_bytes(spec, plan) \
+        + int8_traced.all_bytes(spec, plan)
     excess = spec.derived.gradient_excess_bytes(plan) if spec.derived is not None and plan.tp > 1 else 0
     end = dict(**t.persistent, gradients=backward_end_gradient_bytes(spec, plan) + t.embedding_transient + excess,
                logits=t.logits, activations=held_all)

@@ -94,6 +94,8 @@ GRID = {
     "phi-fp4-dq-bf16-dropout": ("phi", dict(quant="fp4", double_quant=True, precision="bf16", lora_dropout=0.1)),
     "starcoder2-ckpt-bf16": ("starcoder2", dict(grad_ckpt="full", precision="bf16")),
     "stablelm-ckpt-bf16": ("stablelm", dict(grad_ckpt="full", precision="bf16")),
+    "opt-ckpt": ("opt", dict(grad_ckpt="full")),  # layer 0's input needs a gradient: transformers' hook
+    "opt-ckpt-bf16": ("opt", dict(grad_ckpt="full", precision="bf16")),
     **{f"wide-{f}": (f, dict(wide=True)) for f in WIDE},
     **{f"wide-{f}-dq-bf16": (f, dict(wide=True, double_quant=True, precision="bf16", lora_dropout=0.0)) for f in WIDE},
     "wide-gpt_neox-qkv-ckpt": ("gpt_neox", dict(wide=True, grad_ckpt="full", lora_targets="query_key_value")),
@@ -124,10 +126,9 @@ def test_traced_qlora_ddp(name):
 
 
 @pytest.mark.parametrize("family, plan, field", [
-    ("olmo2", dict(quant="int8", precision="bf16"), "quant"),  # 8-bit Linears keep inputs no pack hook sees
+    ("olmo2", dict(quant="int8", precision="bf16", gpus=2, zero=1), "zero"),  # 8-bit: test_qlora_int8_traced.py
     ("gpt2", dict(quant="nf4"), "method"),  # Conv1D: the measured step's quantization reads nn.Linear weights
     ("gpt_neox", dict(quant="nf4", gpus=2, zero=1), "zero"),
-    ("opt", dict(quant="nf4", precision="bf16", grad_ckpt="full"), "grad-ckpt"),  # layer 0's backward 0.9-2.1 % low
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):
     p = TrainingPlan(**{"method": "qlora", "precision": "fp32", "seq_len": 64, **plan})
