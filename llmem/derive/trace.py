@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from llmem.derive.trace_live import grad_excess, unsaved_locals
-from llmem.derive.windows import _window
+from llmem.derive.windows import _window, inflight_window
 
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -324,7 +324,8 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
                         for i in range(len(layers))]
     out.forwards, out.recomputes = _forwards(rec, tracker.events, out.backwards, copies, matrices)
-    out.inflight = [_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], 0, copies)
+    out.inflight = [inflight_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], copies, matrices,
+                                    rec.lora)
                     if i in rec.forwards and i in rec.forward_ends else [("layer output gradient", 0)]
                     for i in range(len(layers))]
     return out
