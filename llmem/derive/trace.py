@@ -22,7 +22,8 @@ event of that window, relative to its start, plus the output gradient itself; `b
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
 `inflight` lists each layer's whole forward (pre-hook to forward hook) from 0: the moment its transients sit beside
-every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`). `forwards` lists the same for each
+every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`), autocast's weight copies as made
+(`windows.inflight_window`). `forwards` lists the same for each
 layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
 layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
 on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed

@@ -33,13 +33,11 @@ def test_the_held_embeddings_at_the_last_layers_forward(family, monkeypatch):
     assert without < 0.995 * measured, (without, measured)  # the term is what closes the gap
 
 
-def test_a_traced_last_layer_in_flight_under_autocast(monkeypatch):
+def test_a_traced_last_layer_in_flight_under_autocast():
     """Under autocast the same moment holds autocast's bf16 weight copies made so far in the last layer (frozen q, k,
     v and the adapters', saved by their mm, in the layer's table): the window counts each from the event that makes
     it (`windows.inflight_window`). glm4 LoRA bf16-mixed eager 2 x 64 against the real CPU step: within 0.5 % (it
-    read -3.75 % when the window left the copies out, a gap then); the window without them reads more than 1 % low."""
-    import llmem.derive.trace as trace
-    from llmem.derive.windows import _window
+    read -3.75 % when the window left the copies out, 164 kB short of 4.38 MB, a gap then)."""
     from llmem.measure.run import measure_rank
 
     cfg, plan = config("glm4"), TrainingPlan(**(PLAN | {"precision": "bf16-mixed"}))
@@ -47,7 +45,3 @@ def test_a_traced_last_layer_in_flight_under_autocast(monkeypatch):
     measured = measure_rank(cfg, plan)["peak_bytes"]
     assert est.peak_phase == "forward (last layer, in flight)"
     assert abs(est.peak_bytes - measured) <= 0.005 * measured, (est.peak_bytes, measured)
-    monkeypatch.setattr(trace, "inflight_window", lambda events, window, copies, *_: _window(events, window, 0, copies))
-    monkeypatch.setenv("LLMEM_CACHE_DIR", str(__import__("tempfile").mkdtemp(prefix="llmem-inflight-")))
-    without = estimate(ModelSpec.from_config(cfg), plan).peak_bytes
-    assert without < 0.99 * measured, (without, measured)  # the copies as made are what closes the gap
