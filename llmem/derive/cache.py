@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 25
+FORMAT = 27
 
 
 def _directory() -> Path:

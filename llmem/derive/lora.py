@@ -211,10 +211,6 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
         return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
                           "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
                           "attention Linears, e.g. q_proj,v_proj", GAP)
-    if spec.model_type == "gpt_oss" and plan.precision.is_mixed and not plan.checkpointed(spec.num_layers - 1):
-        return InputError("grad-ckpt", f"{name} under autocast: unless its last layer is checkpointed the peak is "
-                          "that layer's forward (its clamped GLU experts' transients), measured 0.85 % above the "
-                          "estimate (bf16-mixed; fp32, bf16 and fp16 within 0.005 %); use --grad-ckpt full", GAP)
     if plan.tp > 1:
         return InputError("tp", f"{name}: mixture-of-experts models are measured on one GPU, DDP, ZeRO-1 and FSDP2 "
                           "(ZeRO-2/3) so far; use --tp 1", GAP)

@@ -22,7 +22,8 @@ event of that window, relative to its start, plus the output gradient itself; `b
 The parameters' and buffers' storages are known to the tracker before it starts, so a view of a weight first made
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
 `inflight` lists each layer's whole forward (pre-hook to forward hook) from 0: the moment its transients sit beside
-every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`). `forwards` lists the same for each
+every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`), autocast's weight copies as made
+(`windows.inflight_window`). `forwards` lists the same for each
 layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
 layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
 on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed
@@ -51,7 +52,7 @@ from torch.utils._pytree import tree_leaves
 
 from llmem.derive import int8
 from llmem.derive.trace_live import grad_excess, unsaved_locals
-from llmem.derive.windows import _window
+from llmem.derive.windows import _window, inflight_window
 
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -327,7 +328,8 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
                         for i in range(len(layers))]
     out.forwards, out.recomputes = _forwards(rec, tracker.events, out.backwards, copies, matrices)
-    out.inflight = [_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], 0, copies)
+    out.inflight = [inflight_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], copies, matrices,
+                                    rec.lora)
                     if i in rec.forwards and i in rec.forward_ends else [("layer output gradient", 0)]
                     for i in range(len(layers))]
     return out

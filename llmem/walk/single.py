@@ -161,7 +161,9 @@ def forward_inflight_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int)
         return decoder_locals.inflight_bytes(spec, plan, final_norm)
     d = spec.derived.at(last)
     lp = act.layer_plan(plan, last)
-    args = sum(s.bytes for s, low in zip(d._saved(lp, "held"), d.lowest_holders(lp), strict=True) if low is None)
+    # the arguments no checkpointed layer holds, of the whole plan (`--ckpt-every K`: layer 0's checkpoint holds
+    # them, counted in `outer` by `checkpoint_held_saved`; read with the last layer's plan they counted twice)
+    args = sum(s.bytes for s, low in zip(d._saved(plan, "held"), d.lowest_holders(plan), strict=True) if low is None)
     return max(0, d.forward_inflight_extra_bytes(lp) + args + d.locals_bytes(lp) - final_norm)
 
 

@@ -66,7 +66,6 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
     ("qwen3_moe", dict(lora_targets="all-linear", lora_dropout=0.05), "lora-dropout"),  # PEFT's ParamWrapper refuses
     ("glm4_moe", dict(lora_targets="up_proj,down_proj", lora_dropout=0.0), "lora-targets"),  # half of gate_up_proj
     ("qwen3_moe", dict(lora_targets="q_proj,v_proj", tp=2, gpus=2), "tp"),  # TP on experts: not measured
-    ("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"), "grad-ckpt"),  # -0.85 %
     ("deepseek_v3", dict(lora_targets="gate_proj"), "lora-targets"),  # PEFT maps MLP names onto the fused experts
     ("mixtral", dict(), "lora-dropout"),  # hand-written: all-linear's ParamWrapper on the experts refuses dropout
 ])
@@ -108,6 +107,9 @@ def test_traced_lora_within_one_percent(family, plan):
                                    lora_dropout=0.0), marks=pytest.mark.heavy),
     # the last layer's forward in flight beside the unsaved `inputs_embeds` (-1.1 % before it was counted)
     pytest.param("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager"), marks=pytest.mark.heavy),
+    # ... under autocast, with the weight copies as made (`windows.inflight_window`; -0.85 % before: refused)
+    pytest.param("gpt_oss", dict(lora_targets="q_proj,v_proj", attn="eager", precision="bf16-mixed"),
+                 marks=pytest.mark.heavy),
 ])
 def test_traced_lora_on_derived_moe_within_one_percent(family, plan):
     assert abs(_error(family, **{"batch_size": 2, "seq_len": 64, "precision": "fp32", **plan})) <= TOLERANCE

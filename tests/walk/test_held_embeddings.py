@@ -33,20 +33,15 @@ def test_the_held_embeddings_at_the_last_layers_forward(family, monkeypatch):
     assert without < 0.995 * measured, (without, measured)  # the term is what closes the gap
 
 
-def test_a_traced_last_layer_in_flight_under_autocast_is_a_gap(monkeypatch):
-    """Under autocast the same moment is not pinned down: glm4 LoRA bf16-mixed reads more than 1 % below the real
-    step without the check, so the plan is a gap naming `precision`; in fp32 (above) it stands."""
-    import importlib
-
-    from llmem.errors import InputError
+def test_a_traced_last_layer_in_flight_under_autocast():
+    """Under autocast the same moment holds autocast's bf16 weight copies made so far in the last layer (frozen q, k,
+    v and the adapters', saved by their mm, in the layer's table): the window counts each from the event that makes
+    it (`windows.inflight_window`). glm4 LoRA bf16-mixed eager 2 x 64 against the real CPU step: within 0.5 % (it
+    read -3.75 % when the window left the copies out, 164 kB short of 4.38 MB, a gap then)."""
     from llmem.measure.run import measure_rank
 
     cfg, plan = config("glm4"), TrainingPlan(**(PLAN | {"precision": "bf16-mixed"}))
-    with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(cfg), plan)
-    assert err.value.field == "precision" and err.value.gap
-    module = importlib.import_module("llmem.estimate")  # (the package exports the function under that name)
-    monkeypatch.setattr(module, "_check_traced_inflight_under_autocast", lambda *_: None)
-    walked = estimate(ModelSpec.from_config(cfg), plan)
-    assert walked.peak_phase == "forward (last layer, in flight)"
-    assert walked.peak_bytes < 0.99 * measure_rank(cfg, plan)["peak_bytes"]
+    est = estimate(ModelSpec.from_config(cfg), plan)
+    measured = measure_rank(cfg, plan)["peak_bytes"]
+    assert est.peak_phase == "forward (last layer, in flight)"
+    assert abs(est.peak_bytes - measured) <= 0.005 * measured, (est.peak_bytes, measured)
