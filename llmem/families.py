@@ -224,7 +224,7 @@ FAMILIES: dict[str, Family] = {
                          "tie_word_embeddings": True},
                _bloom_layer, _bloom_outer, norm="layer",
                extra=("attention_dropout", "hidden_dropout"), sdpa=False, mlp_activation="bloom-gelu",
-               embedding_norm=True),
+               embedding_norm=True, returns_attention_probs=True),
     ]
 }
 
