@@ -20,6 +20,7 @@ BLOOM = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "v
 CONFIGS = {"falcon": FALCON, "bloom": BLOOM}
 TOLERANCE = 0.005  # the single-rank bar of the component tests
 CASES = {  # the first runs by default
+    "falcon-fp32-1x256": dict(batch_size=1, seq_len=256, precision="fp32"),
     "falcon-fp32-4x128": dict(batch_size=4, seq_len=128, precision="fp32"),
     "falcon-bf16-1x512": dict(batch_size=1, seq_len=512, precision="bf16"),
     "falcon-bf16-mixed-4x128": dict(batch_size=4, seq_len=128, precision="bf16-mixed"),
