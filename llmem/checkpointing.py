@@ -128,15 +128,19 @@ def candidate_plans(spec: ModelSpec, plan: TrainingPlan) -> list[TrainingPlan]:
     """Every checkpointing choice valid for `plan` (none, every K-th layer, full), other fields unchanged."""
     plans = [plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)]
     for k in range(spec.num_layers, 0, -1):
-        p = _every(plan, k)
+        p = _every(spec, plan, k)
         if p is not None:
             plans.append(p)
     return plans
 
 
-def _every(plan: TrainingPlan, k: int) -> TrainingPlan | None:
+def _every(spec: ModelSpec, plan: TrainingPlan, k: int) -> TrainingPlan | None:
+    from llmem.components import returned_probs
+
     try:
-        return plan.with_(grad_ckpt=GradCkpt.FULL, ckpt_every=k)
+        p = plan.with_(grad_ckpt=GradCkpt.FULL, ckpt_every=k)
+        returned_probs.check(spec, p)  # falcon / BLOOM eager: K > 1 is a gap
+        return p
     except InputError:  # e.g. an int8 base: partial checkpointing is not modelled
         return None
 
@@ -155,18 +159,18 @@ def plan_checkpointing(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int)
 
     def total(k: int) -> int:
         if k not in estimates:
-            estimates[k] = estimate(spec, _every(plan, k))
+            estimates[k] = estimate(spec, _every(spec, plan, k))
         return estimates[k].device_total_bytes
 
     none = plan.with_(grad_ckpt=GradCkpt.NONE, ckpt_every=1)
     options = [CkptOption(none, estimate(spec, none), 0, 0, capacity_bytes)]
-    trend = _layer_trend(spec, plan, total, estimates) if _every(plan, 2) is not None else None
+    trend = _layer_trend(spec, plan, total, estimates) if _every(spec, plan, 2) is not None else None
     for n in range(1, layers + 1):  # n layers recomputed: K in [ceil(L / n), floor((L - 1) / (n - 1))]
         lo, hi = -(-layers // n), (layers - 1) // (n - 1) if n > 1 else layers
-        if lo > hi or _every(plan, hi) is None:
+        if lo > hi or _every(spec, plan, hi) is None:
             continue
         k = _group_choice(layers, n, lo, hi, total, trend if lo > 1 else None)
-        options.append(CkptOption(_every(plan, k), estimates[k], n, n * per_layer, capacity_bytes))
+        options.append(CkptOption(_every(spec, plan, k), estimates[k], n, n * per_layer, capacity_bytes))
     chosen = next((o for o in options if o.fits), None)
     return CkptPlan(spec, capacity_bytes, tuple(options), chosen,
                     model_forward_flops(spec, plan) * plan.grad_accum)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from llmem import support_lora_dtype
 from llmem.components import Category, act_offload, ds_lora, float8, fused_ce, lora, offload, outside, reserved
 from llmem.components.optimizer import paged_state_bytes
-from llmem.plan import AllocConf, Attention, Device, Engine, GradCkpt, Loss, Scheme, TrainingPlan
+from llmem.plan import AllocConf, Device, Engine, GradCkpt, Loss, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, program_spec
 from llmem.walk.accumulation import accumulation_phases, fsdp_accumulation_phases  # noqa: F401 (re-exported)
 from llmem.walk.fsdp import compute_plan, fsdp_phases  # noqa: F401 (re-exported)
@@ -183,7 +183,6 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
     # (the table again after a GPU-type change, an option toggled back) is not walked again
     phases = walked(spec, plan, plan_phases)
     peak = max(phases, key=_TOTAL)
-    _check_returned_probabilities(spec, plan, phases, peak.total)
     expandable = reserved.reserved_bytes(spec, plan, phases, peak, True) \
         if plan.alloc_conf is AllocConf.EXPANDABLE and plan.device is Device.CUDA else None
     return Estimate(
@@ -202,30 +201,6 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 
 
 _TOTAL = operator.attrgetter("total")
-PROBS_BOUND = 6  # probabilities-sized tensors beyond the forward's end at that moment: measured 4.65 (falcon, fp32,
-#   4 x 128, vocabulary 64: the previous layer's probabilities, the next one's scores, masked scores, softmax and
-#   their projections' share)
-
-
-def _check_returned_probabilities(spec: ModelSpec, plan: TrainingPlan, phases, peak: int) -> None:
-    """A family whose decoder layers return their eager attention probabilities (`Family.returns_attention_probs`)
-    keeps a checkpointed layer's beside the next layer's forward, a moment no walk has (falcon: -8.5 to -13.9 %
-    measured at 4 x 128 and 1 x 512, -0.01 % at 2 x 64). The estimate stands where the forward's end plus
-    `PROBS_BOUND` tensors of the probabilities' size (the layernorm output's dtype: fp32 under autocast) stays
-    below the peak; else the plan is a gap."""
-    if not (spec.family.returns_attention_probs and plan.attn is Attention.EAGER
-            and plan.grad_ckpt is not GradCkpt.NONE):
-        return
-    width = plan.precision.param_bytes if plan.precision.param_bytes == 2 and not plan.precision.is_mixed else 4
-    probs = plan.batch_size * (spec.num_heads // plan.tp) * plan.seq_len ** 2 * width
-    forward_end = max(ph.total for ph in phases if ph.name.startswith("forward"))
-    if forward_end + PROBS_BOUND * probs > peak:
-        from llmem.errors import GAP, InputError
-
-        raise InputError("attn", f"{spec.model_type!r}'s decoder layers return their eager attention "
-                         "probabilities, which the model keeps beside the next layer's forward when the layers are "
-                         "checkpointed (not modelled yet; here that moment may be the peak); use --attn sdpa, or "
-                         "--grad-ckpt none", GAP)
 
 
 def _fragmentation_bytes(plan: TrainingPlan, peak, expandable: int | None) -> int:
@@ -289,6 +264,9 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
         from llmem.components import pipeline
 
         pipeline.check(spec, plan)
+    from llmem.components import returned_probs
+
+    returned_probs.check(spec, plan)
     if plan.grad_ckpt is GradCkpt.SELECTIVE and (spec.is_moe or spec.derived is not None):
         raise InputError("grad-ckpt", "selective checkpointing is modelled for the hand-written dense families (not "
                          f"measured on MoE or traced architectures, {spec.model_type!r}); use --grad-ckpt full", GAP)

@@ -92,8 +92,8 @@ class Family:
     #   an explicit mask, or its own matmul-softmax), not through `eager_attention_forward`/the attention interface
     returns_attention_probs: bool = False  # the decoder layer returns its eager attention probabilities and the
     #   model's loop keeps them until the next layer returns (`FalconDecoderLayer.forward`: `return output,
-    #   attn_weights`; `FalconModel.forward`: `outputs = block(...)`): under checkpointing nothing saves them, so a
-    #   checkpointed layer's probabilities sit beside the next layer's forward (not modelled: measured -8.5 to -13.9 %)
+    #   attn_weights`; `FalconModel.forward`: `outputs = block(...)`; BLOOM's alike): under checkpointing nothing
+    #   saves them, so they sit beside the next layer's forward (`components.returned_probs`)
     sliding_window_layers: bool = False  # even layers attend in a sliding window, odd ones fully
     #   (`Gemma2Config.layer_types`): the model builds both masks (`causal_mask_mapping`)
     window_layers: str = ""  # with `use_sliding_window`, which layers the config class makes sliding when the config

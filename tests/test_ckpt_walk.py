@@ -110,8 +110,8 @@ PLANS = [
     ("gpt2", dict(gpus=4, zero=3, batch_size=1, seq_len=16)),
     ("opt", dict(gpus=2, zero=1, batch_size=2, seq_len=64)),
     ("bloom", dict(batch_size=2, seq_len=64)),
-    ("falcon", dict(batch_size=2, seq_len=64)),  # (eager with checkpointing: a gap where the returned
-    #   probabilities may set the peak, `estimate._check_returned_probabilities`)
+    ("falcon", dict(batch_size=2, seq_len=64)),  # (eager with checkpointing: the returned probabilities'
+    #   moment, `returned_probs`, tests/components/test_returned_probs.py)
     ("falcon", dict(gpus=4, zero=2, batch_size=2, seq_len=64)),
     ("gemma2", dict(batch_size=2, seq_len=64)),
     ("mixtral", dict(batch_size=2, seq_len=64)),

@@ -196,3 +196,29 @@ def test_window_layers_follow_the_config_class(model_type):
     kinds = ["s" if t == "sliding_attention" else "f" for t in (getattr(cfg, "layer_types", None) or [])]
     seen = {"ffss": "from-max", "sfff": "even-below-max"}.get("".join(kinds), "")
     assert FAMILIES[model_type].window_layers == seen
+
+
+def _layer_returns_kept_probabilities(model_type: str) -> bool:
+    """Whether the model's decoder layer returns a batch x heads x seq x seq tensor with its output under eager
+    attention (a real forward of a small model on the CPU, a hook on layer 0) and the model's forward binds the
+    layer's whole return to a name of its own (`outputs = block(...)`), which keeps it until the next layer returns."""
+    import re
+
+    cfg = transformers.AutoConfig.for_model(model_type, **{**TINY, **EXTRA.get(model_type, {})})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList))
+    seen = []
+    layers[0].register_forward_hook(lambda module, args, out: seen.append(out))
+    with torch.no_grad():
+        model(input_ids=torch.zeros(2, 8, dtype=torch.long))
+    outs = seen[0] if isinstance(seen[0], tuple) else (seen[0],)
+    probs = any(isinstance(t, torch.Tensor) and t.dim() == 4 and tuple(t.shape[-2:]) == (8, 8) for t in outs)
+    bound = re.findall(r"\n\s+(\w+) = \w+\(\s*hidden_states", inspect.getsource(type(model.base_model).forward))
+    return probs and any(name != "hidden_states" for name in bound)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_returned_probabilities_trait_matches_a_real_forward(model_type):
+    assert FAMILIES[model_type].returns_attention_probs == _layer_returns_kept_probabilities(model_type)

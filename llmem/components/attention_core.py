@@ -218,3 +218,32 @@ def recompute_weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.autocast import weight_copy_bytes
 
     return weight_copy_bytes(spec, plan, lambda name: ".self_attention." in name)
+
+
+# --- falcon's eager core in a checkpointed layer's recompute: its locals at the softmax ---
+
+
+def falcon_recompute_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Falcon's old architecture under `--attn eager`, full fine-tuning on the hand-written table."""
+    return _falcon_old(spec) and applies(spec, plan) and plan.method is Method.FULL
+
+
+def falcon_recompute_locals_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """A checkpointed falcon layer's recompute when `F.softmax` allocates its output (`FalconAttention.forward`,
+    transformers 5.23 `modeling_falcon.py` lines 311-352): beside the saved tensors made so far, its locals that
+    nothing saves — `fused_qkv` (compute dtype; q is a view of it, k and v index copies), the scores (compute dtype,
+    scaled in place: `DivBackward0` by a scalar saves nothing) and their sum with the float mask (residual dtype);
+    under autocast also the fp32 layernorm output and q and k after RoPE (their half casts are what the matmuls
+    save)."""
+    cb, rb = _bytes(plan)
+    tokens, hd = plan.batch_size * plan.seq_len, spec.head_dim
+    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
+    scores = plan.batch_size * spec.num_heads * plan.seq_len ** 2
+    fp32_locals = (tokens * spec.hidden_size + tokens * q + tokens * kv) * rb if plan.precision.is_mixed else 0
+    return tokens * (q + 2 * kv) * cb + scores * (cb + rb) + fp32_locals
+
+
+def falcon_recompute_later_bytes(items: tuple[Saved, ...]) -> int:
+    """Of a falcon layer's saved tensors (`items`), those made after its softmax (not recomputed yet)."""
+    k = _softmax_index(items)
+    return 0 if k is None else sum(s.bytes for s in items[k + 1:])

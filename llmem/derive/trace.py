@@ -280,7 +280,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
 
     from llmem.derive.quant import default_gemm_4bit
     from llmem.plan import TrainingPlan
-    from llmem.simulate.patches import cuda_kernel_choices
+    from llmem.simulate.patches import cuda_kernel_choices, untracked_sharding_propagation
     from llmem.simulate.stand_ins import stand_ins
     from llmem.simulate.tracker import AllocationTracker
 
@@ -293,8 +293,6 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
     autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
                 else contextlib.nullcontext())
-    from llmem.simulate.patches import untracked_sharding_propagation
-
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \

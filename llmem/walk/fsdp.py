@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llmem.components import Category, act_offload, chunked_ce, lora, lora_forward, moe_forward, offload, quant
+from llmem.components import (
+    Category,
+    act_offload,
+    chunked_ce,
+    lora,
+    lora_forward,
+    moe_forward,
+    offload,
+    quant,
+    returned_probs,
+)
 from llmem.components import activations as act
 from llmem.components import attention_core as core
 from llmem.components import communication as comm
@@ -257,12 +267,13 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
                   communication=w.end_at_loss)] if norm else []),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=w.end_at_loss),
     ]
-    from llmem.walk.single import forward_inflight_bytes  # (0 for a checkpointed last layer; traced tables: theirs)
+    from llmem.walk.single import PROBS_MOMENT, forward_inflight_bytes  # (0 for a checkpointed last layer)
 
-    inflight = forward_inflight_bytes(spec, cp, act.final_norm_bytes(spec, cp))
-    if inflight:  # the decoder's locals, GPT-NeoX's parallel add, BLOOM's attention add (`decoder_locals`)
-        phases.insert(1, moment("forward (last layer, in flight)", **dict(on, activations=w.forward_acts + inflight),
-                                communication=w.end_in_layer))
+    final_norm = act.final_norm_bytes(spec, cp)  # the decoder's locals, GPT-NeoX's parallel add, BLOOM's attention
+    for name, extra in (("forward (last layer, in flight)", forward_inflight_bytes(spec, cp, final_norm)),  # add;
+                        (PROBS_MOMENT, returned_probs.forward_extra_bytes(spec, cp, final_norm))):  # a checkpointed
+        if extra:  # last layer's softmax beside the previous layer's returned probabilities (`returned_probs`)
+            phases.insert(1, moment(name, **dict(on, activations=w.forward_acts + extra), communication=w.end_in_layer))
     phases += root_prebackward_moments(w)
     return phases + [
         moment("loss backward", **on, logits=lg.loss_backward_peak_bytes(spec, cp), communication=w.bwd_head),

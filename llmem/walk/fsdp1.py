@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
-from llmem.components import Category, flat_lora, lora
+from llmem.components import Category, flat_lora, lora, returned_probs
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
@@ -86,6 +86,10 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
         moment("forward (last layer)", **on, communication=backward),
         moment("loss forward", **on, logits=lg.loss_forward_peak_bytes(spec, cp), communication=at_loss),
     ]
+    from llmem.walk.single import PROBS_MOMENT  # a checkpointed last layer's softmax beside the previous layer's
+    probs = returned_probs.forward_extra_bytes(spec, cp, act.final_norm_bytes(spec, cp))  # returned probabilities
+    if probs:
+        phases.insert(1, moment(PROBS_MOMENT, **dict(on, activations=w.forward_acts + probs), communication=backward))
     if not _zero2(w):
         phases.append(moment(f"loss backward (prefetch of layer {layers - 1})", **on,
                              logits=lg.loss_backward_start_bytes(spec, cp),

@@ -160,6 +160,26 @@ def _bloom_recompute_moment(t: Terms, layer: int, name: str, held: int, later: i
         logits=t.logits, communication=t.gathered(layer + 1))
 
 
+def _falcon_recompute_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
+    """A checkpointed falcon layer's recompute at its eager softmax (`attention_core.falcon_recompute_*`): the saved
+    tensors made after it not yet (under autocast neither dense_h_to_4h's half input), its locals, the layer
+    output's gradient, the qkv Linear's half weight copy its matmul saves, the recompute's RNG state copy (cpu)."""
+    from llmem.components.activations import CPU_RNG_STATE_BYTES
+    from llmem.plan import Device
+
+    spec, plan = t.spec, t.plan
+    lp = act.layer_plan(plan, layer)
+    tokens_h = plan.batch_size * plan.seq_len * spec.hidden_size
+    later_saved = core.falcon_recompute_later_bytes(tuple(act.layer_saved(spec, lp))) \
+        + plan.precision.is_mixed * tokens_h * plan.precision.compute_bytes
+    return moment(
+        f"{name[:-1]}, recompute at the softmax)", **t.persistent,
+        activations=held + t.outer_act - later_saved + core.falcon_recompute_locals_bytes(spec, lp),
+        gradients=t.grads_outer + later + layer_output_gradient_bytes(spec, plan),
+        temporaries=core.eager_core_weight_copy_bytes(spec, plan) + CPU_RNG_STATE_BYTES * (plan.device is Device.CPU),
+        logits=t.logits, communication=t.gathered(layer + 1))
+
+
 def _query_moments(t: Terms, layer: int, name: str, held: int, later: int) -> list[Phase]:
     """sdpa's backward, q's RoPE backward and q_norm's (`query_backward`), on the layer's table."""
     spec, plan = t.spec, t.plan
@@ -225,6 +245,8 @@ def layer_moments(t: Terms, layer: int, name: str, backward_later: dict[str, int
         phases.append(_core_moment(t, layer, name, held, later))
     if core.recompute_locals_applies(spec, plan) and plan.checkpointed(layer):
         phases.append(_bloom_recompute_moment(t, layer, name, held, later))
+    if core.falcon_recompute_applies(spec, plan) and plan.checkpointed(layer):
+        phases.append(_falcon_recompute_moment(t, layer, name, held, later))
     if qb.applies_rope(spec, plan):
         for ph in _query_moments(t, layer, name, held, later):
             phases.append(ph)

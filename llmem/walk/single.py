@@ -20,6 +20,7 @@ from llmem.components import (
     lora_head,
     moe_forward,
     quant,
+    returned_probs,
 )
 from llmem.components import activations as act
 from llmem.components import communication as comm
@@ -83,6 +84,7 @@ class Terms:
     head_grad_copy: int
     gathered: Callable
     fwd_inflight: int = 0  # a traced last layer's forward transients beyond what it saves (`forward_inflight_bytes`)
+    fwd_probs: int = 0  # a checkpointed last layer's softmax beside the previous layer's probabilities
 
     @property
     def layers(self) -> int:
@@ -130,7 +132,8 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         forward_acts, kept_layers = outer_act + final_norm, act_offload.layers_below_bytes
     return dict(kept=kept, outer_act=outer_act, recompute=recompute, held_layer=held_layer, held_first=held_first,
                 partial=partial, varied=varied, kept_layers=kept_layers, current_layer=current_layer,
-                forward_acts=forward_acts, fwd_inflight=forward_inflight_bytes(spec, plan, final_norm))
+                forward_acts=forward_acts, fwd_inflight=forward_inflight_bytes(spec, plan, final_norm),
+                fwd_probs=returned_probs.forward_extra_bytes(spec, plan, final_norm))
 
 
 def _int8_partial(kept_layers: Callable, current_layer: Callable) -> tuple[Callable, Callable]:
@@ -237,6 +240,8 @@ def head_moments(t: Terms) -> list[Phase]:
                   temporaries=t.fwd_casts)] if t.fwd_inflight else []),
         *([moment("forward (last layer, MoE experts)", **dict(on, activations=t.forward_acts + moe),
                   temporaries=t.fwd_casts)] if moe else []),
+        *([moment(PROBS_MOMENT, **dict(on, activations=t.forward_acts + t.fwd_probs),
+                  temporaries=t.fwd_casts - returned_probs.later_copy_bytes(t.spec, t.plan))] if t.fwd_probs else []),
         *([moment("final norm forward", **dict(on, activations=t.forward_acts + norm), temporaries=t.fwd_casts)]
           if norm else []),
         moment("loss forward", **on, temporaries=t.fwd_casts + t.head_cast, logits=t.loss_fwd),
@@ -260,6 +265,9 @@ def head_moments(t: Terms) -> list[Phase]:
         phases.append(moment("lm_head backward, its step in backward", **on, gradients=t.grads_outer + t.head_transient,
                              temporaries=t.base_casts + step, logits=t.logits))
     return phases
+
+
+PROBS_MOMENT = "forward (last layer, softmax), previous layer's returned probabilities"  # (`returned_probs`)
 
 
 def backward_edges(t: Terms) -> list[tuple[int, str]]:
