@@ -37,7 +37,8 @@ def test_suite_covers_the_grid():
     assert {(p.optimizer.value, p.optimizer_impl.value) for p in plans} >= {
         ("adamw", "forloop"), ("adamw", "foreach"), ("adamw", "fused"), ("sgd", "forloop"), ("sgd", "foreach"),
         ("sgd", "fused")}
-    assert {p.grad_ckpt.value for p in plans} == {"none", "full"} and {p.attn.value for p in plans} == {"sdpa", "eager"}
+    assert {p.grad_ckpt.value for p in plans} == {"none", "full", "selective"}
+    assert {p.attn.value for p in plans} == {"sdpa", "eager"}
 
 
 # Sizes are not features: a row's shape is chosen for where its peak falls, not to cover a value.
@@ -46,20 +47,24 @@ _SIZES = {"batch_size", "seq_len", "lora_rank", "lora_alpha", "loss_chunks", "mi
 
 
 def _features(row: Row) -> set:
-    """What a row exercises: its model, its scheme on its process count, every plan field it sets (with its value),
-    and every such field under its scheme (an option on one process is not the same program as under ZeRO-3)."""
+    """What a row exercises: its model, its engine's scheme on its process count, every plan field it sets (with its
+    value), and every such field on one process and on several (an option under data parallelism is not the same
+    program as on one GPU; each scheme with it is measured by the heavy run)."""
     plan = row.training_plan("cpu")
     scheme = plan.scheme.value if plan.gpus > 1 else "single"
+    if plan.engine.value != "torch":
+        scheme = f"{plan.engine.value} {scheme}"
+    where = "one process" if plan.gpus == 1 else "several processes"
     out = {("model", row.model), ("scheme", scheme, plan.gpus)}
     for key, value in row.plan.items():
-        out |= {(key, "set" if key in _SIZES else str(value)), (scheme, key)}
+        out |= {(key, "set" if key in _SIZES else str(value)), (where, key)}
     return out
 
 
 def cover(rows: list[Row]) -> list[Row]:
     """A greedy set cover of the rows' features, in suite order on ties: every model, scheme × process count, plan
-    value and scheme × option of the suite is measured by the default run; every row under `-m heavy` (and by
-    `python -m llmem validate`, which regenerates ACCURACY.md)."""
+    value, and option on one and on several processes of the suite is measured by the default run; every row under
+    `-m heavy` (and by `python -m llmem validate`, which regenerates ACCURACY.md)."""
     feats = {r.id: _features(r) for r in rows}
     everything, covered, chosen = set().union(*feats.values()), set(), []
     while covered != everything:
