@@ -54,16 +54,18 @@ def install_layer_marks(session, mark) -> None:
     """Forward / backward marks on each decoder layer (found by name, so any wrapper works) and on lm_head."""
     import re
 
+    from llmem.measure.timeline import mark_backward
+
     model = getattr(session.model, "module", session.model)
     for name, mod in model.named_modules():
         m = re.fullmatch(r"(?:.*\.)?(?:layers|h)\.(\d+)", name)
         if m:
             i = int(m.group(1))
             mod.register_forward_pre_hook(lambda *_, i=i: mark(f"forward layer {i}"))
-            mod.register_full_backward_pre_hook(lambda *_, i=i: mark(f"backward layer {i}"))
+            mark_backward(mod, mark, f"backward layer {i}")  # (not a full backward hook: `timeline.mark_backward`)
         elif name.endswith("lm_head"):
             mod.register_forward_pre_hook(lambda *_: mark("lm_head + loss"))
-            mod.register_full_backward_pre_hook(lambda *_: mark("backward lm_head"))
+            mark_backward(mod, mark, "backward lm_head")
 
 
 def run(config: dict, plan_dict: dict, steps: int = 2) -> dict:
