@@ -72,14 +72,19 @@ def embedding_leaf_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     a grad_fn), so backward's AccumulateGrad gives it a `.grad`; that node, in the graph the kept loss references,
     holds the leaf and its `.grad` (tokens x h each, the parameters' dtype) from the end of backward through the step
     and zero_grad, until the outputs are dropped (measured: DeepSpeed LoRA s16, +8,192 B entering the step in bf16,
-    +16,384 B in fp32)."""
-    from llmem.components.lora_activations import embeddings_require_grad
-
-    if spec.derived is not None and is_lora(plan):  # traced QLoRA too: transformers' own hook
-        from llmem.derive.lora import input_requires_grad
-
-        if not input_requires_grad(plan):
-            return 0
-    elif not (is_lora(plan) and embeddings_require_grad(plan)):
+    +16,384 B in fp32). QLoRA too, traced or hand-written (`embedding_output_requires_grad`: transformers' own
+    hook; hand-written qwen3 nf4 fp32 4 x 128, h 256: the optimizer step read -32.8 % without it)."""
+    if not (is_lora(plan) and embedding_output_requires_grad(plan)):
         return 0
     return 2 * plan.batch_size * plan.seq_len * spec.hidden_size * plan.precision.param_bytes
+
+
+def embedding_output_requires_grad(plan: TrainingPlan) -> bool:
+    """Whether the embeddings' output (layer 0's input) requires grad under LoRA/QLoRA with `--grad-ckpt full`.
+    PEFT skips its own input-require-grads hook for a 4/8-bit base (peft 0.21.2 `PeftModel.
+    _prepare_model_for_gradient_checkpointing`), but transformers 5.23 calls it itself once checkpointing is enabled on
+    a model taking input_ids (modeling_utils.py:3189, `activation_checkpointing_enable`:
+    `self.enable_input_require_grads()`); the measured step enables checkpointing (`runtime.session`)."""
+    from llmem.components.lora_activations import embeddings_require_grad
+
+    return embeddings_require_grad(plan) or (plan.method is Method.QLORA and plan.grad_ckpt is GradCkpt.FULL)

@@ -48,9 +48,9 @@ def input_requires_grad(plan: TrainingPlan) -> bool:
     is enabled on a model taking input_ids (`modeling_utils.py`: `activation_checkpointing_enable`,
     `self.enable_input_require_grads()`), and the measured step enables checkpointing
     (`llmem.runtime.session.enable_checkpointing`)."""
-    from llmem.components.lora_activations import embeddings_require_grad
+    from llmem.components.lora_forward import embedding_output_requires_grad
 
-    return embeddings_require_grad(plan) or (plan.method is Method.QLORA and plan.grad_ckpt is GradCkpt.FULL)
+    return embedding_output_requires_grad(plan)
 
 
 def is_checkpointed(key: tuple) -> bool:

@@ -120,7 +120,7 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     kept_layers, current_layer = act.kept_layers_bytes, act.current_layer_backward_bytes
     if hand_lora:
         kept_layers, current_layer = lora.kept_layers_bytes, lora.current_layer_backward_bytes
-    if partial and quant.is_int8(plan):
+    if plan.grad_ckpt is GradCkpt.FULL and quant.is_int8(plan):  # (every K or every layer: `_int8_partial`)
         kept_layers, current_layer = _int8_partial(kept_layers, current_layer)
     if partial or varied:
         forward_acts = kept_layers(spec, plan, spec.num_layers) + outer_act + final_norm
@@ -137,9 +137,13 @@ def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
 
 
 def _int8_partial(kept_layers: Callable, current_layer: Callable) -> tuple[Callable, Callable]:
-    """`--quant int8 --ckpt-every K`: each layer's held 8-bit inputs beyond its saved tensors (`quant.held_input_bytes`
-    of a checkpointed layer or not, layer 0 its own), added to the layers kept below and to a non-checkpointed layer
-    in its own backward (a checkpointed one's recompute holds them again: `layer.held_bytes`)."""
+    """`--quant int8 --grad-ckpt full [--ckpt-every K]`: each layer's held 8-bit inputs beyond its saved tensors
+    (`quant.held_input_bytes` of a checkpointed layer or not, layer 0 its own), added to the layers kept below and to
+    a non-checkpointed layer in its own backward (a checkpointed one's recompute holds them again: `layer.held_bytes`).
+    A checkpointed layer below holds all of them from its first forward: checkpointing packs only saved tensors, and
+    `MatMul8bitFp.forward` keeps its input as a node attribute, `ctx.A = A` (bitsandbytes 0.50.2
+    autograd/_functions.py:269), alive while the loss's graph is (llama int8 fp32 4 x 128, h 256, every layer
+    checkpointed: the last layer's backward read -1.74 % without layer 0's)."""
     def extra(spec, plan, j):
         return quant.held_input_bytes(spec, plan, first=j == 0, checkpointed=plan.checkpointed(j))[1]
 
