@@ -1,7 +1,8 @@
 """The output layer's module name of traced architectures (`llmem.derive.head`) against the model transformers 5.23
 builds: GPT-NeoX-Japanese names it `embed_out`, BioGPT `output_projection`; a tied head is a module of its own that the
 parameter inventory does not show. `--lora-modules-to-save` then accepts the real name and refuses `lm_head`, which
-matches no module (PEFT skips it without a word: no trainable copy in the run)."""
+matches no module (PEFT skips it without a word: no trainable copy in the run), and `all-linear` leaves an untied
+head of its own name out, as PEFT does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from llmem.components.lora_head import head_module
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
+from tests.components.test_lora import peft_model_on_meta
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -37,6 +39,9 @@ def test_head_module_is_get_output_embeddings(extra):
     real = _real_head(config)
     assert spec.derived is not None and head_module(spec) == real
     lora.validate(spec, TrainingPlan(method="lora", lora_targets="all-linear", lora_modules_to_save=real))
+    plan = TrainingPlan(method="lora", precision="fp32", lora_rank=8, lora_targets="all-linear")
+    trainable, _ = peft_model_on_meta(config, plan).get_nb_trainable_parameters()  # all-linear leaves the head out
+    assert lora.trainable_params(spec, plan) == trainable
     if real != "lm_head":
         with pytest.raises(InputError) as err:
             lora.validate(spec, TrainingPlan(method="lora", lora_targets="all-linear", lora_modules_to_save="lm_head"))
