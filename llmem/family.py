@@ -115,6 +115,9 @@ class Family:
     embedding_dropout: tuple[str, str] = ()  # (module, config key) of a dropout on the embeddings' output
     #   (GPT-2's `drop`, embd_pdrop; GPT-NeoX's `emb_dropout`, hidden_dropout)
     embedding_norm: bool = False  # a LayerNorm on the embeddings' output (`BloomModel.word_embeddings_layernorm`)
+    output_layer: str = "lm_head"  # the `*ForCausalLM` output Linear's module name (what `get_output_embeddings()`
+    #   returns), a module of its own even when tied: `lm_head` in every family here, GPT-NeoX included
+    #   (`modeling_gpt_neox.py:385`; its checkpoints' `embed_out.` is renamed on load, `conversion_mapping.py:357`)
     embed_projection: bool = False  # project_in/project_out around the decoder when word_embed_proj_dim differs
     #   from hidden_size (`OPTDecoder`)
     qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE (`Qwen3Attention.q_norm`, `k_norm`)

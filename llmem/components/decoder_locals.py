@@ -13,7 +13,7 @@ norm's output, then go before the lm_head runs (`decoder_locals_bytes`, transfor
   word_embed_proj_dim differs: autocast's half), `position_attention_mask = torch.ones(batch, seq)` (fp32),
   `position_ids = (cumsum(mask) * mask - 1).long()` (`OPTLearnedPositionalEmbedding` embeds `position_ids + 2`, a
   new tensor, counted in `activations.outer_saved`), `pos_embeds` (tokens × h)).
-- GPT-NeoX (`models/gpt_neox/modeling_gpt_neox.py` lines 333-334 and 51: `position_ids = arange(seq).unsqueeze(0)`
+- GPT-NeoX (`models/gpt_neox/modeling_gpt_neox.py` lines 333-334 and 344: `position_ids = arange(seq).unsqueeze(0)`
   (int64), `hidden_states = self.emb_dropout(inputs_embeds)`: with hidden_dropout > 0 the embeddings stay a local
   beside their dropped copy, layer 0's input).
 - BLOOM (`models/bloom/modeling_bloom.py`, `BloomModel.forward`): `alibi` (batch·heads × 1 × seq, the hidden

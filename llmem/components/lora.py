@@ -51,6 +51,7 @@ from llmem.components.lora_copies import (  # noqa: F401 (re-exported: `--lora-m
     saved_module_names,
     trains_copy,
 )
+from llmem.components.lora_head import head_module
 from llmem.derive import lora_experts as traced_experts  # a traced MoE's ParamWrappers
 from llmem.errors import InputError
 from llmem.plan import ALL_LINEAR, Method, TrainingPlan
@@ -100,6 +101,8 @@ def _linear_weights(spec: ModelSpec) -> list[ParamTensor]:
         name = _module(p)
         last = name.rsplit(".", 1)[-1]
         if not p.name.endswith(".weight") or len(p.shape) != 2 or last in _EMBEDDINGS or last in _HEADS:
+            continue
+        if p.layer is None and name == head_module(spec):  # an untied head of its own name (BioGPT's output_projection)
             continue
         if spec.is_moe and name.endswith("mlp.gate"):
             continue

@@ -15,6 +15,7 @@ of one side trains, the other side keeps the frozen shared weight): refused, not
 
 from __future__ import annotations
 
+from llmem.components.lora_head import head_module
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor, per_spec
@@ -39,7 +40,7 @@ def _copy_kind(spec: ModelSpec, p: ParamTensor) -> str | None:
     if p.layer is not None or not p.name.endswith(".weight") or len(p.shape) != 2:
         return None
     last = _module(p).rsplit(".", 1)[-1]
-    if last in _HEADS:
+    if last in _HEADS or _module(p) == head_module(spec):
         return "head"
     if last in _EMBEDDINGS and p.shape[0] == spec.vocab_size:
         return "embed"
@@ -59,7 +60,7 @@ def _find_copy_sources(spec: ModelSpec) -> tuple[tuple[str, str, ParamTensor], .
     out = [(k, _module(p), p) for p in spec.outer_params if (k := _copy_kind(spec, p))]
     embed = next((p for k, _, p in out if k == "embed"), None)
     if spec.tie_word_embeddings and embed is not None and not any(k == "head" for k, _, _ in out):
-        out.append(("head", "lm_head", embed))
+        out.append(("head", head_module(spec), embed))
     return tuple(out)
 
 
@@ -67,6 +68,8 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
     """The trainable `modules_to_save["default"]` weights (in spec order: embedding first, then lm_head), named as
     PEFT names them; each has its module's shape and the plan's parameter dtype."""
     names = saved_module_names(plan)
+    if not names:
+        return []
     return [ParamTensor(f"{m}.modules_to_save.default.weight", p.shape, None)
             for _, m, p in _copy_sources(spec) if any(m.endswith(n) for n in names)]
 
@@ -75,6 +78,8 @@ def module_copies(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
 def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
     """Whether the plan trains a copy of the embedding ("embed") or of the lm_head ("head")."""
     names = saved_module_names(plan)
+    if not names:
+        return False
     return any(k == kind and any(m.endswith(n) for n in names) for k, m, _ in _copy_sources(spec))
 
 
@@ -82,6 +87,8 @@ def trains_copy(spec: ModelSpec, plan: TrainingPlan, kind: str) -> bool:
 def copy_bytes(spec: ModelSpec, plan: TrainingPlan, kind: str | None = None) -> int:
     """Bytes of the trainable copies (of one kind, or all): the plan's parameter dtype. Their gradients have the
     same size."""
+    if not saved_module_names(plan):
+        return 0
     kinds = {k for k, _, _ in _copy_sources(spec) if (kind is None or k == kind) and trains_copy(spec, plan, k)}
     return sum(p.numel for k, _, p in _copy_sources(spec) if k in kinds) * plan.precision.param_bytes
 
@@ -93,8 +100,9 @@ def _validate_modules_to_save(spec: ModelSpec, plan: TrainingPlan) -> None:
     modules = sorted({p.name.rsplit(".", k)[0] for p in spec.params for k in range(1, p.name.count(".") + 1)})
     modelled = sorted({_module(p).rsplit(".", 1)[-1] for p in spec.params if _copy_kind(spec, p)})
     if spec.tie_word_embeddings:  # the tied lm_head is a module of its own, its weight the embedding's
-        modules.append("lm_head")
-        modelled = sorted({*modelled, "lm_head"})
+        head = head_module(spec)
+        modules.append(head)
+        modelled = sorted({*modelled, head.rsplit(".", 1)[-1]})
     for n in names:
         hits = [m for m in modules if m.endswith(n)]
         if not hits:

@@ -1,7 +1,10 @@
 """LoRA on the output layer (`--lora-targets ...,lm_head`): PEFT's `lora.Linear` around the frozen lm_head.
 
-What runs (peft 0.21.2): a target named `lm_head` (or the family's head name, `embed_out` of gpt_neox) is wrapped
-like any Linear (`all-linear` leaves it out; a named target does not). With tied embeddings PEFT adapts the lm_head
+What runs (peft 0.21.2): a target named `lm_head` (the output layer's module name, `head_module`: `lm_head` in every
+family, GPT-NeoX included since transformers 5) is wrapped like any Linear (`all-linear` leaves it out; a named
+target does not). A target naming another model's head (`embed_out`, transformers 4's GPT-NeoX name) matches
+nothing here, and PEFT ignores it silently when another target matches: refused with the right name
+(`check_name`). With tied embeddings PEFT adapts the lm_head
 module and leaves the shared weight frozen (it warns that the adapters are not tied): the same program.
   lora_A: Linear(h, r) -> weight (r, h);  lora_B: Linear(r, V) -> weight (V, r)   (fp32, like every adapter)
 Forward (`peft/tuners/lora/layer.py: Linear.forward`, 0.21.2):
@@ -37,12 +40,26 @@ def targets_head(plan: TrainingPlan) -> bool:
 
 
 def head_module(spec: ModelSpec) -> str:
-    """The output layer's module name: the untied head weight's, else transformers' `lm_head`."""
+    """The output layer's module name: the untied head weight's, else the family's `output_layer` (the tied head is
+    a module of its own whose weight is the embedding's: `lm_head`, `modeling_gpt_neox.py:377,385`), or for a traced
+    architecture the name of the module its model's `get_output_embeddings()` returns (`llmem.derive.head`)."""
     for p in spec.outer_params:
         m = p.name.removesuffix(".weight")
         if m.rsplit(".", 1)[-1] in HEADS:
             return m
-    return "embed_out" if spec.model_type == "gpt_neox" else "lm_head"
+    return spec.derived.output_layer() if spec.derived is not None else spec.family.output_layer
+
+
+def check_name(spec: ModelSpec, target: str, option: str = "lora-targets") -> None:
+    """A head name (`lm_head`, `embed_out`) that is not this model's output layer matches no module: PEFT 0.21.2
+    skips it without a word when another target matches (`tuners_utils.py:1093-1102`), so the run has no such
+    adapter. Refused with the model's own name."""
+    from llmem.errors import InputError
+
+    head = head_module(spec).rsplit(".", 1)[-1]
+    if target.rsplit(".", 1)[-1] != head:
+        raise InputError(option, f"{target!r} matches no module of {spec.model_type} in transformers 5.23: its output "
+                         f"layer is {head} (GPT-NeoX checkpoints' embed_out is renamed lm_head on load); write {head}")
 
 
 def adapter_params(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
@@ -110,6 +127,7 @@ def check_supported(spec: ModelSpec, plan: TrainingPlan, target: str) -> None:
     final norm saves are counted by hand; elsewhere the traced tables would have to carry it (not done)."""
     from llmem.errors import GAP, InputError
 
+    check_name(spec, target)
     if spec.derived is not None or not spec.family.lora_activations:
         raise InputError("lora-targets", f"LoRA on the output layer ({target}) is modelled for llama, mistral, "
                          f"qwen2, qwen3 and the other hand-modelled LoRA families, not yet for {spec.model_type}; "

@@ -40,7 +40,7 @@ def load(config: dict, key: tuple) -> dict | None:
         return None
 
 
-def store(config: dict, key: tuple, fitted: dict | bool) -> dict | bool:
+def store(config: dict, key: tuple, fitted: dict | bool | str) -> dict | bool | str:
     path = _path(config, key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

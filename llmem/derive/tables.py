@@ -110,6 +110,12 @@ class Derived:
                 cache.store(self.config, ("dropout",), bool(dropout_keys(self.config)))
         return self._dropout
 
+    def output_layer(self) -> str:
+        """The output layer's module name (`llmem.derive.head`: the model's `get_output_embeddings()`)."""
+        from llmem.derive.head import output_layer
+
+        return output_layer(self.config)
+
     def fitted(self, plan: TrainingPlan) -> dict:
         """The fits of the plan's (dtype, autocast dtype, attention, sequence band, batch regime)."""
         return remembered(self._plan_fits, plan.key, lambda: self._fitted(self.key(plan)))

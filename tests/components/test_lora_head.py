@@ -39,6 +39,7 @@ def test_trainable_params_equal_peft_on_meta(config, targets):
     (CONFIGS["llama"], dict(precision="bf16"), "lora-targets"),
     (CONFIGS["llama"], dict(gpus=2, zero=3), "lora-targets"),
     (CONFIGS["gemma2"], {}, "lora-targets"),  # a traced LoRA family
+    (CONFIGS["llama"], dict(lora_targets="q_proj,v_proj,embed_out"), "lora-targets"),  # no such module: PEFT skips
 ])
 def test_unmodelled_plans_name_the_field(config, plan, field):
     with pytest.raises(InputError) as err:
@@ -93,3 +94,44 @@ def test_two_ranks_ddp(name):
     """DDP buckets the head adapter's gradients with the others' (the lm_head's are the first made)."""
     pytest.importorskip("torch")
     TWO_RANKS.check(name, tolerance=0.01)
+
+
+def test_head_module_is_the_real_models_output_layer():
+    """`head_module` against transformers 5.23 on the meta device, every family tied and untied (test_spec's
+    cases): the name of the module `get_output_embeddings()` returns (GPT-NeoX's is `lm_head`, not transformers 4's
+    `embed_out`)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmem.components.lora_head import head_module
+    from tests.test_spec import CASES, TINY
+
+    for model_type, extra in CASES:
+        config = {**TINY, **extra, "model_type": model_type}
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+        head = model.get_output_embeddings()
+        real = next(n for n, m in model.named_modules() if m is head)
+        assert head_module(ModelSpec.from_config(config)) == real, (model_type, extra)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gpt_neox_head_adapter_against_peft(tied):
+    """gpt_neox: PEFT adapts `lm_head` (every adapter's name and shape here is PEFT's), and ignores
+    `embed_out` without a word when another target matches, so an estimate with it is refused, naming lm_head."""
+    pytest.importorskip("torch")
+    from tests.components.test_lora import peft_model_on_meta
+    from tests.test_spec import TINY
+
+    config = {**TINY, "model_type": "gpt_neox", "tie_word_embeddings": tied}
+    spec = ModelSpec.from_config(config)
+    head = TrainingPlan(method="lora", precision="fp32", lora_rank=8, lora_targets="query_key_value,lm_head")
+    real = {n.removeprefix("base_model.model."): tuple(p.shape)
+            for n, p in peft_model_on_meta(config, head).named_parameters() if ".lora_" in n}
+    assert {p.name: p.shape for p in lora.adapter_params(spec, head)} == real
+    stale = TrainingPlan(method="lora", precision="fp32", lora_rank=8, lora_targets="query_key_value,embed_out")
+    names = [n for n, _ in peft_model_on_meta(config, stale).named_parameters() if ".lora_" in n]
+    assert names and not [n for n in names if "layers." not in n]  # the run has no head adapter
+    with pytest.raises(InputError) as err:
+        estimate(spec, stale)
+    assert err.value.field == "lora-targets" and "lm_head" in str(err.value)
