@@ -164,3 +164,23 @@ def test_resuming_runs_the_plan_as_recorded_when_the_draw_has_changed_since(tmp_
     (row,) = [r for r in resumed if r["index"] == other["index"]]
     today = draw_one(11, other["index"], "small", "cpu").fields
     assert row["outcome"] == COMPARED and row["plan"] == first["plan"] != today
+
+
+@pytest.mark.parametrize("gpus, estimate, first, again, kept", [
+    (2, 900, 1000, 950, 950),    # read more than 1 % high: measured alone, the lower peak kept
+    (2, 900, 1000, 1010, 1000),  # the second launch read higher: the first kept
+    (2, 995, 1000, 900, 1000),   # within 1 %: not launched again
+    (1, 900, 1000, 900, 1000),   # one process: no gloo threads, never launched again
+])
+def test_a_multi_rank_plan_read_high_is_measured_again_alone(monkeypatch, gpus, estimate, first, again, kept):
+    from llmem.measure import launch
+    from llmem.measure.validate import Row
+
+    launched = []
+    monkeypatch.setattr(launch, "run_job", lambda rows, world, device: launched.append(world) or (
+        [{"id": rows[0]["id"], "peak_bytes": again}], ""))
+    row = Row("s0-0", "llama", {"model_type": "llama"}, {"gpus": gpus} if gpus > 1 else {})
+    res = run._read_high_again(row, {"estimate_bytes": estimate}, {"peak_bytes": first})
+    assert res["peak_bytes"] == kept
+    assert launched == ([gpus] if gpus > 1 and estimate < 0.99 * first else [])
+    assert ("launch_peaks" in res) == (kept != first)
