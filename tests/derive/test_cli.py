@@ -32,7 +32,7 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
 
 @pytest.mark.parametrize("cfg, argv, field", [
     (config("stablelm"), ("--tp", "2", "--gpus", "2"), "tp"),  # no base_model_tp_plan in its config
-    (config("qwen3_moe"), ("--method", "lora"), "lora-targets"),  # all-linear on an MoE: PEFT may adapt fused experts
+    (config("qwen3_moe"), ("--method", "lora"), "lora-dropout"),  # all-linear: PEFT's ParamWrapper on the experts
     (config("olmo2"), ("--method", "qlora", "--quant", "int8", "--precision", "bf16", "--gpus", "2", "--zero", "1"),
      "zero"),  # traced QLoRA: one GPU and DDP
     (config("deepseek_v3", first_k_dense_replace=1), (), "first_k_dense_replace"),  # dense and expert layers
