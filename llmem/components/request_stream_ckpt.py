@@ -19,7 +19,7 @@ from llmem.choices import GradCkpt
 from llmem.components import autocast
 from llmem.components import request_stream_tp as tp_ops
 from llmem.components import request_stream_tp_forward as tp_forward
-from llmem.components.request_stream_tp import F32, _Layer
+from llmem.components.request_stream_tp import _Layer
 from llmem.components.sharding import FSDP_SCHEMES, local_numel
 
 
@@ -93,7 +93,7 @@ def layer_forward(req, spec, plan, layer: int, tokens, cached: list, kept: list)
 
     o1 = _norm(req, s)
     out = {n: made(n, _linear(req, s, cached, n, cast=True)) for n in ("q_proj", "k_proj", "v_proj")}
-    qe, ke = _rope(req, s, "q_proj"), _rope(req, s, "k_proj")
+    qe, ke = tp_forward._rope_forward(req, s, "q_proj"), tp_forward._rope_forward(req, s, "k_proj")
     drop(out["q_proj"], out["k_proj"])
     qc, kc = req.alloc(s.rows("q_proj", s.c)), req.alloc(s.rows("k_proj", s.c))
     sdpa = made("sdpa", req.alloc(s.rows("q_proj", s.c)))
@@ -132,19 +132,4 @@ def _linear(req, s: _Layer, cached: list, name: str, cast: bool) -> int:
     x = req.alloc(s.c_th) if cast else 0
     out = req.alloc(s.c_th if name in ("o_proj", "down_proj") else s.rows(name, s.c))
     req.free(x)
-    return out
-
-
-def _rope(req, s: _Layer, name: str) -> int:
-    """`apply_rotary_pos_emb` on q or k under autocast: x · cos in fp32, rotate_half's `neg` and `cat` (half), · sin,
-    the fp32 sum (returned)."""
-    f, c = s.rows(name, F32), s.rows(name, s.c)
-    m1 = req.alloc(f)
-    ng = req.alloc(s.rows(name, s.c, half=True))
-    cat = req.alloc(c)
-    req.free(ng)
-    m2 = req.alloc(f)
-    req.free(cat)
-    out = req.alloc(f)
-    req.free(m1, m2)
     return out
