@@ -9,11 +9,10 @@ import pytest
 
 from llmem.components import quant_int8_traced
 from llmem.components.lora_activations import traced_spec
-from llmem.estimate import estimate
-from llmem.measure.run import measure_rank
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
+from tests.derive import test_qlora_traced as qlora_traced
 from tests.derive.test_lora_derived import config_of
 from tests.derive.test_qlora_traced import WIDE
 
@@ -67,13 +66,7 @@ def test_held_inputs_equal_the_real_nodes_checkpointed(family):
 
 
 def _error(cfg: dict, **plan) -> float:
-    p = TrainingPlan(**{**_BASE, "precision": "fp32", **plan})
-    est = estimate(ModelSpec.from_config(cfg), p)
-    assert est.spec.derived is not None  # the traced tables answered
-    measured = measure_rank(cfg, p)["peak_bytes"]
-    print(f"{cfg['model_type']} {plan}: estimate {est.peak_bytes:,} measured {measured:,} "
-          f"({(est.peak_bytes - measured) / measured:+.3%}, {est.peak_phase})")
-    return (est.peak_bytes - measured) / measured
+    return qlora_traced._error(cfg, _BASE, **plan)
 
 
 FAMILIES = ("gpt_neox", "falcon", "phi", "opt", "starcoder2", "stablelm")

@@ -36,8 +36,9 @@ WIDE = {
 _BASE = dict(method="qlora", quant="nf4", lora_targets="all-linear", batch_size=2, seq_len=64)
 
 
-def _error(cfg: dict, **plan) -> float:
-    p = TrainingPlan(device="cpu", **{**_BASE, "precision": "fp32", **plan})
+def _error(cfg: dict, base: dict = _BASE, **plan) -> float:
+    """(estimate - measured) / measured of the traced QLoRA plan `base` + `plan` (fp32 unless it says)."""
+    p = TrainingPlan(**{"device": "cpu", **base, "precision": "fp32", **plan})
     est = estimate(ModelSpec.from_config(cfg), p)
     assert est.spec.derived is not None  # the traced tables answered
     measured = measure_rank(cfg, p)["peak_bytes"]
