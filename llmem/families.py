@@ -139,6 +139,8 @@ _DROP = ("attention_dropout",)  # eager attention's dropout on the probabilities
 _LLAMA_BASE = dict(tie_word_embeddings=False, num_kv_heads=None, head_dim=None, attention_bias=False, mlp_bias=False)
 # `LlamaModel.forward` and the models built on it: RoPE cos/sin and position_ids made once, passed to every layer
 _LLAMA_TRAITS = dict(rope=True, position_ids_held=True)
+# the dense llama-like families every torchtitan feature was measured on (cp, pp, float8, the reserved replay)
+_TORCHTITAN_MEASURED = dict(context_parallel=True, pipeline_stages=True, float8_linears=True, request_stream=True)
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -146,26 +148,27 @@ FAMILIES: dict[str, Family] = {
         Family("llama", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
                          "num_layers": 32, "num_heads": 32},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias")), _llama_outer,
-               tp_plan=True, extra=_DROP, **_LLAMA_TRAITS, liger_kernel=True, lora_activations=True),
+               tp_plan=True, extra=_DROP, **_LLAMA_TRAITS, liger_kernel=True, lora_activations=True,
+               **_TORCHTITAN_MEASURED),
         Family("mistral", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
                            "num_layers": 32, "num_heads": 32, "num_kv_heads": 8},
                _llama_layer(lambda c: False), _llama_outer, tp_plan=True, extra=_DROP, **_LLAMA_TRAITS,
-               liger_kernel=True, lora_activations=True),
+               liger_kernel=True, lora_activations=True, **_TORCHTITAN_MEASURED),
         Family("qwen2", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
                          "num_layers": 32, "num_heads": 32, "num_kv_heads": 32},
                _llama_layer(lambda c: True), _llama_outer, tp_plan=True, extra=_DROP, **_LLAMA_TRAITS,
-               window_layers="from-max", liger_kernel=True, lora_activations=True),
+               window_layers="from-max", liger_kernel=True, lora_activations=True, **_TORCHTITAN_MEASURED),
         Family("qwen3", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
                          "num_layers": 32, "num_heads": 32, "num_kv_heads": 32, "head_dim": 128},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias"), qk_norm=True),
                _llama_outer, tp_plan=True, extra=_DROP, **_LLAMA_TRAITS, qk_norm=True, window_layers="from-max",
-               liger_kernel=True, lora_activations=True),
+               liger_kernel=True, lora_activations=True, **_TORCHTITAN_MEASURED),
         Family("gemma", {**_LLAMA_BASE, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
                          "num_layers": 28, "num_heads": 16, "num_kv_heads": 16, "head_dim": 256,
                          "tie_word_embeddings": True},
                _llama_layer(lambda c: c.get("attention_bias"), lambda c: c.get("attention_bias")), _llama_outer,
                tp_plan=True, extra=_DROP, **_LLAMA_TRAITS, unit_offset_norm=True, scaled_embeddings=True,
-               liger_kernel=True, lora_activations=True),
+               liger_kernel=True, lora_activations=True, context_parallel=True),
         Family("gemma2", {**_LLAMA_BASE, "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
                           "num_layers": 26, "num_heads": 8, "num_kv_heads": 4, "head_dim": 256,
                           "tie_word_embeddings": True, "attn_logit_softcapping": 50.0,
@@ -184,7 +187,8 @@ FAMILIES: dict[str, Family] = {
                            "num_layers": 32, "num_heads": 32, "num_kv_heads": 8, "num_experts": 8,
                            "num_experts_per_tok": 2},
                _mixtral_layer, _llama_outer, extra=_DROP, **_LLAMA_TRAITS, grouped_experts=True,
-               routing_weights_fp32=True, topk_renormalized=True, liger_kernel=True, lora_activations=True),
+               routing_weights_fp32=True, topk_renormalized=True, liger_kernel=True, lora_activations=True,
+               context_parallel=True),
         Family("qwen2_moe", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
                              "num_layers": 24, "num_heads": 16, "num_kv_heads": 16, "num_experts": 60,
                              "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
@@ -192,7 +196,7 @@ FAMILIES: dict[str, Family] = {
                              "mlp_only_layers": [], "qkv_bias": True},
                _qwen2_moe_layer, _llama_outer, extra=("norm_topk_prob", *_DROP), **_LLAMA_TRAITS,
                grouped_experts=True, shared_expert=True, lora_activations=True, both_masks=True,
-               window_layers="even-below-max"),
+               window_layers="even-below-max", context_parallel=True),
         Family("gpt2", {"vocab_size": 50257, "hidden_size": 768, "intermediate_size": None, "num_layers": 12,
                         "num_heads": 12, "tie_word_embeddings": True, "n_positions": 1024, "resid_pdrop": 0.1,
                         "embd_pdrop": 0.1, "attn_pdrop": 0.1},
@@ -237,3 +241,9 @@ FAMILIES: dict[str, Family] = {
 def with_trait(trait: str) -> tuple[str, ...]:
     """The modelled families whose `Family.<trait>` is true, in the table's order (refusal messages list them)."""
     return tuple(model_type for model_type, family in FAMILIES.items() if getattr(family, trait))
+
+
+def has_trait(model_type: str, trait: str) -> bool:
+    """Whether `model_type` is a modelled family whose `Family.<trait>` is true (false for any other type)."""
+    family = FAMILIES.get(model_type)
+    return family is not None and bool(getattr(family, trait))

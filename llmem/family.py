@@ -153,6 +153,12 @@ class Family:
     #   (`Qwen2MoeSparseMoeBlock.shared_expert`, `shared_expert_gate`)
     # What llmem models for the architecture (coverage, not structure):
     liger_kernel: bool = False  # Liger-Kernel 0.8.5 has `apply_liger_kernel_to_<model_type>` (fused linear CE)
+    context_parallel: bool = False  # `--cp`'s moments measured on its program (`components.context_parallel`)
+    pipeline_stages: bool = False  # `--pp`'s stage forward (`runtime.pipeline.Stage`, the llama-like
+    #   `Model.forward`) builds and was measured on it (`components.pipeline`)
+    float8_linears: bool = False  # `--float8`: a gated MLP of nn.Linears whose down_proj torchao converts, measured
+    #   (`components.float8`)
+    request_stream: bool = False  # the reserved replay writes its layer's requests out (`components.request_stream`)
     lora_activations: bool = False  # the LoRA activation table (`components.lora_activations`) covers its layer:
     #   llama's decoder layer (separate q/k/v/o and gate/up/down Linears, two pre-norms, a dense MLP, or a
     #   grouped-experts MoE block kept frozen: `lora_moe.moe_targets_refusal`); without it

@@ -222,3 +222,19 @@ def _layer_returns_kept_probabilities(model_type: str) -> bool:
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_returned_probabilities_trait_matches_a_real_forward(model_type):
     assert FAMILIES[model_type].returns_attention_probs == _layer_returns_kept_probabilities(model_type)
+
+
+@pytest.mark.parametrize("trait", ["pipeline_stages", "float8_linears", "request_stream"])
+def test_llama_layer_coverage_only_on_llama_layers(trait):
+    """The pipeline stage, the float8 moment and the request stream write out llama's dense decoder layer (separate
+    q/k/v/o and gate/up/down nn.Linears, two RMS pre-norms): a family marked for them must have that layer."""
+    for model_type in with_trait(trait):
+        family = FAMILIES[model_type]
+        assert family.tp_plan and family.norm == "rms" and family.mlp_activation == "gated", model_type
+        assert not (family.sandwich_norms or family.grouped_experts or family.fused_projections), model_type
+
+
+def test_context_parallel_coverage_needs_sdpa():
+    """torch's ring attention replaces SDPA's kernels (`--cp` runs under --attn sdpa): a family marked for it must
+    run transformers' SDPA path."""
+    assert all(FAMILIES[t].sdpa and not FAMILIES[t].own_attention_core for t in with_trait("context_parallel"))

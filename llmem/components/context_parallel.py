@@ -115,7 +115,6 @@ def ring_backward_bytes(spec: ModelSpec, plan, last: bool = False) -> int:
     return accumulators + sent + gathered + exchanged + second
 
 
-MEASURED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "mixtral", "qwen2_moe")
 _SLIDING_DEFAULT = {"mistral": 4096}  # the config classes' `sliding_window` defaults (transformers 5.23)
 
 
@@ -147,11 +146,13 @@ def check(spec: ModelSpec, plan) -> None:
     1.5 % low, opt 4.7 % low; the traced architectures' walk has no sdpa-backward moment for the ring's buffers
     (−3 % … +1.8 %); docs/notes/2026-11-27-context-parallel.md."""
     from llmem.errors import GAP, REFUSED, InputError
+    from llmem.families import has_trait, with_trait
 
     if plan.cp <= 1:
         return
-    if spec.model_type not in MEASURED_FAMILIES:
-        raise InputError("cp", f"context parallelism is modelled and measured for {', '.join(MEASURED_FAMILIES)}; "
+    if not has_trait(spec.model_type, "context_parallel"):
+        raise InputError("cp", "context parallelism is modelled and measured for "
+                         f"{', '.join(with_trait('context_parallel'))}; "
                          f"{spec.model_type!r} is not modelled yet: use --cp 1", GAP)
     if sliding_layers(spec):
         raise InputError("cp", "context parallelism runs full causal attention (accelerate drops the mask and "

@@ -74,7 +74,6 @@ def down_backward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> dict[str, 
     }
 
 
-MODELLED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # gated MLPs of nn.Linears, measured
 
 
 def check(spec: ModelSpec, plan: TrainingPlan) -> None:
@@ -84,8 +83,11 @@ def check(spec: ModelSpec, plan: TrainingPlan) -> None:
 
     if not applies(plan):
         return
-    if spec.model_type not in MODELLED_FAMILIES or spec.is_moe or spec.derived is not None:
-        raise InputError("float8", f"float8 Linears are modelled for the dense {', '.join(MODELLED_FAMILIES)} "
+    from llmem.families import has_trait, with_trait
+
+    if not has_trait(spec.model_type, "float8_linears") or spec.is_moe or spec.derived is not None:
+        families = ", ".join(with_trait("float8_linears"))
+        raise InputError("float8", f"float8 Linears are modelled for the dense {families} "
                          f"families; {spec.model_type!r} is not one: use --float8 none", GAP)
     if not converted(spec.intermediate_size, spec.hidden_size):
         raise InputError("float8", f"torchtitan's filter leaves down_proj ({spec.intermediate_size} -> "

@@ -9,9 +9,6 @@ from __future__ import annotations
 from llmem.errors import GAP, REFUSED, InputError
 from llmem.plan import PpSchedule, TrainingPlan
 
-# the stage forward (runtime.pipeline.Stage) is transformers' llama-like Model.forward; measured for these
-PP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
 
 def stage_layer_counts(layers: int, pp: int) -> list[int]:
     """Decoder layers per stage, torchtitan's `generate_llm_fqn_per_model_part(pp, layers, 1, 1)`
@@ -55,6 +52,7 @@ def check(spec, plan: TrainingPlan) -> None:
     adapter to train), the family's forward be the llama-like one, the embeddings untied (a weight cannot be shared
     by two ranks' stages)."""
     counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    from llmem.families import has_trait, with_trait
     from llmem.plan import Method
 
     idle = [r for r in range(plan.pp) if not sum(counts[s] for s in rank_stages(plan, r))]
@@ -62,8 +60,9 @@ def check(spec, plan: TrainingPlan) -> None:
         raise InputError("pp", f"under LoRA the stages of GPU {idle[0]} hold no decoder layer, so no adapter to "
                          f"train (torch.optim refuses an empty parameter list); use --pp {plan.pp - 1} or fewer, or "
                          "a model with more layers", REFUSED)
-    if spec.model_type not in PP_FAMILIES or spec.derived is not None or spec.is_moe:
-        raise InputError("pp", f"pipeline stages are built and measured for {', '.join(PP_FAMILIES)} (dense); "
+    if not has_trait(spec.model_type, "pipeline_stages") or spec.derived is not None or spec.is_moe:
+        families = ", ".join(with_trait("pipeline_stages"))
+        raise InputError("pp", f"pipeline stages are built and measured for {families} (dense); "
                          f"{spec.model_type!r} is not modelled; use --pp 1", GAP)
     if spec.tie_word_embeddings:
         # torchtitan refuses it (models/qwen3/model.py `update_from_config`: NotImplementedError "Weight tying is

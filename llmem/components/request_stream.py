@@ -61,6 +61,7 @@ from llmem.components.optimizer import _group_bytes
 from llmem.components.request_stream_tp import applies as per_op
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
+from llmem.families import has_trait
 from llmem.plan import (
     Device,
     Engine,
@@ -122,7 +123,6 @@ def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False
     return alloc.peak_reserved
 
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the layer structure the forward and backward write out
 # schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md,
 # TP under autocast: docs/notes/2026-11-27-tp-request-stream.md)
 REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
@@ -143,7 +143,7 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
             and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
             and not plan.ddp_bucket_view and _dim0_shards(spec, plan) and plan.pp == 1 and plan.cp == 1
             and not spec.is_moe
-            and spec.derived is None and spec.model_type in MODEL_TYPES)
+            and spec.derived is None and has_trait(spec.model_type, "request_stream"))
 
 
 def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:

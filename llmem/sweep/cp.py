@@ -2,7 +2,7 @@
 
 Drawn independently, a cp plan almost never lands on what runs (FSDP2, sdpa, a family with full causal attention and
 a `self_attn` module, a sequence that is a multiple of 2 × cp). So in a share of the multi-GPU plans of a family cp
-is modelled for (`llmem.components.context_parallel.MEASURED_FAMILIES`) with an even GPU count, tp 1, the torch
+is modelled for (`Family.context_parallel`) with an even GPU count, tp 1, the torch
 engine and no pipeline, from a stream of its own (every other draw stays the same), the plan is redrawn as FSDP2
 (ZeRO-2 or 3) with sdpa and the options cp is not modelled with turned off (`llmem.support_cp`). Full fine-tuning
 and LoRA, checkpointing (none or full, every K) and accumulation are kept as drawn."""
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from llmem.choices import GradCkpt, Loss, Method, Offload
-from llmem.components.context_parallel import MEASURED_FAMILIES
+from llmem.families import has_trait
 
 CP_SHARE = 0.5
 
@@ -20,7 +20,7 @@ CP_SHARE = 0.5
 def eligible(fields: dict, config: dict) -> bool:
     """Whether the drawn plan can become a cp plan: a measured family without sliding-window layers (the sweep's
     mistral has `sliding_window: null`), an even GPU count, tp 1, the torch engine, no pipeline, full or LoRA."""
-    return (config.get("model_type") in MEASURED_FAMILIES and not config.get("sliding_window")
+    return (has_trait(config.get("model_type"), "context_parallel") and not config.get("sliding_window")
             and fields["gpus"] % 2 == 0 and fields["tp"] == 1 and "engine" not in fields and "pp" not in fields
             and fields["method"] in (Method.FULL.value, Method.LORA.value))
 

@@ -220,16 +220,16 @@ FLOAT8_SHARE = 0.5
 
 def draw_pipeline(seed: int, index: int, fields: dict, config: dict) -> dict:
     """`--pp`, from a stream of its own: in a share of the multi-GPU plans drawn as DDP or FSDP2 ZeRO-3 (tp 1, the
-    torch engine) of a model with a pipeline split (`components.pipeline.PP_FAMILIES`, untied, dense) pipeline
+    torch engine) of a model with a pipeline split (`Family.pipeline_stages`, untied, dense) pipeline
     stages (`_draw_pp`: one per GPU, or with data parallelism beside them; FSDP2: pure precision), a schedule (the
     looped one from a stream of its own, with 2 or 3 stages per GPU where the split has them), and a microbatch
     count dividing the batch that the schedule runs; the plan's other options are set to what the pipeline is
     modelled with (`llmem.support`'s pp rows: full fine-tuning, or LoRA with one stage per GPU and no module copies;
     sdpa, adamw or sgd, no or full checkpointing of every layer, one micro-step, the standard loss, no offload)."""
-    from llmem.components.pipeline import PP_FAMILIES
+    from llmem.families import has_trait
 
     rng = random.Random(f"{seed}:{index}:pipeline")
-    modelled = config.get("model_type") in PP_FAMILIES and not config.get("tie_word_embeddings", False)
+    modelled = has_trait(config.get("model_type"), "pipeline_stages") and not config.get("tie_word_embeddings", False)
     if fields["gpus"] < 2 or fields["tp"] != 1 or fields["zero"] not in (0, 3) or "engine" in fields \
             or rng.random() >= PP_SHARE or not modelled:
         return {}

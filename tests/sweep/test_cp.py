@@ -1,7 +1,7 @@
 """`llmem.sweep.cp`: the sweep's `--cp` draws land on plans the support matrix accepts, over the families, methods,
 checkpointing and accumulation cp is modelled with."""
 
-from llmem.components.context_parallel import MEASURED_FAMILIES
+from llmem.families import with_trait
 from llmem.plan import TrainingPlan
 from llmem.sweep.draw import draw
 
@@ -11,7 +11,7 @@ def test_cp_draws_are_accepted_plans_over_what_cp_is_modelled_with():
     assert len(drawn) >= 20
     for d in drawn:
         plan = TrainingPlan(**d.fields)  # raises InputError on any refused or gap combination of options
-        assert d.config["model_type"] in MEASURED_FAMILIES and plan.seq_len % (2 * plan.cp) == 0
+        assert d.config["model_type"] in with_trait("context_parallel") and plan.seq_len % (2 * plan.cp) == 0
     assert {d.fields["method"] for d in drawn} == {"full", "lora"}
     assert {d.fields["grad_ckpt"] for d in drawn} == {"none", "full"}
     assert max(d.fields["grad_accum"] for d in drawn) > 1
