@@ -260,12 +260,13 @@ different run of a close program, so its error has parts the estimator cannot re
   loss, bf16 adapters); older bitsandbytes saved every 4-bit Linear's input; flash-attention kernels and cuBLAS
   workspaces differ from the profile in small ways;
 - **sharding implementation**: the LoRA and QLoRA runs under FSDP1 (torchtune of April 2024, Answer.AI's train.py)
-  trained adapters inside FullyShardedDataParallel's flat parameters, which `--engine fsdp1` does not model (it
-  models full fine-tuning); they are estimated as FSDP2 and shown above for reference, their peaks well above.
-  The full fine-tunes under FSDP1 are claimed with `--engine fsdp1`: LitGPT's Phi-2 run within a few per cent,
-  torchtune's Llama-2-7B run on 4 GPUs above even the high end of the reserved range — with the reference rows of
-  the same torchtune table, the first thing to check on a GPU (`python -m llmem validate --device cuda` on a suite
-  of `--engine fsdp1` rows).
+  trained adapters under FullyShardedDataParallel as each wrapped it, which `--engine fsdp1` (accelerate's wrapping)
+  does not model exactly; they are shown above for reference. The full fine-tunes under FSDP1 are claimed with
+  `--engine fsdp1`: LitGPT's Phi-2 run within a few per cent; torchtune's Llama-2-7B run on 4 GPUs above even the
+  high end of the reserved range, although its recipe, read at the README's commit, allocates our peak term by
+  term — the figure (statistic unnamed, "averaged over multiple runs") lies 2.7-6.0 GB above every reading of that
+  program, as the LoRA run of the same table lies above its own (docs/notes/2026-11-28-torchtune-fsdp1-rows.md);
+  the first thing to check on a GPU (`python -m llmem validate --device cuda` on a suite of `--engine fsdp1` rows).
 - **model code**: LitGPT's Phi computes the tanh GELU in one op where transformers' `gelu_new` composes it of
   elementwise ops that each keep a tensor; those claims set the config's `hidden_act` to `gelu_pytorch_tanh`, the
   one-op form (shown in the preset column), and say what the hub's activation would read.

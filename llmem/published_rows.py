@@ -79,16 +79,16 @@ CLAIMS: dict[str, Claim] = {
         "(FullyShardedDataParallel) FULL_SHARD, one unit per decoder layer and the root = our --engine fsdp1 --zero 3 "
         "on 4 GPUs, pure bf16 (bf16 AdamW states, no MixedPrecision), torch AdamW, micro-batch 2 padded to the "
         "longest Alpaca sample (max 512: the upper end), activation checkpointing per layer (--grad-ckpt full). "
-        "Statistic not named by the README: reserved_bytes, as torchtune_readme_027. Differs: torchtune's own FSDP1 "
-        "wrapping of April 2024 (the full model loaded on rank 0's CPU and broadcast with sync_module_states, the "
-        "other ranks built on the meta device) where ours is accelerate's configuration; torchtune's own Llama code; "
-        "the figure is an average over several runs. The measured figure lies above even the high end of the "
-        "reserved range. The estimated peak is the optimizer step (shards of the weights, gradients and both "
-        "AdamW states, and foreach's one temporary copy), where FSDP1 and FSDP2 hold the same bytes: the FSDP2 "
-        "estimate this row had as a reference row is unchanged, to the byte. A gap this table shows but does not "
-        "explain (torchtune_readme_027, the LoRA run of the same table, lies further still above our FSDP2 "
-        "estimate), the first thing to check on a GPU with --engine fsdp1 (the recipe's step: foreach AdamW over "
-        "FSDP1's flat shards, use_orig_params off).",
+        "Statistic not named by the README: reserved_bytes, as torchtune_readme_027. Read at the README's commit "
+        "(fef3ed10) and torch 2.2.2, the recipe's peak is ours term by term: the optimizer step, foreach AdamW "
+        "(FlatParameter is a plain nn.Parameter) over the flat shards: weights, gradients, both bf16 states and "
+        "_foreach_sqrt's one copy, 16.91 GB allocated. Differs: torchtune's FSDP1 wrapping (rank 0 builds on the "
+        "CPU, the others on the meta device, sync_module_states; the cache emptied before training), its own Llama "
+        "code (fp32 logits, only around the loss), and FSDP1's unshard-stream pool (the root and two layers, "
+        "1.33 GB) held through the step: reserved at least 18.25 GB, which our point figure omits. The figure, "
+        "'averaged over multiple runs' with its statistic unnamed, lies 2.7-6.0 GB above every reading of this "
+        "program (allocated, reserved, nvidia-smi) and above the high end of our range; the same table holds "
+        "figures taken on other code and in other ways (docs/notes/2026-11-28-torchtune-fsdp1-rows.md).",
         dict(precision="bf16", zero=3, seq_len=512, engine="fsdp1")),
     "litgpt_config_hub_024": Claim(
         "phi-2", ALLOCATED,
@@ -158,8 +158,12 @@ REFERENCE: dict[str, Claim] = {
         "reserved_bytes, as the torchtune tutorial of the same month (torchtune_docs_003) reports reserved memory. "
         "torchtune of April 2024 sharded with FSDP1 and built its adapters in the model's bf16: estimated as our "
         "--engine fsdp1 with --lora-adapter-dtype base. Differs: torchtune's own Llama code and LoRA modules "
-        "(torchtune's LoRALinear, not PEFT's), FSDP1 as torchtune wrapped it (its own wrap policy and flags, where "
-        "--engine fsdp1 follows accelerate's), the figure an average over several runs.",
+        "(torchtune's LoRALinear, not PEFT's), and FSDP1 as torchtune wrapped it: lora_fsdp_wrap_policy gives every "
+        "lora_a and lora_b a unit of its own, so under use_orig_params=False each layer's FlatParameter holds the "
+        "frozen base only and requires no grad (no flat base gradient, no base Linear saves its input), where "
+        "--engine fsdp1 is accelerate's one unit per layer that requires grad: torchtune's program holds about "
+        "2.5 GB less than this estimate (about 13.1-13.5 GB allocated), and the figure, an average over several "
+        "runs, lies 7-7.5 GB above it (docs/notes/2026-11-28-torchtune-fsdp1-rows.md).",
         dict(precision="bf16", zero=3, seq_len=512, lora_alpha=16, lora_dropout=0.05, lora_targets=_LORA_QV,
              engine="fsdp1", lora_adapter_dtype="base")),
     "answerai_fsdp_qlora_008": Claim(
