@@ -13,6 +13,9 @@ one loop over flat blocks instead of an object per block and method calls per re
   should_split    small pool: remainder >= 512 B; large pool: remainder > 1 MiB; the remainder a free block linked
                   after the handed-out one.
   free_block      merged with its free neighbours through the block's links (`try_merge_blocks`), no search.
+What follows from a request's bytes alone (the rounding, the pool, the split bound, the new segment's bytes) is
+worked out once per distinct (bytes, stream) of the stream (`compile_stream`, once per layout's stream; `_requests`,
+once per replay), not per request.
 """
 
 from __future__ import annotations
@@ -25,18 +28,49 @@ _MASK = (1 << 64) - 1  # key: size << 64 | address (addresses stay below 2^64 by
 ADDR, SIZE, PREV, NEXT, USED, POOL = range(6)  # a block: [address, size, prev, next, allocated, its pool's keys]
 
 
+def compile_stream(events) -> tuple:
+    """`events` as (key, token) pairs and the tokens: each distinct (bytes or slot, stream) of a request a token,
+    resolved once per replay (`peak_compiled`); token -1 a free. Written once per layout's stream."""
+    tokens: dict = {}
+    ops = tuple((k, -1) if n.__class__ is not str and n <= 0 else (k, tokens.setdefault((n, s), len(tokens)))
+                for k, n, s in events)
+    return ops, tuple(tokens)
+
+
 def peak_reserved(events, slots: dict | None = None) -> int:
     """The reserved bytes after `events` ((key, bytes, stream); bytes <= 0 frees the request `key`; bytes may
     name a slot of `slots`, whose value it stands for), default segments; the same figure as
     `CachingAllocator().malloc/free` then `.peak_reserved`."""
-    get = (slots or {}).get
-    pools: dict[int, list[int]] = {}  # stream * 2 + small -> its free blocks' keys, sorted
-    free_at: dict[int, list] = {}  # address -> the free block there
-    live: dict[int, list] = {}  # request key -> its block
-    reserved = 0
-    for key, nbytes, stream in events:
+    return peak_compiled(compile_stream(events), slots)
+
+
+def _requests(tokens: tuple, slots: dict | None) -> list:
+    """Per token what `malloc` derives from its bytes alone: (size · 2^64, size, the least remainder split off,
+    its pool's free keys, the bytes of a new segment for it); None for a request of 0 bytes (not made), and last
+    (token -1: a free)."""
+    get, pools, out = (slots or {}).get, {}, []
+    for nbytes, stream in tokens:
         nbytes = get(nbytes, nbytes)
-        if nbytes <= 0:  # free_block (a 0-byte slot: a request not made, its key never live)
+        if nbytes <= 0:
+            out.append(None)
+            continue
+        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511  # round_size
+        small = size <= K_SMALL_SIZE  # get_pool; should_split's bound: small >= 512 B, large > 1 MiB
+        keys = pools.setdefault(2 * stream + small, [])
+        out.append((size << 64, size, 512 if small else K_SMALL_SIZE + 1, keys, allocation_size(size)))
+    return out + [None]
+
+
+def peak_compiled(stream: tuple, slots: dict | None = None) -> int:
+    """`peak_reserved` of a stream `compile_stream` wrote, its slots filled from `slots`."""
+    ops, tokens = stream
+    requests = _requests(tokens, slots)  # its last entry None: token -1, a free
+    free_at: dict[int, list] = {}  # address -> the free block there
+    live: dict = {}  # request key -> its block
+    reserved = 0
+    for key, token in ops:
+        request = requests[token]
+        if request is None:  # free_block (a 0-byte request: not made, its key never live)
             b = live.pop(key, None)
             if b is None:
                 continue
@@ -58,20 +92,15 @@ def peak_reserved(events, slots: dict | None = None) -> int:
             free_at[b[ADDR]] = b
             insort(keys, (b[SIZE] << 64) + b[ADDR])
             continue
-        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511
-        small = size <= K_SMALL_SIZE
-        keys = pools.get(2 * stream + small)
-        if keys is None:
-            keys = pools[2 * stream + small] = []
-        i = bisect_left(keys, size << 64)
+        shifted, size, split, keys, segment = request
+        i = bisect_left(keys, shifted)
         if i < len(keys):  # get_free_block: the smallest free block >= size, lowest address first
             b = free_at.pop(keys.pop(i) & _MASK)
         else:  # alloc_block: a new segment, laid out after the others from address 0
-            seg = allocation_size(size)
-            b = [reserved, seg, None, None, False, keys]
-            reserved += seg
+            b = [reserved, segment, None, None, False, keys]
+            reserved += segment
         rest = b[SIZE] - size
-        if rest >= 512 if small else rest > K_SMALL_SIZE:  # should_split: the remainder a free block after it
+        if rest >= split:  # should_split: the remainder a free block after it
             nxt = b[NEXT]
             r = [b[ADDR] + size, rest, b, nxt, False, keys]
             if nxt is not None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 
 from llmem.allocator import CachingAllocator
-from llmem.allocator_replay import peak_reserved
+from llmem.allocator_replay import compile_stream, peak_compiled, peak_reserved
 from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
@@ -183,12 +183,13 @@ def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
-                     lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
+                     lambda: _replay_slots(skeleton, slots, expandable, spec), per_plan=True)
 
 
-def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
-    if not expandable:
-        return peak_reserved(skeleton, slots)
+def _replay_slots(skeleton: tuple, slots: dict, expandable: bool, spec: ModelSpec) -> int:
+    if not expandable:  # the stream's requests resolved once per distinct size (`compile_stream`), kept with it
+        compiled = spec.memo(("compiled_stream", skeleton), lambda: compile_stream(skeleton), per_plan=True)
+        return peak_compiled(compiled, slots)
     return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
 
 
