@@ -14,8 +14,7 @@ one loop over flat blocks instead of an object per block and method calls per re
                   after the handed-out one.
   free_block      merged with its free neighbours through the block's links (`try_merge_blocks`), no search.
 What follows from a request's bytes alone (the rounding, the pool, the split bound, the new segment's bytes) is
-worked out once per distinct (bytes, stream) of the stream (`compile_stream`, once per layout's stream; `_requests`,
-once per replay), not per request.
+worked out once per distinct (bytes, stream) of the replay (`_resolver`) and looked up per request.
 """
 
 from __future__ import annotations
@@ -28,49 +27,39 @@ _MASK = (1 << 64) - 1  # key: size << 64 | address (addresses stay below 2^64 by
 ADDR, SIZE, PREV, NEXT, USED, POOL = range(6)  # a block: [address, size, prev, next, allocated, its pool's keys]
 
 
-def compile_stream(events) -> tuple:
-    """`events` as (key, token) pairs and the tokens: each distinct (bytes or slot, stream) of a request a token,
-    resolved once per replay (`peak_compiled`); token -1 a free. Written once per layout's stream."""
-    tokens: dict = {}
-    ops = tuple((k, -1) if n.__class__ is not str and n <= 0 else (k, tokens.setdefault((n, s), len(tokens)))
-                for k, n, s in events)
-    return ops, tuple(tokens)
+def _resolver(slots: dict | None):
+    """(bytes or slot, stream) -> what `malloc` derives from the bytes alone: (size · 2^64, size, the least remainder
+    split off, its pool's free keys, the bytes of a new segment for it); None for a free (bytes <= 0, or a slot of 0
+    bytes: a request not made, its key never live)."""
+    get, pools = (slots or {}).get, {}
+
+    def resolve(nbytes, stream: int):
+        nbytes = get(nbytes, nbytes)
+        if nbytes <= 0:
+            return None
+        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511  # round_size
+        small = size <= K_SMALL_SIZE  # get_pool; should_split's bound: small >= 512 B, large > 1 MiB
+        keys = pools.setdefault(2 * stream + small, [])
+        return size << 64, size, 512 if small else K_SMALL_SIZE + 1, keys, allocation_size(size)
+    return resolve
 
 
 def peak_reserved(events, slots: dict | None = None) -> int:
     """The reserved bytes after `events` ((key, bytes, stream); bytes <= 0 frees the request `key`; bytes may
     name a slot of `slots`, whose value it stands for), default segments; the same figure as
     `CachingAllocator().malloc/free` then `.peak_reserved`."""
-    return peak_compiled(compile_stream(events), slots)
-
-
-def _requests(tokens: tuple, slots: dict | None) -> list:
-    """Per token what `malloc` derives from its bytes alone: (size · 2^64, size, the least remainder split off,
-    its pool's free keys, the bytes of a new segment for it); None for a request of 0 bytes (not made), and last
-    (token -1: a free)."""
-    get, pools, out = (slots or {}).get, {}, []
-    for nbytes, stream in tokens:
-        nbytes = get(nbytes, nbytes)
-        if nbytes <= 0:
-            out.append(None)
-            continue
-        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511  # round_size
-        small = size <= K_SMALL_SIZE  # get_pool; should_split's bound: small >= 512 B, large > 1 MiB
-        keys = pools.setdefault(2 * stream + small, [])
-        out.append((size << 64, size, 512 if small else K_SMALL_SIZE + 1, keys, allocation_size(size)))
-    return out + [None]
-
-
-def peak_compiled(stream: tuple, slots: dict | None = None) -> int:
-    """`peak_reserved` of a stream `compile_stream` wrote, its slots filled from `slots`."""
-    ops, tokens = stream
-    requests = _requests(tokens, slots)  # its last entry None: token -1, a free
+    resolve, resolved = _resolver(slots), {}  # stream -> {bytes or slot: resolve(...)}
+    default = resolved[0] = {}
     free_at: dict[int, list] = {}  # address -> the free block there
     live: dict = {}  # request key -> its block
     reserved = 0
-    for key, token in ops:
-        request = requests[token]
-        if request is None:  # free_block (a 0-byte request: not made, its key never live)
+    for key, nbytes, stream in events:
+        known = default if not stream else resolved.setdefault(stream, {})
+        try:
+            request = known[nbytes]
+        except KeyError:
+            request = known[nbytes] = resolve(nbytes, stream)
+        if request is None:  # free_block
             b = live.pop(key, None)
             if b is None:
                 continue

@@ -2,8 +2,8 @@
 object per block, whose rules tests/test_allocator.py checks one by one): the same reserved bytes to the byte on
 random streams that exercise every rule of the default setting (both pools, split and whole hand-outs, merges on
 either side, several streams, frees of unknown keys), on layered streams whose sizes are named slots (each distinct
-request resolved once per replay, `compile_stream`: a slot filled in wrong, of 0 bytes or shared by two streams would
-show), and on the estimate's own request streams."""
+request resolved once per replay and stream, `_resolver`: a slot filled in wrong, of 0 bytes or shared by two streams
+would show), and on the estimate's own request streams."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from llmem.allocator import CachingAllocator
-from llmem.allocator_replay import compile_stream, peak_compiled, peak_reserved
+from llmem.allocator_replay import peak_reserved
 from llmem.components import request_stream as rs
 from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
@@ -97,5 +97,5 @@ def test_layered_slotted_streams_reserve_the_same_bytes(seed):
     events, slots = _layered_stream(rng, rng.randrange(2, 40))
     filled = [(k, slots.get(n, n), st) for k, n, st in events]
     expected = _object_model([e for e in filled if e[1] != 0])
-    assert peak_compiled(compile_stream(events), slots) == expected
+    assert peak_reserved(events, slots) == expected
     assert peak_reserved(filled) == expected

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 
 from llmem.allocator import CachingAllocator
-from llmem.allocator_replay import compile_stream, peak_compiled, peak_reserved
+from llmem.allocator_replay import peak_reserved
 from llmem.choices import Attention, Float8, FsdpShard
 from llmem.components import autocast
 from llmem.components import communication as comm
@@ -97,13 +97,16 @@ class Requests:
         self.marks.append((name, len(self.events)))
 
     def alloc(self, nbytes: int, stream: int = 0) -> int:
-        self._n += 1
+        self._n = n = self._n + 1
         if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
-            self.events.append((self._n, nbytes, stream))
-        return self._n
+            self.events.append((n, nbytes, stream))
+        return n
 
     def free(self, *keys: int) -> None:
-        self.events.extend((k, -1, 0) for k in keys)
+        if len(keys) == 1:  # most frees name one request
+            self.events.append((keys[0], -1, 0))
+        else:
+            self.events += [(k, -1, 0) for k in keys]
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
@@ -183,13 +186,12 @@ def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
-                     lambda: _replay_slots(skeleton, slots, expandable, spec), per_plan=True)
+                     lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
 
 
-def _replay_slots(skeleton: tuple, slots: dict, expandable: bool, spec: ModelSpec) -> int:
-    if not expandable:  # the stream's requests resolved once per distinct size (`compile_stream`), kept with it
-        compiled = spec.memo(("compiled_stream", skeleton), lambda: compile_stream(skeleton), per_plan=True)
-        return peak_compiled(compiled, slots)
+def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
+    if not expandable:
+        return peak_reserved(skeleton, slots)
     return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
 
 
