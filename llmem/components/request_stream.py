@@ -103,10 +103,7 @@ class Requests:
         return n
 
     def free(self, *keys: int) -> None:
-        if len(keys) == 1:  # most frees name one request
-            self.events.append((keys[0], -1, 0))
-        else:
-            self.events += [(k, -1, 0) for k in keys]
+        self.events += [(k, -1, 0) for k in keys]
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
