@@ -13,6 +13,8 @@ one loop over flat blocks instead of an object per block and method calls per re
   should_split    small pool: remainder >= 512 B; large pool: remainder > 1 MiB; the remainder a free block linked
                   after the handed-out one.
   free_block      merged with its free neighbours through the block's links (`try_merge_blocks`), no search.
+What follows from a request's bytes alone (the rounding, the pool, the split bound, the new segment's bytes) is
+worked out once per distinct (bytes, stream) of the replay (`_resolver`) and looked up per request.
 """
 
 from __future__ import annotations
@@ -25,18 +27,39 @@ _MASK = (1 << 64) - 1  # key: size << 64 | address (addresses stay below 2^64 by
 ADDR, SIZE, PREV, NEXT, USED, POOL = range(6)  # a block: [address, size, prev, next, allocated, its pool's keys]
 
 
+def _resolver(slots: dict | None):
+    """(bytes or slot, stream) -> what `malloc` derives from the bytes alone: (size · 2^64, size, the least remainder
+    split off, its pool's free keys, the bytes of a new segment for it); None for a free (bytes <= 0, or a slot of 0
+    bytes: a request not made, its key never live)."""
+    get, pools = (slots or {}).get, {}
+
+    def resolve(nbytes, stream: int):
+        nbytes = get(nbytes, nbytes)
+        if nbytes <= 0:
+            return None
+        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511  # round_size
+        small = size <= K_SMALL_SIZE  # get_pool; should_split's bound: small >= 512 B, large > 1 MiB
+        keys = pools.setdefault(2 * stream + small, [])
+        return size << 64, size, 512 if small else K_SMALL_SIZE + 1, keys, allocation_size(size)
+    return resolve
+
+
 def peak_reserved(events, slots: dict | None = None) -> int:
     """The reserved bytes after `events` ((key, bytes, stream); bytes <= 0 frees the request `key`; bytes may
     name a slot of `slots`, whose value it stands for), default segments; the same figure as
     `CachingAllocator().malloc/free` then `.peak_reserved`."""
-    get = (slots or {}).get
-    pools: dict[int, list[int]] = {}  # stream * 2 + small -> its free blocks' keys, sorted
+    resolve, resolved = _resolver(slots), {}  # stream -> {bytes or slot: resolve(...)}
+    default = resolved[0] = {}
     free_at: dict[int, list] = {}  # address -> the free block there
-    live: dict[int, list] = {}  # request key -> its block
+    live: dict = {}  # request key -> its block
     reserved = 0
     for key, nbytes, stream in events:
-        nbytes = get(nbytes, nbytes)
-        if nbytes <= 0:  # free_block (a 0-byte slot: a request not made, its key never live)
+        known = default if not stream else resolved.setdefault(stream, {})
+        try:
+            request = known[nbytes]
+        except KeyError:
+            request = known[nbytes] = resolve(nbytes, stream)
+        if request is None:  # free_block
             b = live.pop(key, None)
             if b is None:
                 continue
@@ -58,20 +81,15 @@ def peak_reserved(events, slots: dict | None = None) -> int:
             free_at[b[ADDR]] = b
             insort(keys, (b[SIZE] << 64) + b[ADDR])
             continue
-        size = 512 if nbytes <= 512 else (nbytes + 511) & ~511
-        small = size <= K_SMALL_SIZE
-        keys = pools.get(2 * stream + small)
-        if keys is None:
-            keys = pools[2 * stream + small] = []
-        i = bisect_left(keys, size << 64)
+        shifted, size, split, keys, segment = request
+        i = bisect_left(keys, shifted)
         if i < len(keys):  # get_free_block: the smallest free block >= size, lowest address first
             b = free_at.pop(keys.pop(i) & _MASK)
         else:  # alloc_block: a new segment, laid out after the others from address 0
-            seg = allocation_size(size)
-            b = [reserved, seg, None, None, False, keys]
-            reserved += seg
+            b = [reserved, segment, None, None, False, keys]
+            reserved += segment
         rest = b[SIZE] - size
-        if rest >= 512 if small else rest > K_SMALL_SIZE:  # should_split: the remainder a free block after it
+        if rest >= split:  # should_split: the remainder a free block after it
             nxt = b[NEXT]
             r = [b[ADDR] + size, rest, b, nxt, False, keys]
             if nxt is not None:

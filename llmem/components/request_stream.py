@@ -98,13 +98,13 @@ class Requests:
         self.marks.append((name, len(self.events)))
 
     def alloc(self, nbytes: int, stream: int = 0) -> int:
-        self._n += 1
+        self._n = n = self._n + 1
         if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
-            self.events.append((self._n, nbytes, stream))
-        return self._n
+            self.events.append((n, nbytes, stream))
+        return n
 
     def free(self, *keys: int) -> None:
-        self.events.extend((k, -1, 0) for k in keys)
+        self.events += [(k, -1, 0) for k in keys]
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
