@@ -255,7 +255,7 @@ def head_moments(w: FsdpTerms) -> list[Phase]:
         return fsdp_head_moments(w)
     on = dict(**w.persistent, activations=w.forward_acts)
     norm = moe_forward.final_norm_forward_extra_bytes(spec, cp)  # inside the final norm's forward
-    moe = moe_forward.forward_extra_bytes(spec, cp)  # inside the last layer's routed experts (still gathered)
+    moe = moe_forward.forward_extra_bytes(spec, cp, w.half)  # inside the last layer's routed experts (still gathered)
     down = lora_forward.down_proj_forward_extra_bytes(spec, cp)  # inside its down_proj's adapter (`lora_forward`)
     phases = [
         moment("forward (last layer)", **on, communication=w.end_in_layer),
