@@ -127,13 +127,16 @@ def lora_unsaved_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) 
 
 
 def lora_not_yet_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
-    """`not_yet_bytes` on LoRA's tables: the final norm's LoRA saves (`lora_activations.final_norm_bytes`) and
-    qwen2_moe's `shared_expert_gate` sigmoid where the table has it (T × cb); the frozen gate's input cast is not
-    saved (an adapted gate's entries stay counted: an upper bound)."""
+    """`not_yet_bytes` on LoRA's tables: the final norm's LoRA saves (`lora_activations.final_norm_bytes`) and what
+    qwen2_moe's `shared_expert_gate` (run after the routed experts) saves: its sigmoid where the table has it
+    (T × cb) and an adapted gate's own adapter saves (`lora_moe._shared_gate_adapter_bytes`); the frozen gate's
+    input cast is not saved."""
     from llmem.components import lora_activations as lora
+    from llmem.components.lora_moe import _shared_gate_adapter_bytes
 
     sigmoid = sum(s.bytes for s in lora.layer_saved(spec, plan, half=half) if s.name == "shared_expert_gate sigmoid")
-    return lora.final_norm_bytes(spec, plan) + sigmoid
+    gate = _shared_gate_adapter_bytes(spec, plan)[1] if spec.family.shared_expert else 0
+    return lora.final_norm_bytes(spec, plan) + sigmoid + gate
 
 
 def final_norm_forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

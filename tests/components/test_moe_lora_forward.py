@@ -56,6 +56,20 @@ def test_moe_lora_under_cp_is_estimated():
     assert any("ring attention backward" in ph.name for ph in est.phases)
 
 
+def test_one_gpu_adapted_shared_expert_gate_against_a_real_run():
+    """qwen2_moe's shared_expert_gate runs after the routed experts: an adapted gate's saves are not made at the
+    moment (`moe_forward.lora_not_yet_bytes`; counting them read +4.8 % here, leaving the moment out -0.32 %).
+    bf16-mixed, one GPU, 1 x 256: within 0.1 % of a real CPU run (counting allocator)."""
+    from llmem.measure.run import measure_rank
+
+    plan = TrainingPlan(device="cpu", batch_size=1, seq_len=256, precision="bf16-mixed", optimizer_impl="forloop",
+                        method="lora", lora_targets="shared_expert_gate")
+    est = estimate(ModelSpec.from_config(QWEN2_MOE), plan)
+    assert est.peak_phase == MOMENT
+    real = measure_rank(dict(QWEN2_MOE), plan)["peak_bytes"]
+    assert abs(est.peak_bytes - real) <= 0.001 * real, (est.peak_bytes, real)
+
+
 BASE = {"gpus": 2, "precision": "fp32", "optimizer_impl": "forloop", "method": "lora", "lora_targets": QV,
         "batch_size": 1, "seq_len": 256}
 ROWS = {  # (estimate - measured) / measured, before -> after, measured on 2 ranks
