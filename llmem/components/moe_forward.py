@@ -15,13 +15,14 @@ from llmem.spec import ModelSpec
 FP32 = 4
 
 
-def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """A hand-modelled grouped-experts family, full fine-tuning, its last layer's forward keeping its saves (no
-    checkpointing, no activation offload: those forwards hold the layer input alone), the last layer sparse
-    (qwen2_moe's `mlp_only_layers`, `decoder_sparse_step`)."""
+def applies(spec: ModelSpec, plan: TrainingPlan, lora: bool = False) -> bool:
+    """A hand-modelled grouped-experts family, full fine-tuning (`lora`: or LoRA, `lora_unsaved_bytes`), its last
+    layer's forward keeping its saves (no checkpointing, no activation offload: those forwards hold the layer input
+    alone), the last layer sparse (qwen2_moe's `mlp_only_layers`, `decoder_sparse_step`)."""
     from llmem.components import act_offload
 
-    return (spec.family.grouped_experts and spec.derived is None and plan.method is Method.FULL
+    methods = (Method.FULL, Method.LORA) if lora else (Method.FULL,)
+    return (spec.family.grouped_experts and spec.derived is None and plan.method in methods
             and plan.grad_ckpt is GradCkpt.NONE and not act_offload.applies(plan) and bool(spec.num_experts)
             and any(".experts." in p.name for p in spec.layer_params(spec.num_layers - 1)))
 
@@ -79,12 +80,63 @@ def not_yet_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return final_norm_bytes(spec, plan) + later
 
 
-def forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
     """The moment's activations beyond the forward end's (0 where it does not apply): the masks + the routed
-    experts' transients − what is not made yet."""
-    if not applies(spec, plan):
+    experts' transients − what is not made yet; LoRA (`half`: FSDP2's half adapters, `plan` the compute plan) also
+    the block's tensors its table does not save (`lora_unsaved_bytes`), less its own not-yet-made saves."""
+    if not applies(spec, plan, lora=True):
         return 0
+    if plan.method is Method.LORA:
+        return model_mask_bytes(spec, plan) + routed_inflight_bytes(spec, plan) \
+            + lora_unsaved_bytes(spec, plan, half) - lora_not_yet_bytes(spec, plan, half)
     return model_mask_bytes(spec, plan) + routed_inflight_bytes(spec, plan) - not_yet_bytes(spec, plan)
+
+
+# full fine-tuning's saved tensors that are also live locals at `weighted_out[inv_perm]`: `selected_hidden_states_g`
+# (`grouped_mm_experts_forward`) and the block input (the decoder layer's `hidden_states`)
+_LIVE_LOCALS = ("gathered tokens (tokens × top_k)", "post_attention_layernorm.output")
+
+
+def lora_unsaved_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
+    """LoRA, at `weighted_out[inv_perm]`: the tensors alive there that full fine-tuning's table saves (so its moment
+    counts them) and LoRA's (`lora_activations.layer_saved`) does not. `selected_hidden_states_g` (r × h): a local
+    of `grouped_mm_experts_forward` until it returns, saved only for the experts' weight gradient (a frozen
+    `grouped_mm` saves its weight alone); the block input (T × h × rb, the post-attention norm's output: the
+    decoder layer's `hidden_states` until the block returns; the frozen router's linear saves only its weight;
+    under autocast `routed_inflight_bytes` has it); unless an adapter keeps it (mixtral's adapted stacks and router,
+    `lora_experts.KEPT`; qwen2_moe's shared-expert lora_A at dropout 0). And the embeddings' output (T × h × rb):
+    the model forward's `inputs_embeds` until it returns; layer 0's input needs no gradient under LoRA
+    (`lora_activations.embeddings_require_grad`), so no op saves it (in pure half `routed_inflight_bytes` has it).
+    Sources: transformers 5.23 `integrations/moe.py: grouped_mm_experts_forward`,
+    `models/mixtral/modeling_mixtral.py` (`MixtralDecoderLayer.forward`, `MixtralModel.forward`),
+    `models/qwen2_moe/modeling_qwen2_moe.py`."""
+    from llmem.components import activations as act
+    from llmem.components import lora_activations as lora
+
+    full = {s.name: s.bytes for s in act.layer_saved(spec, plan)}
+    kept = lora.layer_saved(spec, plan, half=half)
+    names = {s.name for s in kept}
+    out = sum(full.get(n, 0) for n in _LIVE_LOCALS if n not in names)
+    if "post_attention_layernorm.output" not in names and any(
+            "gate_proj" in s.name and s.name.endswith("input kept by lora_A") for s in kept):
+        out -= full.get("post_attention_layernorm.output", 0)  # the shared expert's lora_A keeps the block input
+    _, rb = _bytes(plan)
+    if not lora.layer0_input_requires_grad(spec, plan) and not (rb == 2 and not plan.precision.is_mixed):
+        out += plan.batch_size * plan.seq_len * spec.hidden_size * rb
+    return out
+
+
+def lora_not_yet_bytes(spec: ModelSpec, plan: TrainingPlan, half: bool = False) -> int:
+    """`not_yet_bytes` on LoRA's tables: the final norm's LoRA saves (`lora_activations.final_norm_bytes`) and what
+    qwen2_moe's `shared_expert_gate` (run after the routed experts) saves: its sigmoid where the table has it
+    (T × cb) and an adapted gate's own adapter saves (`lora_moe._shared_gate_adapter_bytes`); the frozen gate's
+    input cast is not saved."""
+    from llmem.components import lora_activations as lora
+    from llmem.components.lora_moe import _shared_gate_adapter_bytes
+
+    sigmoid = sum(s.bytes for s in lora.layer_saved(spec, plan, half=half) if s.name == "shared_expert_gate sigmoid")
+    gate = _shared_gate_adapter_bytes(spec, plan)[1] if spec.family.shared_expert else 0
+    return lora.final_norm_bytes(spec, plan) + sigmoid + gate
 
 
 def final_norm_forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -83,11 +83,13 @@ def applies_lora_sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 def applies_moe_sdpa(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The MoE families' llama attention (mixtral, qwen2_moe: no TP plan, so not `applies_rope`) in full
-    fine-tuning: the same fused sdpa backward after the MoE block's and o_proj's. Not LoRA: the attention-heavy
-    mixtral LoRA plan measured 2.2 % above its walk with this moment (12,704,456 / 12,427,872 B under --cp 2; the
-    ring not the peak), so `--cp` keeps the bound there (`walk.context_parallel._check_ring_below_peak`)."""
+    fine-tuning and under LoRA: the same fused sdpa backward after the MoE block's and o_proj's (LoRA: on LoRA's
+    table, `walk.fsdp_layer._lora_sdpa_moment`). The attention-heavy mixtral LoRA plan that once read 2.2 % above
+    its walk with this moment (12,704,456 B under --cp 2) peaked in the last layer's routed experts' forward
+    (`moe_forward.lora_unsaved_bytes`), not here: 12,704,368 B estimated with both."""
     f = spec.family
-    return (spec.is_moe and f.rope and spec.derived is None and _sdpa(spec, plan) and plan.method is Method.FULL
+    return (spec.is_moe and f.rope and spec.derived is None and _sdpa(spec, plan)
+            and plan.method in (Method.FULL, Method.LORA)
             and not (f.partial_rotary or f.fused_projections or f.own_attention_core))
 
 

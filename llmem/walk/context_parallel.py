@@ -92,8 +92,8 @@ def cp_phases(spec, plan, walk) -> list[Phase]:
 
 
 def _check_ring_below_peak(spec, plan, phases: list[Phase]) -> None:
-    """A walk without an sdpa-backward moment (the MoE families' under LoRA; dense LoRA and full fine-tuning of
-    MoE have theirs, `query_backward.applies_lora_sdpa`, `applies_moe_sdpa`) has no instant to put the ring's
+    """A walk without an sdpa-backward moment (dense and MoE LoRA and full fine-tuning have theirs,
+    `query_backward.applies_sdpa`, `applies_lora_sdpa`, `applies_moe_sdpa`) has no instant to put the ring's
     buffers on. Each layer's backward moment plus the ring's buffers and sdpa's own outputs
     (`qb.sdpa_transient_bytes`) bounds the ring's instant from above; the estimate stands where that bound stays
     below the peak (the ring cannot be the peak), else the plan is a gap."""
@@ -106,9 +106,8 @@ def _check_ring_below_peak(spec, plan, phases: list[Phase]) -> None:
     layer = re.compile(r"backward \(layer \d+\)$")
     if any(ph.total + ring > peak for ph in phases if layer.match(_base(ph.name))):
         raise InputError("cp", "the ring attention's backward may be the peak here (a wide attention, a small "
-                         "vocabulary), and the walk of MoE layers under LoRA has no sdpa-backward moment to "
-                         "place it on (an attention-heavy mixtral LoRA measured 2.2 % above the walk); use "
-                         "--method full or a dense model, or --cp 1", GAP)
+                         "vocabulary), and this walk has no sdpa-backward moment to place it on; use --method "
+                         "full, or --cp 1", GAP)
 
 
 def _ring(ph: Phase, breakdown: dict, ring: int, label: str) -> Phase:

@@ -175,20 +175,18 @@ def test_lora_rows_within_1_percent_of_their_committed_measurement(row_id):
     assert est == pytest.approx(measured, rel=0.01)
 
 
-def test_moe_lora_where_the_ring_may_be_the_peak_is_a_gap():
-    """The MoE walk under LoRA has no sdpa-backward moment: where a layer's backward plus the ring's buffers could
-    pass the peak (the attention-heavy shape on mixtral's layers, measured 2.2 % above the walk), the plan is a
-    gap; full fine-tuning of the same model (its sdpa moment, `applies_moe_sdpa`) and dense LoRA there are
-    estimated; at full size LoRA's peak is the loss's backward."""
+def test_moe_and_dense_lora_under_cp_are_estimated():
+    """The ring's buffers sit on an sdpa-backward moment in each walk: MoE LoRA's (`applies_moe_sdpa`, a gap by the
+    ring's bound before; tests/components/test_moe_lora_forward.py measures it), MoE full fine-tuning's, dense
+    LoRA's; at full size LoRA's peak is the loss's backward."""
     from llmem.estimate import estimate
     from llmem.presets import load_preset
     from llmem.spec import ModelSpec
 
     mixtral = ModelSpec.from_config(dict(ATTENTION, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2))
     ring = {**BASE, "batch_size": 1, "seq_len": 512}
-    with pytest.raises(InputError) as err:
-        estimate(mixtral, TrainingPlan(**ring, method="lora", lora_targets="q_proj,v_proj"))
-    assert err.value.field == "cp" and err.value.kind == "gap" and "2.2 %" in str(err.value)
+    lora = estimate(mixtral, TrainingPlan(**ring, method="lora", lora_targets="q_proj,v_proj"))
+    assert any("ring attention backward" in ph.name for ph in lora.phases)
     assert estimate(mixtral, TrainingPlan(**ring)).peak_bytes > 0
     assert estimate(ModelSpec.from_config(ATTENTION), TrainingPlan(**ring, method="lora")).peak_bytes > 0
     big = TrainingPlan(gpus=8, cp=8, zero=3, method="lora", precision="bf16-mixed", batch_size=1, seq_len=32768)
