@@ -30,8 +30,8 @@ sizes it in the walk:
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
-`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). With every layer checkpointed under autocast
-(full or selective; one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
+`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). Checkpointed (one GPU, DDP, ZeRO-1, TP)
+the layers are written op by op: `request_stream_ckpt`.
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
@@ -132,8 +132,8 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
     DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
     bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), no checkpointing (but full under FSDP2, or every layer's, full or selective, under autocast:
-    `request_stream_ckpt.applies`), accumulation, offload or float8, foreach AdamW
+    written out), no checkpointing but full (FSDP2: `request_stream_fsdp`; else `request_stream_ckpt.applies`)
+    or selective under autocast outside FSDP2, no accumulation, offload or float8, foreach AdamW
     stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
@@ -155,8 +155,7 @@ def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
-    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward); every layer's, full or
-    selective, under autocast elsewhere (`request_stream_ckpt.applies`)."""
+    """None; full (any `ckpt_every`); selective under autocast outside FSDP2 (`request_stream_ckpt.applies`)."""
     return (plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
             or ckpt_ops.applies(plan))
 
@@ -318,11 +317,12 @@ def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
 def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> list[list[int]]:
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
+    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
+        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop(),
+                                dict(zip(sizes.names, sizes.table, strict=True)))
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
-    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
-        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop())
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
