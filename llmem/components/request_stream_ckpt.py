@@ -99,6 +99,19 @@ def policy_saved(spec, plan, layer: int = 0) -> set:
     return {"sdpa"} | set(mms[::2])
 
 
+def policy_sizes(spec, plan, tokens) -> tuple[tuple, bool]:
+    """Selective under FSDP2 (`request_stream_fsdp`): the sizes of the outputs the policy saves, in the forward's
+    order (`layer_forward`'s, the compute dtype), and whether the last (the down projection's) is never taken out of
+    the checkpoint's cache (dispatched after the layer's last pack); ((), False) without selective."""
+    keep = policy_saved(spec, plan)
+    if not keep:
+        return (), False
+    s = _Layer(spec, plan, 0, tokens)
+    order = ("q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "gate_proj", "up_proj", "down_proj")
+    size = {n: s.c_th if n in ("o_proj", "down_proj") else s.rows("q_proj" if n == "sdpa" else n, s.c) for n in order}
+    return tuple(size[n] for n in order if n in keep), LINEARS[-1] in keep
+
+
 def layer_forward(req, spec, plan, layer: int, tokens, cached: list, kept: list) -> int:
     """One checkpointed layer on the input the caller keeps; its weight copies appended to `cached`, the policy's
     saved outputs (selective) to `kept` as (name, key); returns the key of its output."""
