@@ -44,8 +44,12 @@ SCHEMES = {
 FOR = {"zero3 ckpt": ["llama-3.1-8b"],
        "single sel": ["qwen2.5-1.5b", "llama-3.1-8b"], "ddp sel": ["qwen3-4b"], "single fp32": ["qwen3-4b"],
        "tp bf16": ["qwen2.5-1.5b", "llama-3.1-8b"],
-       **{k: ["qwen2.5-1.5b", "llama-3.1-8b"] for k in ("single ckpt2", "ddp ckpt2", "tp ckpt", "tp ckpt2", "single ckpt fp32",
-                                        "single ckpt bf16", "ddp ckpt bf16", "zero3 sel")}}
+       **{k: ["qwen2.5-1.5b", "llama-3.1-8b"] for k in ("single ckpt fp32", "ddp ckpt bf16")},
+       "single ckpt2": ["qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b"],
+       "ddp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
+       "tp ckpt": ["qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b"],
+       "tp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
+       "single ckpt bf16": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"], "zero3 sel": MODELS}
 BASE = {"batch_size": 1, "seq_len": 2048, "precision": "bf16-mixed"}
 GIB = 1 << 30
 
