@@ -200,9 +200,8 @@ class _PlanSizes:
         weight = comm.gather_bytes(plan) if plan.scheme in FSDP_SCHEMES else plan.precision.param_bytes
         self.residual = tokens * spec.hidden_size * weight
         self.pow = tokens * spec.hidden_size * 4
-        casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES
-        saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]  # FSDP2:
-        # no autocast (its MixedPrecisionPolicy gathers half weights), so no input casts are made
+        casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES  # FSDP2 runs no autocast: no input casts
+        saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
         self.tokens = tokens
         per_layer = per_op(plan) or ckpt_ops.applies(plan) or plan.grad_ckpt is GradCkpt.SELECTIVE  # op sizes
