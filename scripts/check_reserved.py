@@ -7,9 +7,11 @@
 Rows: the models of docs/notes/2026-11-26-reserved-model.md × the schemes of llmem/simulate/sweep.py (single, DDP,
 ZeRO-1/2/3 on 8, TP 2, TP 2 × FSDP2 on 8), micro-batch 1 × 2048, bf16-mixed, AdamW; for some models (`FOR`) also
 ZeRO-3 and one GPU with full checkpointing, one GPU and DDP with selective checkpointing, one GPU in fp32 and TP 2
-in pure bf16. `simulate` takes 10–60 s a row at full size, so its figures (peak, `max_memory_reserved` with
-default and with expandable segments) are kept in the cache (JSON lines, one per row) and reused; the estimate is
-computed afresh each run. Prints one table row per plan and the distribution of est − sim for each setting.
+in pure bf16; and for llama-3.1-8b the checkpointed programs of docs/notes/2026-11-28-reserved-ckpt-streams.md
+(every 2nd layer, under TP, in fp32 and pure bf16, selective under ZeRO-3). `simulate` takes 10–60 s a row at
+full size, so its figures (peak, `max_memory_reserved` with default and with expandable segments) are kept in the
+cache (JSON lines, one per row) and reused; the estimate is computed afresh each run. Prints one table row per
+plan and the distribution of est − sim for each setting.
 """
 
 from __future__ import annotations
@@ -28,11 +30,26 @@ SCHEMES = {
     "single ckpt": {"grad_ckpt": "full"}, "single sel": {"grad_ckpt": "selective"},
     "ddp sel": {"gpus": 8, "grad_ckpt": "selective"}, "single fp32": {"precision": "fp32"},
     "tp bf16": {"gpus": 2, "tp": 2, "precision": "bf16"},
+    # checkpointing the request stream did not write out (issue 15's flat-rule programs)
+    "single ckpt2": {"grad_ckpt": "full", "ckpt_every": 2},
+    "ddp ckpt2": {"gpus": 8, "grad_ckpt": "full", "ckpt_every": 2},
+    "tp ckpt": {"gpus": 2, "tp": 2, "grad_ckpt": "full"},
+    "tp ckpt2": {"gpus": 2, "tp": 2, "grad_ckpt": "full", "ckpt_every": 2},
+    "single ckpt fp32": {"grad_ckpt": "full", "precision": "fp32"},
+    "single ckpt bf16": {"grad_ckpt": "full", "precision": "bf16"},
+    "ddp ckpt bf16": {"gpus": 8, "grad_ckpt": "full", "precision": "bf16"},
+    "zero3 sel": {"gpus": 8, "zero": 3, "grad_ckpt": "selective"},
 }
 # schemes simulated for some models only (minutes a row at full size)
 FOR = {"zero3 ckpt": ["llama-3.1-8b"],
        "single sel": ["qwen2.5-1.5b", "llama-3.1-8b"], "ddp sel": ["qwen3-4b"], "single fp32": ["qwen3-4b"],
-       "tp bf16": ["qwen2.5-1.5b", "llama-3.1-8b"]}
+       "tp bf16": ["qwen2.5-1.5b", "llama-3.1-8b"],
+       **{k: ["qwen2.5-1.5b", "llama-3.1-8b"] for k in ("single ckpt fp32", "ddp ckpt bf16")},
+       "single ckpt2": ["qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b"],
+       "ddp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
+       "tp ckpt": ["qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b"],
+       "tp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
+       "single ckpt bf16": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"], "zero3 sel": MODELS}
 BASE = {"batch_size": 1, "seq_len": 2048, "precision": "bf16-mixed"}
 GIB = 1 << 30
 

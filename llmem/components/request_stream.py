@@ -30,8 +30,7 @@ sizes it in the walk:
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
-`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). With every layer checkpointed under autocast
-(full or selective; one GPU, DDP, ZeRO-1) the layers are written op by op: `request_stream_ckpt`.
+`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). Checkpointed: `request_stream_ckpt`.
 Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
 outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
 `simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
@@ -132,8 +131,7 @@ def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
     DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
     bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), no checkpointing (but full under FSDP2, or every layer's, full or selective, under autocast:
-    `request_stream_ckpt.applies`), accumulation, offload or float8, foreach AdamW
+    written out), checkpointing as `_checkpointing` says, no accumulation, offload or float8, foreach AdamW
     stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
     return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
             and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
@@ -155,10 +153,8 @@ def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
 
 
 def _checkpointing(plan: TrainingPlan) -> bool:
-    """None; full under FSDP2 (every `ckpt_every`-th layer recomputed in its backward); every layer's, full or
-    selective, under autocast elsewhere (`request_stream_ckpt.applies`)."""
-    return (plan.grad_ckpt is GradCkpt.NONE or (plan.grad_ckpt is GradCkpt.FULL and plan.scheme in FSDP_SCHEMES)
-            or ckpt_ops.applies(plan))
+    """None; full (any `ckpt_every`); selective under FSDP2 or autocast (`request_stream_ckpt.applies`)."""
+    return plan.grad_ckpt is GradCkpt.NONE or plan.scheme in FSDP_SCHEMES or ckpt_ops.applies(plan)
 
 
 def replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -178,8 +174,9 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
     shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
+    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape)).events), per_plan=True)
+                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape, *policy)).events), per_plan=True)
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
@@ -203,12 +200,13 @@ class _PlanSizes:
         weight = comm.gather_bytes(plan) if plan.scheme in FSDP_SCHEMES else plan.precision.param_bytes
         self.residual = tokens * spec.hidden_size * weight
         self.pow = tokens * spec.hidden_size * 4
-        # FSDP2 runs no autocast (its MixedPrecisionPolicy gathers half weights): no input casts are made
-        casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES
+        casts = autocast.applies(plan) or plan.scheme not in FSDP_SCHEMES  # FSDP2 runs no autocast: no input casts
         saved = [s for s in layer_saved(spec, plan) if casts or not s.name.startswith("autocast input")]
         self.table, self.names = [s.bytes for s in saved], [s.name for s in saved]
         self.tokens = tokens
-        self.tp = tp_ops.slots(spec, plan, tokens) if per_op(plan) or ckpt_ops.applies(plan) else {}
+        per_layer = per_op(plan) or ckpt_ops.applies(plan) or plan.grad_ckpt is GradCkpt.SELECTIVE  # op sizes
+        self.tp = tp_ops.slots(spec, plan, tokens) if per_layer else {}
+        self.policy, self.policy_extra = ckpt_ops.policy_sizes(spec, plan, tokens)
         self.half, self.l32, self.upcast = half, l32, half != l32
         self.g_in = tokens * spec.hidden_size * plan.precision.compute_bytes
 
@@ -221,8 +219,9 @@ class _Skeleton:
     """`_PlanSizes` of a layout's stream: each size its slot's name (the table's `t0`, `t1` ...; the op-by-op
     layers' `request_stream_tp.slots`, `tokens` None)."""
 
-    def __init__(self, n_table: int, upcast: bool, names: tuple) -> None:
+    def __init__(self, n_table: int, upcast: bool, names: tuple, policy: tuple = (), extra: bool = False) -> None:
         self.residual, self.pow, self.half, self.l32, self.g_in = "residual", "pow", "half", "l32", "g_in"
+        self.policy, self.policy_extra = list(policy), extra
         self.table = [f"t{i}" for i in range(n_table)]
         self.upcast, self.names, self.tokens = upcast, list(names), None
 
@@ -318,11 +317,12 @@ def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
 def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> list[list[int]]:
     """The embedding output and each layer's kept tensors; returns the keys kept per layer (embedding first)."""
     kept = [[req.alloc(sizes.residual)]]
+    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
+        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop(),
+                                dict(zip(sizes.names, sizes.table, strict=True)))
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
-    if ckpt_ops.applies(plan):  # [[], each layer's input, [the last layer's output], autocast's cached weight copies]
-        return ckpt_ops.forward(req, spec, plan, sizes.tokens, kept[0].pop())
     for layer in range(spec.num_layers):
         keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
         req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow

@@ -159,6 +159,9 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: lis
             req.free(out)
             out = _all_gather(req, layers[i - 1]) if i else 0
         if recomputed[i]:  # the recompute, after the unshard: the layer's saved tensors
+            policy = kept[i][1:]  # selective: taken out of the cache as the recompute reaches them, but the last
+            req.free(*policy[:-1] if sizes.policy_extra else policy)  # output if dispatched after the last pack
+            kept[i] = kept[i][:1] + (policy[-1:] if sizes.policy_extra else [])
             req.free(req.alloc(sizes.pow))
             kept[i] += [req.alloc(n) for n in sizes.table]
         grads = [req.alloc(n) for n in reversed(g.grads)]
@@ -189,10 +192,13 @@ def _reduce(req, g: _Group, unsharded: list[int], grads: list[int], rs_in: int, 
 def _layer_forward(req, plan: TrainingPlan, sizes, layer: int) -> list[int]:
     """A layer's forward: its saved tensors and RMSNorm's fp32 `pow` (freed at once); checkpointed
     (`torch.utils.checkpoint`, non-reentrant), the same tensors made and freed within the layer, and the layer's
-    input (the residual stream, param_dtype) kept for the recompute. Returns the keys kept to the backward."""
+    input (the residual stream, param_dtype) kept for the recompute; selective, also the outputs torchtitan's policy
+    saves (`request_stream_ckpt.policy_sizes`, docs/notes/2026-11-28-reserved-ckpt-streams.md), given back as the
+    recompute reaches them but the one dispatched after the layer's last pack. Returns the keys kept to the
+    backward."""
     req.free(req.alloc(sizes.pow))
     saved = [req.alloc(n) for n in sizes.table]
     if not plan.checkpointed(layer):
         return saved
     req.free(*saved)
-    return [req.alloc(sizes.residual)]
+    return [req.alloc(sizes.residual)] + [req.alloc(n) for n in sizes.policy]

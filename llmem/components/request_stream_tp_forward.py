@@ -29,13 +29,15 @@ def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
     return [*kept, [final]]
 
 
-def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, tokens: int) -> tuple[dict, int]:
+def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, tokens: int,
+                  held_input: bool = False) -> tuple[dict, int]:
     """One layer's forward op by op (the order of `simulate`'s record, as `layer_backward`): RMSNorm's fp32
     products, autocast's half weight copies and input casts per Linear, the q/k/v outputs, RoPE in fp32 with its
     half casts for SDPA, the RowwiseParallel outputs' all-reduce (`RowwiseParallel._prepare_output_fn`: Partial to
     Replicate, a new tensor) before the fp32 residual add. `table` the layer's saved tensors by name (sizes);
     `residual` the key of the layer's input. Returns the kept tensors by name (weight copies by parameter name) and
-    the layer's output's key. A saved tensor this does not make (qwen3's q/k norms) is allocated after the layer."""
+    the layer's output's key. A saved tensor this does not make (qwen3's q/k norms) is allocated after the layer.
+    `held_input`: the input is held past the layer by its caller (a checkpoint's recompute), kept by name."""
     s = _Layer(spec, plan, layer, tokens)
     kept = {"input (residual stream)": residual}
     o1 = _norm_forward(req, s, kept, table, "input_layernorm")
@@ -64,9 +66,10 @@ def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, token
     res = _row_parallel(req, s, kept, "down_proj", (o2,) if s.cast else ())
     if s.norm_cast:  # saved by no op (the norms save their fp32 copies): freed as the layer returns, but the first
         req.free(kept.pop("residual after attention"))  # layer's input (the embedding's output, freed by `forward`)
-        first = kept.pop("input (residual stream)")
-        if layer:
-            req.free(first)
+        if not held_input:
+            first = kept.pop("input (residual stream)")
+            if layer:
+                req.free(first)
     for name, nbytes in table.items():
         if name not in kept and not name.startswith("autocast input"):
             _keep(req, kept, name, nbytes)

@@ -90,11 +90,13 @@ def test_rebuilt_buckets_as_torch_assigns_them():
 
 @pytest.mark.parametrize("plan", [{}, {"gpus": 8}, {"gpus": 8, "zero": 1}, {"gpus": 2, "tp": 2},
                                   {"gpus": 2, "tp": 2, "precision": "bf16"}, {"grad_ckpt": "full"},
-                                  {"grad_ckpt": "selective", "gpus": 8}])
+                                  {"grad_ckpt": "selective", "gpus": 8}, {"grad_ckpt": "full", "ckpt_every": 2},
+                                  {"grad_ckpt": "full", "precision": "fp32"}, {"grad_ckpt": "full", "gpus": 2, "tp": 2},
+                                  ])
 def test_the_high_end_is_the_replay_where_it_applies(plan):
-    """One GPU, DDP, ZeRO-1 and TP (under autocast, in pure bf16; llama-like, full fine-tuning, foreach AdamW), every
-    layer checkpointed (full, selective) under autocast: the high end of the default-segment range is the replay
-    (the point figure at least); every other layer's checkpointing, checkpointing outside autocast, LoRA, eager
+    """One GPU, DDP, ZeRO-1 and TP (under autocast, in pure bf16; llama-like, full fine-tuning, foreach AdamW), full
+    checkpointing (any `ckpt_every`, any precision, under TP too), selective under autocast: the high end of the
+    default-segment range is the replay (the point figure at least); selective outside autocast, LoRA, eager
     attention (its fp32 softmax temporaries are not written out), fp16 (GradScaler) or a fused step keep the
     rules."""
     p = TrainingPlan(**(MIXED | plan))
@@ -103,8 +105,7 @@ def test_the_high_end_is_the_replay_where_it_applies(plan):
     assert rs.replays(spec, p)
     assert est.reserved_bytes_range[1] == max(est.reserved_bytes, rs.replayed_reserved_bytes(spec, p))
     one = TrainingPlan(**MIXED)
-    others = (one.with_(grad_ckpt="full", ckpt_every=2), one.with_(grad_ckpt="full", precision="fp32"),
-              one.with_(grad_ckpt="selective", precision="bf16"), one.with_(method="lora"),
+    others = (one.with_(grad_ckpt="selective", precision="bf16"), one.with_(method="lora"),
               one.with_(attn="eager"), one.with_(precision="fp16-mixed"), one.with_(optimizer_impl="fused"))
     for other in others:
         assert not rs.replays(_spec("qwen2.5-0.5b", other), other)
