@@ -82,6 +82,24 @@ ONE_RANK = {
                                            grad_ckpt="full"),
     "qwen3_moe-wide-int8-all-bf16": dict(quant="int8", lora_targets="all-linear", precision="bf16"),
     "olmoe-wide-all-ckpt": dict(lora_targets="all-linear", grad_ckpt="full"),
+    "qwen3_moe-all-bf16mix": dict(lora_targets="all-linear", precision="bf16-mixed"),
+    "qwen3_moe-qv-bf16mix-ckpt": dict(lora_targets="q_proj,v_proj", precision="bf16-mixed", grad_ckpt="full"),
+    "glm4_moe-all-bf16mix": dict(lora_targets="all-linear", precision="bf16-mixed"),
+    "qwen3_moe-wide-all-bf16mix": dict(lora_targets="all-linear", precision="bf16-mixed"),
+    # the other traced families: attention Linears (MLA's for deepseek), routers unquantized (gpt_oss, granitemoe:
+    # router modules, not Linears)
+    **{f"{f}-qv": dict(lora_targets="q_proj,v_proj") for f in ("flex_olmo", "granitemoe", "granitemoeshared",
+                                                                  "minimax_m2")},
+    "deepseek_v2-q-kvb": dict(lora_targets="q_proj,kv_b_proj"),
+    "deepseek_v3-mla-bf16": dict(lora_targets="q_a_proj,kv_b_proj,o_proj", precision="bf16"),
+    "deepseek_v3-all-dq-bf16-ckpt": dict(lora_targets="all-linear", double_quant=True, precision="bf16",
+                                         grad_ckpt="full"),
+    "gpt_oss-qv-eager": dict(lora_targets="q_proj,v_proj", attn="eager"),
+    "gpt_oss-int8-qv-bf16-eager": dict(quant="int8", lora_targets="q_proj,v_proj", precision="bf16", attn="eager"),
+    "granitemoe-int8-qv-bf16-ckpt": dict(quant="int8", lora_targets="q_proj,v_proj", precision="bf16",
+                                         grad_ckpt="full"),
+    "gpt_oss-qv-bf16mix-eager": dict(lora_targets="q_proj,v_proj", precision="bf16-mixed", attn="eager"),
+    "granitemoe-qv-bf16mix-ckpt": dict(lora_targets="q_proj,v_proj", precision="bf16-mixed", grad_ckpt="full"),
 }
 
 
