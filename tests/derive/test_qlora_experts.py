@@ -23,6 +23,8 @@ WIDE = dict(hidden_size=128, moe_intermediate_size=512, vocab_size=64, max_posit
 
 def _config(name: str) -> dict:
     family = name.split("-")[0]
+    if "-4l" in name:  # four layers: --ckpt-every 2 leaves layers 1 and 3 uncheckpointed
+        return config(family, num_hidden_layers=4)
     return config(family, **WIDE) if "-wide" in name else config(family)
 
 
@@ -98,6 +100,9 @@ ONE_RANK = {
     "gpt_oss-int8-qv-bf16-eager": dict(quant="int8", lora_targets="q_proj,v_proj", precision="bf16", attn="eager"),
     "granitemoe-int8-qv-bf16-ckpt": dict(quant="int8", lora_targets="q_proj,v_proj", precision="bf16",
                                          grad_ckpt="full"),
+    "qwen3_moe-4l-all-ckpt2": dict(lora_targets="all-linear", grad_ckpt="full", ckpt_every=2),
+    "glm4_moe-4l-int8-qv-bf16-ckpt2": dict(quant="int8", lora_targets="q_proj,v_proj", precision="bf16",
+                                           grad_ckpt="full", ckpt_every=2),
     "gpt_oss-qv-bf16mix-eager": dict(lora_targets="q_proj,v_proj", precision="bf16-mixed", attn="eager"),
     "granitemoe-qv-bf16mix-ckpt": dict(lora_targets="q_proj,v_proj", precision="bf16-mixed", grad_ckpt="full"),
 }
