@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, fsdp_shard_numel, tp_local_shape
-from llmem.plan import Engine, TrainingPlan
+from llmem.plan import Engine, Method, TrainingPlan
 from llmem.spec import ModelSpec
 
 PADDING_NOTE_FRACTION = 0.05  # say it when padding adds at least 5% to the gathered parameters
@@ -52,6 +52,25 @@ def moe_routing_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
             "one figure.")
 
 
+def qlora_experts_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
+    """QLoRA on a mixture of experts: transformers' bitsandbytes replacement converts `nn.Linear` modules only
+    (transformers 5.23 `integrations/bitsandbytes.py:189`, `replace_with_bnb_linear`), and the experts are fused 3-D
+    parameters of one module, so they stay in the load dtype, frozen (docs/MODEL-QLORA-MOE.md); on a large MoE they
+    are most of the base."""
+    from llmem.components.quant import quantized_weights
+
+    if not spec.is_moe or plan.method is not Method.QLORA:
+        return None
+    quantized = {p.name for p in quantized_weights(spec, plan)}
+    experts = sum(p.numel for p in spec.params if ".experts." in p.name and p.name not in quantized)
+    if not experts:
+        return None
+    return (f"QLoRA quantizes the nn.Linear modules only (transformers' replace_with_bnb_linear): the fused experts' "
+            f"{experts / 1e9:.2f} B parameters ({experts / spec.total_params:.0%} of the model) are not Linears and "
+            f"stay in {plan.precision.torch_dtype_name}, frozen, {experts * plan.precision.param_bytes / 2**30:.2f} "
+            "GiB; the attention Linears and any shared expert's Linears are quantized.")
+
+
 def reserved_order_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
     """FSDP2 on CUDA with default segments, when the root's reduce-scatter input is larger than every segment the
     build left (`reserved.oversize_bytes` > 0): the reserved high end (a category sum) cannot see the order effects
@@ -75,5 +94,6 @@ def reserved_order_note(spec: ModelSpec, plan: TrainingPlan) -> str | None:
 
 def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
     """Every note that applies to this plan, in a stable order."""
-    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan), reserved_order_note(spec, plan))
+    notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan), qlora_experts_note(spec, plan),
+             reserved_order_note(spec, plan))
     return tuple(n for n in notes if n)

@@ -107,3 +107,18 @@ def test_the_reserved_order_note_names_fsdp2_rows_whose_high_end_reads_low():
     assert not has_note("llama-3.1-8b", gpus=8, zero=3, attn="eager", alloc_conf="expandable-segments")
     assert not has_note("llama-3.1-8b")
     assert not has_note("qwen2.5-1.5b", gpus=8, zero=3)
+
+
+def test_qlora_on_a_mixture_of_experts_says_the_experts_stay_unquantized():
+    """Mixtral 8x7B's config: 32 layers × 8 experts × 3 matrices of 4096 × 14336, the fused 3-D stacks
+    transformers' bitsandbytes replacement leaves in the load dtype (not nn.Linears)."""
+    from llmem.notes import plan_notes
+
+    cfg = load_preset("mixtral-8x7b")
+    experts = cfg["num_hidden_layers"] * cfg["num_local_experts"] * 3 * cfg["hidden_size"] * cfg["intermediate_size"]
+    (note,) = [n for n in plan_notes(MIXTRAL, TrainingPlan(method="qlora", quant="nf4", precision="bf16"))
+               if n.startswith("QLoRA")]
+    assert f"{experts / 1e9:.2f} B parameters" in note and "bfloat16" in note
+    assert f"{experts * 2 / 2**30:.2f} GiB" in note
+    assert not [n for n in plan_notes(MIXTRAL, TrainingPlan(method="lora")) if n.startswith("QLoRA")]
+    assert not [n for n in plan_notes(LLAMA, TrainingPlan(method="qlora", quant="nf4")) if n.startswith("QLoRA")]

@@ -58,7 +58,8 @@ def quantized_weights(spec: ModelSpec, plan: TrainingPlan) -> list[ParamTensor]:
 
 def _converted(spec: ModelSpec) -> list[ParamTensor]:
     """A traced spec's Linears that transformers' replacement converts (`llmem.derive.quant.unconverted_linears`:
-    subclasses of nn.Linear, e.g. falcon's FalconLinear, stay in the plan's dtype)."""
+    subclasses of nn.Linear, e.g. falcon's FalconLinear, and a mixture of experts' router modules stay in the plan's
+    dtype, as do its fused 3-D experts, which are not Linears)."""
     from llmem.components.lora import linear_weights
     from llmem.derive.quant import unconverted_linears
 

@@ -18,9 +18,9 @@ requiring grad (PEFT's hook); they are looked up by their own index in the table
 layer 0 is a kind of its own (`activations.varied`; looked up as the first layer they read 3-6% low).
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
-QLoRA's 4-bit base: `llmem.derive.quant`, its 8-bit base: `llmem.derive.int8`. Refused (one line naming the field):
-the cases of `qlora_refusal`; on expert layers, MLP targets PEFT does not map onto the fused experts, and TP
-(`moe_refusal`).
+QLoRA's 4-bit base: `llmem.derive.quant`, its 8-bit base: `llmem.derive.int8`; on a mixture of experts the experts and
+routers stay unquantized (docs/MODEL-QLORA-MOE.md). Refused (one line naming the field): the cases of `qlora_refusal`;
+on expert layers, MLP targets PEFT does not map onto the fused experts, and TP (`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -175,11 +175,11 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
 def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """QLoRA on a traced architecture (`llmem.derive.quant`): the 4-bit base (nf4/fp4, double quantization or not)
     and the 8-bit one (`--quant int8`: the inputs its Linears' nodes keep, `llmem.derive.int8`) on one GPU and DDP
-    (--zero 0). Not yet: transformers' Conv1D models (gpt2: the measured step's quantization reads nn.Linear weights
-    only), mixtures of experts, ZeRO-1, FSDP2."""
-    if spec.family.conv1d or spec.is_moe:
-        return InputError("method", f"q{name} is not modelled for {'Conv1D' if spec.family.conv1d else 'expert'} "
-                          "layers; use --method lora", GAP)
+    (--zero 0), mixtures of experts included (docs/MODEL-QLORA-MOE.md: the fused experts and the router stay
+    unquantized; their LoRA targets are `moe_refusal`'s). Not yet: transformers' Conv1D models (gpt2: the measured
+    step's quantization reads nn.Linear weights only), ZeRO-1, FSDP2."""
+    if spec.family.conv1d:
+        return InputError("method", f"q{name} is not modelled for Conv1D layers; use --method lora", GAP)
     if plan.gpus > 1 and plan.zero > 0:
         return InputError("zero", f"q{name} is measured on one GPU and DDP so far; use --zero 0", GAP)
     return None

@@ -84,13 +84,18 @@ def default_gemm_4bit(model):
 
 
 def unconverted_linears(config: dict) -> frozenset[str]:
-    """The names (last component) of the model's nn.Linear subclasses that transformers' bitsandbytes replacement
-    leaves in the plan's dtype: `replace_with_bnb_linear` converts `type(module) is nn.Linear` and Conv1D only
-    (transformers 5.23 `integrations/bitsandbytes.py:189`), so e.g. falcon's `FalconLinear` projections stay
-    unquantized, frozen, with their LoRA adapters. Counted on the meta device, cached on disk."""
+    """The names (last component) of the model's modules with a 2-D weight that transformers' bitsandbytes
+    replacement leaves in the plan's dtype: `replace_with_bnb_linear` converts `type(module) is nn.Linear` and Conv1D
+    only (transformers 5.23 `integrations/bitsandbytes.py:189`), so e.g. falcon's `FalconLinear` projections stay
+    unquantized, frozen, with their LoRA adapters, and so do a mixture of experts' routers (`GptOssTopKRouter`'s
+    `mlp.router`, `GraniteMoeTopKRouter`'s `block_sparse_moe.router`: modules of their own holding an
+    `nn.Parameter` weight) and fused experts (3-D parameters, never in `linear_weights`). The bitsandbytes quantizer
+    quantizes only the weights of the modules it replaced (`quantizers/quantizer_bnb_4bit.py:83-87`,
+    `param_needs_quantization`: `isinstance(module, bnb.nn.Linear4bit)`). Counted on the meta device, cached on
+    disk."""
     from llmem.derive import cache
 
-    cached = cache.load(config, ("unconverted linears",))
+    cached = cache.load(config, ("unconverted weights",))
     if cached is None:
         import torch
         from transformers import AutoModelForCausalLM
@@ -102,7 +107,10 @@ def unconverted_linears(config: dict) -> frozenset[str]:
 
         with quiet_libraries(), torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config(config, TrainingPlan()), trust_remote_code=False)
+        converted = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                     if type(m) is torch.nn.Linear or isinstance(m, Conv1D)}
         kept = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear and not isinstance(m, Conv1D)}
-        cached = cache.store(config, ("unconverted linears",), {"names": sorted(kept)})
+                if isinstance(getattr(m, "weight", None), torch.nn.Parameter) and m.weight.dim() == 2
+                and type(m) is not torch.nn.Linear and not isinstance(m, (Conv1D, torch.nn.Embedding))}
+        cached = cache.store(config, ("unconverted weights",), {"names": sorted(kept - converted)})
     return frozenset(cached["names"])
