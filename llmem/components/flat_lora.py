@@ -21,10 +21,11 @@ gradient of layer 0's input is made. The walk's LoRA moments (`llmem.walk.fsdp1`
 (`down_proj_terms`), the frozen final norm's backward (`norm_backward.final_norm_backward_bytes`).
 
 Measured on 2-3 CPU ranks (gloo): llama, qwen2, qwen3, gemma, mistral; NO_SHARD, SHARD_GRAD_OP, FULL_SHARD; fp32 and
-bf16-mixed; checkpointed or not; q/v, o/down and all-linear targets; eager; --ckpt-every 2: within 0.06 %. Not
-modelled: QLoRA (llmem's uint8 4-bit codes cannot be flattened), module copies (`modules_to_save`), traced LoRA tables
-(gpt2 measured -2.4 %), MoE; a half base is refused with PEFT's fp32 adapters (two dtypes in one unit) and runs with
-`--lora-adapter-dtype base` (one dtype: the adapters compute in it, `spec.half_adapters`; docs/MODEL-LORA-DTYPE.md).
+bf16-mixed; checkpointed or not; q/v, o/down and all-linear targets; eager; --ckpt-every 2: within 0.06 %. QLoRA:
+`flat_qlora` (the codes stored as bf16, the base's views detached). Not modelled: module copies (`modules_to_save`),
+traced LoRA tables (gpt2 measured -2.4 %), MoE; a half base is refused with PEFT's fp32 adapters (two dtypes in one
+unit) and runs with `--lora-adapter-dtype base` (one dtype: the adapters compute in it, `spec.half_adapters`;
+docs/MODEL-LORA-DTYPE.md).
 """
 
 from __future__ import annotations

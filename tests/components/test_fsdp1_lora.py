@@ -58,7 +58,7 @@ def test_fsdp1_lora_within_1_percent_of_the_real_run(name):
 
 @pytest.mark.parametrize("fields, blame", [
     ({"precision": "bf16"}, "precision"),  # PEFT's fp32 adapters beside a bf16 base: two dtypes in one unit
-    ({"method": "qlora", "quant": "nf4", "precision": "bf16"}, "engine"),
+    ({"method": "qlora", "quant": "nf4", "precision": "bf16"}, "lora-adapter-dtype"),  # fp32 adapters, bf16 codes
     ({"lora_modules_to_save": "lm_head"}, "lora-modules-to-save"),
 ])
 def test_fsdp1_lora_refusals(fields, blame):
