@@ -17,7 +17,8 @@ as FSDP-QLoRA recipes store it (PEFT's accelerate FSDP docs, Answer.AI's fsdp_ql
   (the FlatParameter does, `_flat_param.py:832`): the norms' weight gradients are computed, and their `weight * x`
   saves x (`norm_weight_saved_bytes`).
 - Backward: the views' gradients (norm weights and adapters, bf16) wait in `SplitWithSizesBackward`, which fills
-  the codes' missing gradients with zeros: the unsharded flat gradient is N elements, reduce-scattered into the
+  the codes' (and padding's) missing gradients with zero tensors before its `cat` (`view_gradient_bytes`): the
+  unsharded flat gradient is N elements, reduce-scattered into the
   shard S as under full fine-tuning; the optimizer steps the adapters' views of the shard only
   (`_use_sharded_grad_views`: a frozen view gets no `.grad`).
 """
@@ -55,13 +56,14 @@ def norm_weights(spec: ModelSpec, layer: int) -> list[ParamTensor]:
 
 
 def view_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """Decoder layer `layer`'s views' gradients waiting in `SplitWithSizesBackward`: its norms' weights and its
-    adapters, in the flat parameter's dtype (the codes' views get none)."""
-    from llmem.components import lora
-    from llmem.components.flat_param import gather_bytes
+    """Decoder layer `layer`'s views' gradients as `SplitWithSizesBackward` concatenates them (torch 2.13
+    `torch/csrc/autograd/FunctionsManual.cpp` `split_with_sizes_backward`, declared at `FunctionsManual.h:448`): the
+    norms' weights' and the adapters' from autograd, and a zero tensor for each segment that got none (the codes'
+    views, the padding) made beside them just before the `cat`: N elements in the flat parameter's dtype in all
+    (measured on CPU: one `aten::empty` per code view alive with the cat's output)."""
+    from llmem.components.flat_param import unsharded_grad_bytes
 
-    gb = gather_bytes(plan)
-    return sum(p.numel for p in norm_weights(spec, layer)) * gb + lora.layer_adapter_bytes(spec, plan, layer, gb)
+    return unsharded_grad_bytes(spec, plan, 1 + layer)
 
 
 def norm_weight_saved_bytes(spec: ModelSpec, cp: TrainingPlan) -> int:
