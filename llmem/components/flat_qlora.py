@@ -18,9 +18,8 @@ as FSDP-QLoRA recipes store it (PEFT's accelerate FSDP docs, Answer.AI's fsdp_ql
   saves x (`norm_weight_saved_bytes`).
 - Backward: the views' gradients (norm weights and adapters, bf16) wait in `SplitWithSizesBackward`, which fills
   the codes' (and padding's) missing gradients with zero tensors before its `cat` (`view_gradient_bytes`): the
-  unsharded flat gradient is N elements, reduce-scattered into the
-  shard S as under full fine-tuning; the optimizer steps the adapters' views of the shard only
-  (`_use_sharded_grad_views`: a frozen view gets no `.grad`).
+  unsharded flat gradient is N elements, reduce-scattered into the shard S as under full fine-tuning; the optimizer
+  steps the adapters' views of the shard only (`_use_sharded_grad_views`: a frozen view gets no `.grad`).
 """
 
 from __future__ import annotations
@@ -48,11 +47,6 @@ def stored_params(spec: ModelSpec, plan: TrainingPlan, params: list[ParamTensor]
         return params
     quantized = {p.name for p in quant.quantized_weights(spec, plan)}
     return [packed_param(p, plan) if p.name in quantized else p for p in params]
-
-
-def norm_weights(spec: ModelSpec, layer: int) -> list[ParamTensor]:
-    """A decoder layer's tensors that are neither quantized weights nor adapters: its norms' weights (and biases)."""
-    return [p for p in spec.layer_params(layer) if "norm" in p.name]
 
 
 def view_gradient_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:

@@ -48,6 +48,7 @@ def flat_qlora_moments(w: Fsdp1Terms, phases: list[Phase], held: dict[str, int])
     last = next(ph for ph in phases if ph.name == "forward (last layer)")
     out = [with_extra(last, f"forward (last layer), {quant.forward_moment_label(cp)}", Category.TEMPORARIES,
                       quant.dequant_forward_bytes(spec, cp))]
+    held[out[0].name] = held.get(last.name, 0)  # (the gradient shards micro-step 1 holds there: --grad-accum)
     extra = quant.dequant_backward_extra_bytes(spec, cp)
     for ph in phases:
         if ph.name.startswith("backward (layer") and "pre-backward" not in ph.name and "flat gradient" not in ph.name:

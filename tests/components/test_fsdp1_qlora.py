@@ -3,7 +3,7 @@ pure bf16 base's dtype, the adapters in it too: --lora-adapter-dtype base), flat
 each decoder layer's norms and adapters. The codes' size against bitsandbytes' own quantization, the flat layout
 against FSDP1's own FlatParameters, and real CPU runs on 2 ranks (under -m heavy; the suite's cover measures the
 scheme by default): FULL_SHARD and NO_SHARD, nf4 and fp4, with and without double quantization and checkpointing,
-the estimate within 1 % of each measured peak."""
+gradients kept across micro-steps or steps, the estimate within 1 % of each measured peak."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ ROWS = TwoRankRows(BASE, {
     "z3-full-q,v-wide": {"zero": 3, "grad_ckpt": "full", "lora_targets": "q_proj,v_proj", **WIDE},
     "z0-none-dq": {"zero": 0, "double_quant": True},
     "z0-full-wide": {"zero": 0, "grad_ckpt": "full", **WIDE},
+    "z3-none-accum2": {"zero": 3, "grad_accum": 2},  # every unit's shard (codes' zeros included) kept
+    "z0-none-keep": {"zero": 0, "keep_grads": True},
 }, lambda _name: LLAMA, sampled=())
 
 
