@@ -50,16 +50,24 @@ def test_packed_codes_are_what_bitsandbytes_stores():
         assert tuple(codes.shape) == flat_qlora.packed_param(ParamTensor("w", shape), plan).shape
 
 
-def test_flat_layout_is_fsdp1s():
+def test_flat_layout_is_fsdp1s(monkeypatch):
     """The FlatParameters FSDP1 builds over the 4-bit model (a process group of one: NO_SHARD, whole units) hold the
-    numels `flat_param.units` gives, root first."""
+    numels `flat_param.units` gives, root first. The group and the launcher variables it sets are undone after."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from llmem.runtime.session import prepare
 
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.setenv(key, "1" if key == "WORLD_SIZE" else "0")
     plan = TrainingPlan(**{**BASE, "gpus": 1, "zero": 0, "device": "cpu"})
-    session = prepare(LLAMA, plan)
-    real = [m._handle.flat_param.numel() for m in FSDP.fsdp_modules(session.model) if m._handle is not None]
+    created = not dist.is_initialized()
+    try:
+        session = prepare(LLAMA, plan)
+        real = [m._handle.flat_param.numel() for m in FSDP.fsdp_modules(session.model) if m._handle is not None]
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
     expected = [u.numel for u in fp.units(ModelSpec.from_config(LLAMA), plan)]
     assert sorted(real) == sorted(expected) and len(real) == 1 + LLAMA["num_hidden_layers"]
 
