@@ -2,8 +2,9 @@
 pure bf16 base's dtype, the adapters in it too: --lora-adapter-dtype base), flattened by FullyShardedDataParallel with
 each decoder layer's norms and adapters. The codes' size against bitsandbytes' own quantization, the flat layout
 against FSDP1's own FlatParameters, and real CPU runs on 2 ranks (under -m heavy; the suite's cover measures the
-scheme by default): FULL_SHARD and NO_SHARD, nf4 and fp4, with and without double quantization and checkpointing,
-gradients kept across micro-steps or steps, the estimate within 1 % of each measured peak."""
+scheme by default): llama, qwen3 and gemma; FULL_SHARD and NO_SHARD, nf4 and fp4, with and without double
+quantization and checkpointing, gradients kept across micro-steps or steps; the estimate within 1 % of each measured
+peak."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ from llmem.spec import ModelSpec, ParamTensor
 from tests.components.multirank import TwoRankRows
 from tests.components.test_fsdp1 import LLAMA
 
+CONFIGS = {
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
+              "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "gemma": {"model_type": "gemma", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 1024,
+              "max_position_embeddings": 256, "pad_token_id": 0},
+}
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "fsdp1", "method": "qlora", "quant": "nf4",
         "precision": "bf16", "lora_adapter_dtype": "base"}
 WIDE = {"batch_size": 1, "seq_len": 256}  # activations outweigh the flat parameters
@@ -29,7 +38,10 @@ ROWS = TwoRankRows(BASE, {
     "z0-full-wide": {"zero": 0, "grad_ckpt": "full", **WIDE},
     "z3-none-accum2": {"zero": 3, "grad_accum": 2},  # every unit's shard (codes' zeros included) kept
     "z0-none-keep": {"zero": 0, "keep_grads": True},
-}, lambda _name: LLAMA, sampled=())
+    "qwen3-z3-none": {"zero": 3},  # per-head q/k norms in the layer's unit
+    "qwen3-z3-none-wide": {"zero": 3, **WIDE},
+    "gemma-z3-full-wide": {"zero": 3, "grad_ckpt": "full", **WIDE},  # (1 + weight) norms, tied embeddings
+}, lambda name: CONFIGS.get(name.split("-", 1)[0], LLAMA), sampled=())
 
 
 @pytest.mark.parametrize("name", ROWS.params())
