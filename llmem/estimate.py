@@ -255,6 +255,9 @@ def _validate_plan_for_model(spec: ModelSpec, plan: TrainingPlan) -> None:
         from llmem.components import context_parallel
 
         context_parallel.check(spec, plan)
+    from llmem.components import flat_lora
+
+    flat_lora.check_model(spec, plan)  # FSDP1 NO_SHARD over tied embeddings: the real program stops
     if plan.engine is Engine.FSDP1 and lora.is_lora(plan) and (
             spec.derived is not None or not spec.family.lora_activations):
         raise InputError("engine", f"LoRA under FSDP1 is modelled for the hand-written LoRA tables (llama-like "

@@ -163,8 +163,10 @@ def unclaimed_reason(row: dict) -> str:
     if "bert" in row["model"].lower() or "t0_3b" in row["model"].lower():
         return "not a decoder-only causal LM"
     if int(row["gpus"]) > 1 and method == "qlora":
-        return ("QLoRA with a sharded 4-bit base under FSDP1 / DeepSpeed (bnb_4bit_quant_storage=bf16) is not "
-                "modelled; multi-GPU QLoRA is modelled under DDP, ZeRO-1 and FSDP2 (uint8 code shards)")
+        return ("QLoRA with a sharded 4-bit base under DeepSpeed, or under FSDP1 wrapped another way than "
+                "accelerate's transformer wrap (--engine fsdp1: the adapters in the layer's unit, pure bf16, "
+                "bnb_4bit_quant_storage=bf16), is not modelled; multi-GPU QLoRA is modelled under DDP, ZeRO-1, FSDP2 "
+                "(uint8 code shards) and that FSDP1 program")
     if "deepspeed" in fw:
         return "DeepSpeed ZeRO: not the PyTorch engine's DDP/FSDP2 program of DESIGN.md §2"
     paged = "pagedadamw" in row["optimizer"].replace(" ", "").lower() or "8-bit" in row["optimizer"]
@@ -218,8 +220,9 @@ def render_markdown(rows: list[dict] | None = None) -> str:
     lines += ["", "## For reference, not claimed: LoRA and QLoRA under FSDP1", "",
               "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1` with the "
               "adapters in bf16 (`--lora-adapter-dtype base`, as these programs keep them); the QLoRA rows as our "
-              "FSDP2 program (FSDP1 QLoRA is not modelled). They are not in the median: each program still differs "
-              "as stated below.", "",
+              "FSDP2 program (--engine fsdp1 models QLoRA as accelerate wraps it, the adapters inside the layers' "
+              "units; Answer.AI's train.py wraps them as units of their own). They are not in the median: each "
+              "program still differs as stated below.", "",
               _HEADER.replace("| error |", "| difference |"), _RULE]
     lines += [_table_row(r) for r in reference_results(rows)]
     lines += [""] + [f"- **{rid}** ({c.statistic}): {c.why}" for rid, c in REFERENCE.items()]

@@ -186,11 +186,13 @@ REFERENCE: dict[str, Claim] = {
         "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 1 of a dummy dataset at exactly 512 tokens, activation checkpointing per decoder layer, "
-        "reserved memory. A different program, so not claimed: FSDP1 with bnb_4bit_quant_storage=bf16 (the packed "
-        "codes stored as bf16 so that FSDP1's flat parameters hold one dtype), its own LoRA layers cast to bf16 "
-        "(ours are PEFT's fp32 adapters), reentrant checkpointing, March "
-        "2024 transformers (fp32 logits upcast inside the model), and our FSDP2 all-gathers the uint8 codes with the "
-        "adapters as bytes.",
+        "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
+        "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
+        "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
+        "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
+        "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
+        "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
+        "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).",
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
     "answerai_fsdp_qlora_005": Claim(
@@ -198,11 +200,13 @@ REFERENCE: dict[str, Claim] = {
         "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 4 of a dummy dataset at exactly 2048 tokens, activation checkpointing per decoder layer, "
-        "reserved memory. A different program, so not claimed: FSDP1 with bnb_4bit_quant_storage=bf16 (the packed "
-        "codes stored as bf16 so that FSDP1's flat parameters hold one dtype), its own LoRA layers cast to bf16 "
-        "(ours are PEFT's fp32 adapters), reentrant checkpointing, March "
-        "2024 transformers (fp32 logits upcast inside the model), and our FSDP2 all-gathers the uint8 codes with the "
-        "adapters as bytes.",
+        "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
+        "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
+        "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
+        "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
+        "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
+        "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
+        "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).",
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
 }
@@ -212,6 +216,11 @@ _HEAD_LORA = ("LoRA on the output layer (lm_head) among the targets, in pure bf1
               "copy of it: another program)")
 _NEOX_QLORA = ("QLoRA on stablelm-base-alpha-3b: gpt_neox's 4-bit base is traced (llmem.derive.quant) but this "
                "published figure has not been compared with the estimate yet")
+
+_ANSWERAI_WRAP = ("Answer.AI's train.py wraps each trainable adapter Linear as its own FSDP1 unit "
+                  "(get_wrapping_policy, use_orig_params=False), so its decoder layers' units over the bf16-stored "
+                  "codes are frozen; --engine fsdp1 --method qlora models accelerate's transformer wrap (adapters in "
+                  "the layer's unit: a flat gradient over the codes)")
 
 # Rows looked at and not claimed, with the reason (the rules in `unclaimed_reason` cover the rest).
 NOT_CLAIMED: dict[str, str] = {
@@ -235,8 +244,14 @@ NOT_CLAIMED: dict[str, str] = {
     "litgpt_resource_tables_031": "LoRA under FSDP1 (Lightning Fabric's FSDPStrategy wraps FullyShardedDataParallel): "
                                   "--engine fsdp1 models full fine-tuning only (a frozen base and trainable adapters "
                                   "in one FlatParameter is a gap)",
-    "answerai_fsdp_qlora_012": "QLoRA with a sharded 4-bit base (FSDP1) is not modelled (and Yi-34B has no "
-                               "preset; FSDP CPU offload of the 4-bit parameters)",
-    "answerai_fsdp_qlora_013": "QLoRA with a sharded 4-bit base (FSDP1) is not modelled (and FSDP1 CPU offload of "
-                               "the 4-bit parameters)",
+    "answerai_fsdp_qlora_009": _ANSWERAI_WRAP + "; under NO_SHARD ours keeps each layer's whole flat gradient (3.5 "
+                               "GB at 7B) where train.py keeps the adapters' only",
+    "answerai_fsdp_qlora_012": _ANSWERAI_WRAP + " (and Yi-34B has no preset; FSDP1 CPU offload of the parameters "
+                               "is a gap)",
+    "answerai_fsdp_qlora_013": _ANSWERAI_WRAP + " (and FSDP1 CPU offload of the parameters is a gap)",
+    "peft_docs_004": "PEFT's examples/sft/train.py sets fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model): "
+                     "each trainable adapter Linear its own FSDP1 unit (use_orig_params false in the docs' config), "
+                     "so the decoder layers' units over the bf16-stored codes are frozen; --engine fsdp1 --method "
+                     "qlora models accelerate's transformer wrap (adapters in the layer's unit: a flat gradient "
+                     "over the codes); also packed samples, flash_attention_2 and an unnamed statistic",
 }

@@ -132,11 +132,28 @@ RULES: tuple[Rule, ...] = (
        "fsdp1 runs --zero 0 (NO_SHARD), 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD); FSDP1 has no ZeRO-1 (its optimizer "
        "states shard with the parameters); use --zero 0, 2 or 3, or --engine torch (ZeroRedundancyOptimizer)",
        REFUSED, engine="fsdp1", gpus=2, zero=1),
-    _r("engine method", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA,
-       "{p.method} under FSDP1 is not modelled: FSDP1 cannot flatten the uint8 4-bit codes llmem's QLoRA stores "
-       "('Cannot flatten integer dtype tensors'), and FSDP-QLoRA recipes store them in the compute dtype "
-       "(bnb_4bit_quant_storage), which llmem does not model; use --method lora, or --engine torch (FSDP2)", GAP,
-       engine="fsdp1", method="qlora", precision="bf16", gpus=2, zero=3),
+    _r("engine method precision quant", "engine", lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA
+       and (p.quant is Quant.INT8 or p.precision.is_mixed or p.precision.param_bytes != 2),
+       "{p.method} under FSDP1 is modelled as FSDP-QLoRA recipes run it: pure bf16 with the 4-bit codes "
+       "stored in that dtype (bnb_4bit_quant_storage; FSDP1 cannot flatten uint8 or int8 codes); use --precision "
+       "bf16 --lora-adapter-dtype base with --quant nf4 or fp4, or --engine torch (FSDP2)", GAP,
+       engine="fsdp1", method="qlora", quant="nf4", precision="fp32", gpus=2, zero=3),
+    # SHARD_GRAD_OP keeps a layer's unsharded views from forward into backward (`_skipped_use_sharded_views`), and
+    # `_writeback_orig_params` (torch 2.13 fsdp/_flat_param.py:2311-2321) asserts the module still holds them; but
+    # `Linear4bit.forward` re-registers its weight as a `Params4bit` (bitsandbytes 0.50.2 nn/modules.py:499-500)
+    _r("engine method zero", "zero", lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA and p.zero == 2
+       and p.gpus > 1, "FSDP1 SHARD_GRAD_OP raises 'FSDP does not support changing the parameters between forward "
+       "and backward' over a 4-bit base (bitsandbytes' Linear4bit.forward re-registers its weight as a Params4bit, "
+       "and SHARD_GRAD_OP keeps the forward's views into backward); use --zero 3 (FULL_SHARD) or 0 (NO_SHARD)",
+       REFUSED, engine="fsdp1", method="qlora", quant="nf4", precision="bf16", lora_adapter_dtype="base", gpus=2,
+       zero=2),
+    # PEFT's fp32 adapters beside the half codes and norms: two dtypes in one unit (as LoRA's row below)
+    _r("engine method precision lora_adapter_dtype", "lora-adapter-dtype",
+       lambda p: p.engine is Engine.FSDP1 and p.method is Method.QLORA and p.lora_adapter_dtype.value == "fp32",
+       "FSDP1 flattens a decoder layer into one FlatParameter of one dtype, and PEFT keeps the adapters of a "
+       "{p.precision.value} 4-bit base in fp32 (FSDP1 raises 'Must flatten tensors with uniform dtype'); use "
+       "--lora-adapter-dtype base (FSDP-QLoRA recipes cast the adapters to the base's dtype)", REFUSED,
+       engine="fsdp1", method="qlora", quant="nf4", precision="bf16", gpus=2, zero=3),
     # PEFT keeps half-precision bases' adapters in fp32 (autocast_adapter_dtype): one unit would mix two dtypes
     # (`_validate_tensors_to_flatten`, torch 2.13 `torch/distributed/fsdp/_flat_param.py:814`); not with
     # --lora-adapter-dtype base (autocast_adapter_dtype=False: the adapters in the base's dtype)

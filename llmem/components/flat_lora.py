@@ -21,10 +21,11 @@ gradient of layer 0's input is made. The walk's LoRA moments (`llmem.walk.fsdp1`
 (`down_proj_terms`), the frozen final norm's backward (`norm_backward.final_norm_backward_bytes`).
 
 Measured on 2-3 CPU ranks (gloo): llama, qwen2, qwen3, gemma, mistral; NO_SHARD, SHARD_GRAD_OP, FULL_SHARD; fp32 and
-bf16-mixed; checkpointed or not; q/v, o/down and all-linear targets; eager; --ckpt-every 2: within 0.06 %. Not
-modelled: QLoRA (llmem's uint8 4-bit codes cannot be flattened), module copies (`modules_to_save`), traced LoRA tables
-(gpt2 measured -2.4 %), MoE; a half base is refused with PEFT's fp32 adapters (two dtypes in one unit) and runs with
-`--lora-adapter-dtype base` (one dtype: the adapters compute in it, `spec.half_adapters`; docs/MODEL-LORA-DTYPE.md).
+bf16-mixed; checkpointed or not; q/v, o/down and all-linear targets; eager; --ckpt-every 2: within 0.06 %. QLoRA:
+`flat_qlora` (the codes stored as bf16, the base's views detached). Not modelled: module copies (`modules_to_save`),
+traced LoRA tables (gpt2 measured -2.4 %), MoE; a half base is refused with PEFT's fp32 adapters (two dtypes in one
+unit) and runs with `--lora-adapter-dtype base` (one dtype: the adapters compute in it, `spec.half_adapters`;
+docs/MODEL-LORA-DTYPE.md).
 """
 
 from __future__ import annotations
@@ -113,3 +114,22 @@ def down_proj_terms(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> tu
     cb, tokens = cp.precision.compute_bytes, plan.batch_size * plan.seq_len
     grads = lora.largest_mlp_adapter_bytes(spec, plan, cb)
     return sum(s.bytes for s in own), before, grads, tokens * (spec.intermediate_size + plan.lora_rank) * cb
+
+
+def check_model(spec: ModelSpec, plan: TrainingPlan) -> None:
+    """LoRA / QLoRA under FSDP1 NO_SHARD (`--zero 0`, one GPU) without MixedPrecision on tied embeddings: the real
+    program stops in the second step's forward (the first runs). The frozen root's post-forward reshard calls
+    `_use_sharded_views`, which under NO_SHARD re-registers the unsharded views as parameters
+    (`_use_unsharded_views(as_params=True)`), and the tied lm_head's primary, a plain tensor by then, fails its check
+    (torch 2.13 `fsdp/_flat_param.py:2021-2025`: "as_params=True type(prim_param)=Tensor"; measured on CPU: qwen2,
+    gemma, tied llama; any device). Under MixedPrecision the low-precision shard path runs instead (it trains)."""
+    from llmem.components.flat_param import sharded
+    from llmem.errors import REFUSED, InputError
+    from llmem.plan import Engine
+
+    if (plan.engine is Engine.FSDP1 and lora.is_lora(plan) and spec.tie_word_embeddings and not sharded(plan)
+            and not plan.precision.is_mixed):
+        raise InputError("zero", f"FSDP1 NO_SHARD over {spec.model_type!r}'s tied embeddings in LoRA's frozen root "
+                         "raises 'as_params=True type(prim_param)=Tensor' in the second step's forward (the tied "
+                         "lm_head's views re-registered as parameters); use --zero 3 on 2+ GPUs, --precision "
+                         "bf16-mixed (LoRA), or --engine torch", REFUSED)

@@ -84,7 +84,9 @@ def flatten(params: list[ParamTensor], align: int, world: int) -> FlatUnit:
 def unit_params(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> list[ParamTensor]:
     """A unit's tensors in `module.parameters()` order (None: the root's). LoRA: PEFT's `LoraLayer` registers
     `base_layer` first, then `lora_A` and `lora_B`, so each adapter pair follows its base Linear's tensors."""
-    base = list(spec.outer_params if layer is None else spec.layer_params(layer))
+    from llmem.components.flat_qlora import stored_params  # QLoRA: the 4-bit weights' packed codes
+
+    base = stored_params(spec, plan, list(spec.outer_params if layer is None else spec.layer_params(layer)))
     if not lora.is_lora(plan):
         return base
     after: dict[str, list[ParamTensor]] = {}

@@ -45,7 +45,18 @@ def bnb_config(plan: TrainingPlan):
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(plan.quant),
                               bnb_4bit_compute_dtype=getattr(torch, plan.precision.compute_dtype_name),
                               bnb_4bit_use_double_quant=plan.double_quant,
-                              bnb_4bit_quant_storage=torch.uint8)
+                              bnb_4bit_quant_storage=quant_storage(plan))
+
+
+def quant_storage(plan: TrainingPlan):
+    """`bnb_4bit_quant_storage`: uint8, except under FSDP1, where FSDP-QLoRA recipes (PEFT's accelerate FSDP docs,
+    Answer.AI's fsdp_qlora) store the packed codes in the base's half dtype so that a decoder layer's FlatParameter
+    holds one dtype (bitsandbytes 0.50.2 `backends/default/ops.py:257`: the uint8 codes viewed as that dtype)."""
+    from llmem.plan import Engine
+
+    if plan.engine is Engine.FSDP1:
+        return getattr(torch, plan.precision.compute_dtype_name)
+    return torch.uint8
 
 
 def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:

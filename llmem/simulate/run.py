@@ -51,6 +51,10 @@ def check_simulable(config: dict, plan: TrainingPlan) -> None:
         raise InputError("engine", "FSDP1's SHARD_GRAD_OP does not run on fake tensors (its writeback check after a "
                          "forward that kept the flat parameter gathered reads storage sizes a fake tensor does not "
                          "have); measure it (measure --gpus N), or simulate --zero 3")
+    if str(plan.engine) == "fsdp1" and str(plan.method) == "qlora":
+        raise InputError("engine", "FSDP1 over a 4-bit base does not run on fake tensors (FSDP1 makes an "
+                         "nn.Parameter of the fake Params4bit stand-in, whose detach() is a plain FakeTensor); "
+                         "measure it (measure --gpus N), or simulate --engine torch")
     if plan.pp > 1 and plan.dp > 1:
         raise InputError("gpus", f"--gpus {plan.gpus} puts data parallelism beside --pp {plan.pp}: DDP's Reducer "
                          "cannot be built on fake tensors, and the simulation places its buckets in closed form only "

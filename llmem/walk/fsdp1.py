@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
-from llmem.components import Category, flat_lora, lora, returned_probs
+from llmem.components import Category, flat_lora, flat_qlora, lora, quant, returned_probs
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
@@ -41,6 +41,7 @@ from llmem.spec import ModelSpec
 from llmem.walk.accumulation import gradients_kept
 from llmem.walk.final_norm import norm_moment
 from llmem.walk.fsdp import FsdpTerms, compute_plan, fsdp_terms
+from llmem.walk.fsdp1_qlora import flat_qlora_moments, flat_qlora_terms
 from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
 from llmem.walk.phase import Phase, moment, with_extra
 
@@ -129,6 +130,7 @@ def layer_moments(w: FsdpTerms, layer: int, later: int) -> list[Phase]:
     base = w.root_grads_head + later + residual
     views = layer_gradient_bytes(spec, w.cp, layer)  # the views' gradients, waiting in SplitWithSizesBackward
     views += lora.layer_adapter_bytes(spec, plan, layer, fp.gather_bytes(plan)) if lora.is_lora(plan) else 0
+    views = flat_qlora.view_gradient_bytes(spec, plan, layer) if flat_qlora.applies(plan) else views
     phases.append(moment(f"backward (layer {layer}, flat gradient)", **earlier,
                          gradients=base + views + flat, communication=gathered))
     resharded = gathered - fp.unsharded_bytes(spec, plan)[1 + layer]
@@ -146,7 +148,7 @@ def _lora_mlp_moments(w: Fsdp1Terms, layer: int, later: int, phases: list[Phase]
     down_proj's backward: the adapter branch's gradient of x, summed into the base's, takes the place of full
     fine-tuning's second intermediate-sized gradient) without the saves the adapter branch freed and with its
     gradients; before it, down_proj's lora_A backward, every save alive beside the layer output's gradient."""
-    if not lora.is_lora(w.flat) or not flat_lora.adapts_down_proj(w.spec, w.flat):
+    if not lora.is_lora(w.flat) or flat_qlora.applies(w.flat) or not flat_lora.adapts_down_proj(w.spec, w.flat):
         return phases
     saved, before, grads, inside = flat_lora.down_proj_terms(w.spec, w.flat, compute_plan(w.flat))
     name = f"backward (layer {layer})"
@@ -204,13 +206,18 @@ def fsdp1_terms(spec: ModelSpec, plan: TrainingPlan) -> Fsdp1Terms:
     """The FSDP2 walk's compute terms with FSDP1's persistent bytes: the flat shards and the states over them.
     LoRA: the compute of full fine-tuning (every view of a layer's flat parameter requires grad, `flat_lora`) with
     the adapters' own saves, layer 0's input needing no grad, and the frozen root's final norm and lm_head."""
-    program = flat_lora.full_plan(plan) if lora.is_lora(plan) else plan
+    qlora = flat_qlora.applies(plan)  # QLoRA: the 4-bit compute, the codes' views detached (`flat_qlora`)
+    program = flat_lora.full_plan(plan) if lora.is_lora(plan) and not qlora else plan
     w = fsdp_terms(spec, program)
-    persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)), optimizer=optimizer_state_bytes(spec, plan))
+    persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)) + (quant.quant_state_bytes(spec, plan) if qlora
+                                                                      else 0),
+                      optimizer=optimizer_state_bytes(spec, plan))
     w = Fsdp1Terms(**{f.name: getattr(w, f.name) for f in fields(FsdpTerms)}, flat=plan,
                    frozen_root=not fp.requires_grad(spec, plan, 0))
     if not lora.is_lora(plan):
         return replace(w, persistent=persistent)
+    if qlora:
+        return flat_qlora_terms(w, persistent)
     cp, cp_full, layers = compute_plan(plan), w.cp, spec.num_layers
     first = flat_lora.first_layer_saving_bytes(spec, plan, cp_full)
     kept_layers = partial(flat_lora.kept_layers_bytes, plan=plan, cp=cp)
@@ -246,6 +253,7 @@ def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
         new = layer_moments(w, layer, later)
         held |= dict.fromkeys((ph.name for ph in new), later)
         phases += new
+    phases += flat_qlora_moments(w, phases, held)
     end = end_moments(w)
     held |= dict.fromkeys((ph.name for ph in end[:-1]), sum(shards[1:]))
     if gradients_kept(plan):

@@ -58,7 +58,7 @@ def test_fsdp1_lora_within_1_percent_of_the_real_run(name):
 
 @pytest.mark.parametrize("fields, blame", [
     ({"precision": "bf16"}, "precision"),  # PEFT's fp32 adapters beside a bf16 base: two dtypes in one unit
-    ({"method": "qlora", "quant": "nf4", "precision": "bf16"}, "engine"),
+    ({"method": "qlora", "quant": "nf4", "precision": "bf16"}, "lora-adapter-dtype"),  # fp32 adapters, bf16 codes
     ({"lora_modules_to_save": "lm_head"}, "lora-modules-to-save"),
 ])
 def test_fsdp1_lora_refusals(fields, blame):
@@ -72,3 +72,30 @@ def test_traced_lora_tables_are_a_gap_under_fsdp1():
         estimate(ModelSpec.from_config(GPT2), TrainingPlan(**{**BASE, "zero": 3, "precision": "fp32",
                                                                          "lora_targets": "c_attn"}))
     assert e.value.field == "engine"
+
+
+def test_tied_no_shard_is_refused_where_the_real_run_stops(monkeypatch):
+    """LoRA on tied embeddings under FSDP1 NO_SHARD without MixedPrecision: the real program (a process group of
+    one, in this process) stops in the second step's forward with torch's assertion, and the estimate refuses it, naming
+    --zero; under bf16 MixedPrecision both run."""
+    import torch.distributed as dist
+
+    from llmem.runtime.session import prepare, train_step
+
+    tied = {**LLAMA, "tie_word_embeddings": True}
+    plan = TrainingPlan(**{**BASE, "gpus": 1, "zero": 0, "precision": "fp32", "device": "cpu"})
+    with pytest.raises(InputError) as e:
+        estimate(ModelSpec.from_config(tied), plan)
+    assert e.value.field == "zero"
+    estimate(ModelSpec.from_config(tied), plan.with_(precision="bf16-mixed"))
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.setenv(key, "1" if key == "WORLD_SIZE" else "0")
+    created = not dist.is_initialized()
+    try:
+        with pytest.raises(AssertionError, match="as_params=True"):
+            session = prepare(tied, plan)
+            train_step(session)  # (the first step runs)
+            train_step(session)
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()

@@ -42,3 +42,12 @@ def test_shard_grad_op_is_not_simulated():
     with pytest.raises(InputError) as err:
         check_simulable(LLAMA, plan)
     assert err.value.field == "engine"
+
+
+def test_qlora_is_not_simulated():
+    """FSDP1 over the 4-bit base: the fake Params4bit stand-in cannot be made an nn.Parameter by FSDP1."""
+    plan = TrainingPlan(gpus=2, zero=3, engine="fsdp1", method="qlora", quant="nf4", precision="bf16",
+                        lora_adapter_dtype="base", device="cuda")
+    with pytest.raises(InputError) as err:
+        check_simulable(LLAMA, plan)
+    assert err.value.field == "engine"
