@@ -175,11 +175,10 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
 def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """QLoRA on a traced architecture (`llmem.derive.quant`): the 4-bit base (nf4/fp4, double quantization or not)
     and the 8-bit one (`--quant int8`: the inputs its Linears' nodes keep, `llmem.derive.int8`) on one GPU and DDP
-    (--zero 0). Not yet: transformers' Conv1D models (gpt2: the measured step's quantization reads nn.Linear weights
-    only), mixtures of experts, ZeRO-1, FSDP2."""
-    if spec.family.conv1d or spec.is_moe:
-        return InputError("method", f"q{name} is not modelled for {'Conv1D' if spec.family.conv1d else 'expert'} "
-                          "layers; use --method lora", GAP)
+    (--zero 0), transformers' Conv1D models included (gpt2: quantized transposed, `llmem.runtime.lora.quantize_base`).
+    Not yet: mixtures of experts, ZeRO-1, FSDP2."""
+    if spec.is_moe:
+        return InputError("method", f"q{name} is not modelled for expert layers; use --method lora", GAP)
     if plan.gpus > 1 and plan.zero > 0:
         return InputError("zero", f"q{name} is measured on one GPU and DDP so far; use --zero 0", GAP)
     return None
