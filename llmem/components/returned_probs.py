@@ -41,10 +41,11 @@ def _scores(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def returned_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The previous layer's returned probabilities: falcon's `softmax(..., dtype=hidden_states.dtype)` (the
-    layernorm output's: fp32 under autocast), BLOOM's cast back to the query's (compute) dtype."""
+    """The previous layer's returned probabilities, in `Family.returned_probs_dtype`: falcon's
+    `softmax(..., dtype=hidden_states.dtype)` (the layernorm output's, the residual dtype: fp32 under autocast),
+    BLOOM's cast back to the query's (compute) dtype."""
     cb, rb = _bytes(plan)
-    return _scores(spec, plan) * (cb if spec.model_type == "bloom" else rb)
+    return _scores(spec, plan) * (cb if spec.family.returned_probs_dtype == "compute" else rb)
 
 
 def falcon_softmax_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -98,7 +99,8 @@ def forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) ->
     the final norm and the lm_head save (not made yet). 0 where `applies` does not hold."""
     if not applies(spec, plan):
         return 0
-    core = bloom_softmax_bytes if spec.model_type == "bloom" else falcon_softmax_bytes
+    # BLOOM's attention runs the residual add itself (`Family.attention_adds_residual`), a moment of its core's
+    core = bloom_softmax_bytes if spec.family.attention_adds_residual else falcon_softmax_bytes
     return max(0, core(spec, plan) + returned_bytes(spec, plan) - final_norm)
 
 
