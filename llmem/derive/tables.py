@@ -252,6 +252,12 @@ class Derived:
         return sum(s.bytes for s, layers in zip(self._saved(plan, "outer"), fits["outer_layers"], strict=True)
                    if layers and min(layers) > layer)
 
+    def buffer_bytes(self, plan: TrainingPlan) -> int:
+        """The model's buffers in the plan's parameter dtype (`llmem.derive.buffers`)."""
+        from llmem.derive.buffers import buffer_bytes
+
+        return buffer_bytes(self.config, plan.precision.torch_dtype_name)
+
     def gradient_excess_bytes(self, plan: TrainingPlan) -> int:
         return self.fitted(plan).get("grad_excess", 0)  # the `.grad`s beyond their parameters: `Trace.grad_excess`
 
