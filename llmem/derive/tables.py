@@ -144,7 +144,7 @@ class Derived:
             traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
             per = fits["layer_kinds"] if mapping is None else list(range(len(built[2])))  # prefix: per layer
             fits["checkpointed backward"] = checkpointed_windows(traced, per, kind, offset)
-        if fits["returns_probs"] and mapping is None and tp == 1 and (lora is None or is_checkpointed(lora)):
+        if fits.get("returns_probs") and mapping is None and tp == 1 and (lora is None or is_checkpointed(lora)):
             # the checkpointed program's first forward (`Derived.returned_probs_bytes`)
             if traced is None:
                 with quiet_libraries():
