@@ -233,7 +233,7 @@ FAMILIES: dict[str, Family] = {
                _bloom_layer, _bloom_outer, norm="layer",
                extra=("attention_dropout", "hidden_dropout"), sdpa=False, mlp_activation="bloom-gelu",
                embedding_norm=True, forward_locals=("alibi", "eager_mask"), attention_adds_residual=True,
-               returns_attention_probs=True),
+               returns_attention_probs=True, returned_probs_dtype="compute"),
     ]
 }
 

@@ -94,6 +94,9 @@ class Family:
     #   model's loop keeps them until the next layer returns (`FalconDecoderLayer.forward`: `return output,
     #   attn_weights`; `FalconModel.forward`: `outputs = block(...)`; BLOOM's alike): under checkpointing nothing
     #   saves them, so they sit beside the next layer's forward (`components.returned_probs`)
+    returned_probs_dtype: str = "residual"  # their dtype: "residual" the residual stream's (falcon's
+    #   `softmax(..., dtype=hidden_states.dtype)`, its layernorm output's), "compute" the compute dtype (BLOOM's
+    #   `.to(query_layer.dtype)` after its fp32 softmax, `modeling_bloom.py` `BloomAttention.forward`)
     sliding_window_layers: bool = False  # even layers attend in a sliding window, odd ones fully
     #   (`Gemma2Config.layer_types`): the model builds both masks (`causal_mask_mapping`)
     window_layers: str = ""  # with `use_sliding_window`, which layers the config class makes sliding when the config

@@ -198,12 +198,10 @@ def test_window_layers_follow_the_config_class(model_type):
     assert FAMILIES[model_type].window_layers == seen
 
 
-def _layer_returns_kept_probabilities(model_type: str) -> bool:
-    """Whether the model's decoder layer returns a batch x heads x seq x seq tensor with its output under eager
-    attention (a real forward of a small model on the CPU, a hook on layer 0) and the model's forward binds the
-    layer's whole return to a name of its own (`outputs = block(...)`), which keeps it until the next layer returns."""
-    import re
-
+def _returned_probabilities(model_type: str, autocast: bool = False) -> tuple[list, object]:
+    """The batch x heads x seq x seq tensors the model's decoder layer 0 returns with its output under eager
+    attention (a real forward of a small model on the CPU, a hook on layer 0), under bf16 autocast if asked; and
+    the model."""
     cfg = transformers.AutoConfig.for_model(model_type, **{**TINY, **EXTRA.get(model_type, {})})
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -211,12 +209,20 @@ def _layer_returns_kept_probabilities(model_type: str) -> bool:
     layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList))
     seen = []
     layers[0].register_forward_hook(lambda module, args, out: seen.append(out))
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model(input_ids=torch.zeros(2, 8, dtype=torch.long))
     outs = seen[0] if isinstance(seen[0], tuple) else (seen[0],)
-    probs = any(isinstance(t, torch.Tensor) and t.dim() == 4 and tuple(t.shape[-2:]) == (8, 8) for t in outs)
+    return [t for t in outs if isinstance(t, torch.Tensor) and t.dim() == 4 and tuple(t.shape[-2:]) == (8, 8)], model
+
+
+def _layer_returns_kept_probabilities(model_type: str) -> bool:
+    """Whether the layer returns its probabilities (`_returned_probabilities`) and the model's forward binds the
+    layer's whole return to a name of its own (`outputs = block(...)`), which keeps it until the next layer returns."""
+    import re
+
+    probs, model = _returned_probabilities(model_type)
     bound = re.findall(r"\n\s+(\w+) = \w+\(\s*hidden_states", inspect.getsource(type(model.base_model).forward))
-    return probs and any(name != "hidden_states" for name in bound)
+    return bool(probs) and any(name != "hidden_states" for name in bound)
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
@@ -238,3 +244,11 @@ def test_context_parallel_coverage_needs_sdpa():
     """torch's ring attention replaces SDPA's kernels (`--cp` runs under --attn sdpa): a family marked for it must
     run transformers' SDPA path."""
     assert all(FAMILIES[t].sdpa and not FAMILIES[t].own_attention_core for t in with_trait("context_parallel"))
+
+
+@pytest.mark.parametrize("model_type", sorted(with_trait("returns_attention_probs")))
+def test_returned_probabilities_dtype_matches_a_real_forward(model_type):
+    """Under bf16 autocast the residual stream is fp32 and the compute dtype bf16: the returned probabilities' dtype
+    tells which `Family.returned_probs_dtype` is."""
+    (probs,), _ = _returned_probabilities(model_type, autocast=True)
+    assert FAMILIES[model_type].returned_probs_dtype == ("compute" if probs.dtype == torch.bfloat16 else "residual")

@@ -16,6 +16,10 @@ these families' attention (falcon's `FalconLinear` computes `input @ self.weight
 cache; BLOOM's query_key_value runs before the moment and its cast weight dies with the matmul).
 Which families: `Family.returns_attention_probs`, checked against a real forward by
 `tests/components/test_returned_probs.py` (a decoder layer whose output carries a batch x heads x seq x seq tensor).
+A traced architecture (gptj, codegen, gpt_neo, mpt in 5.23: `outputs = block(...)`, `hidden_states = outputs[0]`)
+needs no trait: the trace sees its layers return such tensors, traces the checkpointed program's first forward and
+reads what of layer L - 2's return is alive at layer L - 1's start, and that layer's forward from its start
+(`Derived.returned_probs_bytes`); the moment is their sum on top of the forward's end.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """Eager attention (the sdpa branches return None), every layer checkpointed (`--grad-ckpt full`, every layer)
     and at least two layers; not under `--activation-offload` (not checked)."""
     last = spec.num_layers - 1
-    return (spec.family.returns_attention_probs and not _sdpa(spec, plan) and last >= 1
+    probs = spec.family.returns_attention_probs or spec.derived is not None  # traced: `forward_extra_bytes`
+    return (probs and not _sdpa(spec, plan) and last >= 1
             and plan.grad_ckpt is GradCkpt.FULL and plan.checkpointed(last) and plan.checkpointed(last - 1)
             and not plan.activation_offload)
 
@@ -41,10 +46,11 @@ def _scores(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def returned_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """The previous layer's returned probabilities: falcon's `softmax(..., dtype=hidden_states.dtype)` (the
-    layernorm output's: fp32 under autocast), BLOOM's cast back to the query's (compute) dtype."""
+    """The previous layer's returned probabilities, in `Family.returned_probs_dtype`: falcon's
+    `softmax(..., dtype=hidden_states.dtype)` (the layernorm output's, the residual dtype: fp32 under autocast),
+    BLOOM's cast back to the query's (compute) dtype."""
     cb, rb = _bytes(plan)
-    return _scores(spec, plan) * (cb if spec.model_type == "bloom" else rb)
+    return _scores(spec, plan) * (cb if spec.family.returned_probs_dtype == "compute" else rb)
 
 
 def falcon_softmax_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -98,7 +104,12 @@ def forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan, final_norm: int) ->
     the final norm and the lm_head save (not made yet). 0 where `applies` does not hold."""
     if not applies(spec, plan):
         return 0
-    core = bloom_softmax_bytes if spec.model_type == "bloom" else falcon_softmax_bytes
+    if spec.derived is not None and not spec.family.returns_attention_probs:  # a traced architecture (a hand-written
+        # family's traced LoRA keeps its formulas): the checkpointed last layer's forward beside what the loop keeps
+        kept, forward = spec.derived.at(spec.num_layers - 1).returned_probs_bytes(plan)
+        return max(0, forward + kept - final_norm) if kept else 0
+    # BLOOM's attention runs the residual add itself (`Family.attention_adds_residual`), a moment of its core's
+    core = bloom_softmax_bytes if spec.family.attention_adds_residual else falcon_softmax_bytes
     return max(0, core(spec, plan) + returned_bytes(spec, plan) - final_norm)
 
 

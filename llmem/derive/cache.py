@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 27
+FORMAT = 28
 
 
 def _directory() -> Path:

@@ -176,10 +176,8 @@ def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     """QLoRA on a traced architecture (`llmem.derive.quant`): the 4-bit base (nf4/fp4, double quantization or not)
     and the 8-bit one (`--quant int8`: the inputs its Linears' nodes keep, `llmem.derive.int8`) on one GPU and DDP
     (--zero 0), mixtures of experts included (docs/MODEL-QLORA-MOE.md: the fused experts and the router stay
-    unquantized; their LoRA targets are `moe_refusal`'s). Not yet: transformers' Conv1D models (gpt2: the measured
-    step's quantization reads nn.Linear weights only), ZeRO-1, FSDP2."""
-    if spec.family.conv1d:
-        return InputError("method", f"q{name} is not modelled for Conv1D layers; use --method lora", GAP)
+    unquantized; their LoRA targets are `moe_refusal`'s) and transformers' Conv1D models (gpt2: quantized
+    transposed, `llmem.runtime.lora.quantize_base`). Not yet: ZeRO-1, FSDP2."""
     if plan.gpus > 1 and plan.zero > 0:
         return InputError("zero", f"q{name} is measured on one GPU and DDP so far; use --zero 0", GAP)
     return None

@@ -138,11 +138,20 @@ class Derived:
             paths = [] if mapping is None else _layer_paths(built)
         from llmem.derive.lora import checkpointed_windows, is_checkpointed
 
+        traced = None
         if lora is not None and is_checkpointed(lora):  # --grad-ckpt full: a layer's backward runs its recompute
             built = self._build(config, dtype, attn, lora, checkpointed=True)
             traced = self._traces(built, kind, mixed or None, offset, kernels == "cuda")
             per = fits["layer_kinds"] if mapping is None else list(range(len(built[2])))  # prefix: per layer
             fits["checkpointed backward"] = checkpointed_windows(traced, per, kind, offset)
+        if fits.get("returns_probs") and mapping is None and tp == 1 and (lora is None or is_checkpointed(lora)):
+            # the checkpointed program's first forward (`Derived.returned_probs_bytes`)
+            if traced is None:
+                with quiet_libraries():
+                    traced = self._traces(self._build(config, dtype, attn, lora, checkpointed=True), kind,
+                                          mixed or None, offset, kernels == "cuda")
+            fits["returned probs"] = fit_sequence("returned probabilities", [t.returned for t in traced[0]],
+                                                  [t.returned for t in traced[1]], kind, offset)
         return fits if mapping is None else depth.expand(fits, mapping, paths)
 
     def _build(self, config: dict, dtype: str, attn: str, lora, checkpointed: bool = False, tp: int = 1):
@@ -206,7 +215,8 @@ class Derived:
                              "tensor change with batch or sequence length; this architecture cannot be derived")
         tables, layer_kinds = kinds.group(traces, checks, kind, offset)
         return fits | {"kinds": tables, "layer_kinds": layer_kinds, "held_layers": traces[0].held_layers,
-                       "outer_layers": traces[0].outer_layers, "grad_excess": traces[0].grad_excess}
+                       "outer_layers": traces[0].outer_layers, "grad_excess": traces[0].grad_excess,
+                       "returns_probs": traces[0].returns_probs}
 
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
@@ -251,6 +261,22 @@ class Derived:
         fits = self.fitted(plan)
         return sum(s.bytes for s, layers in zip(self._saved(plan, "outer"), fits["outer_layers"], strict=True)
                    if layers and min(layers) > layer)
+
+    def returned_probs_bytes(self, plan: TrainingPlan) -> tuple[int, int]:
+        """Where the decoder layers return their eager attention probabilities (`trace_live.note_returned`), traced
+        on the checkpointed program (every layer checkpointed): (the bytes of the previous layer's return alive at
+        the last layer's start, which only the model's loop holds there; the peak of the last layer's forward from
+        its start, `trace_live.first_forward_window`). (0, 0) otherwise (`components.returned_probs`)."""
+        if "returned probs" not in self.fitted(plan):
+            return 0, 0
+        saved = self._saved(plan, "returned probs")
+        return saved[0].bytes, max((s.bytes for s in saved[1:]), default=0)
+
+    def buffer_bytes(self, plan: TrainingPlan) -> int:
+        """The model's buffers in the plan's parameter dtype (`llmem.derive.buffers`)."""
+        from llmem.derive.buffers import buffer_bytes
+
+        return buffer_bytes(self.config, plan.precision.torch_dtype_name)
 
     def gradient_excess_bytes(self, plan: TrainingPlan) -> int:
         return self.fitted(plan).get("grad_excess", 0)  # the `.grad`s beyond their parameters: `Trace.grad_excess`

@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from llmem.derive import int8
-from llmem.derive.trace_live import grad_excess, unsaved_locals
+from llmem.derive.trace_live import first_forward_window, grad_excess, kept_returned, note_returned, unsaved_locals
 from llmem.derive.windows import _window, inflight_window
 
 PRE, POST, HEAD = "pre", "post", "head"
@@ -80,6 +80,8 @@ class Trace:
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
     grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
     #                       gradient, DTensor's embedding backward)
+    returns_probs: bool = False  # the decoder layers return b x heads x s x s tensors (`trace_live.note_returned`)
+    returned: list[tuple[str, int]] = field(default_factory=list)  # `trace_live.first_forward_window`
 
 
 def _local(t):
@@ -180,6 +182,7 @@ class _Recorder:
         self.forwards: dict[int, list[int]] = {}  # layer -> event indices: forward entered, last saved tensor packed
         self.forward_ends: dict[int, int] = {}  # layer -> event index at its forward hook (its output made)
         self.last, self.ids_bytes, self.entry_live = len(layers) - 1, 0, {}  # entry_live: `_enter`'s snapshot
+        self.returned, self.kept_probs = {}, 0  # per layer its returned probabilities (`trace_live.note_returned`)
         names = {m: n for n, m in model.named_modules()}
         self.handles = [m.register_forward_pre_hook(lambda mod, a: self.stack.append(names.get(mod, "")))
                         for m in model.modules()]
@@ -221,6 +224,7 @@ class _Recorder:
                 self.layer_args.setdefault(st._cdata, (f"layer argument ({t.dim()}-d {t.dtype})", st.nbytes()))
                 self.arg_layers.setdefault(st._cdata, []).append(i)
             if i == self.last:  # what the walk counts apart is told now: a storage freed later leaves its address
+                self.kept_probs = kept_returned(self, i) if self.alloc.forward else self.kept_probs  # not a recompute's
                 self.entry_live = {k: (n, ref) for k, (block, n, ref) in self.tracker._live.items()  # to others
                                    if block >= 0 and k not in self.layer_args and k not in self.alloc.copies}
         return hook
@@ -229,6 +233,7 @@ class _Recorder:
         def hook(module, args, output):
             self.place = POST
             self.forward_ends[i] = len(self.tracker.events)
+            note_returned(self, i, output)
             out = next(t for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             out.register_hook(lambda g: self._mark(g, i, True))
         return hook
@@ -308,6 +313,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
                 out.locals = unsaved_locals(rec)
                 copies = {tracker._live[k][0] for k in rec.alloc.copies if k in tracker._live}
                 matrices = {tracker._live[k][0] for k in rec.alloc.matrices if k in tracker._live}
+                out.returned, out.returns_probs = first_forward_window(rec, tracker.events, copies, matrices)
                 rec.keep.clear()  # backward frees what it frees in the real step
                 rec.alloc.keep.clear()
                 rec.alloc.forward = False

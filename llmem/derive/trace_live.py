@@ -38,3 +38,41 @@ def grad_excess(model) -> int:
     own plan the vocab-sharded embedding's gradient comes back Replicate, the whole vocabulary on every rank."""
     return sum(max(0, _local(p.grad).untyped_storage().nbytes() - _local(p).untyped_storage().nbytes())
                for p in model.parameters() if p.grad is not None)
+
+
+def note_returned(rec, layer: int, output) -> None:
+    """At decoder layer `layer`'s forward hook: the batch x heads x seq x seq tensors it returns beside its hidden
+    states (its eager attention probabilities: transformers 5.23 `GPTJBlock.forward` `return hidden_states,
+    attn_weights`; codegen, gpt_neo, mpt alike), weakly referenced by storage."""
+    import weakref
+
+    import torch
+
+    if not isinstance(output, tuple) or not isinstance(output[0], torch.Tensor) or output[0].dim() != 3:
+        return
+    b, s = output[0].shape[:2]
+    probs = [t for t in output[1:] if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[0] == b
+             and t.shape[-1] == t.shape[-2] == s]
+    rec.returned[layer] = [(weakref.ref(t.untyped_storage()), t.untyped_storage().nbytes()) for t in probs]
+
+
+def kept_returned(rec, layer: int) -> int:
+    """At decoder layer `layer`'s pre-hook: the bytes of what layer `layer - 1` returned beside its hidden states
+    that are still alive. In the checkpointed program no node saves them (torch 2.13 `utils/checkpoint.py`: the
+    non-reentrant pack hook keeps a holder), so what holds them is the model's loop (`outputs = block(...)` until the
+    next block returns; `all_self_attentions` only under output_attentions)."""
+    return sum(n for ref, n in rec.returned.get(layer - 1, []) if ref() is not None)
+
+
+def first_forward_window(rec, events, copies: set, matrices: set) -> tuple[list[tuple[str, int]], bool]:
+    """The last decoder layer's first forward (pre-hook to forward hook, from 0: `windows.inflight_window`), before
+    a checkpointed layer's recompute in backward moves the hooks' marks, after the bytes kept of the previous layer's
+    return at its start (`kept_returned`): the table `Trace.returned`; and whether any layer returned probabilities
+    (`Trace.returns_probs`)."""
+    from llmem.derive.windows import inflight_window
+
+    last, returns = rec.last, any(rec.returned.values())
+    if last not in rec.forwards or last not in rec.forward_ends:
+        return [], returns
+    window = inflight_window(events, [rec.forwards[last][0], rec.forward_ends[last]], copies, matrices, rec.lora)
+    return [("previous layer's returned probabilities, kept", rec.kept_probs), *window], returns

@@ -64,9 +64,15 @@ def quantize_base(model: nn.Module, plan: TrainingPlan) -> nn.Module:
     place)."""
     import bitsandbytes as bnb
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers.pytorch_utils import Conv1D
 
-    weights = {name: m.weight.data for name, m in model.named_modules() if type(m) is nn.Linear}
-    biases = {name: m.bias.data for name, m in model.named_modules() if type(m) is nn.Linear and m.bias is not None}
+    # what `replace_with_bnb_linear` converts (`type(module) is nn.Linear` or a Conv1D, transformers 5.23
+    # `integrations/bitsandbytes.py:189`); a Conv1D's (in, out) weight is quantized transposed, as the loader's
+    # `Bnb4bitQuantize`/`Bnb8bitQuantize.convert` do (`if issubclass(module.source_cls, Conv1D): value = value.T`)
+    converted = {name: m for name, m in model.named_modules() if type(m) is nn.Linear or isinstance(m, Conv1D)}
+    weights = {name: m.weight.data.T if isinstance(m, Conv1D) else m.weight.data for name, m in converted.items()}
+    biases = {name: m.bias.data for name, m in converted.items() if m.bias is not None}
+    converted.clear()
     skip = [n for n in weights if n.rsplit(".", 1)[-1] in NOT_CONVERTED]
     replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=bnb_config(plan))
     for name, module in model.named_modules():

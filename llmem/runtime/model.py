@@ -53,11 +53,19 @@ def build_model(config: dict, plan: TrainingPlan, device: torch.device | str = "
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layer list (`model.model.layers`, `transformer.h`, `gpt_neox.layers`, …): the longest ModuleList
-    whose children are the classes transformers declares as not splittable."""
+    whose children are the classes transformers declares as not splittable, or, where the model declares none
+    (transformers 5.23 `BioGptPreTrainedModel` has no `_no_split_modules`), transformers' checkpointable decoder
+    layers (`modeling_layers.GradientCheckpointingLayer`, what `gradient_checkpointing_enable` checkpoints)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     names = set(getattr(model, "_no_split_modules", None) or [])
+
+    def is_layer(m: nn.Module) -> bool:
+        return type(m).__name__ in names if names else isinstance(m, GradientCheckpointingLayer)
+
     best = None
     for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) and type(module[0]).__name__ in names:
+        if isinstance(module, nn.ModuleList) and len(module) and is_layer(module[0]):
             if best is None or len(module) > len(best):
                 best = module
     if best is None:

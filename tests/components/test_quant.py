@@ -41,8 +41,6 @@ def test_plan_validation_names_the_flag():
     TrainingPlan(method="qlora", quant="nf4", precision="bf16", gpus=2, zero=3)  # FSDP2: modelled
     with pytest.raises(InputError, match="tp"):
         TrainingPlan(method="qlora", quant="nf4", precision="bf16", gpus=2, tp=2)
-    with pytest.raises(InputError, match="method"):  # QLoRA is not traced for families without a LoRA table
-        estimate(ModelSpec.from_config(CONFIGS["gpt2"]), TrainingPlan(method="qlora", quant="nf4", precision="bf16"))
 
 
 def test_double_quantization_saves_three_bytes_per_block_at_size():

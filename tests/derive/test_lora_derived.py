@@ -328,3 +328,14 @@ def test_traced_lora_forward_in_flight_under_fsdp2(name):
     measured = FALCON_INFLIGHT.measured()[name]["peak_bytes"]
     assert est.peak_phase == "forward (last layer, in flight)"
     assert abs(est.peak_bytes - measured) <= TOLERANCE * measured, (est.peak_bytes, measured)
+
+
+@pytest.mark.heavy
+def test_biogpt_without_no_split_modules_within_one_percent():
+    """BioGPT declares no `_no_split_modules` (transformers 5.23): its decoder layers are found as transformers'
+    `GradientCheckpointingLayer`s (`llmem.runtime.model.decoder_layers`), and its traced LoRA estimate holds."""
+    cfg = {"model_type": "biogpt", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 256}
+    p = TrainingPlan(device="cpu", method="lora", batch_size=4, seq_len=128)
+    measured = measure_rank(cfg, p)["peak_bytes"]
+    assert abs(estimate(ModelSpec.from_config(cfg), p).peak_bytes - measured) <= TOLERANCE * measured

@@ -29,6 +29,8 @@ WIDE = {
                 num_key_value_heads=2, vocab_size=64),
     "opt": dict(model_type="opt", hidden_size=128, ffn_dim=1024, num_hidden_layers=2, num_attention_heads=4,
                 vocab_size=64, max_position_embeddings=256, word_embed_proj_dim=128),
+    "gpt2": dict(model_type="gpt2", n_embd=128, n_inner=1024, n_layer=2, n_head=4, vocab_size=64, n_positions=256,
+                 bos_token_id=0, eos_token_id=0),  # Conv1D: quantized transposed, as transformers' loader does
     "starcoder2": dict(model_type="starcoder2", hidden_size=128, intermediate_size=1024, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64, bos_token_id=None,
                        eos_token_id=None),
@@ -47,7 +49,7 @@ def _error(cfg: dict, base: dict = _BASE, **plan) -> float:
     return (est.peak_bytes - measured) / measured
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "falcon"])
+@pytest.mark.parametrize("family", ["gpt_neox", "falcon", "gpt2"])
 def test_quantized_base_bytes_equal_the_bitsandbytes_model(family):
     """Every parameter of the quantized model and each 4-bit weight's quant_state (absmax, code table; double
     quantization's nested state), counted from the real tensors bitsandbytes makes, against the inventory's
@@ -98,6 +100,7 @@ GRID = {
     "phi-fp4-dq-bf16-dropout": ("phi", dict(quant="fp4", double_quant=True, precision="bf16", lora_dropout=0.1)),
     "starcoder2-ckpt-bf16": ("starcoder2", dict(grad_ckpt="full", precision="bf16")),
     "stablelm-ckpt-bf16": ("stablelm", dict(grad_ckpt="full", precision="bf16")),
+    "gpt2-ckpt-bf16": ("gpt2", dict(grad_ckpt="full", precision="bf16")),
     "opt-ckpt": ("opt", dict(grad_ckpt="full")),  # layer 0's input needs a gradient: transformers' hook
     "opt-ckpt-bf16": ("opt", dict(grad_ckpt="full", precision="bf16")),
     **{f"wide-{f}": (f, dict(wide=True)) for f in WIDE},
@@ -131,7 +134,7 @@ def test_traced_qlora_ddp(name):
 
 @pytest.mark.parametrize("family, plan, field", [
     ("olmo2", dict(quant="int8", precision="bf16", gpus=2, zero=1), "zero"),  # 8-bit: test_qlora_int8_traced.py
-    ("gpt2", dict(quant="nf4"), "method"),  # Conv1D: the measured step's quantization reads nn.Linear weights
+    ("qwen3_moe", dict(quant="nf4", lora_dropout=0.0, gpus=2, zero=2), "zero"),  # FSDP2 over a traced 4-bit base
     ("gpt_neox", dict(quant="nf4", gpus=2, zero=1), "zero"),
 ])
 def test_what_is_not_traced_is_refused_naming_the_field(family, plan, field):

@@ -21,7 +21,11 @@ def test_built_in_target_dtype(precision, dtype):
     assert model.training
 
 
-@pytest.mark.parametrize("config,n", [(LLAMA, 2), (GPT2, 2), (OPT, 3), (MIXTRAL, 2)])
+BIOGPT = {"model_type": "biogpt", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+          "num_attention_heads": 4, "vocab_size": 128, "max_position_embeddings": 64}  # no `_no_split_modules`
+
+
+@pytest.mark.parametrize("config,n", [(LLAMA, 2), (GPT2, 2), (OPT, 3), (MIXTRAL, 2), (BIOGPT, 3)])
 def test_decoder_layers(config, n):
     assert len(decoder_layers(build_model(config, TrainingPlan(device="cpu")))) == n
 
