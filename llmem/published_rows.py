@@ -148,6 +148,17 @@ CLAIMS: dict[str, Claim] = {
 # wrapped unit). The LoRA rows are estimated as --engine fsdp1 with bf16 adapters (--lora-adapter-dtype base), the
 # QLoRA rows as our FSDP2 program (FSDP1 QLoRA is a gap); shown for reference in docs/PUBLISHED.md, they do not
 # count toward the bound: each still differs as it states.
+
+# Answer.AI's QLoRA rows: why --engine fsdp1 is not their program (train.py at 049515f)
+_ANSWERAI_QLORA_WRAP = (
+    "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
+    "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
+    "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
+    "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
+    "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
+    "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
+    "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).")
+
 REFERENCE: dict[str, Claim] = {
     "torchtune_readme_027": Claim(
         "llama-2-7b", RESERVED,
@@ -186,13 +197,7 @@ REFERENCE: dict[str, Claim] = {
         "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 1 of a dummy dataset at exactly 512 tokens, activation checkpointing per decoder layer, "
-        "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
-        "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
-        "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
-        "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
-        "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
-        "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
-        "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).",
+        + _ANSWERAI_QLORA_WRAP,
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
     "answerai_fsdp_qlora_005": Claim(
@@ -200,13 +205,7 @@ REFERENCE: dict[str, Claim] = {
         "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 4 of a dummy dataset at exactly 2048 tokens, activation checkpointing per decoder layer, "
-        "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
-        "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
-        "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
-        "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
-        "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
-        "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
-        "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).",
+        + _ANSWERAI_QLORA_WRAP,
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
 }

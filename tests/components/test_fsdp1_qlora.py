@@ -15,17 +15,11 @@ from llmem.components import flat_qlora
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec, ParamTensor
+from llmem.sweep.models import SMALL
 from tests.components.multirank import TwoRankRows
 from tests.components.test_fsdp1 import LLAMA
 
-CONFIGS = {
-    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
-              "max_position_embeddings": 256, "tie_word_embeddings": False},
-    "gemma": {"model_type": "gemma", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 1024,
-              "max_position_embeddings": 256, "pad_token_id": 0},
-}
+CONFIGS = {name: SMALL[name] for name in ("qwen3", "gemma")}  # per-head norms; (1 + weight) norms, tied
 BASE = {"gpus": 2, "batch_size": 1, "seq_len": 16, "engine": "fsdp1", "method": "qlora", "quant": "nf4",
         "precision": "bf16", "lora_adapter_dtype": "base"}
 WIDE = {"batch_size": 1, "seq_len": 256}  # activations outweigh the flat parameters
