@@ -176,6 +176,7 @@ def frozen_moe_backward_moments(spec: ModelSpec, plan: TrainingPlan) -> dict[str
         if not shared:  # the down grouped mm's output made, `silu(gate) * up` (its input, saved by none) alive
             moments["recompute, down grouped mm"] = (moments["recompute end (routing-weight mul)"] - r * h * ob
                                                      + r * i * eb)
+            moments["recompute end (routing-weight mul)"] += _unpermute_stop_bytes(spec, plan)
     converted = 0 if plan.grad_ckpt is GradCkpt.FULL else (r * h * eb if eb != ob else r * ob)
     moments["routing-weight mul backward"] = (shared_gate + routed_output_grad - inverse_permutation
                                               + 2 * r * h * ob + converted)
@@ -240,16 +241,25 @@ def _shared_recompute_locals(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 def _routed_recompute_locals(spec: ModelSpec, plan: TrainingPlan) -> int:
     """mixtral (no shared expert): the recompute, triggered by the routed output's index backward, stops at the
-    routing-weight mul's save; the forward's locals are still alive then: the gathered tokens (r × h × eb: frozen
-    experts' mm saves no input), the block input (T × h × rb: the frozen router and experts save none of it) and the
-    recompute's copy of the CPU RNG state (measured: s12-1115, mixtral LoRA q/v fp32 checkpointed, -1.50 % without
-    them). Symbols as `frozen_moe_backward_moments`."""
+    un-permuting index's save of `inv_perm` (`_unpermute_stop_bytes`); the forward's locals are still alive then:
+    the gathered tokens (r × h × eb: frozen experts' mm saves no input), the block input (T × h × rb: the frozen
+    router and experts save none of it) and the recompute's copy of the CPU RNG state (measured: s12-1115, mixtral
+    LoRA q/v fp32 checkpointed, -1.50 % without them). Symbols as `frozen_moe_backward_moments`."""
     from llmem.plan import Device
 
     T, h = plan.batch_size * plan.seq_len, spec.hidden_size
     _, rb = act._bytes(plan)
     rng = act.CPU_RNG_STATE_BYTES if plan.device is Device.CPU else 0
     return T * spec.experts_per_token * h * plan.precision.param_bytes + T * h * rb + rng
+
+
+def _unpermute_stop_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """mixtral: the recompute stops at the un-permuting index's save of `inv_perm` (IndexBackward0 saves its
+    indices; an input is packed before the kernel runs), not at the routing-weight mul: past the mul it has run
+    `inv_perm = torch.empty_like(perm)` and `inv_perm[perm] = torch.arange(r)` (transformers 5.23
+    `integrations/moe.py:527-529`), so inside that index_put both the inverse permutation and the arange (r int64
+    each) are alive: r × 16 B. (qwen2_moe's recompute runs past it: `_shared_recompute_locals`.)"""
+    return plan.batch_size * plan.seq_len * spec.experts_per_token * 16
 
 
 def _shared_gate_adapter_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int]:

@@ -114,10 +114,11 @@ def test_with_other_options_within_1_percent(family, options):
 @pytest.mark.parametrize("precision", ["fp32", "fp16-mixed"])
 def test_mixtral_recompute_holds_the_forward_locals(precision):
     """Seed 12's s12-1115 (mixtral LoRA q/v, fp32, checkpointed, ZeRO-1: -1.50 %): a checkpointed layer's recompute
-    stops at the routing-weight mul's save with the block input and the gathered tokens still alive as locals (the
-    frozen router and experts save neither) and the RNG state's copy; just before, at the down grouped mm, the
-    unsaved `silu(gate) * up` is alive too. fp32 with SGD (so the layer's peak is the step's): -1.81 % before, the
-    fp16-mixed twin +0.04 % either way (its peak is elsewhere). Bound 1 % as the rows above."""
+    stops at the un-permuting index's save (first thought: the routing-weight mul's) with the block input and the
+    gathered tokens still alive as locals (the frozen router and experts save neither) and the RNG state's copy; just
+    before, at the down grouped mm, the unsaved `silu(gate) * up` is alive too. fp32 with SGD (so the layer's peak is
+    the step's): -1.81 % before, the fp16-mixed twin +0.04 % either way (its peak is elsewhere). Bound 1 % as the rows
+    above."""
     from llmem.measure.run import measure_rank
     from llmem.sweep.models import SMALL
 
@@ -215,3 +216,20 @@ def test_qlora_with_the_8_bit_base_is_a_gap():  # measured +3.2 % on mixtral bf1
     with pytest.raises(InputError) as err:
         estimate(ModelSpec.from_config(CONFIGS["mixtral"]), plan)
     assert err.value.field == "quant" and err.value.gap
+
+
+def test_mixtral_checkpointed_recompute_stops_at_the_unpermuting_index():
+    """A checkpointed mixtral layer's recompute stops where the un-permuting index packs `inv_perm`, so it has run
+    `inv_perm[perm] = torch.arange(r)` with both int64 tensors alive (`lora_moe._unpermute_stop_bytes`, r × 16 B);
+    the walk stopped at the routing-weight mul before: -0.068 % here (4,096 B short), the attention-heavy grid's
+    checkpointed rows -0.05 … -0.12 %. fp32 (no half gemm scratch); left: ~104 B (8 B per adapter per layer and
+    more), so the bound 0.02 % sits between the two."""
+    from llmem.measure.run import measure_rank
+    from tests.components.test_moe_lora_forward import MIXTRAL
+
+    plan = TrainingPlan(device="cpu", batch_size=2, seq_len=64, method="lora", lora_targets="q_proj,v_proj",
+                        precision="fp32", grad_ckpt="full")
+    measured = measure_rank(MIXTRAL, plan)["peak_bytes"]
+    est = estimate(ModelSpec.from_config(MIXTRAL), plan)
+    assert est.peak_phase == "backward (last layer)"
+    assert abs(est.peak_bytes - measured) / measured < 0.0002, f"estimate {est.peak_bytes:,} measured {measured:,}"
