@@ -13,6 +13,8 @@ transformers 5.23.0 (`models/<type>/modeling_<type>.py`):
   (gemma :57, gemma2 :338), a scalar in the default dtype, i.e. the model's (4 B fp32 and mixed, 2 B bf16/fp16).
   `forward` multiplies by `embed_scale.to(self.weight.dtype)`, the buffer itself (same dtype): the product saves it,
   no copy.
+- FSDP1 with mixed precision casts them to the half dtype at its lazy init, in place (`buffer.data =
+  buffer.to(device=device, dtype=buffer_dtype)`, torch 2.13 `fsdp/_runtime_utils.py:1650-1654`, from :140).
 - GPT-2, OPT, BLOOM: none (GPT-2's causal `bias` mask is gone in 5.x; BLOOM's ALiBi is made in the forward).
 """
 
@@ -30,11 +32,13 @@ def rotary_dim(spec: ModelSpec) -> int:
     return spec.head_dim if spec.options.get("rotary_pct") is None else int(spec.head_dim * _p(spec, "rotary_pct"))
 
 
-def buffer_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+def buffer_bytes(spec: ModelSpec, plan: TrainingPlan, cast_bytes: int | None = None) -> int:
     """inv_freq and original_inv_freq (ceil(rotary_dim / 2) fp32 each) under RoPE; Gemma's embed_scale scalar in
-    the model's dtype."""
+    the model's dtype. `cast_bytes`: every buffer's element size after a cast of the module's floating buffers
+    (FSDP1's `MixedPrecision(buffer_dtype=<half>)`)."""
     family = spec.family
-    total = 2 * ((rotary_dim(spec) + 1) // 2) * FP32 if family.rope else 0
-    if family.scaled_embeddings:
-        total += plan.precision.param_bytes
-    return total
+    rope = 2 * ((rotary_dim(spec) + 1) // 2) if family.rope else 0
+    scale = 1 if family.scaled_embeddings else 0
+    if cast_bytes is not None:
+        return (rope + scale) * cast_bytes
+    return rope * FP32 + scale * plan.precision.param_bytes

@@ -21,5 +21,14 @@ def parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """The base (QLoRA: its quantized Linears) and the adapters beside it (`trainable.Trainable`); a traced
     architecture's buffers or a hand-written family's."""
     t = trainable(spec, plan)
-    buffers = spec.derived.buffer_bytes(plan) if spec.derived is not None else hand_written.buffer_bytes(spec, plan)
-    return t.base + t.adapters + buffers
+    return t.base + t.adapters + buffer_bytes(spec, plan)
+
+
+def buffer_bytes(spec: ModelSpec, plan: TrainingPlan, cast_bytes: int | None = None) -> int:
+    """The model's buffers, whole on the device; with FSDP2's CPU offload too: `fully_shard` moves them to the
+    device with the parameters (`_move_states_to_device`, torch 2.13 `_fully_shard/_fsdp_init.py:369-401`) and only
+    the sharded parameters go to the host. `cast_bytes`: a hand-written family's after FSDP1's buffer cast (a traced
+    architecture's are counted as built, at most that)."""
+    if spec.derived is not None:
+        return spec.derived.buffer_bytes(plan)
+    return hand_written.buffer_bytes(spec, plan, cast_bytes)
