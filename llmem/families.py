@@ -180,7 +180,7 @@ FAMILIES: dict[str, Family] = {
                liger_kernel=True),
         Family("phi3", {**_LLAMA_BASE, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
                         "num_layers": 32, "num_heads": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
-               _phi3_layer, _llama_outer, extra=(*_DROP, "resid_pdrop", "embd_pdrop"), **_LLAMA_TRAITS,
+               _phi3_layer, _llama_outer, extra=(*_DROP, "resid_pdrop", "embd_pdrop", "rotary_pct"), **_LLAMA_TRAITS,
                fused_projections=True, residual_dropout=True, embedding_dropout=("embd_dropout", "embd_pdrop"),
                liger_kernel=True),
         Family("mixtral", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,

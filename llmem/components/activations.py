@@ -307,7 +307,8 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
     gpt_neox rotates rotary_pct of head_dim);
     gpt2: wpe's position ids (1 × seq int64) and embd_pdrop's dropout; opt: position ids (batch × seq int64) and
     project_in's input when word_embed_proj_dim != hidden; gpt_neox: emb_dropout (hidden_dropout); phi3: embd_pdrop;
-    bloom: word_embeddings_layernorm's input (the embedding output), mean and rstd; gemma: the √h normalizer tensor.
+    bloom: word_embeddings_layernorm's input (the embedding output), mean and rstd (gemma's √h normalizer is its
+    `embed_scale` buffer, saved as is: `components.buffers`).
     The embeddings' output that enters layer 0 is that layer's input (`layer_saved`). A derived architecture's
     are traced (`llmem.derive`)."""
     if spec.derived is not None:
@@ -334,8 +335,6 @@ def outer_saved(spec: ModelSpec, plan: TrainingPlan) -> list[Saved]:
         items += [Saved("word_embeddings_layernorm input", tokens * h * rb),
                   Saved("word_embeddings_layernorm.mean", tokens * FP32),
                   Saved("word_embeddings_layernorm.rstd", tokens * FP32)]
-    if family.scaled_embeddings:
-        items.append(Saved("embedding normalizer (scalar)", rb))
     items += checkpoint_held_saved(spec, plan)
     return items
 

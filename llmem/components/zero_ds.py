@@ -42,6 +42,16 @@ def module_bytes(plan: TrainingPlan) -> int:
     return 2 if plan.precision is Precision.BF16_MIXED else 4
 
 
+def buffer_bytes(spec, plan: TrainingPlan) -> int:
+    """The model's buffers (`components.parameters.buffer_bytes`), whole on every rank (ZeRO partitions
+    parameters only), cast with the module by `self.module.bfloat16()` when the ds_config enables bf16
+    (deepspeed 0.19.0 `runtime/engine.py:1460-1463`). `spec`: the model or the adapters' view of it."""
+    from llmem.components.parameters import buffer_bytes as model_buffer_bytes
+
+    model = getattr(spec, "base", spec)  # `ds_lora.TrainableView` keeps the model as `base`
+    return model_buffer_bytes(model, plan, 2 if plan.precision is Precision.BF16_MIXED else None)
+
+
 def ordered_numels(spec: ModelSpec) -> tuple[int, ...]:
     """The trainable tensors in `model.parameters()` order: the input embeddings, the decoder layers, then the rest
     (final norm, an untied lm_head): the order `bit16_groups` keeps (`round_robin_gradients` off). Kept on the spec

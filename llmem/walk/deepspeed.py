@@ -25,6 +25,7 @@ import re
 from llmem.components import Category, ds_lora
 from llmem.components import zero3_ds as z3
 from llmem.components import zero_ds as z
+from llmem.components.parameters import buffer_bytes
 from llmem.options import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET
 from llmem.plan import Engine, Method, Precision, TrainingPlan
 from llmem.spec import ModelSpec
@@ -48,7 +49,8 @@ def _persistent(spec: ModelSpec, plan: TrainingPlan) -> dict:
     """The module's flat parameters (under LoRA `spec` is the adapters' view, `ds_lora`: the frozen base beside
     them), the fp32 master partition and the client optimizer's states over it."""
     frozen = ds_lora.frozen_numel(spec.base, plan) if isinstance(spec, ds_lora.TrainableView) else 0
-    return {Category.PARAMETERS: z.flat_param_bytes(spec, plan) + frozen * z.module_bytes(plan),
+    return {Category.PARAMETERS: z.flat_param_bytes(spec, plan) + frozen * z.module_bytes(plan)
+            + z.buffer_bytes(spec, plan),
             Category.OPTIMIZER: z.master_bytes(spec, plan) + z.state_bytes(spec, plan)}
 
 
@@ -210,7 +212,8 @@ def _zero0_phases(spec: ModelSpec, plan: TrainingPlan, single: list[Phase]) -> l
     model = spec.base if isinstance(spec, ds_lora.TrainableView) else spec  # (PEFT's fp32 adapters)
     fp32 = iteration_phases(model, compute_plan(plan).with_(precision=Precision.FP32)) if bf16 else single
     fp32_step = next(ph.breakdown for ph in fp32 if ph.name == "optimizer step")
-    clones = fp32_step[Category.PARAMETERS]  # the fp32 clone of every trainable parameter
+    # the fp32 clone of every trainable parameter (the fp32 walk's parameters less the model's fp32 buffers)
+    clones = fp32_step[Category.PARAMETERS] - buffer_bytes(model, plan.with_(precision=Precision.FP32))
     if isinstance(spec, ds_lora.TrainableView):
         clones = sum(z.ordered_numels(spec)) * 4
     master = clones + fp32_step[Category.OPTIMIZER] if bf16 else None

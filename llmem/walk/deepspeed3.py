@@ -59,9 +59,10 @@ def _released_at_hooks(spec: ModelSpec, plan: TrainingPlan) -> dict[int, int]:
 
 
 def _parameters(spec: ModelSpec, plan: TrainingPlan, released: set[int]) -> int:
-    """The rank's partitions, the persistent parameters and the gathered ones not released."""
+    """The rank's partitions, the persistent parameters, the gathered ones not released and the buffers."""
     alive = [i for i in range(len(z.ordered_numels(spec))) if i not in released]
-    return z3.lp_bytes(spec, plan) + z3.persistent_param_bytes(spec, plan) + z3.gathered_bytes(spec, plan, alive)
+    return (z3.lp_bytes(spec, plan) + z3.persistent_param_bytes(spec, plan) + z3.gathered_bytes(spec, plan, alive)
+            + z.buffer_bytes(spec, plan))
 
 
 def _fixed_gradients(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -166,9 +167,9 @@ def _positions(spec: ModelSpec) -> dict[int, int]:
 def _step_moments(spec: ModelSpec, plan: TrainingPlan, held: dict) -> list[Phase]:
     """`step` (stage3.py:2414): every parameter partitioned (`_partition_all_parameters`), the flat partition
     gradient (:2211), the client's step on the fp32 partition, then the persistent parameters gathered again
-    (`_post_step` :2381)."""
-    base = {"parameters": z3.lp_bytes(spec, plan), "optimizer": z3.master_bytes(spec, plan) + z3.state_bytes(
-        spec, plan), **held}
+    (`_post_step` :2381); the buffers stay."""
+    base = {"parameters": z3.lp_bytes(spec, plan) + z.buffer_bytes(spec, plan),
+            "optimizer": z3.master_bytes(spec, plan) + z3.state_bytes(spec, plan), **held}
     fixed = _fixed_gradients(spec, plan)
     return [
         moment("optimizer step (flat partition gradient)", **base,

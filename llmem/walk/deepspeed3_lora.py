@@ -98,14 +98,14 @@ def parameter_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> i
     """Parameters at a moment after the first layer's forward (`layer`: None in forward, the layer in backward, -1
     after backward): the frozen partitions, the adapters' flat partitions, every persistent tensor whole and the
     gathered ones neither released in forward (`released_in_forward`) nor by the backward of a later layer, the
-    final norm or the lm_head (the first layer's lora_A of `_first_layer` never is)."""
+    final norm or the lm_head (the first layer's lora_A of `_first_layer` never is); the buffers."""
     view, train = all_params_view(spec, plan), ds_lora.trainable_spec(spec, plan)
     keys, gone = z.backward_keys(view), released_in_forward(spec, plan)
     kept = _first_layer(view)[1]
     alive = [i for i, key in enumerate(keys) if i not in gone and (layer is None or key <= layer or key < 0
                                                                     or i in kept)]
     return (frozen_partition_bytes(spec, plan) + z3.lp_bytes(train, plan) + z3.persistent_param_bytes(view, plan)
-            + z3.gathered_bytes(view, plan, alive))
+            + z3.gathered_bytes(view, plan, alive) + z.buffer_bytes(spec, plan))
 
 
 def zero3_lora_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:

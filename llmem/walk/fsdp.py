@@ -36,7 +36,7 @@ from llmem.components.gradients import (
     tied_gradient_sum_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
-from llmem.components.parameters import parameter_bytes
+from llmem.components.parameters import buffer_bytes, parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.memo import remembered
 from llmem.plan import Engine, GradCkpt, Offload, Scheme, TrainingPlan
@@ -196,9 +196,10 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
 def fsdp_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
     cp = compute_plan(plan)
     # --offload optimizer+params: sharded parameters, sharded gradients, optimizer states and the step live on the
-    # host (`llmem.components.offload`); a reduce-scatter output is on the GPU only until its copy to the host.
+    # host (`llmem.components.offload`), the buffers stay on the GPU; a reduce-scatter output is on the GPU only
+    # until its copy to the host.
     resident = 0 if offload.is_offloaded(plan) else 1
-    persistent = dict(parameters=parameter_bytes(spec, plan) * resident,
+    persistent = dict(parameters=parameter_bytes(spec, plan) if resident else buffer_bytes(spec, plan),
                       optimizer=optimizer_state_bytes(spec, plan) * resident)
     return FsdpTerms(spec=spec, plan=plan, cp=cp, persistent=persistent, resident=resident,
                      **_fsdp_activation_terms(spec, plan), **_fsdp_gradient_terms(spec, plan, cp))

@@ -36,6 +36,7 @@ from llmem.components.gradients import (
     tied_gradient_sum_bytes,
 )
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from llmem.components.parameters import buffer_bytes
 from llmem.plan import GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.accumulation import gradients_kept
@@ -209,8 +210,9 @@ def fsdp1_terms(spec: ModelSpec, plan: TrainingPlan) -> Fsdp1Terms:
     qlora = flat_qlora.applies(plan)  # QLoRA: the 4-bit compute, the codes' views detached (`flat_qlora`)
     program = flat_lora.full_plan(plan) if lora.is_lora(plan) and not qlora else plan
     w = fsdp_terms(spec, program)
+    cast = plan.precision.compute_bytes if plan.precision.is_mixed else None  # MixedPrecision(buffer_dtype=half)
     persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)) + (quant.quant_state_bytes(spec, plan) if qlora
-                                                                      else 0),
+                                                                      else 0) + buffer_bytes(spec, plan, cast),
                       optimizer=optimizer_state_bytes(spec, plan))
     w = Fsdp1Terms(**{f.name: getattr(w, f.name) for f in fields(FsdpTerms)}, flat=plan,
                    frozen_root=not fp.requires_grad(spec, plan, 0))

@@ -6,7 +6,7 @@ import pytest
 
 from llmem.components import Category, offload
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
-from llmem.components.parameters import parameter_bytes
+from llmem.components.parameters import buffer_bytes, parameter_bytes
 from llmem.errors import InputError
 from llmem.estimate import estimate
 from llmem.plan import TrainingPlan
@@ -32,11 +32,13 @@ def test_only_sharded_params_grads_states_and_step_leave_the_gpu(zero, precision
     assert on.keys() == off.keys()
     plan = TrainingPlan(gpus=4, zero=zero, precision=precision)
     params, states = parameter_bytes(SPEC, plan), optimizer_state_bytes(SPEC, plan)
+    buffers = buffer_bytes(SPEC, plan)  # fully_shard moves the buffers to the GPU; only the shards go to the host
+    assert 0 < buffers < params
     for name, a in on.items():
         b = off[name]
         for cat in (Category.ACTIVATIONS, Category.LOGITS, Category.COMMUNICATION):
             assert a.breakdown[cat] == b.breakdown[cat], (name, cat)
-        assert b.breakdown[Category.PARAMETERS] == 0 and b.breakdown[Category.OPTIMIZER] == 0
+        assert b.breakdown[Category.PARAMETERS] == buffers and b.breakdown[Category.OPTIMIZER] == 0
         assert a.breakdown[Category.PARAMETERS] == params and a.breakdown[Category.OPTIMIZER] == states
         assert 0 <= b.breakdown[Category.GRADIENTS] <= a.breakdown[Category.GRADIENTS]
         assert b.total < a.total
@@ -50,8 +52,10 @@ def test_optimizer_step_moves_to_the_host_byte_for_byte(impl):
     moved = on["optimizer step"].total - off["optimizer step"].total
     already_on_host = 0 if impl == "fused" else 4 * len(SPEC.params)
     assert moved + already_on_host == est.host_bytes
-    # and the GPU keeps nothing but the model output's logits at the step
-    assert off["optimizer step"].total == off["optimizer step"].breakdown[Category.LOGITS]
+    # and the GPU keeps nothing but the model output's logits and the buffers at the step
+    step = off["optimizer step"]
+    assert step.total == step.breakdown[Category.LOGITS] + step.breakdown[Category.PARAMETERS]
+    assert step.breakdown[Category.PARAMETERS] == buffer_bytes(SPEC, est.plan)
 
 
 def test_gpu_peak_does_not_depend_on_the_optimizer():
@@ -66,7 +70,9 @@ def test_host_figures():
     plan = TrainingPlan(gpus=16, zero=3, offload=OFF, optimizer_impl="fused")
     est = estimate(SPEC, plan)
     h = est.host_breakdown
-    assert h[Category.PARAMETERS] == h[Category.GRADIENTS] == parameter_bytes(SPEC, plan.with_(offload="none"))
+    resident = plan.with_(offload="none")
+    shards = parameter_bytes(SPEC, resident) - buffer_bytes(SPEC, resident)  # the buffers stay on the GPU
+    assert h[Category.PARAMETERS] == h[Category.GRADIENTS] == shards
     assert h[Category.TEMPORARIES] == optimizer_step_temporary_bytes(SPEC, plan) == 0  # fused: in place
     # pinned blocks are rounded up to powers of two: at least the bytes, less than twice
     assert h[Category.PARAMETERS] * 2 <= est.host_pinned_bytes < 4 * h[Category.PARAMETERS]

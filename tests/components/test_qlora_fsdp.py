@@ -100,6 +100,7 @@ def _fsdp_worker(out: str) -> None:
     for p in model.parameters():
         if id(p) not in seen:
             other += p._local_tensor.untyped_storage().nbytes()
+    other += sum(b.untyped_storage().nbytes() for b in model.buffers())  # whole on every rank (RoPE's inv_freq)
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     result = {"rank": rank, "shards": shards, "codes": codes, "quant_states": quant_states, "other": other,
@@ -126,7 +127,7 @@ def test_fully_shard_layout(tmp_path):
             assert nbytes == -(-rows // 2)  # dim-0 chunk padded to the first rank's
             padded |= rows % 2 == 1 and local[0] < nbytes
         # every rank: the padded code shards, the whole quant_states, the sharded rest (norms, embeddings, lm_head,
-        # adapters): the estimate's parameter bytes exactly
+        # adapters) and the whole buffers: the estimate's parameter bytes exactly
         assert res["codes"] + res["quant_states"] + res["other"] == parameter_bytes(spec, plan)
     assert padded  # rank 1 of an odd row count holds a padded chunk
 

@@ -89,6 +89,8 @@ def test_parameter_bytes_equal_the_quantized_model(family, q, precision, dq):
                 add(qs.state2.code)
             assert (qs.state2 is not None) is dq
         add(getattr(p, "SCB", None))  # Int8Params: int8 CB is the parameter's data, fp32 SCB beside it
+    for b in model.buffers():  # RoPE's inv_freq and original_inv_freq (`components.buffers`)
+        add(b)
     if dq:  # the process's own map, made by the first double quantization and kept (bitsandbytes' name2qmap)
         from bitsandbytes import functional
 
