@@ -31,7 +31,9 @@ def test_ddp_buckets_are_one_gradient_copy_and_rebuild_doubles_them_only_while_g
     viewed = plan(gpus=2, grad_accum=2, ddp_bucket_view=True)
     assert comm.ddp_rebuild_bytes(SPEC, viewed) == SPEC.total_params * 4
     rebuild = next(ph for ph in estimate(SPEC, viewed).phases if ph.name.startswith("DDP bucket rebuild"))
-    assert rebuild.total == SPEC.total_params * 4 * 3  # parameters, old and new buckets; no optimizer state yet
+    rope_buffers = 2 * (SPEC.head_dim // 2) * 4  # LlamaRotaryEmbedding's inv_freq and original_inv_freq, fp32
+    # parameters (and the model's buffers), old and new buckets; no optimizer state yet
+    assert rebuild.total == SPEC.total_params * 4 * 3 + rope_buffers
 
 
 def test_zero1_greedy_partition_largest_first_to_least_loaded():

@@ -37,3 +37,18 @@ def config(model_type: str, **extra) -> dict:
     """The config dict (`to_json_string`, as a user's config.json) of a small `model_type` model."""
     kwargs = {**BASE, **EXTRA.get(model_type, {}), **MOE.get(model_type, {}), **extra}
     return json.loads(transformers.AutoConfig.for_model(model_type, **kwargs).to_json_string())
+
+
+def assert_estimate_near_measure(cfg: dict, plan, tolerance: float, label: str = ""):
+    """`estimate` of `plan` on `cfg` within `tolerance` of one CPU rank's measured peak (`measure_rank`); the
+    figures printed (run with -s). Returns the estimate."""
+    from llmem.estimate import estimate
+    from llmem.measure.run import measure_rank
+    from llmem.spec import ModelSpec
+
+    est = estimate(ModelSpec.from_config(cfg), plan)
+    measured = measure_rank(cfg, plan)["peak_bytes"]
+    print(f"{label}: estimate {est.peak_bytes:,} measured {measured:,} "
+          f"({(est.peak_bytes - measured) / measured:+.3%}, {est.peak_phase})")
+    assert abs(est.peak_bytes - measured) <= tolerance * measured
+    return est

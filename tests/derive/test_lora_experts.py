@@ -8,13 +8,11 @@ from __future__ import annotations
 import pytest
 
 from llmem.components import lora
-from llmem.estimate import estimate
-from llmem.measure.run import measure_rank
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
 from tests.components.test_lora import peft_model_on_meta
-from tests.derive.configs import config
+from tests.derive.configs import assert_estimate_near_measure, config
 
 TOLERANCE = 0.01
 _BASE = {"method": "lora", "batch_size": 2, "seq_len": 64, "precision": "fp32", "lora_dropout": 0.0}
@@ -50,12 +48,8 @@ ONE_RANK = [
 
 @pytest.mark.parametrize("family, plan", ONE_RANK)
 def test_expert_adapters_within_one_percent(family, plan):
-    p = TrainingPlan(device="cpu", **{**_BASE, **plan})
-    est = estimate(ModelSpec.from_config(config(family)), p)
-    measured = measure_rank(config(family), p)["peak_bytes"]
-    print(f"{family} {plan}: estimate {est.peak_bytes:,} measured {measured:,} "
-          f"({(est.peak_bytes - measured) / measured:+.3%}, {est.peak_phase})")
-    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured
+    assert_estimate_near_measure(config(family), TrainingPlan(device="cpu", **{**_BASE, **plan}), TOLERANCE,
+                                 f"{family} {plan}")
 
 
 # FSDP2 (ZeRO-2/3) and DDP on two ranks (one launch, `-m heavy`): the wrappers' adapters are sharded as any

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 
 from llmem.estimate import estimate
-from llmem.measure.run import measure_rank
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
-from tests.derive.configs import config
+from tests.derive.configs import assert_estimate_near_measure, config
 
 TOLERANCE = 0.01
 _BASE = dict(method="qlora", quant="nf4", batch_size=2, seq_len=64, precision="fp32", lora_dropout=0.0)
@@ -112,12 +111,8 @@ ONE_RANK = {
 @pytest.mark.parametrize("name", list(ONE_RANK))
 def test_traced_qlora_on_experts_within_one_percent(name):
     p = TrainingPlan(device="cpu", **{**_BASE, **ONE_RANK[name]})
-    est = estimate(ModelSpec.from_config(_config(name)), p)
+    est = assert_estimate_near_measure(_config(name), p, TOLERANCE, name)
     assert est.spec.derived is not None
-    measured = measure_rank(_config(name), p)["peak_bytes"]
-    print(f"{name}: estimate {est.peak_bytes:,} measured {measured:,} "
-          f"({(est.peak_bytes - measured) / measured:+.3%}, {est.peak_phase})")
-    assert abs(est.peak_bytes - measured) <= TOLERANCE * measured
 
 
 TWO = TwoRankRows({**_BASE, "gpus": 2}, {
