@@ -14,7 +14,7 @@ from llmem.spec import ModelSpec
 from tests.components.multirank import TwoRankRows
 from tests.derive import test_qlora_traced as qlora_traced
 from tests.derive.test_lora_derived import config_of
-from tests.derive.test_qlora_traced import WIDE
+from tests.derive.test_qlora_traced import WIDE, grid_case, row_config
 
 TOLERANCE = 0.01
 _BASE = dict(method="qlora", quant="int8", lora_targets="all-linear", batch_size=2, seq_len=64, device="cpu")
@@ -80,9 +80,7 @@ GRID.update({"phi-fp16": ("phi", dict(precision="fp16")),
 @pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(GRID))
 def test_traced_int8_qlora_grid(name):
-    family, plan = GRID[name]
-    plan = dict(plan)
-    cfg = WIDE[family] if plan.pop("wide", False) else config_of(family)
+    cfg, plan = grid_case(*GRID[name])
     assert abs(_error(cfg, **plan)) <= TOLERANCE
 
 
@@ -90,7 +88,7 @@ TWO = TwoRankRows(dict(_BASE, gpus=2, zero=0, precision="fp32"), {
     "gpt_neox": dict(),
     "stablelm-ckpt-bf16": dict(grad_ckpt="full", precision="bf16"),
     "phi-wide": dict(),
-}, lambda name: WIDE[name.split("-")[0]] if "-wide" in name else config_of(name.split("-")[0]), sampled=())
+}, row_config, sampled=())
 
 
 @pytest.mark.heavy

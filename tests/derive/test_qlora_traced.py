@@ -38,6 +38,18 @@ WIDE = {
 _BASE = dict(method="qlora", quant="nf4", lora_targets="all-linear", batch_size=2, seq_len=64)
 
 
+def grid_case(family: str, plan: dict) -> tuple[dict, dict]:
+    """A grid case's config (the family's wide variant where the plan says `wide`) and the plan without that key."""
+    plan = dict(plan)
+    return (WIDE[family] if plan.pop("wide", False) else config_of(family)), plan
+
+
+def row_config(name: str) -> dict:
+    """A two-rank row's config: the family before the first '-', its wide variant when the name says '-wide'."""
+    family = name.split("-")[0]
+    return WIDE[family] if "-wide" in name else config_of(family)
+
+
 def _error(cfg: dict, base: dict = _BASE, **plan) -> float:
     """(estimate - measured) / measured of the traced QLoRA plan `base` + `plan` (fp32 unless it says)."""
     p = TrainingPlan(**{"device": "cpu", **base, "precision": "fp32", **plan})
@@ -112,9 +124,7 @@ GRID = {
 @pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(GRID))
 def test_traced_qlora_grid(name):
-    family, plan = GRID[name]
-    plan = dict(plan)
-    cfg = WIDE[family] if plan.pop("wide", False) else config_of(family)
+    cfg, plan = grid_case(*GRID[name])
     assert abs(_error(cfg, **plan)) <= TOLERANCE
 
 
@@ -123,7 +133,7 @@ TWO = TwoRankRows(dict(_BASE, gpus=2, zero=0, precision="fp32"), {
     "gpt_neox": dict(),
     "phi-wide": dict(),
     "starcoder2-wide-ckpt": dict(grad_ckpt="full"),
-}, lambda name: WIDE[name.split("-")[0]] if "-wide" in name else config_of(name.split("-")[0]), sampled=())
+}, row_config, sampled=())
 
 
 @pytest.mark.heavy
