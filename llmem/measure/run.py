@@ -39,6 +39,29 @@ def forget_process_caches() -> None:
         functional.name2qmap.clear()
 
 
+def import_before_measuring(plan: TrainingPlan) -> None:
+    """Make, before the tracker starts, the host-side tensors a library makes once per process, so that the first row
+    measured in a process reads what every later one reads (without this a LoRA row read 144 B more, a 4-bit row
+    396 B more, when first in its process):
+    - `import bitsandbytes` makes its 16-entry nf4 and fp4 tables (`backends/utils.py:15,39`, 128 B);
+    - `import peft` makes two 0-dim int64 default arguments (`tuners/loha/layer.py:368,391`, 16 B);
+    - on CPU, bitsandbytes' 4-bit quantization caches its code and the code's midpoints and order on first use
+      (`backends/utils.py:66-75`, `backends/default/ops.py:225-230`, 252 B); CUDA's kernels use neither cache.
+    None of them is on the GPU in the CUDA program: the tables are made on the host, the caches only by CPU kernels."""
+    import importlib.util
+
+    uses_peft = plan.method.value != "full"
+    uses_bnb = plan.method.value == "qlora" or "8bit" in plan.optimizer.value
+    if uses_peft and importlib.util.find_spec("peft") is not None:
+        import peft  # noqa: F401
+    if (uses_peft or uses_bnb) and importlib.util.find_spec("bitsandbytes") is not None:
+        import bitsandbytes  # noqa: F401
+        if plan.device.value == "cpu" and plan.quant.value in ("nf4", "fp4"):
+            from bitsandbytes.backends.default import ops
+
+            ops._get_4bit_quantize_bounds(plan.quant.value, torch.device("cpu"))
+
+
 def make_tracker(device_type: str, topo: Topology):
     if device_type == "cuda":
         from llmem.measure.cuda import CudaTracker
@@ -82,6 +105,7 @@ def measure_rank(config: dict, plan: TrainingPlan, steps: int = 2, topo: Topolog
         if plan.alloc_conf is AllocConf.EXPANDABLE:  # --alloc-conf, before the first allocation of this process
             torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     forget_process_caches()
+    import_before_measuring(plan)
     collect()
     tracker = tracker or make_tracker(topo.device_type, topo)
     start = time.perf_counter()
