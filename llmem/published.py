@@ -103,8 +103,8 @@ def claimed_results(rows: list[dict] | None = None) -> list[Result]:
 
 
 def reference_results(rows: list[dict] | None = None) -> list[Result]:
-    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (LoRA: --engine fsdp1, bf16 adapters; QLoRA: our FSDP2 program):
-    shown, not claimed."""
+    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (LoRA: --engine fsdp1 --fsdp1-wrap adapters, bf16 adapters; QLoRA:
+    our FSDP2 program): shown, not claimed."""
     rows = load_rows() if rows is None else rows
     return [compare_row(r) for r in rows if r["id"] in REFERENCE]
 
@@ -178,6 +178,7 @@ def unclaimed_reason(row: dict) -> str:
 def _table_row(r: Result) -> str:
     p = r.plan
     engine = " fsdp1" if p.engine is Engine.FSDP1 else ""
+    engine += " (adapters wrap)" if p.engine is Engine.FSDP1 and p.fsdp1_wrap.value == "adapters" else ""
     plan = f"{p.gpus} GPUs {p.scheme.value}{engine}, " if p.gpus > 1 else ""
     plan += f"{p.precision}, b{p.batch_size}×{p.seq_len}"
     plan += ", ckpt" if p.grad_ckpt.value == "full" else ""
@@ -218,11 +219,11 @@ def render_markdown(rows: list[dict] | None = None) -> str:
     for rid, c in CLAIMS.items():
         lines.append(f"- **{rid}** ({c.statistic}): {c.why}")
     lines += ["", "## For reference, not claimed: LoRA and QLoRA under FSDP1", "",
-              "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1` with the "
-              "adapters in bf16 (`--lora-adapter-dtype base`, as these programs keep them); the QLoRA rows as our "
-              "FSDP2 program (--engine fsdp1 models QLoRA as accelerate wraps it, the adapters inside the layers' "
-              "units; Answer.AI's train.py wraps them as units of their own). They are not in the median: each "
-              "program still differs as stated below.", "",
+              "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1 "
+              "--fsdp1-wrap adapters` (each adapter Linear a unit of its own, the layers' units frozen, as these "
+              "programs wrap them) with the adapters in bf16 (`--lora-adapter-dtype base`, as they keep them); the "
+              "QLoRA rows as our FSDP2 program (QLoRA under the adapters wrap is not modelled yet). They are not in "
+              "the median: each program still differs as stated below.", "",
               _HEADER.replace("| error |", "| difference |"), _RULE]
     lines += [_table_row(r) for r in reference_results(rows)]
     lines += [""] + [f"- **{rid}** ({c.statistic}): {c.why}" for rid, c in REFERENCE.items()]

@@ -145,7 +145,7 @@ CLAIMS: dict[str, Claim] = {
 }
 
 # Close to our program but not it: LoRA and QLoRA runs under FSDP1 (FullyShardedDataParallel: flat parameters per
-# wrapped unit). The LoRA rows are estimated as --engine fsdp1 with bf16 adapters (--lora-adapter-dtype base), the
+# wrapped unit). The LoRA rows are estimated as --engine fsdp1 --fsdp1-wrap adapters with bf16 adapters, the
 # QLoRA rows as our FSDP2 program (FSDP1 QLoRA is a gap); shown for reference in docs/PUBLISHED.md, they do not
 # count toward the bound: each still differs as it states.
 
@@ -154,7 +154,8 @@ _ANSWERAI_QLORA_WRAP = (
     "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
     "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
     "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
-    "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
+    "layers' units are frozen (--fsdp1-wrap adapters models that wrap for LoRA, not yet for QLoRA); accelerate's "
+    "wrap, which --engine fsdp1 --method qlora follows, puts the adapters in the layer's "
     "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
     "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
     "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).")
@@ -167,31 +168,32 @@ REFERENCE: dict[str, Claim] = {
         "bf16, torch AdamW, micro-batch 2 padded to the longest Alpaca sample (max 512: the upper end); LoRA "
         "dropout 0.05 (the builder's default then). The README does not name the statistic: compared with "
         "reserved_bytes, as the torchtune tutorial of the same month (torchtune_docs_003) reports reserved memory. "
-        "torchtune of April 2024 sharded with FSDP1 and built its adapters in the model's bf16: estimated as our "
-        "--engine fsdp1 with --lora-adapter-dtype base. Differs: torchtune's own Llama code and LoRA modules "
-        "(torchtune's LoRALinear, not PEFT's), and FSDP1 as torchtune wrapped it: lora_fsdp_wrap_policy gives every "
-        "lora_a and lora_b a unit of its own, so under use_orig_params=False each layer's FlatParameter holds the "
-        "frozen base only and requires no grad (no flat base gradient, no base Linear saves its input), where "
-        "--engine fsdp1 is accelerate's one unit per layer that requires grad: torchtune's program holds about "
-        "2.5 GB less than this estimate (about 13.1-13.5 GB allocated), and the figure, an average over several "
-        "runs, lies 7-7.5 GB above it (docs/notes/2026-11-28-torchtune-fsdp1-rows.md).",
+        "torchtune of April 2024 sharded with FSDP1 and built its adapters in the model's bf16, wrapped as "
+        "lora_fsdp_wrap_policy does (every lora_a and lora_b a unit of its own, use_orig_params=False: each "
+        "layer's FlatParameter holds the frozen base only and requires no grad): estimated as our --engine fsdp1 "
+        "--fsdp1-wrap adapters with --lora-adapter-dtype base. Differs: torchtune's own Llama code and LoRA "
+        "modules (torchtune's LoRALinear, not PEFT's; fp32 logits at the loss, about 0.3-0.4 GB more there). The "
+        "program holds about 13.1-13.5 GB allocated, which this estimate now reproduces; the figure, an average "
+        "over several runs, lies 7-7.5 GB above it (docs/notes/2026-11-28-torchtune-fsdp1-rows.md, "
+        "docs/notes/2026-11-28-fsdp1-adapters-wrap.md).",
         dict(precision="bf16", zero=3, seq_len=512, lora_alpha=16, lora_dropout=0.05, lora_targets=_LORA_QV,
-             engine="fsdp1", lora_adapter_dtype="base")),
+             engine="fsdp1", lora_adapter_dtype="base", fsdp1_wrap="adapters")),
     "answerai_fsdp_qlora_008": Claim(
         "llama-2-7b", RESERVED,
         "Llama-2-7B LoRA (train_type lora: PEFT) with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD = our --zero 3 "
         "on 2 GPUs, pure bf16 (no MixedPrecision policy), torch AdamW on the adapters, LoRA r64 alpha16 dropout 0.1 "
         "on q,k,v,gate,up,down (lora_target_modules all: no o_proj), micro-batch 6 of a dummy dataset at exactly "
         "2048 tokens, activation checkpointing per decoder layer, peak reserved memory (reported in GiB, converted "
-        "to GB). FSDP1 with the model, adapters included, cast to bf16 before wrapping: estimated as our --engine "
-        "fsdp1 with --lora-adapter-dtype base. Differs: FSDP1 as train.py wraps it (its own policy and flags, where "
-        "--engine fsdp1 follows accelerate's); reentrant checkpointing; and transformers of March 2024 upcast the "
+        "to GB). FSDP1 with the model, adapters included, cast to bf16 before wrapping, wrapped by "
+        "get_wrapping_policy (each trainable adapter Linear its own unit, use_orig_params=False): estimated as our "
+        "--engine fsdp1 --fsdp1-wrap adapters with --lora-adapter-dtype base. Differs: reentrant checkpointing; "
+        "and transformers of March 2024 upcast the "
         "whole logits to fp32 inside the model (logits.float()) and shifted them with .contiguous() copies before "
         "the loss, where today's transformers upcasts inside the loss only - about 1.6 GB of extra fp32 logits at "
         "6 x 2048 x 32000.",
         dict(precision="bf16", zero=3, seq_len=2048, grad_ckpt="full", lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", engine="fsdp1",
-             lora_adapter_dtype="base")),
+             lora_adapter_dtype="base", fsdp1_wrap="adapters")),
     "answerai_fsdp_qlora_001": Claim(
         "llama-2-7b", RESERVED,
         "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
