@@ -103,8 +103,8 @@ def claimed_results(rows: list[dict] | None = None) -> list[Result]:
 
 
 def reference_results(rows: list[dict] | None = None) -> list[Result]:
-    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (LoRA: --engine fsdp1 --fsdp1-wrap adapters, bf16 adapters; QLoRA:
-    our FSDP2 program): shown, not claimed."""
+    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (--engine fsdp1 --fsdp1-wrap adapters, bf16 adapters):
+    shown, not claimed."""
     rows = load_rows() if rows is None else rows
     return [compare_row(r) for r in rows if r["id"] in REFERENCE]
 
@@ -163,10 +163,9 @@ def unclaimed_reason(row: dict) -> str:
     if "bert" in row["model"].lower() or "t0_3b" in row["model"].lower():
         return "not a decoder-only causal LM"
     if int(row["gpus"]) > 1 and method == "qlora":
-        return ("QLoRA with a sharded 4-bit base under DeepSpeed, or under FSDP1 wrapped another way than "
-                "accelerate's transformer wrap (--engine fsdp1: the adapters in the layer's unit, pure bf16, "
-                "bnb_4bit_quant_storage=bf16), is not modelled; multi-GPU QLoRA is modelled under DDP, ZeRO-1, FSDP2 "
-                "(uint8 code shards) and that FSDP1 program")
+        return ("QLoRA with a sharded 4-bit base under DeepSpeed is not modelled; multi-GPU QLoRA is modelled "
+                "under DDP, ZeRO-1, FSDP2 (uint8 code shards) and FSDP1 over bf16-stored codes (--engine fsdp1, "
+                "accelerate's wrap or --fsdp1-wrap adapters)")
     if "deepspeed" in fw:
         return "DeepSpeed ZeRO: not the PyTorch engine's DDP/FSDP2 program of DESIGN.md §2"
     paged = "pagedadamw" in row["optimizer"].replace(" ", "").lower() or "8-bit" in row["optimizer"]
@@ -221,9 +220,9 @@ def render_markdown(rows: list[dict] | None = None) -> str:
     lines += ["", "## For reference, not claimed: LoRA and QLoRA under FSDP1", "",
               "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1 "
               "--fsdp1-wrap adapters` (each adapter Linear a unit of its own, the layers' units frozen, as these "
-              "programs wrap them) with the adapters in bf16 (`--lora-adapter-dtype base`, as they keep them); the "
-              "QLoRA rows as our FSDP2 program (QLoRA under the adapters wrap is not modelled yet). They are not in "
-              "the median: each program still differs as stated below.", "",
+              "programs wrap them) with the adapters in bf16 (`--lora-adapter-dtype base`, as they keep them), the "
+              "QLoRA rows over bf16-stored 4-bit codes (`--method qlora`). They are not in the median: each program "
+              "still differs as stated below.", "",
               _HEADER.replace("| error |", "| difference |"), _RULE]
     lines += [_table_row(r) for r in reference_results(rows)]
     lines += [""] + [f"- **{rid}** ({c.statistic}): {c.why}" for rid, c in REFERENCE.items()]

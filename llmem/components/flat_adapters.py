@@ -23,6 +23,7 @@ with `use_orig_params=False` (Answer.AI's `FSDP(..., use_orig_params=False)`; PE
                alive; its gradient shard (S, the parameter dtype; under MixedPrecision the cast copy) stays to the
                step. The optimizer steps the FlatParameter shards (S elements each, padding included):
                `flat_param.optimized_sizes`.
+  QLoRA        the layer units hold the bf16-stored 4-bit codes (`flat_qlora.stored_params`) and the norms, frozen.
   prefetch     BACKWARD_PRE prefetches the handle before the current one in post-forward order
                (`_exec_order_utils.py:88` `get_handle_to_backward_prefetch`): a layer's adapters finish their
                forward before the layer, so the root's pre-backward prefetches the last layer, a layer's

@@ -20,13 +20,14 @@ from dataclasses import fields
 from llmem.components import activations as act
 from llmem.components import flat_adapters as fa
 from llmem.components import flat_param as fp
-from llmem.components import lora
+from llmem.components import lora, quant
 from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from llmem.components.parameters import buffer_bytes
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 from llmem.walk.fsdp import FsdpTerms, fsdp_terms
 from llmem.walk.fsdp1 import Fsdp1Terms, _gathered, _zero2, forward_moments, head_moments
+from llmem.walk.fsdp1_qlora import flat_qlora_moments
 from llmem.walk.fsdp_layer import _backward_moments, _kept
 from llmem.walk.phase import Phase, moment
 
@@ -37,7 +38,8 @@ def adapters_terms(spec: ModelSpec, plan: TrainingPlan) -> Fsdp1Terms:
     units' shards."""
     w = fsdp_terms(spec, plan)
     cast = plan.precision.compute_bytes if plan.precision.is_mixed else None
-    persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)) + buffer_bytes(spec, plan, cast),
+    codes = quant.quant_state_bytes(spec, plan) if quant.is_qlora(plan) else 0  # QLoRA: whole on every rank
+    persistent = dict(parameters=sum(fp.shard_bytes(spec, plan)) + codes + buffer_bytes(spec, plan, cast),
                       optimizer=optimizer_state_bytes(spec, plan))
     values = {f.name: getattr(w, f.name) for f in fields(FsdpTerms)} | {"persistent": persistent}
     return Fsdp1Terms(**values, flat=plan, frozen_root=True)
@@ -105,4 +107,6 @@ def adapters_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     shards = [fa.layer_grad_shard_bytes(spec, plan, layer) for layer in range(spec.num_layers)]
     for layer in act.backward_layers(spec, w.cp, edge=2):
         phases += layer_moments(w, layer, sum(shards[layer + 1:]))
+    # QLoRA: a 4-bit weight dequantized in the last layer's forward and in each backward moment (not between ops)
+    phases += flat_qlora_moments(w, [ph for ph in phases if "prefetch of" not in ph.name], {})
     return phases + end_moments(w)
