@@ -31,8 +31,9 @@ FSDP1_WRAP_RULES: tuple[Rule, ...] = (
        GAP, engine="fsdp1", fsdp1_wrap="adapters", method="full", gpus=2, zero=3),
     _r("engine fsdp1_wrap method precision", "precision",
        lambda p: _adapted(p) and p.precision.is_mixed,
-       "--fsdp1-wrap adapters under MixedPrecision is not modelled (the recipes run mixed precision with autocast); "
-       "use --precision fp32 or bf16 with --lora-adapter-dtype base", GAP,
+       "--fsdp1-wrap adapters under MixedPrecision is not modelled (with its defaults the run raises a dtype "
+       "mismatch: PEFT casts lora_A's input to the sharded fp32 weight's dtype before the adapter's unit swaps in "
+       "the half one); use --precision fp32 or bf16 with --lora-adapter-dtype base", GAP,
        engine="fsdp1", fsdp1_wrap="adapters", method="lora", precision="bf16-mixed", gpus=2, zero=3),
     _r("engine fsdp1_wrap method precision lora_adapter_dtype", "lora-adapter-dtype",
        lambda p: _adapted(p) and p.precision in (Precision.BF16, Precision.FP16)
