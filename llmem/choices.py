@@ -216,3 +216,14 @@ class LoraAdapterDtype(Choice):
 
     FP32 = "fp32"
     BASE = "base"
+
+
+class Fsdp1Wrap(Choice):
+    """`--fsdp1-wrap`: FSDP1's auto wrap policy under LoRA. layers: accelerate's `transformer_auto_wrap_policy`
+    (adapters inside the layer's unit, use_orig_params=True). adapters: the FSDP-LoRA recipes' `_or_policy` of a
+    lambda policy (a leaf module whose `weight.requires_grad`: each lora_A / lora_B Linear) and the transformer policy,
+    use_orig_params=False (Answer.AI fsdp_qlora train.py `get_wrapping_policy`, PEFT 0.21.2 `utils/other.py`
+    `fsdp_auto_wrap_policy`, torchtune `lora_fsdp_wrap_policy`)."""
+
+    LAYERS = "layers"
+    ADAPTERS = "adapters"

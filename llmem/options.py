@@ -337,6 +337,13 @@ OPTIONS: tuple[Option, ...] = (
            "--ds-persistence-threshold gathered as their module runs and kept from forward to their backward (the "
            "default stage3_max_reuse_distance), one persistent bucket and this GPU's partition gradients.",
            link=WHEN_SET, fallback=True, widget=Widget("Training engine", "w_engine", SELECT, group=G_HARDWARE)),
+    Option("fsdp1_wrap", c.Fsdp1Wrap, c.Fsdp1Wrap.LAYERS,
+           "With --engine fsdp1 and lora: layers = accelerate's wrap (the adapters in their layer's FlatParameter, "
+           "so the frozen base's gradients are computed and reduce-scattered too); adapters = the FSDP-LoRA recipes' "
+           "(Answer.AI's train.py, PEFT's fsdp_auto_wrap_policy, torchtune): each lora_A / lora_B its own unit, "
+           "use_orig_params=False, so the layers' units are frozen and only the adapters' small gradients are made.",
+           link=WHEN_SET, needs=Needs("engine", ("fsdp1",)),
+           widget=Widget("FSDP1 wrap policy", "w_fsdp1_wrap", SELECT, group=G_HARDWARE)),
     Option("ds_reduce_bucket", int, DS_REDUCE_BUCKET,
            "With --engine deepspeed: ZeRO's reduce_bucket_size, in elements (DeepSpeed's default 5e8). ZeRO-1/2 "
            "allocate one contiguous gradient bucket of this many elements in the gradient dtype for the whole "

@@ -23,6 +23,7 @@ from llmem.choices import (  # re-exported: the plan's enums have always been im
     Choice,
     Device,
     Engine,
+    Fsdp1Wrap,
     FsdpShard,
     GradCkpt,
     LoraAdapterDtype,
@@ -41,7 +42,7 @@ from llmem.memo import remembered
 from llmem.options import ALL_LINEAR, MAX_TOKENS, PLAN_OPTIONS, parse_lora_targets, parse_modules_to_save
 
 __all__ = ["ALL_LINEAR", "FSDP1_LABELS", "MAX_GPUS", "MAX_TOKENS", "SCHEME_LABELS", "AllocConf", "Attention", "Choice",
-           "Device", "Engine", "FsdpShard", "GradCkpt", "LoraAdapterDtype",
+           "Device", "Engine", "Fsdp1Wrap", "FsdpShard", "GradCkpt", "LoraAdapterDtype",
            "Loss", "Method", "Offload", "Optimizer", "OptimizerImpl",
            "PpSchedule", "Precision", "Quant", "Scheme", "TrainingPlan", "parse_lora_targets", "parse_modules_to_save"]
 

@@ -103,7 +103,7 @@ def claimed_results(rows: list[dict] | None = None) -> list[Result]:
 
 
 def reference_results(rows: list[dict] | None = None) -> list[Result]:
-    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (LoRA: --engine fsdp1, bf16 adapters; QLoRA: our FSDP2 program):
+    """The LoRA/QLoRA FSDP1 rows of `REFERENCE` (--engine fsdp1 --fsdp1-wrap adapters, bf16 adapters):
     shown, not claimed."""
     rows = load_rows() if rows is None else rows
     return [compare_row(r) for r in rows if r["id"] in REFERENCE]
@@ -163,10 +163,9 @@ def unclaimed_reason(row: dict) -> str:
     if "bert" in row["model"].lower() or "t0_3b" in row["model"].lower():
         return "not a decoder-only causal LM"
     if int(row["gpus"]) > 1 and method == "qlora":
-        return ("QLoRA with a sharded 4-bit base under DeepSpeed, or under FSDP1 wrapped another way than "
-                "accelerate's transformer wrap (--engine fsdp1: the adapters in the layer's unit, pure bf16, "
-                "bnb_4bit_quant_storage=bf16), is not modelled; multi-GPU QLoRA is modelled under DDP, ZeRO-1, FSDP2 "
-                "(uint8 code shards) and that FSDP1 program")
+        return ("QLoRA with a sharded 4-bit base under DeepSpeed is not modelled; multi-GPU QLoRA is modelled "
+                "under DDP, ZeRO-1, FSDP2 (uint8 code shards) and FSDP1 over bf16-stored codes (--engine fsdp1, "
+                "accelerate's wrap or --fsdp1-wrap adapters)")
     if "deepspeed" in fw:
         return "DeepSpeed ZeRO: not the PyTorch engine's DDP/FSDP2 program of DESIGN.md §2"
     paged = "pagedadamw" in row["optimizer"].replace(" ", "").lower() or "8-bit" in row["optimizer"]
@@ -178,6 +177,7 @@ def unclaimed_reason(row: dict) -> str:
 def _table_row(r: Result) -> str:
     p = r.plan
     engine = " fsdp1" if p.engine is Engine.FSDP1 else ""
+    engine += " (adapters wrap)" if p.engine is Engine.FSDP1 and p.fsdp1_wrap.value == "adapters" else ""
     plan = f"{p.gpus} GPUs {p.scheme.value}{engine}, " if p.gpus > 1 else ""
     plan += f"{p.precision}, b{p.batch_size}×{p.seq_len}"
     plan += ", ckpt" if p.grad_ckpt.value == "full" else ""
@@ -218,11 +218,11 @@ def render_markdown(rows: list[dict] | None = None) -> str:
     for rid, c in CLAIMS.items():
         lines.append(f"- **{rid}** ({c.statistic}): {c.why}")
     lines += ["", "## For reference, not claimed: LoRA and QLoRA under FSDP1", "",
-              "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1` with the "
-              "adapters in bf16 (`--lora-adapter-dtype base`, as these programs keep them); the QLoRA rows as our "
-              "FSDP2 program (--engine fsdp1 models QLoRA as accelerate wraps it, the adapters inside the layers' "
-              "units; Answer.AI's train.py wraps them as units of their own). They are not in the median: each "
-              "program still differs as stated below.", "",
+              "These runs trained adapters under FSDP1. The LoRA rows are estimated as `--engine fsdp1 "
+              "--fsdp1-wrap adapters` (each adapter Linear a unit of its own, the layers' units frozen, as these "
+              "programs wrap them) with the adapters in bf16 (`--lora-adapter-dtype base`, as they keep them), the "
+              "QLoRA rows over bf16-stored 4-bit codes (`--method qlora`). They are not in the median: each program "
+              "still differs as stated below.", "",
               _HEADER.replace("| error |", "| difference |"), _RULE]
     lines += [_table_row(r) for r in reference_results(rows)]
     lines += [""] + [f"- **{rid}** ({c.statistic}): {c.why}" for rid, c in REFERENCE.items()]

@@ -145,19 +145,17 @@ CLAIMS: dict[str, Claim] = {
 }
 
 # Close to our program but not it: LoRA and QLoRA runs under FSDP1 (FullyShardedDataParallel: flat parameters per
-# wrapped unit). The LoRA rows are estimated as --engine fsdp1 with bf16 adapters (--lora-adapter-dtype base), the
-# QLoRA rows as our FSDP2 program (FSDP1 QLoRA is a gap); shown for reference in docs/PUBLISHED.md, they do not
+# wrapped unit). The LoRA rows are estimated as --engine fsdp1 --fsdp1-wrap adapters with bf16 adapters, the
+# QLoRA rows likewise (--method qlora); shown for reference in docs/PUBLISHED.md, they do not
 # count toward the bound: each still differs as it states.
 
-# Answer.AI's QLoRA rows: why --engine fsdp1 is not their program (train.py at 049515f)
+# Answer.AI's QLoRA rows: their program (train.py at 049515f)
 _ANSWERAI_QLORA_WRAP = (
-    "reserved memory. Not claimed: train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16, "
-    "which --engine fsdp1 --method qlora --lora-adapter-dtype base models) but wraps it its own way "
-    "(get_wrapping_policy: each trainable adapter Linear its own unit, use_orig_params=False), so its decoder "
-    "layers' units are frozen; accelerate's wrap, which --engine fsdp1 follows, puts the adapters in the layer's "
-    "unit, whose flat gradient then spans the codes (zeros) and keeps its shard (1.76 GB on each of 2 GPUs at "
-    "7B) and whose norms save their inputs. Also reentrant checkpointing and March 2024 transformers (fp32 "
-    "logits upcast inside the model). Shown with our FSDP2 program (uint8 code shards, PEFT's fp32 adapters).")
+    "reserved memory. train.py runs FSDP1 over bf16-stored codes (bnb_4bit_quant_storage=bf16) with the adapters "
+    "cast to bf16 and wraps it by get_wrapping_policy (each trainable adapter Linear its own unit, "
+    "use_orig_params=False: the decoder layers' units over the codes are frozen): estimated as our --engine fsdp1 "
+    "--fsdp1-wrap adapters --lora-adapter-dtype base. Differs: reentrant checkpointing and March 2024 transformers "
+    "(fp32 logits upcast inside the model).")
 
 REFERENCE: dict[str, Claim] = {
     "torchtune_readme_027": Claim(
@@ -167,47 +165,50 @@ REFERENCE: dict[str, Claim] = {
         "bf16, torch AdamW, micro-batch 2 padded to the longest Alpaca sample (max 512: the upper end); LoRA "
         "dropout 0.05 (the builder's default then). The README does not name the statistic: compared with "
         "reserved_bytes, as the torchtune tutorial of the same month (torchtune_docs_003) reports reserved memory. "
-        "torchtune of April 2024 sharded with FSDP1 and built its adapters in the model's bf16: estimated as our "
-        "--engine fsdp1 with --lora-adapter-dtype base. Differs: torchtune's own Llama code and LoRA modules "
-        "(torchtune's LoRALinear, not PEFT's), and FSDP1 as torchtune wrapped it: lora_fsdp_wrap_policy gives every "
-        "lora_a and lora_b a unit of its own, so under use_orig_params=False each layer's FlatParameter holds the "
-        "frozen base only and requires no grad (no flat base gradient, no base Linear saves its input), where "
-        "--engine fsdp1 is accelerate's one unit per layer that requires grad: torchtune's program holds about "
-        "2.5 GB less than this estimate (about 13.1-13.5 GB allocated), and the figure, an average over several "
-        "runs, lies 7-7.5 GB above it (docs/notes/2026-11-28-torchtune-fsdp1-rows.md).",
+        "torchtune of April 2024 sharded with FSDP1 and built its adapters in the model's bf16, wrapped as "
+        "lora_fsdp_wrap_policy does (every lora_a and lora_b a unit of its own, use_orig_params=False: each "
+        "layer's FlatParameter holds the frozen base only and requires no grad): estimated as our --engine fsdp1 "
+        "--fsdp1-wrap adapters with --lora-adapter-dtype base. Differs: torchtune's own Llama code and LoRA "
+        "modules (torchtune's LoRALinear, not PEFT's; fp32 logits at the loss, about 0.3-0.4 GB more there). The "
+        "program holds about 13.1-13.5 GB allocated, which this estimate now reproduces; the figure, an average "
+        "over several runs, lies 7-7.5 GB above it (docs/notes/2026-11-28-torchtune-fsdp1-rows.md, "
+        "docs/notes/2026-11-28-fsdp1-adapters-wrap.md).",
         dict(precision="bf16", zero=3, seq_len=512, lora_alpha=16, lora_dropout=0.05, lora_targets=_LORA_QV,
-             engine="fsdp1", lora_adapter_dtype="base")),
+             engine="fsdp1", lora_adapter_dtype="base", fsdp1_wrap="adapters")),
     "answerai_fsdp_qlora_008": Claim(
         "llama-2-7b", RESERVED,
         "Llama-2-7B LoRA (train_type lora: PEFT) with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD = our --zero 3 "
         "on 2 GPUs, pure bf16 (no MixedPrecision policy), torch AdamW on the adapters, LoRA r64 alpha16 dropout 0.1 "
         "on q,k,v,gate,up,down (lora_target_modules all: no o_proj), micro-batch 6 of a dummy dataset at exactly "
         "2048 tokens, activation checkpointing per decoder layer, peak reserved memory (reported in GiB, converted "
-        "to GB). FSDP1 with the model, adapters included, cast to bf16 before wrapping: estimated as our --engine "
-        "fsdp1 with --lora-adapter-dtype base. Differs: FSDP1 as train.py wraps it (its own policy and flags, where "
-        "--engine fsdp1 follows accelerate's); reentrant checkpointing; and transformers of March 2024 upcast the "
+        "to GB). FSDP1 with the model, adapters included, cast to bf16 before wrapping, wrapped by "
+        "get_wrapping_policy (each trainable adapter Linear its own unit, use_orig_params=False): estimated as our "
+        "--engine fsdp1 --fsdp1-wrap adapters with --lora-adapter-dtype base. Differs: reentrant checkpointing; "
+        "and transformers of March 2024 upcast the "
         "whole logits to fp32 inside the model (logits.float()) and shifted them with .contiguous() copies before "
         "the loss, where today's transformers upcasts inside the loss only - about 1.6 GB of extra fp32 logits at "
         "6 x 2048 x 32000.",
         dict(precision="bf16", zero=3, seq_len=2048, grad_ckpt="full", lora_alpha=16, lora_dropout=0.1,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", engine="fsdp1",
-             lora_adapter_dtype="base")),
+             lora_adapter_dtype="base", fsdp1_wrap="adapters")),
     "answerai_fsdp_qlora_001": Claim(
         "llama-2-7b", RESERVED,
-        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
+        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 1 of a dummy dataset at exactly 512 tokens, activation checkpointing per decoder layer, "
         + _ANSWERAI_QLORA_WRAP,
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
-             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", engine="fsdp1",
+             fsdp1_wrap="adapters", lora_adapter_dtype="base")),
     "answerai_fsdp_qlora_005": Claim(
         "llama-2-7b", RESERVED,
-        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: estimated as our --method qlora "
+        "Llama-2-7B QLoRA with Answer.AI's train.py on 2 GPUs, FSDP FULL_SHARD: our --method qlora "
         "--quant nf4 --zero 3 on 2 GPUs, pure bf16, LoRA r64 alpha16 dropout 0.1 on q,k,v,gate,up,down (no o_proj), "
         "micro-batch 4 of a dummy dataset at exactly 2048 tokens, activation checkpointing per decoder layer, "
         + _ANSWERAI_QLORA_WRAP,
         dict(quant="nf4", precision="bf16", zero=3, lora_alpha=16, lora_dropout=0.1,
-             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj")),
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", engine="fsdp1",
+             fsdp1_wrap="adapters", lora_adapter_dtype="base")),
 }
 
 _HEAD_LORA = ("LoRA on the output layer (lm_head) among the targets, in pure bf16: --lora-targets ...,lm_head is "
@@ -218,8 +219,7 @@ _NEOX_QLORA = ("QLoRA on stablelm-base-alpha-3b: gpt_neox's 4-bit base is traced
 
 _ANSWERAI_WRAP = ("Answer.AI's train.py wraps each trainable adapter Linear as its own FSDP1 unit "
                   "(get_wrapping_policy, use_orig_params=False), so its decoder layers' units over the bf16-stored "
-                  "codes are frozen; --engine fsdp1 --method qlora models accelerate's transformer wrap (adapters in "
-                  "the layer's unit: a flat gradient over the codes)")
+                  "codes are frozen: --engine fsdp1 --fsdp1-wrap adapters, modelled for QLoRA under FULL_SHARD")
 
 # Rows looked at and not claimed, with the reason (the rules in `unclaimed_reason` cover the rest).
 NOT_CLAIMED: dict[str, str] = {
@@ -243,14 +243,12 @@ NOT_CLAIMED: dict[str, str] = {
     "litgpt_resource_tables_031": "LoRA under FSDP1 (Lightning Fabric's FSDPStrategy wraps FullyShardedDataParallel): "
                                   "--engine fsdp1 models full fine-tuning only (a frozen base and trainable adapters "
                                   "in one FlatParameter is a gap)",
-    "answerai_fsdp_qlora_009": _ANSWERAI_WRAP + "; under NO_SHARD ours keeps each layer's whole flat gradient (3.5 "
-                               "GB at 7B) where train.py keeps the adapters' only",
+    "answerai_fsdp_qlora_009": _ANSWERAI_WRAP + "; this row runs NO_SHARD, a gap under that wrap",
     "answerai_fsdp_qlora_012": _ANSWERAI_WRAP + " (and Yi-34B has no preset; FSDP1 CPU offload of the parameters "
                                "is a gap)",
     "answerai_fsdp_qlora_013": _ANSWERAI_WRAP + " (and FSDP1 CPU offload of the parameters is a gap)",
     "peft_docs_004": "PEFT's examples/sft/train.py sets fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model): "
                      "each trainable adapter Linear its own FSDP1 unit (use_orig_params false in the docs' config), "
-                     "so the decoder layers' units over the bf16-stored codes are frozen; --engine fsdp1 --method "
-                     "qlora models accelerate's transformer wrap (adapters in the layer's unit: a flat gradient "
-                     "over the codes); also packed samples, flash_attention_2 and an unnamed statistic",
+                     "so the decoder layers' units over the bf16-stored codes are frozen (--fsdp1-wrap adapters); "
+                     "not modelled: packed samples, flash_attention_2, and the statistic is unnamed",
 }

@@ -31,6 +31,7 @@ from llmem.errors import GAP, REFUSED, InputError
 from llmem.support_activation import activation_offload_rules
 from llmem.support_cp import context_parallel_rules
 from llmem.support_float8 import RULES_FLOAT8
+from llmem.support_fsdp1_wrap import FSDP1_WRAP_RULES
 from llmem.support_lora_dtype import LORA_DTYPE_RULES
 from llmem.support_lora_head import LORA_HEAD_RULES
 from llmem.support_lora_tp import LORA_TP_RULES
@@ -157,9 +158,9 @@ RULES: tuple[Rule, ...] = (
     # PEFT keeps half-precision bases' adapters in fp32 (autocast_adapter_dtype): one unit would mix two dtypes
     # (`_validate_tensors_to_flatten`, torch 2.13 `torch/distributed/fsdp/_flat_param.py:814`); not with
     # --lora-adapter-dtype base (autocast_adapter_dtype=False: the adapters in the base's dtype)
-    _r("engine method precision lora_adapter_dtype", "precision",
+    _r("engine method precision lora_adapter_dtype fsdp1_wrap", "precision",
        lambda p: p.engine is Engine.FSDP1 and p.method is Method.LORA and p.precision.param_bytes == 2
-       and p.lora_adapter_dtype.value == "fp32",
+       and p.lora_adapter_dtype.value == "fp32" and p.fsdp1_wrap.value == "layers",
        "FSDP1 flattens a decoder layer into one FlatParameter of one dtype, and PEFT keeps the adapters of a "
        "{p.precision.value} base in fp32 (FSDP1 raises 'Must flatten tensors with uniform dtype'); use "
        "--precision bf16-mixed or fp32, or --lora-adapter-dtype base", REFUSED, engine="fsdp1", method="lora",
@@ -349,7 +350,8 @@ RULES: tuple[Rule, ...] = (
        "double quantization compresses the block scales of a 4-bit base; use --method qlora --quant nf4 or fp4, or "
        "leave --double-quant off", REFUSED, double_quant=True),
 )
-RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *LORA_HEAD_RULES, *activation_offload_rules(), *LORA_DTYPE_RULES)
+RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *LORA_HEAD_RULES, *activation_offload_rules(), *LORA_DTYPE_RULES,
+         *FSDP1_WRAP_RULES)
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

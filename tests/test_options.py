@@ -27,6 +27,7 @@ SAMPLES = {
     "float8": ("rowwise", {"precision": "bf16"}),
     "alloc_conf": ("expandable-segments", {}),
     "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),
+    "fsdp1_wrap": ("adapters", {"engine": "fsdp1", "gpus": "2", "zero": "3", "method": "lora", "precision": "fp32"}),
     "loss_chunks": ("4", {"loss": "chunked-ce"}),
     "optimizer_in_backward": ("true", {}),
     "activation_offload": ("true", {"grad_ckpt": "full"}),

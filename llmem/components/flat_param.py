@@ -67,8 +67,11 @@ def shard_world(plan: TrainingPlan) -> int:
 
 
 def aligned_numel(plan: TrainingPlan) -> int:
-    """`_get_aligned_numel(unsharded_dtype=_fwd_bwd_param_dtype)`: 16 bytes in the compute dtype's elements."""
-    return ALIGNMENT_BYTES // gather_bytes(plan)
+    """`_get_aligned_numel(unsharded_dtype=_fwd_bwd_param_dtype)`: 16 bytes in the compute dtype's elements; with
+    use_orig_params=False (`--fsdp1-wrap adapters`) `align_addresses` is off: no padding between tensors."""
+    from llmem.components.flat_adapters import wraps_adapters
+
+    return 1 if wraps_adapters(plan) else ALIGNMENT_BYTES // gather_bytes(plan)
 
 
 def flatten(params: list[ParamTensor], align: int, world: int) -> FlatUnit:
@@ -84,10 +87,11 @@ def flatten(params: list[ParamTensor], align: int, world: int) -> FlatUnit:
 def unit_params(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> list[ParamTensor]:
     """A unit's tensors in `module.parameters()` order (None: the root's). LoRA: PEFT's `LoraLayer` registers
     `base_layer` first, then `lora_A` and `lora_B`, so each adapter pair follows its base Linear's tensors."""
+    from llmem.components.flat_adapters import wraps_adapters
     from llmem.components.flat_qlora import stored_params  # QLoRA: the 4-bit weights' packed codes
 
     base = stored_params(spec, plan, list(spec.outer_params if layer is None else spec.layer_params(layer)))
-    if not lora.is_lora(plan):
+    if not lora.is_lora(plan) or wraps_adapters(plan):  # adapters wrap: the adapters are units of their own
         return base
     after: dict[str, list[ParamTensor]] = {}
     for a in lora.adapter_params(spec, plan):
@@ -104,19 +108,25 @@ def unit_params(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> list[
 
 @per_spec("layout_key")
 def units(spec: ModelSpec, plan: TrainingPlan) -> tuple[FlatUnit, ...]:
-    """The root's FlatParameter, then each decoder layer's."""
+    """The root's FlatParameter, then each decoder layer's (`--fsdp1-wrap adapters`: then each adapter's,
+    `flat_adapters.adapter_units`)."""
+    from llmem.components.flat_adapters import adapter_units
+
     align = aligned_numel(plan)
-    return tuple(flatten(unit_params(spec, plan, layer), align, plan.dp) for layer in (None, *range(spec.num_layers)))
+    return tuple(flatten(unit_params(spec, plan, layer), align, plan.dp) for layer in (None, *range(spec.num_layers))
+                 ) + tuple(flatten([a], align, plan.dp) for a in adapter_units(spec, plan))
 
 
 @per_spec("layout_key")
 def trainable(spec: ModelSpec, plan: TrainingPlan) -> tuple[tuple[bool, ...], ...]:
     """Per unit (root first), whether each tensor requires grad: every one under full fine-tuning, the adapters'
     under LoRA (`_validate_tensors_to_flatten`: the FlatParameter requires grad if any of its tensors does)."""
+    from llmem.components.flat_adapters import adapter_units
+
     if not lora.is_lora(plan):
         return tuple(tuple(True for _ in u.params) for u in units(spec, plan))
     return tuple(tuple(".lora_" in p.name for p in unit_params(spec, plan, layer))
-                 for layer in (None, *range(spec.num_layers)))
+                 for layer in (None, *range(spec.num_layers))) + tuple((True,) for _ in adapter_units(spec, plan))
 
 
 def requires_grad(spec: ModelSpec, plan: TrainingPlan, unit: int) -> bool:
@@ -208,6 +218,11 @@ def optimized_sizes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     """Elements of each original parameter on the rank holding the most (the ranks differ only by padding), the
     root's tensors first: the tensors the optimizer steps (empty ones get no gradient and no state; under LoRA the
     adapters only: `_use_sharded_grad_views` gives a frozen view no `.grad`, `_flat_param.py:2209`)."""
-    world, steps, rank = shard_world(plan), trainable(spec, plan), largest_rank(spec, plan)
+    from llmem.components.flat_adapters import wraps_adapters
+
+    world, steps = shard_world(plan), trainable(spec, plan)
+    if wraps_adapters(plan):  # use_orig_params=False: the optimizer steps each adapter unit's FlatParameter shard
+        return [u.shard_numel(world) for u, t in zip(units(spec, plan), steps, strict=True) if all(t)]
+    rank = largest_rank(spec, plan)
     return [n for u, t in zip(units(spec, plan), steps, strict=True)
             for n, on in zip(u.in_shard(rank, world), t, strict=True) if n and on]

@@ -173,7 +173,8 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
     (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` over the decoder layer classes, `fsdp_use_orig_params: true`,
     `limit_all_gathers=True`, `backward_prefetch=BACKWARD_PRE`, `forward_prefetch=False`): one FlatParameter per
     decoder layer and one for the root (embeddings, final norm, lm_head). ZeRO-0 = NO_SHARD, ZeRO-2 =
-    SHARD_GRAD_OP, ZeRO-3 = FULL_SHARD."""
+    SHARD_GRAD_OP, ZeRO-3 = FULL_SHARD. `--fsdp1-wrap adapters`: each trainable leaf (lora_A / lora_B Linear) a unit
+    of its own besides, use_orig_params=False (Answer.AI fsdp_qlora train.py `get_wrapping_policy`)."""
     import functools
 
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
@@ -182,6 +183,16 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
 
     layer_classes = {type(layer) for layer in decoder_layers(model)}
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes)
+    adapters = plan.fsdp1_wrap.value == "adapters"
+    if adapters:  # `--fsdp1-wrap adapters`: PEFT 0.21.2 `utils/other.py` `fsdp_auto_wrap_policy`'s lambda policy
+        from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy
+
+        def trainable_leaf(module: nn.Module) -> bool:
+            return (not list(module.named_children()) and getattr(module, "weight", None) is not None
+                    and module.weight.requires_grad)
+
+        policy = functools.partial(_or_policy, policies=[
+            functools.partial(lambda_auto_wrap_policy, lambda_fn=trainable_leaf), policy])
     mixed = None
     if plan.precision.is_mixed:
         half = getattr(torch, plan.precision.compute_dtype_name)
@@ -195,7 +206,7 @@ def _wrap_fsdp1(model: nn.Module, plan: TrainingPlan, device_type: str) -> nn.Mo
         _one_rank_group(plan)  # its process group of one (torchrun --nproc_per_node 1 makes it under `measure`)
     device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, torch.cuda.current_device())
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mixed,
-                device_id=device, use_orig_params=True, limit_all_gathers=True,
+                device_id=device, use_orig_params=not adapters, limit_all_gathers=True,
                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=False)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
-from llmem.components import Category, flat_lora, flat_qlora, lora, quant, returned_probs
+from llmem.components import Category, flat_adapters, flat_lora, flat_qlora, lora, quant, returned_probs
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
@@ -47,10 +47,16 @@ from llmem.walk.fsdp_layer import _backward_moments, _kept, _prebackward_moment
 from llmem.walk.phase import Phase, moment, with_extra
 
 
-def _gathered(w: Fsdp1Terms, layers: range | tuple[int, ...]) -> int:
-    """The root's unsharded flat parameter and those of the decoder layers `layers` (`_full_param_padded`)."""
+def _gathered(w: Fsdp1Terms, layers: range | tuple[int, ...], adapters: range | None = None) -> int:
+    """The root's unsharded flat parameter and those of the decoder layers `layers` (`_full_param_padded`);
+    `--fsdp1-wrap adapters` under SHARD_GRAD_OP, which keeps the adapter units gathered too, those of the layers
+    `adapters` (default: `layers`)."""
     unsharded = fp.unsharded_bytes(w.spec, w.flat)
-    return unsharded[0] + sum(unsharded[1 + layer] for layer in layers)
+    held = unsharded[0] + sum(unsharded[1 + layer] for layer in layers)
+    if _zero2(w) and flat_adapters.wraps_adapters(w.flat):
+        held += sum(flat_adapters.layers_unsharded_bytes(w.spec, w.flat)[layer]
+                    for layer in (layers if adapters is None else adapters))
+    return held
 
 
 def _zero2(w: FsdpTerms) -> bool:
@@ -72,7 +78,8 @@ def forward_moments(w: FsdpTerms) -> list[Phase]:
         held = range(layer + 1) if _zero2(w) else (layer,)
         phases.append(moment(f"forward (layer {layer} all-gather)", **w.persistent,
                              activations=below + w.outer_act + w.hidden,
-                             communication=_gathered(w, held) + fp.gather_transient_bytes(spec, w.flat, 1 + layer)))
+                             communication=_gathered(w, held, range(layer))
+                             + fp.gather_transient_bytes(spec, w.flat, 1 + layer)))
     return phases
 
 
@@ -246,6 +253,12 @@ def _layer_kept(w: Fsdp1Terms, layer: int) -> tuple[int, int]:
 def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     """FSDP1 (NO_SHARD, one GPU included, SHARD_GRAD_OP, FULL_SHARD): the candidate peak moments of one
     steady-state iteration on the largest rank; with gradients kept across micro-steps or steps, micro-step 2's."""
+    from llmem.components.flat_adapters import wraps_adapters
+
+    if wraps_adapters(plan):  # `--fsdp1-wrap adapters`: the recipes' wrap (`walk.fsdp1_adapters`)
+        from llmem.walk.fsdp1_adapters import adapters_phases
+
+        return adapters_phases(spec, plan)
     w = fsdp1_terms(spec, plan)
     phases = forward_moments(w) + head_moments(w)
     held = dict.fromkeys((ph.name for ph in phases), 0)  # phase -> the gradient shards micro-step 1 holds there
