@@ -252,11 +252,6 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.offload is Offload.OPTIMIZER and p.optimizer not in TORCH_OPTIMIZERS,
        "optimizer offload is modelled for torch's adamw and sgd, not {p.optimizer.value} (its states are already "
        "small); use --optimizer adamw or sgd", GAP, offload="optimizer", optimizer="adafactor"),
-    _r("keep_grads ddp_bucket_view gpus tp zero", "keep-grads",
-       lambda p: p.keep_grads and p.ddp_bucket_view and p.gpus > 1 and p.tp == 1 and p.zero in (0, 1),
-       "gradients kept between steps with --ddp-bucket-view are not modelled: the .grads still view DDP's first "
-       "buckets when Reducer::rebuild_buckets makes the new ones in iteration 2; leave one of the two off", GAP,
-       keep_grads=True, ddp_bucket_view=True, gpus=2),
     _r("keep_grads offload", "keep-grads", lambda p: p.keep_grads and p.offload is Offload.OPTIMIZER,
        "gradients kept between steps are not modelled with torchao's optimizer offload (it moves them to the host "
        "as they are made); use --offload none, or leave --keep-grads off", GAP, keep_grads=True, offload="optimizer"),

@@ -72,8 +72,10 @@ def ddp_rebuild_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     views it: `gradient_as_bucket_view=True` with the gradients alive, i.e. K > 1 (with K = 1 `zero_grad(set_to_none)`
     has dropped the views). `initialize_bucket_views` then copies each `.grad` into its new bucket view and points it
     there; the old bucket goes with its last view (one bucket: without `find_unused_parameters` the initial assignment
-    is unbounded, torch/nn/parallel/distributed.py `compute_bucket_size_limits` returns `[sys.maxsize]`)."""
-    if not (plan.ddp_bucket_view and plan.grad_accum > 1):
+    is unbounded, torch/nn/parallel/distributed.py `compute_bucket_size_limits` returns `[sys.maxsize]`).
+    `--keep-grads` (`zero_grad(set_to_none=False)` zeroes each `.grad` in place, so it still views the old bucket):
+    the same at iteration 2's forward, when K = 1."""
+    if not (plan.ddp_bucket_view and (plan.grad_accum > 1 or plan.keep_grads)):
         return 0
     return ddp_bucket_bytes(spec, plan)
 

@@ -46,11 +46,28 @@ def context_held_bytes(plan) -> int:
 def rope_batch_bytes(spec: ModelSpec, plan) -> int:
     """RoPE's cos and sin for position_ids of the whole micro-batch (batch × seq / cp × rotary dim, in the hidden
     states' dtype) instead of the local plan's batch-1 position ids (`activations.outer_saved`): (batch − 1) more
-    rows of each."""
+    rows of each. A traced architecture: its batch-free saved tensors before the layers (`derive.context_parallel.
+    batch_free_outer_bytes`: cos and sin at one row, of the rotary dim of a partial rotary) on the local plan."""
+    if spec.derived is not None:
+        from llmem.derive.context_parallel import batch_free_outer_bytes
+
+        return (plan.batch_size - 1) * batch_free_outer_bytes(spec, local_plan(plan))
     if not spec.family.rope:
         return 0
     _, rb = _bytes(plan)
     return 2 * (plan.batch_size - 1) * _local(plan) * spec.head_dim * rb
+
+
+def rope_layer_batch_bytes(spec: ModelSpec, plan, layer: int) -> int:
+    """A traced decoder layer's own saved tensors made from the position tables (`derive.context_parallel.
+    batch_free_layer_bytes`, e.g. glm4's interleaved cos and sin) at the whole micro-batch: (batch − 1) more rows,
+    alive while the layer's saved tensors are (`walk.context_parallel._saving_layers`). 0 for the hand-written
+    tables (their RoPE is `rope_batch_bytes`)."""
+    if spec.derived is None or plan.batch_size == 1:
+        return 0
+    from llmem.derive.context_parallel import batch_free_layer_bytes
+
+    return (plan.batch_size - 1) * batch_free_layer_bytes(spec, local_plan(plan), layer)
 
 
 def packed_mask_bytes(plan) -> int:
@@ -68,9 +85,15 @@ def attention_copy_bytes(spec: ModelSpec, plan) -> int:
     (`_partial_update`, `_attention.py:113-136`), so transformers' `attn_output.transpose(1, 2).contiguous()`
     (`integrations/sdpa_attention.py`) copies it for o_proj, which keeps the copy when autograd saves its input
     (`o_proj_saves_input`); without cp (and on the last rank) the kernel's output is laid out (batch, seq, heads,
-    head_dim) and the same call returns it as is."""
+    head_dim) and the same call returns it as is. A traced layer whose table already holds that copy (q made
+    contiguous by a partial rotary's cat, `derive.context_parallel.copies_attention_output`) adds none."""
     if not o_proj_saves_input(spec, plan):
         return 0
+    if spec.derived is not None:
+        from llmem.derive.context_parallel import copies_attention_output
+
+        if copies_attention_output(spec, local_plan(plan)):
+            return 0
     cb, _ = _bytes(plan)
     return plan.batch_size * _local(plan) * spec.num_heads * spec.head_dim * cb
 
@@ -139,22 +162,47 @@ def sliding_layers(spec: ModelSpec) -> bool:
     return bool(cfg.get("sliding_window", _SLIDING_DEFAULT.get(spec.model_type)))
 
 
+# Traced architectures measured under --cp (docs/notes/2026-11-28-traced-context-parallel.md): dense, sdpa, a
+# `self_attn` module, full fine-tuning
+TRACED_MEASURED = ("olmo2", "granite", "smollm3", "stablelm", "phi", "cohere", "glm4", "starcoder2")
+
+
 def check(spec: ModelSpec, plan) -> None:
     """The model's side of `--cp`: measured on the hand-written families with SDPA attention and a `self_attn`
-    module for accelerate's mask hook (llama, mistral, qwen2, qwen3, gemma, mixtral, qwen2_moe); sliding-window
-    layers are refused as accelerate refuses them (`sliding_layers`). Others are a gap: phi3 (fused qkv) estimated
-    1.5 % low, opt 4.7 % low; the traced architectures' walk has no sdpa-backward moment for the ring's buffers
-    (−3 % … +1.8 %); docs/notes/2026-11-27-context-parallel.md."""
+    module for accelerate's mask hook (llama, mistral, qwen2, qwen3, gemma, mixtral, qwen2_moe) and on the traced
+    dense architectures of `TRACED_MEASURED` in full fine-tuning (`check_traced`); sliding-window layers are refused
+    as accelerate refuses them (`sliding_layers`). Others are a gap: phi3 (fused qkv) estimated 1.5 % low, opt 4.7 %
+    low; docs/notes/2026-11-27-context-parallel.md."""
     from llmem.errors import GAP, REFUSED, InputError
     from llmem.families import has_trait, with_trait
 
     if plan.cp <= 1:
         return
-    if not has_trait(spec.model_type, "context_parallel"):
+    if not any(".self_attn." in p.name for p in spec.layer_params(0)):
+        raise InputError("cp", f"accelerate's context-parallel hook drops the attention mask of `self_attn` modules "
+                         f"only (`big_modeling.py:840-848`); {spec.model_type!r} has none, so the load-balanced "
+                         "shard's packed-sequence mask reaches the ring, which refuses a mask (torch "
+                         "`_attention.py:700`): use --cp 1", REFUSED)
+    if spec.derived is not None:
+        check_traced(spec, plan)
+    elif not has_trait(spec.model_type, "context_parallel"):
         raise InputError("cp", "context parallelism is modelled and measured for "
-                         f"{', '.join(with_trait('context_parallel'))}; "
+                         f"{', '.join(with_trait('context_parallel') + TRACED_MEASURED)}; "
                          f"{spec.model_type!r} is not modelled yet: use --cp 1", GAP)
     if sliding_layers(spec):
         raise InputError("cp", "context parallelism runs full causal attention (accelerate drops the mask and "
                          f"refuses sliding-window layers); this {spec.model_type} config has sliding-window "
                          "layers: set sliding_window to null (use_sliding_window false), or use --cp 1", REFUSED)
+
+
+def check_traced(spec: ModelSpec, plan) -> None:
+    """A traced architecture under `--cp` (with a `self_attn` module, `check`). Modelled: the architectures measured
+    (`TRACED_MEASURED`), dense, in full fine-tuning — the walk's traced sdpa-backward moment
+    (`walk.fsdp_layer._traced_sdpa_moment`) carries the ring; traced LoRA and MoE are not measured (gap)."""
+    from llmem.choices import Method
+    from llmem.errors import GAP, InputError
+
+    if spec.model_type not in TRACED_MEASURED or spec.is_moe or plan.method is not Method.FULL:
+        raise InputError("cp", "context parallelism on a traced architecture is measured for "
+                         f"{', '.join(TRACED_MEASURED)} (dense) in full fine-tuning; {spec.model_type!r} with --method "
+                         f"{plan.method.value} is not modelled yet: use --cp 1 or --method full", GAP)

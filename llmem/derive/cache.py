@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-FORMAT = 28
+FORMAT = 29
 
 
 def _directory() -> Path:

@@ -64,12 +64,17 @@ def _fit_layer(traces: list, checks: list, i: int, kind: str, offset: int) -> di
     inflight = fit_sequence(f"layer {i} forward in flight", [t.inflight[i] for t in traces],
                             [t.inflight[i] for t in checks], kind, offset) \
         if all(t.inflight for t in traces + checks) else []  # (a Trace built without it)
+    sdpa = {place: fit_sequence(f"layer {i} {place}", [getattr(t, attr)[i] for t in traces],
+                                [getattr(t, attr)[i] for t in checks], kind, offset)
+            if all(getattr(t, attr) and getattr(t, attr)[i] for t in traces + checks) else []
+            for place, attr in (("sdpa", "sdpa"), ("sdpa accumulating", "sdpa_accumulating"))}
     return {"layer": [(LAYER_INDEX.sub(".N.", n, count=1), list(c)) for n, c in saved],
             "backward": [(n, list(c)) for n, c in peak_candidates(backward)],
             "forward": [(n, list(c)) for n, c in peak_candidates(forward)],
             "recompute": [(n, list(c)) for n, c in peak_candidates(recompute)],
             "accumulating": [(n, list(c)) for n, c in peak_candidates(accumulating)],
-            "inflight": [(n, list(c)) for n, c in peak_candidates(inflight)]}
+            "inflight": [(n, list(c)) for n, c in peak_candidates(inflight)],
+            **{place: [(n, list(c)) for n, c in fit] for place, fit in sdpa.items()}}
 
 
 def table_key(table: dict) -> tuple:

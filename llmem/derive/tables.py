@@ -36,6 +36,7 @@ from llmem.quiet import quiet_libraries
 from llmem.spec import ModelSpec
 
 MOE_KEYS = experts.EXPERT_KEYS
+_KIND_PLACES = ("layer", "backward", "forward", "accumulating", "inflight", "recompute", "sdpa", "sdpa accumulating")
 
 
 class Derived:
@@ -221,8 +222,7 @@ class Derived:
     def _saved(self, plan: TrainingPlan, place: str) -> list[Saved]:
         fits = self.fitted(plan)
         this = fits["layer_kinds"][self.layer]
-        table = fits["kinds"][this].get(place, []) if place in ("layer", "backward", "forward", "accumulating",
-                                                                   "inflight", "recompute") \
+        table = fits["kinds"][this].get(place, []) if place in _KIND_PLACES \
             else fits[place][this] if place == "checkpointed backward" else fits[place]
         # each layer of a kind asks for the same table: evaluated once per plan
         return list(remembered(self._evaluated, (plan.key, this, place), lambda: _evaluated(table, plan)))

@@ -12,8 +12,8 @@ one decoder layer, before the layers (embeddings, RoPE tables and anything sever
 (final norm, lm_head input), or after the lm_head. Parameters, buffers and autocast's weight copies (`_to_copy` of
 a parameter to the autocast dtype; `llmem.components.autocast` counts those) are left out; a saved storage counts
 while a node that saved it exists at the end of the forward (a storage freed before then starts a new entry if its
-address comes back). The loss is not traced:
-`llmem.components.logits` models `ForCausalLMLoss`; backward starts from the logits.
+address comes back). The loss is not traced: `llmem.components.logits` models `ForCausalLMLoss`; backward starts
+from the logits.
 
 Layer backward: the allocation tracker of `llmem.simulate.tracker` records every allocation and free; a decoder
 layer's backward runs from the moment the gradient of its output exists (a tensor hook on the output) to the moment
@@ -23,15 +23,15 @@ The parameters' and buffers' storages are known to the tracker before it starts,
 in backward (the `t()` of a Conv1D weight in its addmm's backward) counts no bytes.
 `inflight` lists each layer's whole forward (pre-hook to forward hook) from 0: the moment its transients sit beside
 every earlier layer's saved tensors (`Derived.forward_inflight_extra_bytes`), autocast's weight copies as made
-(`windows.inflight_window`). `forwards` lists the same for each
-layer's forward, from its pre-hook to its last saved tensor (what a checkpointed
-layer's recompute allocates before non-reentrant checkpointing stops it early), without autocast's weight copies,
+(`windows.inflight_window`). `forwards` lists the same for each layer's forward, from its pre-hook to its last saved
+tensor (what a checkpointed layer's recompute allocates before non-reentrant checkpointing stops it early), without
+autocast's weight copies,
 on top of what the layer's backward holds when it first unpacks a saved tensor — the moment the real checkpointed
 layer's recompute starts (torch 2.13 `utils/checkpoint.py`, `_checkpoint_hook.unpack_hook`): the output gradient
 and whatever the nodes before that one made (gpt-oss: `weighted_out[inv_perm].view(T, k, h).sum(1)`, whose
 ViewBackward0 copies the expanded gradient to tokens × top_k × h before IndexBackward0 unpacks `inv_perm`).
-`held_layers` names the layers each `held` argument was passed to, `outer_layers` the layers that saved each `outer`
-storage.
+`sdpa` is each layer's `backwards` when sdpa's backward kernel has returned (the inner dispatch mode notes the
+tracker's event count then; `windows.at_event`).
 
 transformers 5.23 `masking_utils.find_packed_sequence_indices` cannot read a fake tensor's values, so under fake
 tensors it reports packed sequences and the sdpa path builds an explicit mask the real step never builds; the trace
@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_leaves
 
 from llmem.derive import int8
 from llmem.derive.trace_live import first_forward_window, grad_excess, kept_returned, note_returned, unsaved_locals
-from llmem.derive.windows import _window, inflight_window
+from llmem.derive.windows import _window, at_event, inflight_window
 
 PRE, POST, HEAD = "pre", "post", "head"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -72,16 +72,16 @@ class Trace:
     accumulating: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's, each weight gradient
     #                       added in place into its `.grad` (a later micro-step of --grad-accum, `_window`)
     forwards: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's forward: live bytes per event
-    recomputes: list[list[tuple[str, int]]] = field(default_factory=list)  # `forwards` with the weight copies
-    #                       as made, less all the window makes (`_forwards`)
+    recomputes: list = field(default_factory=list)  # `forwards`, weight copies as made less all made (`_forwards`)
     inflight: list[list[tuple[str, int]]] = field(default_factory=list)  # every layer's whole forward, from 0
     held_layers: list[list[int]] = field(default_factory=list)  # per `held` entry: the layers it was passed to
     locals: list[tuple[str, int]] = field(default_factory=list)  # the decoder's locals: `trace_live.unsaved_locals`
     outer_layers: list[list[int]] = field(default_factory=list)  # per `outer` entry: the layers that saved it
-    grad_excess: int = 0  # bytes of the `.grad`s beyond their parameters (TP: a vocab-sharded embedding's Replicate
-    #                       gradient, DTensor's embedding backward)
+    grad_excess: int = 0  # the `.grad`s beyond their parameters (TP: DTensor's embedding backward's Replicate)
     returns_probs: bool = False  # the decoder layers return b x heads x s x s tensors (`trace_live.note_returned`)
     returned: list[tuple[str, int]] = field(default_factory=list)  # `trace_live.first_forward_window`
+    sdpa: list = field(default_factory=list)  # `backwards` at sdpa's kernel (`at_event`)
+    sdpa_accumulating: list = field(default_factory=list)  # `accumulating` at the same
 
 
 def _local(t):
@@ -97,6 +97,7 @@ class _Allocations(TorchDispatchMode):
         self.params, self.origin, self.copies, self.matrices = params, {}, set(), set()
         self.autocast_dtype, self.keep = autocast_dtype, []
         self.forward = True  # False once backward starts: see `__torch_dispatch__`
+        self.events, self.sdpa_backward_ends = None, []  # the tracker's events; their count after each sdpa backward
         self._alive: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -104,6 +105,8 @@ class _Allocations(TorchDispatchMode):
             return NotImplemented  # a wrapper subclass (DTensor): let it decompose into local-tensor ops
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        if not self.forward and name.startswith("_scaled_dot_product") and name.endswith("_backward"):
+            self.sdpa_backward_ends.append(len(self.events))  # its q, k, v gradients: the tracker's last events
         if name == "bernoulli_":  # CPU dropout's noise, named in the tables
             self.origin[args[0].untyped_storage()._cdata] = "dropout noise"
         copy = (name == "_to_copy" and self.autocast_dtype is not None and isinstance(args[0], torch.Tensor)
@@ -169,7 +172,7 @@ class _Recorder:
 
     def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
         self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
-        self.place, self.stack, self.keep = PRE, [], []
+        self.alloc.events, self.place, self.stack, self.keep = tracker.events, PRE, [], []
         self.lora = hasattr(model, "peft_config")  # a PEFT model
         self.places: dict[int, list] = {}  # storage -> [[(place, weak ref to its _Packed)], name, bytes, weak ref]
         self.layer_args: dict[int, tuple[str, int]] = {}
@@ -278,9 +281,8 @@ def _unpack(packed):
 
 
 def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = False) -> Trace:
-    """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype` runs the forward under
-    `torch.autocast`; `cuda` takes CUDA's branches where CPU code paths differ in memory (dropout:
-    `llmem.simulate.patches.cuda_kernel_choices`)."""
+    """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype`: under `torch.autocast`;
+    `cuda`: CUDA's branches where CPU code differs in memory (dropout, `simulate.patches.cuda_kernel_choices`)."""
     import transformers.masking_utils as masking
 
     from llmem.derive.quant import default_gemm_4bit
@@ -296,8 +298,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     for t in (*model.parameters(), *model.buffers()):  # made before the tracker: known, never allocations (a
         tracker.outside_allocator(_local(t).untyped_storage())  # weight first viewed in backward, `_grouped_mm`)
     rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
-    autocast = (torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype
-                else contextlib.nullcontext())
+    autocast = torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype else contextlib.nullcontext()
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:
         with mode, mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None), \
@@ -328,9 +329,11 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
             h.remove()
     out.backwards = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0))
                      for i in range(len(layers))]
-    out.backward = out.backwards[-1]
-    out.accumulating = [_window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
-                        for i in range(len(layers))]
+    out.backward, out.accumulating = out.backwards[-1], [
+        _window(tracker.events, rec.windows.get(i, []), rec.grad_outs.get(i, 0), in_place=grads)
+        for i in range(len(layers))]
+    out.sdpa, out.sdpa_accumulating = (at_event(lives, rec.windows, rec.alloc.sdpa_backward_ends)
+                                       for lives in (out.backwards, out.accumulating))
     out.forwards, out.recomputes = _forwards(rec, tracker.events, out.backwards, copies, matrices)
     out.inflight = [inflight_window(tracker.events, [rec.forwards[i][0], rec.forward_ends[i]], copies, matrices,
                                     rec.lora)

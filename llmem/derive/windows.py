@@ -35,3 +35,16 @@ def inflight_window(events, window: list[int], copies: set, matrices: set, lora:
     made = 0 if lora else sum(events[k][2] for k in range(window[0], window[1])
                               if events[k][1] in matrices and events[k][2] > 0)
     return [(n, b - made) for n, b in _window(events, window, 0)]
+
+
+def at_event(lives: list[list[tuple[str, int]]], windows: dict[int, list[int]], ends: list[int]) -> list:
+    """Per layer, of its backward window's live bytes (`_window`; `windows`: its event indices), the value when
+    sdpa's backward kernel has returned (`ends`: the event count then; the last one inside the window), as
+    [("sdpa backward", bytes)]; [] if the layer ran none (eager attention, a math-path sdpa). The moment context
+    parallelism's ring extends."""
+    out = []
+    for i, live in enumerate(lives):
+        window = windows.get(i, [])
+        inside = [e for e in ends if len(window) >= 2 and window[0] < e <= window[1]]
+        out.append([("sdpa backward", live[inside[-1] - window[0]][1])] if inside else [])
+    return out

@@ -40,6 +40,23 @@ def _copies(name: str, plan, layers: int) -> int:
     return saved(i) + held
 
 
+def _saving_layers(name: str, plan, layers: int) -> list[int]:
+    """The layers whose saved tensors exist at the moment `name`: those run and not yet back-propagated, bar the
+    checkpointed ones (saved again by their recompute, from their backward on); in layer i's own backward moments
+    layer i too (before its pre-backward all-gather if it is not checkpointed)."""
+    run = lambda n: [j for j in range(n) if not plan.checkpointed(j)]  # noqa: E731 - layers 0 .. n-1
+    m = _LAYER.search(name)
+    if name.startswith("forward"):
+        return run(layers) if m is None else run(int(m.group(1)))
+    if name.startswith(("loss", "lm_head", "final norm")):
+        return run(layers)
+    if m is None:
+        return []
+    i = int(m.group(1))
+    own = name.startswith("backward") and not (name.endswith("pre-backward all-gather)") and plan.checkpointed(i))
+    return run(i) + [i] * own
+
+
 def _mask_held(name: str, plan) -> bool:
     """The packed mask (`cpc.packed_mask_bytes`) is built in the forward; a checkpointed layer's frame keeps it
     (transformers' `GradientCheckpointingLayer` checkpoints `partial(forward, self, **kwargs)`, attention_mask among
@@ -60,6 +77,8 @@ def _extra(spec, plan, name: str) -> int:
         return buffers
     extra = buffers + cpc.context_held_bytes(plan) + cpc.rope_batch_bytes(spec, plan)
     extra += _copies(name, plan, spec.num_layers) * cpc.attention_copy_bytes(spec, plan)
+    if spec.derived is not None:
+        extra += sum(cpc.rope_layer_batch_bytes(spec, plan, j) for j in _saving_layers(name, plan, spec.num_layers))
     if _mask_held(name, plan):
         extra += cpc.packed_mask_bytes(plan)
     return extra

@@ -184,7 +184,28 @@ def _attention_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dic
                              activations=alive - w.first_saving - released,
                              gradients=w.root_grads_head + later + w.core_grads + transient))
     return phases + _query_moments(w, layer, later, on, held, alive) + _layernorm_moments(w, layer, later, on, held,
-                                                                                         alive)
+                                                                                         alive) \
+        + _traced_sdpa_moment(w, layer, later, on, held, alive)
+
+
+def _traced_sdpa_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],
+                        alive: int) -> list[Phase]:
+    """A traced layer's backward when sdpa's backward kernel has returned (`derive.context_parallel.
+    sdpa_backward_extra_bytes`): the layer's backward moment with its window's live bytes at that event instead of
+    their peak (so never above it); the moment context parallelism's ring extends (`walk.context_parallel`)."""
+    from llmem.derive.context_parallel import sdpa_backward_extra_bytes
+
+    if w.spec.derived is None:
+        return []
+    extra = sdpa_backward_extra_bytes(act.layer_spec(w.spec, w.cp, layer), act.layer_plan(w.cp, layer))
+    if extra is None:
+        return []
+    mlp_dropout, post_norm, _ = _backward_terms(w, layer)
+    phase = moment(f"backward (layer {layer}, sdpa backward)", **on,
+                   activations=alive - w.first_saving - mlp_dropout - post_norm,
+                   gradients=w.root_grads_head + later + extra)
+    held[phase.name] = later
+    return [phase]
 
 
 def _layernorm_moments(w: FsdpTerms, layer: int, later: int, on: dict, held: dict[str, int],

@@ -358,9 +358,12 @@ def rebuild_moments(t: Terms) -> list[Phase]:
     micro-step 2's forward of iteration 1 holds the old buckets (viewed by micro-step 1's `.grad`s) beside the new
     (`comm.ddp_rebuild_bytes`). It comes before the first `optimizer.step()`, and every optimizer here makes its states
     lazily in `step` (torch/optim/sgd.py and adam.py `_init_group`, bitsandbytes `Optimizer8bit.init_state`): none
-    yet. Otherwise the rebuild frees the old buckets first and is no moment of its own."""
+    yet. With `--keep-grads` and K = 1 the `.grad`s zeroed in place view the old buckets at iteration 2's forward,
+    beside the optimizer states. Otherwise the rebuild frees the old buckets first and is no moment of its own."""
     rebuild = comm.ddp_rebuild_bytes(t.spec, t.plan)
     if not rebuild or t.plan.scheme not in (Scheme.DDP, Scheme.ZERO1):
         return []
+    if t.plan.grad_accum == 1:  # --keep-grads: iteration 2's forward, after the first step made the states
+        return [moment("DDP bucket rebuild (iteration 2, gradients kept)", **t.persistent, communication=rebuild)]
     return [moment("DDP bucket rebuild (micro-step 2 of iteration 1)", parameters=t.persistent["parameters"],
                    standing=t.persistent["standing"], communication=rebuild)]
