@@ -14,7 +14,8 @@ simulation's stand-in (`llmem.simulate.stand_ins.grouped_mm`: its meta function 
 Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`), but configs whose dense and
 expert layers mix are still refused naming the field (`LAYER_KIND_FIELDS`): DeepSeek-V3 with a dense first layer,
 bf16-mixed and fully checkpointed, is estimated 1.2% above the measured peak (fp32 within 0.03%), outside 1%.
-Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs.
+Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs (the
+hand-written mixtral and qwen2_moe are traced here for their TP program only, `TP_TRACED_MOE`).
 Pure Python: no torch (`check_grouped` reads a built model's config).
 """
 
