@@ -29,12 +29,12 @@ def band(config: dict, seq: int) -> int:
     return 0
 
 
-def static_refusal(config: dict) -> InputError | None:
+def static_refusal(config: dict, also: tuple = ()) -> InputError | None:
     """What the config alone says the derived path refuses, read without torch (the preset list asks it of every
     preset): expert layers not derived (`experts.experts_refusal`, read from the config or its text_config). A
     config that passes may still be refused when traced (e.g. no sdpa path)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return experts.experts_refusal({**text, **config}, config.get("model_type"))
+    return experts.experts_refusal({**text, **config}, config.get("model_type"), also)
 
 
 def _dropout_keys(values: dict) -> list[str]:

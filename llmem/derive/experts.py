@@ -14,7 +14,8 @@ simulation's stand-in (`llmem.simulate.stand_ins.grouped_mm`: its meta function 
 Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`), but configs whose dense and
 expert layers mix are still refused naming the field (`LAYER_KIND_FIELDS`): DeepSeek-V3 with a dense first layer,
 bf16-mixed and fully checkpointed, is estimated 1.2% above the measured peak (fp32 within 0.03%), outside 1%.
-Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs.
+Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs (the
+hand-written mixtral and qwen2_moe are traced here for their TP program only, `TP_TRACED_MOE`).
 Pure Python: no torch (`check_grouped` reads a built model's config).
 """
 
@@ -29,6 +30,9 @@ FIELDS = EXPERT_KEYS + TOP_K_KEYS + LAYER_KIND_FIELDS  # what these checks read 
 # model types whose expert layers are traced, each measured against real CPU runs (tests/derive/test_moe_*.py)
 DERIVED_MOE = ("qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "granitemoeshared", "deepseek_v2", "deepseek_v3",
                "glm4_moe", "minimax_m2", "gpt_oss")
+# hand-written MoE families whose TP program (transformers' plan) is traced like a derived one (`llmem.derive.tp`):
+# their experts run the same `grouped_mm_experts_forward` (measured on 2 ranks, tests/derive/test_tp_moe_lora.py)
+TP_TRACED_MOE = ("mixtral", "qwen2_moe")
 
 
 def _count(value) -> int:
@@ -55,13 +59,14 @@ def _layer_kinds(values: dict) -> tuple[str, str, str] | None:
     return None
 
 
-def experts_refusal(values: dict, model_type) -> InputError | None:
+def experts_refusal(values: dict, model_type, also: tuple = ()) -> InputError | None:
     """Why a config with expert layers is refused on the derived path (None: dense, or traced): a model type outside
-    `DERIVED_MOE`, or dense and expert layers mixed (one line naming the field)."""
+    `DERIVED_MOE` (and `also`: `TP_TRACED_MOE` for a TP spec), or dense and expert layers mixed (one line naming
+    the field)."""
     experts = expert_count(values)
     if experts is None:
         return None
-    if model_type not in DERIVED_MOE:
+    if model_type not in DERIVED_MOE + tuple(also):
         return InputError(experts[0], "mixture-of-experts layers are modelled for mixtral and qwen2_moe and derived "
                           f"for {', '.join(DERIVED_MOE)}; {model_type!r} is derived from transformers, dense layers "
                           "only")

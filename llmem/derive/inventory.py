@@ -9,7 +9,7 @@ from llmem.quiet import quiet_libraries
 from llmem.spec import ModelSpec
 
 
-def _refuse_experts(config: dict) -> dict:
+def _refuse_experts(config: dict, also: tuple = ()) -> dict:
     """Expert layers not derived (`experts.experts_refusal`, read with the config class's defaults) are refused;
     returns the spec's expert sizes (`experts.moe_sizes`)."""
     from transformers import AutoConfig
@@ -18,19 +18,20 @@ def _refuse_experts(config: dict) -> dict:
     cfg = AutoConfig.for_model(config["model_type"], **rest)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     values = {key: getattr(text, key, None) for key in experts.FIELDS}
-    refusal = experts.experts_refusal(values, config.get("model_type"))
+    refusal = experts.experts_refusal(values, config.get("model_type"), also)
     if refusal is not None:
         raise refusal
     return experts.moe_sizes(values)
 
 
-def derived_spec(config: dict) -> ModelSpec:
+def derived_spec(config: dict, also: tuple = ()) -> ModelSpec:
     """The meta-device parameter inventory (`llmem.meta.meta_spec`; cached, `inventory`) with the traced activation
-    tables attached. What the config alone rules out (`static_refusal`) is refused before anything is built."""
-    refusal = static_refusal(config)
+    tables attached. What the config alone rules out (`static_refusal`; `also`: MoE model types traced here too,
+    `experts.TP_TRACED_MOE` under TP) is refused before anything is built."""
+    refusal = static_refusal(config, also)
     if refusal is not None:
         raise refusal
-    spec = inventory(config)
+    spec = inventory(config, also)
     options = {"final_logit_softcapping": config.get("final_logit_softcapping")}
     object.__setattr__(spec, "options", options)
     object.__setattr__(spec, "caveats", (f"{spec.model_type!r} has no hand-written table: its activations are "
@@ -43,7 +44,7 @@ _SIZES = ("model_type", "name", "vocab_size", "hidden_size", "intermediate_size"
           "num_kv_heads", "head_dim", "tie_word_embeddings")
 
 
-def inventory(config: dict) -> ModelSpec:
+def inventory(config: dict, also: tuple = ()) -> ModelSpec:
     """The parameter inventory, from the disk cache when this config was counted before (no torch import then),
     else counted on the meta device and cached once the experts check passed."""
     from llmem.spec import ParamTensor
@@ -54,7 +55,7 @@ def inventory(config: dict) -> ModelSpec:
 
         with quiet_libraries():
             spec = meta_spec(config)
-            moe = _refuse_experts(config)
+            moe = _refuse_experts(config, also)
         cached = cache.store(config, ("inventory",), {
             "sizes": {k: getattr(spec, k) for k in _SIZES} | moe,
             "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})

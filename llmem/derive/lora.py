@@ -160,6 +160,7 @@ def traced_derived(spec, config: dict):
 
 def refusal(spec, plan: TrainingPlan) -> InputError | None:
     """What LoRA on a derived architecture (or a hand-written family traced for LoRA) does not model yet."""
+    from llmem.derive.experts import TP_TRACED_MOE
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
@@ -167,9 +168,10 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
         error = qlora_refusal(spec, plan, name)
         if error is not None:
             return error
+    also = TP_TRACED_MOE if plan.tp > 1 else ()  # mixtral's, qwen2_moe's TP spec is traced (`llmem.derive.tp`)
     if spec.is_moe:
-        return moe_refusal(spec, plan, name) or static_refusal(spec.derived.config)
-    return static_refusal(spec.derived.config)
+        return moe_refusal(spec, plan, name) or static_refusal(spec.derived.config, also)
+    return static_refusal(spec.derived.config, also)
 
 
 def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
@@ -190,8 +192,9 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
     onto the router and fused experts (`llmem.derive.lora_experts`: its ParamWrappers are in the traced program),
     on one GPU, DDP / ZeRO-1 (whose walk has the last layer's forward in flight,
     `Derived.forward_inflight_extra_bytes`) and FSDP2 ZeRO-2/3 (the walk of every scheme; the wrappers' adapters are
-    sharded as any parameter; measured on 2 ranks within 0.11 %, tests/derive/test_lora_experts.py). Not yet:
-    `all-linear` or MLP names on a model PEFT does not rewrite (gpt_oss, granitemoe), and TP."""
+    sharded as any parameter; measured on 2 ranks within 0.11 %, tests/derive/test_lora_experts.py) and TP on
+    column-parallel attention targets (`llmem.derive.tp`; tests/derive/test_tp_moe_lora.py). Not yet: `all-linear`
+    or MLP names on a model PEFT does not rewrite (gpt_oss, granitemoe), and the experts or router adapted under TP."""
     from llmem.components.lora import linear_weights
     from llmem.derive import lora_experts
     from llmem.plan import ALL_LINEAR
@@ -209,9 +212,10 @@ def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
         return InputError("lora-targets", f"{name}: {', '.join(other)} is not one of the model's Linears outside its "
                           "MLP blocks (PEFT maps MLP names onto the fused experts, not modelled yet); name the "
                           "attention Linears, e.g. q_proj,v_proj", GAP)
-    if plan.tp > 1:
-        return InputError("tp", f"{name}: mixture-of-experts models are measured on one GPU, DDP, ZeRO-1 and FSDP2 "
-                          "(ZeRO-2/3) so far; use --tp 1", GAP)
+    if plan.tp > 1 and (plan.lora_targets == ALL_LINEAR or lora_experts.mapped_targets(spec, plan)):
+        return InputError("tp", f"{name}: the router and the fused experts adapted under TP (PEFT's ParamWrapper on "
+                          "transformers' moe_tp_experts shards) are not measured; name column-parallel attention "
+                          "Linears, e.g. q_proj,k_proj,v_proj, or use --tp 1", GAP)
     return None
 
 
