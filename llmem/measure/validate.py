@@ -245,14 +245,16 @@ def measure_rows(rows: list[Row], device: str, jsonl: Path, log=print, resume: b
     return done
 
 
-def remeasure_read_high(rows: list[Row], measured: dict[str, dict], device: str, log=print) -> None:
+def remeasure_read_high(rows: list[Row], measured: dict[str, dict], device: str, log=print,
+                        estimates: dict | None = None) -> None:
     """A multi-rank CPU row read above its estimate beyond the tolerance is measured again alone and the lower peak
     kept, as the multi-rank tests do: gloo's threads free some buffers at moments that vary with load, which only
     raises a peak (docs/notes/2026-11-22-gloo-fence-repeatability.md). Both figures are logged."""
     from llmem.measure.launch import run_job
     for row in rows:
         plan, res = row.training_plan(device), measured.get(row.id, {})
-        est, _ = estimate_row(row, device) if device == "cpu" and plan.gpus > 1 and "peak_bytes" in res else (None, "")
+        est, _ = (estimates or {}).get(row.id) or estimate_row(row, device) \
+            if device == "cpu" and plan.gpus > 1 and "peak_bytes" in res else (None, "")
         if est is None or res["peak_bytes"] * (1 - TOLERANCE_MULTI) <= est:
             continue
         again = (run_job([row.job_row()], plan.gpus, device)[0] or [{}])[0]
@@ -260,12 +262,12 @@ def remeasure_read_high(rows: list[Row], measured: dict[str, dict], device: str,
         log(f"{row.id} read {res['peak_bytes']} B, {again.get('peak_bytes')} B alone: kept the lower")
 
 
-def result_rows(suite: Suite, measured: dict[str, dict], device: str) -> list[dict]:
+def result_rows(suite: Suite, measured: dict[str, dict], device: str, estimates: dict | None = None) -> list[dict]:
     out = []
     for row in suite.rows:
         plan = row.training_plan(device)
         res = measured.get(row.id, {"error": "not measured"})
-        est, est_msg = estimate_row(row, device)
+        est, est_msg = (estimates or {}).get(row.id) or estimate_row(row, device)
         meas = res.get("peak_bytes")
         rec = {"id": row.id, "model": row.model, "model_type": row.config.get("model_type", ""),
                "scheme": plan.scheme.value, **plan.to_dict(), "estimated_bytes": est, "measured_bytes": meas,
@@ -375,8 +377,9 @@ def validate(suite_path: str | Path, device: str = "cpu", out_dir: str | Path = 
         what = "is a file, not a directory" if out.exists() else f"cannot be created ({exc.strerror or exc})"
         raise InputError("out", f"{out} {what}; give a directory for validate.csv and validate.md") from None
     measured = measure_rows(suite.rows, device, out / "measured.jsonl", log, resume)
-    remeasure_read_high(suite.rows, measured, device, log)
-    records = result_rows(suite, measured, device)
+    estimates = {row.id: estimate_row(row, device) for row in suite.rows}  # each once: a pure function of the row
+    remeasure_read_high(suite.rows, measured, device, log, estimates)
+    records = result_rows(suite, measured, device, estimates)
     write_csv(records, out / "validate.csv")
     (out / "validate.md").write_text(summary_table(records) + "\n\n" + markdown_table(records) + "\n")
     if accuracy_md:
