@@ -153,7 +153,7 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", {**_LLAMA_BASE, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
                            "num_layers": 32, "num_heads": 32, "num_kv_heads": 8},
                _llama_layer(lambda c: False), _llama_outer, tp_plan=True, extra=_DROP, **_LLAMA_TRAITS,
-               liger_kernel=True, lora_activations=True, **_TORCHTITAN_MEASURED),
+               liger_kernel=True, lora_activations=True, sliding_window_default=4096, **_TORCHTITAN_MEASURED),
         Family("qwen2", {**_LLAMA_BASE, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
                          "num_layers": 32, "num_heads": 32, "num_kv_heads": 32},
                _llama_layer(lambda c: True), _llama_outer, tp_plan=True, extra=_DROP, **_LLAMA_TRAITS,

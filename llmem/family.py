@@ -103,6 +103,8 @@ class Family:
     #   has no layer_types: "from-max" the layers >= max_window_layers (`Qwen2Config.__post_init__`,
     #   `configuration_qwen2.py:84-93`; qwen3 the same, 87-94), "even-below-max" the even ones below it
     #   (`configuration_qwen2_moe.py:113-119`)
+    sliding_window_default: int | None = None  # the config class's `sliding_window` default, for a config without
+    #   one (`MistralConfig`: 4096, `configuration_mistral.py:80`): its layers attend in that window
     both_masks: bool = False  # the model forward builds the full and the sliding-window causal masks whatever the
     #   layers use (`Qwen2MoeModel.forward`'s `causal_mask_mapping`)
     # Norms and embeddings:
