@@ -4,8 +4,8 @@ figure):
 
     PYTHONPATH=<tree> .venv/bin/python scripts/check_compare_identity.py [--gpu h100-80gb] [--traced] > out.jsonl
 
-Presets whose spec is traced from transformers (`llmem.derive`: minutes without the disk cache) are left out
-unless `--traced`. Prints each preset's CPU time of its first (cold) 1–64-GPU compare on stderr.
+Presets of a family that is not hand-written (traced from transformers, `llmem.derive`: minutes without the disk
+cache) are left out unless `--traced`. Prints each preset's CPU time of its first (cold) 1–64-GPU compare on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 from llmem.compare import compare
 from llmem.errors import InputError
+from llmem.families import FAMILIES
 from llmem.gpus import get_gpu
 from llmem.plan import TrainingPlan
 from llmem.presets import load_preset, preset_names
@@ -32,12 +33,13 @@ def main() -> None:
     args = ap.parse_args()
     capacity = get_gpu(args.gpu).memory_bytes
     for name in preset_names():
+        config = load_preset(name)
+        if config.get("model_type") not in FAMILIES and not args.traced:
+            continue
         try:
-            spec = ModelSpec.from_config(load_preset(name))
+            spec = ModelSpec.from_config(config)
         except InputError as exc:
             print(json.dumps({"model": name, "refused": str(exc)}))
-            continue
-        if spec.derived is not None and not args.traced:
             continue
         start = time.process_time()
         for n in COUNTS:
