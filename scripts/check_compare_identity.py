@@ -2,7 +2,8 @@
 the high end included) of every preset, as JSON lines, for a `cmp` of two trees (a speed change must not move a
 figure):
 
-    PYTHONPATH=<tree> .venv/bin/python scripts/check_compare_identity.py [--gpu h100-80gb] [--traced] > out.jsonl
+    PYTHONPATH=<tree> .venv/bin/python scripts/check_compare_identity.py [--gpu h100-80gb] [--traced] [--models a,b] \
+        > out.jsonl
 
 Presets of a family that is not hand-written (traced from transformers, `llmem.derive`: minutes without the disk
 cache) are left out unless `--traced`. Prints each preset's CPU time of its first (cold) 1–64-GPU compare on stderr.
@@ -30,9 +31,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", default="h100-80gb")
     ap.add_argument("--traced", action="store_true")
+    ap.add_argument("--models", default="", help="comma-separated presets (default: every preset)")
     args = ap.parse_args()
     capacity = get_gpu(args.gpu).memory_bytes
-    for name in preset_names():
+    for name in args.models.split(",") if args.models else preset_names():
         config = load_preset(name)
         if config.get("model_type") not in FAMILIES and not args.traced:
             continue
