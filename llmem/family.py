@@ -76,6 +76,8 @@ class Family:
     layer_params: Callable[[Config, ModelSpec, int], list]
     outer_params: Callable[[Config, ModelSpec], list]
     tp_plan: bool = False  # separate q/k/v/o and gate/up/down Linear layers: the Megatron plan of DESIGN.md applies
+    config_tp_plan: bool = False  # without `tp_plan`: the transformers 5.23 configuration class carries a non-empty
+    #   `base_model_tp_plan` (a class attribute; tests/test_families_traits.py reads it): `ModelSpec.supports_tp`
     norm: str = "rms"  # "rms" (RMSNorm) or "layer" (nn.LayerNorm)
     kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
     extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model
@@ -103,6 +105,8 @@ class Family:
     #   has no layer_types: "from-max" the layers >= max_window_layers (`Qwen2Config.__post_init__`,
     #   `configuration_qwen2.py:84-93`; qwen3 the same, 87-94), "even-below-max" the even ones below it
     #   (`configuration_qwen2_moe.py:113-119`)
+    sliding_window_default: int | None = None  # the config class's `sliding_window` default, for a config without
+    #   one (`MistralConfig`: 4096, `configuration_mistral.py:80`): its layers attend in that window
     both_masks: bool = False  # the model forward builds the full and the sliding-window causal masks whatever the
     #   layers use (`Qwen2MoeModel.forward`'s `causal_mask_mapping`)
     # Norms and embeddings:

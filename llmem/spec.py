@@ -127,8 +127,9 @@ class ModelSpec:
     @cached_property
     def supports_tp(self) -> bool:
         """A TP program exists: a hand-written unfused family's Megatron plan (`Family.tp_plan`), or the plan the
-        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`). Kept on the spec:
-        reading the config's plan builds its transformers configuration class (~1 ms)."""
+        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`): for a hand-written
+        family its configuration class's (`Family.config_tp_plan`), else read by building that class (importing
+        transformers: seconds in a fresh process, then ~1 ms). Kept on the spec."""
         from llmem.families import FAMILIES
 
         if self.model_type in FAMILIES and self.family.tp_plan:
@@ -136,6 +137,8 @@ class ModelSpec:
         config = getattr(self, "source_config", None) or getattr(self.derived, "config", None)
         if not config:
             return False
+        if self.model_type in FAMILIES and "base_model_tp_plan" not in config:  # the class's plan: no transformers
+            return self.family.config_tp_plan  # import (seconds in a fresh process)
         from llmem.runtime.parallel import config_tp_plan
 
         return bool(config_tp_plan(config))

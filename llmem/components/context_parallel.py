@@ -138,9 +138,6 @@ def ring_backward_bytes(spec: ModelSpec, plan, last: bool = False) -> int:
     return accumulators + sent + gathered + exchanged + second
 
 
-_SLIDING_DEFAULT = {"mistral": 4096}  # the config classes' `sliding_window` defaults (transformers 5.23)
-
-
 def sliding_layers(spec: ModelSpec) -> bool:
     """Whether some layer attends in a window: what accelerate's `_attach_context_parallel_hooks` refuses
     (`big_modeling.py:807-826`: any `config.layer_types` entry other than "full_attention", or, for a config
@@ -159,7 +156,7 @@ def sliding_layers(spec: ModelSpec) -> bool:
         if rule == "even-below-max":
             return window_layers > 0
         return cfg.get("sliding_window", 4096) is not None and window_layers < spec.num_layers
-    return bool(cfg.get("sliding_window", _SLIDING_DEFAULT.get(spec.model_type)))
+    return bool(cfg.get("sliding_window", spec.family.sliding_window_default))  # the config class's default
 
 
 # Traced architectures measured under --cp (docs/notes/2026-11-28-traced-context-parallel.md): dense, sdpa, a

@@ -6,6 +6,7 @@ cannot be read or written is ignored (the tables are traced again).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,14 +23,21 @@ def _directory() -> Path:
     return Path(base) / "llmem" / "derive"
 
 
-def _path(config: dict, key: tuple) -> Path:
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    """torch's and transformers' installed versions, read once per process (`metadata.version` parses the
+    distribution's METADATA: ~40 ms a call, asked for every table looked up)."""
     versions = []
     for package in ("torch", "transformers"):
         try:
             versions.append(metadata.version(package))
         except metadata.PackageNotFoundError:
             versions.append("")
-    text = json.dumps([FORMAT, versions, list(key), config], sort_keys=True, default=str)
+    return tuple(versions)
+
+
+def _path(config: dict, key: tuple) -> Path:
+    text = json.dumps([FORMAT, list(_versions()), list(key), config], sort_keys=True, default=str)
     return _directory() / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
