@@ -343,8 +343,8 @@ def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathe
     """FSDP2: one rank's padded shard of decoder layer `layer`'s frozen base (`gathered`: the all-gather output's
     share of it, dp shards): the packed codes, 1 byte per row of (ceil(numel / 2), 1), and the other tensors (norm
     weights, biases) in the plan's dtype; gathered under --precision bf16-/fp16-mixed, in the MixedPrecisionPolicy's
-    param_dtype (`FSDPParam.init_dtype_attrs` casts the floating-point parameters only, torch 2.13
-    `_fully_shard/_fsdp_param.py:597`: the uint8 codes are gathered as they are)."""
+    param_dtype (torch 2.13 `_fully_shard/_fsdp_param.py:597`, `init_dtype_attrs`: no param_dtype for a parameter not
+    floating point; line 901, `all_gather_inputs`: the shard cast to it; so the uint8 codes are gathered as stored)."""
     from llmem.components.sharding import fsdp_shard_numel
 
     quantized = {p.name for p in quantized_weights(spec, plan)}
