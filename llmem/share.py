@@ -289,7 +289,7 @@ def _consistent_method(inputs: AppInputs, warnings: list[str], method_implied: b
         inputs = replace(inputs, quant=QLORA_BASE)
     pure = replace(inputs, precision=inputs.precision.pure)
     if inputs.method is Method.QLORA and inputs.precision.is_mixed and not method_implied \
-            and not _valid(inputs) and _valid(pure):  # (autocast over a 4-bit base: one GPU, DDP, ZeRO-1)
+            and not _valid(inputs) and _valid(pure):  # (a 4-bit base, --engine torch)
         warnings.append(f"precision: QLoRA under autocast is not modelled with these inputs; using "
                         f"{inputs.precision.pure}, the base's compute dtype")
         inputs = replace(inputs, precision=inputs.precision.pure)

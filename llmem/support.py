@@ -187,13 +187,14 @@ RULES: tuple[Rule, ...] = (
     _r("method quant", "quant", lambda p: p.method is Method.QLORA and p.quant is Quant.NONE,
        "--method qlora quantizes the frozen base: choose --quant nf4, fp4 or int8", REFUSED, method="qlora",
        quant="none", precision="bf16"),
-    # QLoRA under autocast (4-bit base, torch engine, DDP/ZeRO-1): docs/MODEL-QLORA-MIXED.md
-    _r("method precision quant zero engine", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed
-       and (p.quant is Quant.INT8 or p.zero >= 2 or p.engine is not Engine.TORCH),
-       "qlora with {p.precision.value} is modelled for a 4-bit base (nf4/fp4) under torch.autocast on one GPU, DDP "
-       "or ZeRO-1 (an 8-bit base under autocast and FSDP's MixedPrecisionPolicy over a 4-bit base are not); use "
-       "--precision {p.precision.pure}, --quant nf4 or --zero 0/1", GAP, method="qlora", quant="int8",
-       precision="bf16-mixed"),
+    # QLoRA under autocast (4-bit base, torch engine, DDP/ZeRO-1): docs/MODEL-QLORA-MIXED.md; under FSDP2's
+    # MixedPrecisionPolicy (ZeRO-2/3, the uint8 codes left uncast): docs/MODEL-QLORA-SHARDED.md
+    _r("method precision quant engine", "precision", lambda p: p.method is Method.QLORA and p.precision.is_mixed
+       and (p.quant is Quant.INT8 or p.engine is not Engine.TORCH),
+       "qlora with {p.precision.value} is modelled for a 4-bit base (nf4/fp4) with --engine torch (autocast on one "
+       "GPU, DDP or ZeRO-1, FSDP2's MixedPrecisionPolicy on ZeRO-2/3; an 8-bit base under autocast and FSDP1's or "
+       "DeepSpeed's mixed precision over a quantized base are not); use --precision {p.precision.pure}, --quant nf4 "
+       "or --engine torch", GAP, method="qlora", quant="int8", precision="bf16-mixed"),
     _r("method quant", "quant", lambda p: p.method is not Method.QLORA and p.quant is not Quant.NONE,
        "--quant quantizes the frozen base of --method qlora; use --quant none or --method qlora", REFUSED,
        method="lora", quant="nf4"),

@@ -278,12 +278,15 @@ def test_invalid_method_combinations_fall_back_to_full_with_a_warning_naming_met
 
 @pytest.mark.parametrize("precision, pure", [("bf16-mixed", Precision.BF16), ("fp16-mixed", Precision.FP16)])
 def test_qlora_with_a_mixed_precision_is_kept_where_modelled_else_takes_its_compute_dtype(precision, pure):
-    """QLoRA under autocast over a 4-bit base is modelled on one GPU (the link keeps it); under FSDP2 it is not,
-    and the link takes the base's compute dtype, a pure precision, as the app's fix on choosing qlora does."""
-    inputs, warnings = decode({"method": "qlora", "precision": precision})
-    assert (inputs.method, inputs.quant, inputs.precision.value, warnings) == (Method.QLORA, Quant.NF4, precision, [])
-    inputs, warnings = decode({"method": "qlora", "precision": precision, "gpus": "2", "zero": "3"})
-    assert (inputs.method, inputs.quant, inputs.precision) == (Method.QLORA, Quant.NF4, pure)
+    """QLoRA with a mixed precision over a 4-bit base is modelled on one GPU (autocast) and under FSDP2 (its
+    MixedPrecisionPolicy): the link keeps it; over an 8-bit base it is not, and the link takes the base's compute
+    dtype, a pure precision, as the app's fix on choosing qlora does."""
+    for extra in ({}, {"gpus": "2", "zero": "3"}):
+        inputs, warnings = decode({"method": "qlora", "precision": precision, **extra})
+        assert (inputs.method, inputs.quant, inputs.precision.value, warnings) == (Method.QLORA, Quant.NF4, precision,
+                                                                                   [])
+    inputs, warnings = decode({"method": "qlora", "quant": "int8", "precision": precision})
+    assert (inputs.method, inputs.quant, inputs.precision) == (Method.QLORA, Quant.INT8, pure)
     assert len(warnings) == 1 and warnings[0].startswith("precision:") and f"using {pure}" in warnings[0]
     inputs.to_plan()
 

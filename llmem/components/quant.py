@@ -342,11 +342,14 @@ def held_past_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, checkpointed: b
 def fsdp_layer_base_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int, gathered: bool = False) -> int:
     """FSDP2: one rank's padded shard of decoder layer `layer`'s frozen base (`gathered`: the all-gather output's
     share of it, dp shards): the packed codes, 1 byte per row of (ceil(numel / 2), 1), and the other tensors (norm
-    weights) in the plan's dtype."""
+    weights, biases) in the plan's dtype; gathered under --precision bf16-/fp16-mixed, in the MixedPrecisionPolicy's
+    param_dtype (torch 2.13 `_fully_shard/_fsdp_param.py:597`, `init_dtype_attrs`: no param_dtype for a parameter not
+    floating point; line 901, `all_gather_inputs`: the shard cast to it; so the uint8 codes are gathered as stored)."""
     from llmem.components.sharding import fsdp_shard_numel
 
     quantized = {p.name for p in quantized_weights(spec, plan)}
-    pb = plan.precision.param_bytes
+    mixed_gather = gathered and plan.precision.is_mixed
+    pb = plan.precision.compute_bytes if mixed_gather else plan.precision.param_bytes
     total = 0
     for p in spec.layer_params(layer):
         if p.name in quantized:

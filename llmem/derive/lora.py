@@ -19,8 +19,10 @@ layer 0 is a kind of its own (`activations.varied`; looked up as the first layer
 FSDP2 with bf16-/fp16-mixed: its policy all-gathers the adapters cast to half, and the walk reads tables traced so
 (`_half_adapters`, `Derived.with_half_adapters`).
 QLoRA's 4-bit base: `llmem.derive.quant`, its 8-bit base: `llmem.derive.int8`; on a mixture of experts the experts and
-routers stay unquantized (docs/MODEL-QLORA-MOE.md). Refused (one line naming the field): the cases of `qlora_refusal`;
-on expert layers, MLP targets PEFT does not map onto the fused experts, and TP (`moe_refusal`).
+routers stay unquantized (docs/MODEL-QLORA-MOE.md); on one GPU, DDP, ZeRO-1 and FSDP2 (ZeRO-2/3) alike: the traced
+program is the rank's, the walk of each scheme adds its sharding (docs/MODEL-QLORA-SHARDED.md; an 8-bit base under
+FSDP2 is a support row's refusal). Refused (one line naming the field): on expert layers, MLP targets PEFT does not
+map onto the fused experts, and TP (`moe_refusal`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import copy
 
 from llmem.errors import GAP, InputError
-from llmem.plan import GradCkpt, Method, TrainingPlan
+from llmem.plan import GradCkpt, TrainingPlan
 
 
 def trace_key(plan: TrainingPlan) -> tuple:
@@ -164,25 +166,10 @@ def refusal(spec, plan: TrainingPlan) -> InputError | None:
     from llmem.derive.tables import static_refusal
 
     name = f"lora on {spec.model_type!r} (traced from transformers)"
-    if plan.method is Method.QLORA:
-        error = qlora_refusal(spec, plan, name)
-        if error is not None:
-            return error
     also = TP_TRACED_MOE if plan.tp > 1 else ()  # mixtral's, qwen2_moe's TP spec is traced (`llmem.derive.tp`)
     if spec.is_moe:
         return moe_refusal(spec, plan, name) or static_refusal(spec.derived.config, also)
     return static_refusal(spec.derived.config, also)
-
-
-def qlora_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:
-    """QLoRA on a traced architecture (`llmem.derive.quant`): the 4-bit base (nf4/fp4, double quantization or not)
-    and the 8-bit one (`--quant int8`: the inputs its Linears' nodes keep, `llmem.derive.int8`) on one GPU and DDP
-    (--zero 0), mixtures of experts included (docs/MODEL-QLORA-MOE.md: the fused experts and the router stay
-    unquantized; their LoRA targets are `moe_refusal`'s) and transformers' Conv1D models (gpt2: quantized
-    transposed, `llmem.runtime.lora.quantize_base`). Not yet: ZeRO-1, FSDP2."""
-    if plan.gpus > 1 and plan.zero > 0:
-        return InputError("zero", f"q{name} is measured on one GPU and DDP so far; use --zero 0", GAP)
-    return None
 
 
 def moe_refusal(spec, plan: TrainingPlan, name: str) -> InputError | None:

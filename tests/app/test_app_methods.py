@@ -87,13 +87,16 @@ def test_qlora_link_via_method_renders_with_the_nf4_base():
 
 
 def test_a_qlora_link_with_a_mixed_precision_opens_as_modelled():
-    """QLoRA under autocast over a 4-bit base is modelled on one GPU: the link opens as it is, no warning. Under
-    FSDP2 it is not: the precision becomes the base's compute dtype, with one warning saying so."""
-    at = run({"model": "llama-2-7b", "gpus": "1", "zero": "0", "method": "qlora", "precision": "bf16-mixed"})
-    assert_clean(at)
-    assert at.selectbox(key="w_method").value == "qlora" and at.selectbox(key="w_precision").value == "bf16-mixed"
-    assert "QLoRA nf4" in verdict(at) and not link_warnings(at)
-    at = run({"model": "llama-2-7b", "gpus": "2", "zero": "3", "method": "qlora", "precision": "bf16-mixed"})
+    """QLoRA with a mixed precision over a 4-bit base is modelled on one GPU (autocast) and under FSDP2 (its
+    MixedPrecisionPolicy): the link opens as it is, no warning. Over an 8-bit base it is not: the precision becomes
+    the base's compute dtype, with one warning saying so."""
+    for where in ({"gpus": "1", "zero": "0"}, {"gpus": "2", "zero": "3"}):
+        at = run({"model": "llama-2-7b", **where, "method": "qlora", "precision": "bf16-mixed"})
+        assert_clean(at)
+        assert at.selectbox(key="w_method").value == "qlora" and at.selectbox(key="w_precision").value == "bf16-mixed"
+        assert "QLoRA nf4" in verdict(at) and not link_warnings(at)
+    at = run({"model": "llama-2-7b", "gpus": "1", "zero": "0", "method": "qlora", "quant": "int8",
+              "precision": "bf16-mixed"})
     assert_clean(at)
     assert at.selectbox(key="w_method").value == "qlora" and at.selectbox(key="w_precision").value == "bf16"
     assert len(link_warnings(at)) == 1 and "precision" in link_warnings(at)[0]

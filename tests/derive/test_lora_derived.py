@@ -61,7 +61,6 @@ def test_adapter_counts_equal_peft_on_meta(family, kind):
 
 
 @pytest.mark.parametrize("family, plan, field", [
-    ("olmo2", dict(method="qlora", quant="int8", precision="bf16", gpus=2, zero=1), "zero"),  # test_qlora_traced.py
     ("gpt_oss", dict(lora_targets="all-linear", attn="eager", grad_ckpt="full"), "lora-targets"),  # no PEFT rewrite
     ("qwen3_moe", dict(lora_targets="all-linear", lora_dropout=0.05), "lora-dropout"),  # PEFT's ParamWrapper refuses
     ("glm4_moe", dict(lora_targets="up_proj,down_proj", lora_dropout=0.0), "lora-targets"),  # half of gate_up_proj
