@@ -130,7 +130,7 @@ def test_bad_sizes_on_the_meta_device_are_input_errors(config):
 
 def test_a_meta_device_spec_gets_derived_tables_and_refuses_what_they_do_not_cover():
     """Outside the families the activations are traced (`llmem.derive`); tensor parallelism without the config's
-    plan and QLoRA are refused naming their field."""
+    plan and an 8-bit base under FSDP2 are refused naming their field."""
     from llmem import TrainingPlan
     from llmem.estimate import estimate
 
@@ -141,10 +141,10 @@ def test_a_meta_device_spec_gets_derived_tables_and_refuses_what_they_do_not_cov
     assert e.value.field == "model_type" and "forward fails" in str(e.value)
     spec = ModelSpec.from_config({**config, "num_key_value_heads": 4})
     assert spec.derived is not None and estimate(spec, TrainingPlan(seq_len=64)).peak_bytes > 0
-    qlora = TrainingPlan(method="qlora", quant="int8", precision="bf16", gpus=2, zero=1)  # traced: one GPU and DDP
-    for plan, field in ((TrainingPlan(gpus=2, tp=2), "tp"), (qlora, "zero")):
+    qlora = dict(method="qlora", quant="int8", precision="bf16", gpus=2, zero=3)  # FSDP2 drops CB/SCB
+    for fields, field in ((dict(gpus=2, tp=2), "tp"), (qlora, "quant")):
         with pytest.raises(InputError) as e:
-            estimate(spec, plan)
+            estimate(spec, TrainingPlan(**fields))
         assert e.value.field == field
 
 

@@ -148,7 +148,7 @@ def test_fsdp_shard_link_lowers_a_padded_mixtral_and_the_padding_note_shows():
 
 def test_qlora_on_several_gpus_is_a_plan_on_the_strategies_docs_app_md_names():
     """Issue 16, item 15: docs/APP.md said QLoRA on several GPUs is refused; it runs on DDP, ZeRO-1 and FSDP2
-    ZeRO-2/3 (4-bit base, pure dtype), and the page says what the app does."""
+    ZeRO-2/3 (4-bit base, pure or mixed precision), and the page says what the app does."""
     from .conftest import ROOT
 
     at = run({"model": "llama-3.2-1b-instruct", "gpus": "8", "method": "qlora", "precision": "bf16"})
@@ -157,5 +157,5 @@ def test_qlora_on_several_gpus_is_a_plan_on_the_strategies_docs_app_md_names():
     strategies = [label.split(" · ")[1] for label in table(at).index]
     assert [s.split(" (")[0] for s in strategies] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     doc = " ".join((ROOT / "docs" / "APP.md").read_text().split())
-    assert "QLoRA runs on one GPU, DDP, ZeRO-1 and FSDP2 ZeRO-2/3 with a pure dtype (4-bit base)" in doc
+    assert "QLoRA runs on one GPU, DDP, ZeRO-1 and FSDP2 ZeRO-2/3 (4-bit base: pure or mixed precision)" in doc
     assert "refused" not in doc.split("QLoRA runs on")[1].split(".")[0]
