@@ -244,16 +244,17 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
     if limit < 2:  # a sequence over half the token bound: one unit is the only batch the plan allows
         return unit * int(_device_total(estimate(spec, plan.with_(batch_size=unit)).peak_bytes, plan) <= capacity_bytes)
     # units of the batch -> phase totals
-    totals = {} if phases is None or plan.batch_size % unit else {plan.batch_size // unit: [p.total for p in phases]}
+    own = phases is not None and not plan.batch_size % unit
+    totals = {plan.batch_size // unit: [(p.name, p.total) for p in phases]} if own else {}
     for units in (1, 2):
         if units not in totals:
             at = plan if plan.batch_size == units * unit else plan.with_(batch_size=units * unit)
-            totals[units] = [p.total for p in plan_phases(spec, at)]
+            totals[units] = [(p.name, p.total) for p in plan_phases(spec, at)]
     one, two = totals[1], totals[2]
     best = limit
     # device total is monotone in the peak: find the largest peak that fits, then the batch for each phase
     fitting_peak = _largest_fitting_peak(capacity_bytes, plan)
-    for lo, hi in zip(one, two, strict=True):
+    for lo, hi in _paired(one, two):
         slope, base = hi - lo, lo - (hi - lo)
         if slope <= 0:
             continue
@@ -261,10 +262,26 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
     if best < 1:
         return 0
     validate_plan_for_model(spec, plan)  # as `estimate` would (the batch size changes nothing it checks)
-    while best >= 1 and _device_total(max(totals[best]) if best in totals else
+    while best >= 1 and _device_total(max(t for _, t in totals[best]) if best in totals else
                                       _peak(spec, plan.with_(batch_size=best * unit)), plan) > capacity_bytes:
         best -= 1
     return best * unit
+
+
+def _paired(one: list, two: list) -> list[tuple[int, int]]:
+    """The moments of batch 1 and batch 2 paired by name and order of occurrence. A walk leaves out a moment whose
+    extra is 0 at that batch (gemma-3's in-flight last layer at batch 2), so the lists need not match; a moment
+    present at one batch only gives no line, and the exact check that follows the guess still sees it."""
+    def keyed(phases):
+        seen: dict[str, int] = {}
+        out = {}
+        for name, total in phases:
+            seen[name] = seen.get(name, 0) + 1
+            out[(name, seen[name])] = total
+        return out
+
+    a, b = keyed(one), keyed(two)
+    return [(a[k], b[k]) for k in a if k in b]
 
 
 def _largest_fitting_peak(capacity_bytes: int, plan: TrainingPlan) -> int:
