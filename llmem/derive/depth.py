@@ -20,7 +20,16 @@ from __future__ import annotations
 # every decoder layer built alike but for the config's per-layer lists; read in each modeling file (transformers
 # 5.23): the layer index only picks cache entries, those lists, or (gpt2's scale_attn_by_inverse_layer_idx) a scalar
 VERIFIED = ("gemma3_text", "gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3", "gemma2", "olmo2", "granite",
-            "starcoder2", "stablelm", "phi", "cohere", "smollm3")
+            "starcoder2", "stablelm", "phi", "cohere", "smollm3", "mixtral", "gpt_oss", "qwen3_moe")
+
+
+def _qwen3_moe_uniform(values: dict) -> bool:
+    """Every qwen3_moe layer has experts: transformers 5.23 `modeling_qwen3_moe.py` `Qwen3MoeDecoderLayer.__init__`
+    picks a dense MLP for a layer in `mlp_only_layers` or with `(layer_idx + 1) % decoder_sparse_step != 0`."""
+    return not values.get("mlp_only_layers") and values.get("decoder_sparse_step", 1) == 1
+
+
+UNIFORM = {"qwen3_moe": _qwen3_moe_uniform}  # a layer-index rule in the modeling code: verified only when it is moot
 
 
 def per_layer_settings(values: dict, layers: int) -> tuple[list[str], list[tuple]]:
@@ -34,10 +43,11 @@ def role(settings: list[tuple], i: int) -> tuple:
     return settings[i], i == 0, settings.index(settings[i]) == i, i == len(settings) - 1
 
 
-def plan_depth(model_type: str, settings: list[tuple]) -> tuple[int, list[int]] | None:
-    """(prefix depth, the prefix layer of each full layer's role), or None: trace every layer."""
+def plan_depth(model_type: str, settings: list[tuple], values: dict | None = None) -> tuple[int, list[int]] | None:
+    """(prefix depth, the prefix layer of each full layer's role), or None: trace every layer. `values`: the
+    config's (`UNIFORM`)."""
     n = len(settings)
-    if model_type not in VERIFIED:
+    if model_type not in VERIFIED or not UNIFORM.get(model_type, lambda v: True)(values or {}):
         return None
     roles = [role(settings, i) for i in range(n)]
     for depth in range(2, n):

@@ -186,7 +186,7 @@ class Derived:
         if not isinstance(layers, int):
             return self.config, None
         keys, settings = depth.per_layer_settings(values, layers)
-        planned = depth.plan_depth(self.model_type, settings)
+        planned = depth.plan_depth(self.model_type, settings, values)
         if planned is None:
             return self.config, None
         d, mapping = planned

@@ -166,3 +166,17 @@ def test_a_prefix_table_naming_its_own_layer_expands_to_one_kind_per_full_layer_
     assert full["held_layers"] == [[0, 1, 2, 3, 4]] and full["outer_layers"] == [[4]]
     fits["kinds"] = [kind("model.decoder.layers.N", 64)] * 3  # no layer path in the names: one kind
     assert expand(fits, [0, 1, 1, 1, 2], paths)["layer_kinds"] == [0, 0, 0, 0, 0]
+
+
+def test_a_layer_index_rule_of_the_modeling_code_keeps_the_full_depth_unless_the_config_makes_it_moot():
+    """qwen3_moe picks a dense MLP by layer index (`mlp_only_layers`, `decoder_sparse_step`), which no per-layer
+    list shows: a prefix is traced only when every layer has experts (`scripts/check_depth.py` compares the prefix's
+    traces with the full depth's, to the byte, for qwen3_moe, mixtral and gpt_oss)."""
+    from llmem.derive.depth import plan_depth
+
+    uniform = {"mlp_only_layers": [], "decoder_sparse_step": 1}
+    d, mapping = plan_depth("qwen3_moe", [()] * 48, uniform)
+    assert d == 3 and mapping == [0] + [1] * 46 + [2]
+    assert plan_depth("qwen3_moe", [()] * 48, {**uniform, "decoder_sparse_step": 2}) is None
+    assert plan_depth("qwen3_moe", [()] * 48, {**uniform, "mlp_only_layers": [0]}) is None
+    assert plan_depth("mixtral", [()] * 32) == (3, [0] + [1] * 30 + [2])
