@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from llmem.choices import Method, Optimizer
 from llmem.measure import gloo_fence
 from llmem.plan import AllocConf, TrainingPlan
 from llmem.runtime import Topology, prepare, train_step
@@ -50,8 +51,8 @@ def import_before_measuring(plan: TrainingPlan) -> None:
     None of them is on the GPU in the CUDA program: the tables are made on the host, the caches only by CPU kernels."""
     import importlib.util
 
-    uses_peft = plan.method.value != "full"
-    uses_bnb = plan.method.value == "qlora" or "8bit" in plan.optimizer.value
+    uses_peft = plan.method is not Method.FULL
+    uses_bnb = plan.method is Method.QLORA or plan.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
     if uses_peft and importlib.util.find_spec("peft") is not None:
         import peft  # noqa: F401
     if (uses_peft or uses_bnb) and importlib.util.find_spec("bitsandbytes") is not None:
