@@ -99,6 +99,20 @@ _NEEDS = {  # table entry -> the tensor whose requires_grad decides whether it i
     # SiluBackward0 saves its input; mul(silu(gate), up) saves each operand when the other requires grad
     "gate_proj": "gate_proj", "up_proj": "gate_proj", "silu(gate)": "up_proj",
 }
+# Eager attention (transformers 5.23 `models/llama/modeling_llama.py:180-205`, mixtral's and qwen2_moe's copies):
+# `matmul(q, kᵀ)` and `matmul(probs, v)` run as bmm, whose node saves each operand only for the other's gradient
+# (torch 2.13 `tools/autograd/derivatives.yaml` bmm: self's gradient reads mat2, mat2's reads self; the generated
+# node saves a tensor only when a gradient that reads it is required). So in layer 0 q is kept only when k requires
+# grad, k when q does, v when the probabilities do ("scores": q or k), and the probabilities' bmm operand (their
+# cast, or the softmax output itself in fp32) only when v does; softmax saves its output when the scores require
+# grad, dropout its mask likewise. Elsewhere (the layer input requires grad) every entry is kept, as before.
+_EAGER_NEEDS = {
+    "eager q (bmm operand)": "k_proj", "eager k (bmm operand)": "q_proj",
+    "eager k (bmm operand, a stride-0 view of one kv head)": "q_proj",
+    "eager v (bmm operand)": "scores", "eager v (bmm operand, a stride-0 view of one kv head)": "scores",
+    "probabilities cast to the compute dtype (bmm operand)": "v_proj",
+    "dropped probabilities (bmm operand)": "v_proj",
+}
 # the o_proj input: under full fine-tuning saved for o_proj's weight gradient; under LoRA only by its adapter
 _O_PROJ_INPUT = "attention output contiguous (o_proj input)"
 _ATTENTION_LAST = "residual after attention"
@@ -109,6 +123,14 @@ _DROPPED = frozenset({n for _, _, names in _INPUT_GROUPS for n in names} | {_O_P
 ATTENTION_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
+def _eager_needs(table) -> dict[str, str]:
+    """`_EAGER_NEEDS`, with the softmax output's: kept by softmax when the scores require grad, and, as the
+    probabilities' bmm operand itself (fp32, no dropout: no cast or dropout output after it), when v does."""
+    names = {s.name for s in table}
+    operand = names & {"probabilities cast to the compute dtype (bmm operand)", "dropped probabilities (bmm operand)"}
+    return {**_EAGER_NEEDS, "softmax output (fp32)": "scores"} if operand else _EAGER_NEEDS
+
+
 def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
     """Whether each tensor of a llama-like layer requires grad: the layer input (not in layer 0), each projection's
     output (its input does, or it has an adapter), the attention (sdpa records a node when q, k or v does), the
@@ -117,6 +139,7 @@ def _requires_grad(adapted: set[str], first: bool) -> dict[str, bool]:
     for proj in ATTENTION_INPUT_PROJECTIONS:
         g[proj] = g["input"] or proj in adapted
     g["attention"] = g["q_proj"] or g["k_proj"] or g["v_proj"]
+    g["scores"] = g["q_proj"] or g["k_proj"]  # q·kᵀ, the softmax and the probabilities (eager)
     g["o_proj"] = g["attention"] or "o_proj" in adapted
     g["residual"] = g["input"] or g["o_proj"]
     for proj in ("gate_proj", "up_proj"):
@@ -240,6 +263,7 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     tokens = plan.batch_size * plan.seq_len
     adapted, groups = _adapted_groups(spec, plan)
     grad, needs = shared_expert_grad(spec, _requires_grad(adapted, first), adapted), _NEEDS | moe_needs(spec)
+    needs = needs | _eager_needs(act.layer_saved(spec, plan))
     items, in_attention, in_mlp = [], False, False
     experts = lora_experts.adapts_experts(spec, plan)  # mixtral all-linear: the stacks' inputs are kept
     dropped = (_DROPPED | frozen_moe_dropped(spec)) - (lora_experts.KEPT if experts else frozenset())

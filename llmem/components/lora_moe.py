@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from llmem.components import activations as act
 from llmem.errors import GAP, InputError
-from llmem.plan import ALL_LINEAR, Attention, GradCkpt, Method, Precision, Quant, TrainingPlan
+from llmem.plan import ALL_LINEAR, GradCkpt, Method, Precision, Quant, TrainingPlan
 from llmem.spec import ModelSpec
 
 _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -76,19 +76,17 @@ def frozen_moe_dropped(spec: ModelSpec) -> frozenset:
 def moe_targets_refusal(spec: ModelSpec, plan: TrainingPlan) -> InputError | None:
     """LoRA on a grouped-experts MoE family: modelled with adapters on the attention Linears, or `all-linear`
     (qwen2_moe: also the shared expert's Linears and `shared_expert_gate`, `SHARED_EXPERT_GROUPS`; mixtral: also
-    the router and fused experts, `lora_experts`). Not modelled yet (`_targets_refusal`): other MoE-block targets,
-    dense layers among the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), eager
-    attention, and QLoRA on several GPUs beyond DDP (several GPUs measured on 2 ranks: DDP, ZeRO-1, FSDP2
-    ZeRO-2/3, `tests/components/test_lora_moe_multirank.py`)."""
+    the router and fused experts, `lora_experts`), with sdpa or eager attention (layer 0's eager bmm operands:
+    `lora_activations._EAGER_NEEDS`). Not modelled yet (`_targets_refusal`): other MoE-block targets, dense layers
+    among the expert ones, QLoRA with the 8-bit base (+3.2 % on a tiny mixtral, not pinned down), and QLoRA on
+    several GPUs beyond DDP (several GPUs measured on 2 ranks: DDP, ZeRO-1, FSDP2 ZeRO-2/3,
+    `tests/components/test_lora_moe_multirank.py`)."""
     if not spec.family.grouped_experts:
         return None
     if not all(any(".experts." in p.name for p in spec.layer_params(i)) for i in range(spec.num_layers)):
         return InputError("mlp_only_layers", f"lora on {spec.model_type!r} with dense MLP layers among the expert "
                           "layers (mlp_only_layers, decoder_sparse_step > 1) is not modelled yet (+5 % on a tiny "
                           "qwen2_moe); use --method full", GAP)
-    if plan.attn is Attention.EAGER:
-        return InputError("attn", f"lora on {spec.model_type!r} (mixture of experts) with eager attention is not "
-                          "modelled yet (+0.8 % to -1.1 % on tiny models, not pinned down); use --attn sdpa", GAP)
     if plan.gpus > 1 and plan.method is Method.QLORA and plan.zero:
         return InputError("zero", f"qlora on {spec.model_type!r} (mixture of experts) on several GPUs is measured "
                           "with DDP only; use --zero 0 or --method lora", GAP)

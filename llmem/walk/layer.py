@@ -135,8 +135,18 @@ def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phas
         f"{name[:-1]}, attention core)", **t.persistent,
         activations=held + t.outer_act - released,
         gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan) + transient,
-        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan),
+        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts + _core_copies(t, layer),
         logits=t.logits, communication=t.gathered(layer + 1))
+
+
+def _core_copies(t: Terms, layer: int) -> int:
+    """Autocast copies at the core's softmax backward beyond the layers below's (`saved_layer_copies`): this layer's
+    q/k/v copies (`eager_core_weight_copy_bytes`), less LoRA's layer-0 copies no mm saved (`first_casts`,
+    `lora.first_layer_unsaved_copy_bytes`: those of the Linears whose input needs no gradient, q/k/v among them):
+    below this layer when layer 0 kept its copies (not checkpointed), and in layer 0 its own q/k/v."""
+    if layer == 0:
+        return 0 if t.first_casts else core.eager_core_weight_copy_bytes(t.spec, t.plan)
+    return core.eager_core_weight_copy_bytes(t.spec, t.plan) - t.first_casts * (not t.plan.checkpointed(0))
 
 
 def _bloom_recompute_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:

@@ -202,8 +202,7 @@ def test_dense_layers_among_the_expert_layers_are_a_gap(dense):
     assert err.value.field == "mlp_only_layers" and err.value.gap
 
 
-@pytest.mark.parametrize("field,plan", [("attn", dict(attn="eager")),
-                                        ("zero", dict(gpus=2, zero=1, method="qlora", quant="nf4", precision="bf16"))])
+@pytest.mark.parametrize("field,plan", [("zero", dict(gpus=2, zero=1, method="qlora", quant="nf4", precision="bf16"))])
 def test_unmeasured_plans_are_a_gap(field, plan):
     plan = TrainingPlan(**{"method": "lora", "lora_targets": "q_proj,v_proj", **plan})
     with pytest.raises(InputError) as err:
