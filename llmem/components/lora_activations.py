@@ -99,7 +99,7 @@ _NEEDS = {  # table entry -> the tensor whose requires_grad decides whether it i
     # SiluBackward0 saves its input; mul(silu(gate), up) saves each operand when the other requires grad
     "gate_proj": "gate_proj", "up_proj": "gate_proj", "silu(gate)": "up_proj",
 }
-# Eager attention (transformers 5.23 `models/llama/modeling_llama.py:180-205`, mixtral's and qwen2_moe's copies):
+# Eager attention (transformers 5.23 `models/llama/modeling_llama.py:180-202`, mixtral's and qwen2_moe's copies):
 # `matmul(q, kᵀ)` and `matmul(probs, v)` run as bmm, whose node saves each operand only for the other's gradient
 # (torch 2.13 `tools/autograd/derivatives.yaml` bmm: self's gradient reads mat2, mat2's reads self; the generated
 # node saves a tensor only when a gradient that reads it is required). So in layer 0 q is kept only when k requires
