@@ -329,11 +329,14 @@ RULES: tuple[Rule, ...] = (
        lambda p: p.lora_modules_to_save and p.method not in LORA_METHODS,
        "trainable module copies are a LoRA option (PEFT's modules_to_save); use --method lora or qlora, or leave "
        "--lora-modules-to-save empty", REFUSED, lora_modules_to_save="lm_head"),
-    _r("lora_modules_to_save zero engine", "lora-modules-to-save",
-       lambda p: p.lora_modules_to_save and p.zero >= 2 and p.engine is not Engine.DEEPSPEED,
-       "trainable module copies under FSDP2 (--zero 2/3) are not modelled: the root group would all-gather and "
-       "reduce-scatter the copied embedding / lm_head beside the frozen originals; use --zero 0 or 1, or leave "
-       "--lora-modules-to-save empty", GAP, lora_modules_to_save="lm_head", method="lora", gpus=2, zero=2),
+    # FSDP2 (ZeRO-2/3): the copies are root-group parameters (llmem.components.lora_copies_fsdp), measured on the cpu
+    # profile, which cannot run CPUOffloadPolicy (FSDP1 and TP x FSDP2: their own rows)
+    _r("lora_modules_to_save zero engine offload", "lora-modules-to-save",
+       lambda p: p.lora_modules_to_save and p.zero >= 2 and p.engine is Engine.TORCH and p.offload is not Offload.NONE,
+       "trainable module copies under FSDP2 with --offload {p.offload.value} are not measured (the copies' shards, "
+       "gradients and states would move to the host with the root's); use --offload none, or leave "
+       "--lora-modules-to-save empty", GAP, lora_modules_to_save="lm_head", method="lora", gpus=2, zero=3,
+       offload="optimizer+params"),
     # ZeroRedundancyOptimizer raises on parameters of two dtypes
     _r("lora_modules_to_save zero precision", "lora-modules-to-save",
        lambda p: p.lora_modules_to_save and p.zero == 1 and not p.precision.is_mixed and p.precision.param_bytes == 2,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from llmem.components import lora, quant
+from llmem.components import lora, lora_copies_fsdp, quant
 from llmem.components.sharding import FSDP_SCHEMES, shard_summary
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
@@ -116,7 +116,8 @@ def _adapter_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None
 @per_spec("layout_key")
 def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """R: the root group's unsharded parameters."""
-    return shard_summary(spec, plan).gathered_outer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, None)
+    return shard_summary(spec, plan).gathered_outer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, None) \
+        + lora_copies_fsdp.gathered_copy_bytes(spec, plan)  # PEFT's module copies (`lora_copies_fsdp`)
 
 
 @per_spec("layout_key")
@@ -134,7 +135,8 @@ def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """LoRA: the root's adapters only (none on the llama-like families: the lm_head is never adapted), and with no
     gradient in the group `post_backward` runs no reduce-scatter at all."""
     if lora.is_lora(plan):
-        return lora.gathered_adapter_numel(spec, plan, None) * 4
+        return lora.gathered_adapter_numel(spec, plan, None) * 4 \
+            + lora_copies_fsdp.copy_reduce_scatter_input_bytes(spec, plan)
     return shard_summary(spec, plan).gathered_outer * reduce_bytes(plan)
 
 

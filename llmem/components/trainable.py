@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from llmem.components import lora, offload, quant
+from llmem.components.lora_copies_fsdp import sharded_copy_bytes
 from llmem.components.sharding import FSDP_SCHEMES, local_numel, local_params, shard_summary
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec, per_spec
@@ -71,7 +72,8 @@ def _adapters(spec: ModelSpec, plan: TrainingPlan) -> Trainable:
     """LoRA / QLoRA: the frozen base (quantized under QLoRA) and the fp32 adapters, which alone get `.grad`s; the
     frozen embedding runs no backward unless a trained copy of it does (`--lora-modules-to-save`)."""
     if plan.scheme in FSDP_SCHEMES:  # FSDP2 shards the adapters with their layer
-        adapters = sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan)
+        adapters = sum(lora.sharded_layer_adapter_bytes(spec, plan)) + lora.sharded_outer_adapter_bytes(spec, plan) \
+            + sharded_copy_bytes(spec, plan)  # the module copies: root parameters (`lora_copies_fsdp`)
     else:
         adapters = lora.adapter_bytes(spec, plan)
     if quant.is_qlora(plan):  # sharded packed codes and whole quant_states under FSDP2, else whole on every rank

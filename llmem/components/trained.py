@@ -62,12 +62,13 @@ def _adapters(spec: ModelSpec, plan: TrainingPlan) -> Trained:
     pb, fsdp = plan.precision.param_bytes, plan.scheme in FSDP_SCHEMES
     copies = lora.module_copies(spec, plan)
     heads = [c.name.removesuffix(".modules_to_save.default.weight").endswith(lora._HEADS) for c in copies]
-    rows = [(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if not h]
+    copy_numel = (lambda c: fsdp_shard_numel(c.shape, plan)) if fsdp else (lambda c: c.numel)  # a root parameter
+    rows = [(copy_numel(c), c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if not h]
     for a in lora.adapter_params(spec, plan):
         shape = tp_local_shape(a, plan.tp)
         numel = fsdp_shard_numel(a.shape, plan) if fsdp else math.prod(shape)
         rows.append((numel, shape, lora.adapter_elem_bytes(spec), a.tp_split is not TpSplit.NONE))
-    rows += [(c.numel, c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
+    rows += [(copy_numel(c), c.shape, pb, False) for c, h in zip(copies, heads, strict=True) if h]
     return Trained(*(tuple(column) for column in zip(*rows, strict=True))) if rows else Trained((), (), (), ())
 
 

@@ -336,11 +336,11 @@ def embedding_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase
     runs no autocast, so the lm_head's half gradient is `mm(...).t()`'s view), once the input gradient is freed. Every
     layer's gradient is sharded by now; the root is still gathered (`comm.backward_gather_bytes`), and layer 0's
     reduce_scatter_input waits in `comm_ctx.reduce_scatter_states` for the root's post-backward
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: `post_backward`). LoRA: not modelled here (the
-    frozen embedding runs no backward)."""
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: `post_backward`). LoRA: the frozen embedding runs
+    no backward; a trained copy of it does (`fsdp_root.embedding_copy_backward_moments`)."""
     spec, plan, cp = w.spec, w.plan, w.cp
-    if lora.is_lora(plan):
-        return []
+    if lora.is_lora(plan):  # only a trained embedding copy runs backward
+        return embedding_copy_backward_moments(w, held)
     root_grads = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes  # unsharded
     end = dict(**w.persistent, logits=w.logits, gradients=sum(w.sharded_layer) * w.resident + root_grads,
                communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)
@@ -380,4 +380,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
 
 
 # the root's post-backward (its own module; read through this one)
-from llmem.walk.fsdp_root import root_copy_in_moment, root_reduce_moment  # noqa: E402
+from llmem.walk.fsdp_root import (  # noqa: E402
+    embedding_copy_backward_moments,
+    root_copy_in_moment,
+    root_reduce_moment,
+)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from llmem.components import communication as comm
 from llmem.components import lora
+from llmem.components import lora_copies_fsdp as copies
 from llmem.components.sharding import local_numel
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec, per_spec
@@ -25,7 +26,8 @@ def root_copy_in_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     spec, plan, cp = w.spec, w.plan, w.cp
     unsharded = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
     if lora.is_lora(plan):
-        unsharded = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad
+        unsharded = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad \
+            + copies.unsharded_copy_gradient_bytes(spec, plan)  # the module copies' (`lora_copies_fsdp`)
     name = "backward end (root reduce-scatter copy-in)"
     held[name] = sum(w.sharded_layer) * w.resident
     return moment(name, **w.persistent, logits=w.logits, gradients=held[name] + unsharded,
@@ -55,7 +57,29 @@ def _root_reduce_terms(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, int, i
     head = next((p for p in spec.outer_params if "lm_head" in p.name or "embed_out" in p.name), None)
     head_unsharded = local_numel(head, cp) * cp.precision.param_bytes if head is not None else 0
     if lora.is_lora(plan):  # the root's frozen weights have no gradients; its adapters' (if any) are sharded
-        root_sharded, head_unsharded = lora.sharded_outer_adapter_bytes(spec, plan), 0
+        root_sharded = lora.sharded_outer_adapter_bytes(spec, plan) + copies.sharded_copy_bytes(spec, plan)
+        head_unsharded = copies.head_copy_unsharded_gradient_bytes(spec, plan)  # a trained lm_head copy's
     return root_sharded, head_unsharded, (comm.root_reduce_scatter_input_bytes(spec, plan)
                                           + comm.shard_dim1_reduce_bytes(spec, plan, root=True)
                                           + comm.reduce_scatter_scratch_bytes(spec, plan, root=True))
+
+
+def embedding_copy_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase]:
+    """LoRA with a trained embedding copy (`--lora-modules-to-save embed_tokens`): the copy's backward,
+    `embedding_dense_backward`, makes its dense V × h gradient (param_dtype, unsharded) while the tokens × h input
+    gradient is alive, beside the lm_head copy's unsharded gradient (if trained) and the root's adapters'. As under
+    full fine-tuning (`fsdp.embedding_backward_moments`) every layer's gradient is sharded by now, the root is still
+    gathered and layer 0's reduce_scatter_input waits for the root's post-backward. Without an embedding copy the
+    frozen embedding runs no backward: no moment."""
+    spec, plan, cp = w.spec, w.plan, w.cp
+    if not lora.trains_copy(spec, plan, "embed"):
+        return []
+    from llmem.components.gradients import embedding_input_gradient_bytes
+
+    root_grads = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad \
+        + copies.unsharded_copy_gradient_bytes(spec, plan)  # the embedding copy's just made, the lm_head copy's
+    name = "backward end (embedding copy)"
+    held[name] = sum(w.sharded_layer) * w.resident
+    return [moment(name, **w.persistent, logits=w.logits, gradients=held[name] + root_grads,
+                   temporaries=embedding_input_gradient_bytes(spec, cp),
+                   communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)]

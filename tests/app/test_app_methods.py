@@ -67,13 +67,13 @@ def test_lora_modules_to_save_link_renders_and_keeps_its_key():
     assert not link_warnings(at)
     assert at.text_input(key="w_lora_mts").value == "lm_head" and not at.text_input(key="w_lora_mts").disabled
     assert at.query_params["lora-modules-to-save"] == "lm_head"
-    assert sorted(table(at)["ZeRO"]) == [0, 1]
-    pure = run({**query, "precision": "bf16"})  # ZeRO-1 takes one dtype; FSDP2 not modelled: DDP only
+    assert sorted(table(at)["ZeRO"]) == [0, 1, 2, 3]  # FSDP2: the copies in the root group
+    pure = run({**query, "precision": "bf16"})  # ZeRO-1 takes one dtype: DDP and FSDP2
     assert_clean(pure)
-    assert sorted(table(pure)["ZeRO"]) == [0]
+    assert sorted(table(pure)["ZeRO"]) == [0, 2, 3]
     tied = run({**query, "model": "llama-3.2-1b-instruct"})  # tied embeddings: PEFT's copies break the tie
     assert_clean(tied)
-    assert not link_warnings(tied) and sorted(table(tied)["ZeRO"]) == [0, 1]
+    assert not link_warnings(tied) and sorted(table(tied)["ZeRO"]) == [0, 1, 2, 3]
 
 
 def test_qlora_link_via_method_renders_with_the_nf4_base():

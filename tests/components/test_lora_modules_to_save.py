@@ -51,7 +51,7 @@ def test_parsing_and_plan_validation_name_the_field():
     assert TrainingPlan(method="lora", lora_modules_to_save=["lm_head"]).lora_modules_to_save == "lm_head"
     for bad in (dict(method="lora", lora_modules_to_save="lm_head;rm"),
                 dict(method="full", lora_modules_to_save="lm_head"),  # copies are a LoRA option
-                dict(method="lora", gpus=2, zero=2, precision="bf16", lora_modules_to_save="lm_head"),  # FSDP2
+                dict(method="lora", gpus=2, zero=3, offload="optimizer+params", lora_modules_to_save="lm_head"),
                 dict(method="lora", gpus=2, zero=1, precision="bf16", lora_modules_to_save="lm_head")):  # ZeRO-1 dtypes
         with pytest.raises(InputError) as err:
             TrainingPlan(**bad)
