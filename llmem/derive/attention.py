@@ -31,4 +31,8 @@ def supports_sdpa(model_type: str) -> bool:
     cached = cache.load(key, ("supports sdpa",))
     if isinstance(cached, bool):
         return cached
-    return bool(cache.store(key, ("supports sdpa",), _class_supports_sdpa(model_type)))
+    from llmem.quiet import quiet_libraries
+
+    with quiet_libraries():  # the modeling module's first import loads the quantizers' libraries (torchao)
+        answer = _class_supports_sdpa(model_type)
+    return bool(cache.store(key, ("supports sdpa",), answer))

@@ -34,3 +34,16 @@ def test_gpt_oss_default_view_gives_an_estimate():
     spec = ModelSpec.from_config(config("gpt_oss"))
     default = estimate(spec, TrainingPlan(seq_len=64))
     assert default.peak_bytes == estimate(spec, TrainingPlan(seq_len=64, attn="eager")).peak_bytes > 0
+
+
+def test_reading_the_class_prints_nothing(tmp_path):
+    """Reading `_supports_sdpa` imports the modeling module, whose first import loads the quantizers' libraries
+    (torchao logs each CUDA extension a CPU-only machine cannot load): quieted, as the trace is."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from llmem.derive.attention import supports_sdpa; print(supports_sdpa('smollm3'))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LLMEM_CACHE_DIR": str(tmp_path)})
+    assert run.returncode == 0 and run.stdout.strip() == "True" and run.stderr == "", run.stderr[-2000:]
