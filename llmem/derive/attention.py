@@ -17,8 +17,11 @@ from llmem.derive import cache
 def _class_supports_sdpa(model_type: str) -> bool:
     """`_supports_sdpa` of transformers' causal-LM class for `model_type` (True when it has none: transformers
     then raises its own error, which the trace reports)."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # the estimator's core without transformers: nothing derived to ask about
+        return True
 
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
