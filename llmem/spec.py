@@ -195,11 +195,18 @@ def attention_implementation(model_type: str, attn) -> str:
     attention-logit softcapping; bloom: ALiBi in its own eager attention) and raises when asked for
     attn_implementation="sdpa". `--attn sdpa` (the default) means "the fused kernel where the model has one": both
     the estimator and the runtime run these models' eager attention for it, as transformers does when no
-    implementation is forced."""
+    implementation is forced. A derived architecture (outside `llmem.families`) follows transformers' own fallback,
+    read from its class (`llmem.derive.attention`: gpt_oss)."""
     from llmem.families import FAMILIES
 
     family = FAMILIES.get(model_type)
-    return "eager" if family is not None and not family.sdpa else str(attn)
+    if family is not None:
+        return "eager" if not family.sdpa else str(attn)
+    if str(attn) == "sdpa":  # a derived architecture: transformers' own fallback
+        from llmem.derive.attention import supports_sdpa
+
+        return "sdpa" if supports_sdpa(model_type) else "eager"
+    return str(attn)
 
 
 def modelled_spec(config: dict) -> ModelSpec:

@@ -29,16 +29,32 @@ def _linear_weights(spec: ModelSpec, layer: int) -> list:
     return [p for p in spec.layer_params(layer) if p.name.endswith(".weight") and len(p.shape) >= 2]
 
 
-def weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan, kept=lambda name: True) -> int:
-    """The half copies autocast makes of a decoder layer's Linear weights whose name `kept` accepts (0 when autocast
-    does not apply): the one sum the moments' copy terms below and in `attention_core` take over their own Linears."""
+def weight_copy_bytes(spec: ModelSpec, plan: TrainingPlan, kept=lambda name: True, layer: int = 0) -> int:
+    """The half copies autocast makes of decoder layer `layer`'s Linear weights whose name `kept` accepts (0 when
+    autocast does not apply): the one sum the moments' copy terms below and in `attention_core` take over their own
+    Linears."""
     if not applies(plan):
         return 0
     from llmem.components.quant import quantized_weights
 
     quantized = {p.name for p in quantized_weights(spec, plan)}  # 4-bit/8-bit Linears: no autocast copy
-    return sum(local_numel(p, plan) for p in _linear_weights(spec, 0)
+    return sum(local_numel(p, plan) for p in _linear_weights(spec, layer)
                if kept(p.name) and p.name not in quantized) * plan.precision.compute_bytes
+
+
+@per_spec("layout_key")
+def each_layer_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
+    """Each decoder layer's own half weight copies (`weight_copy_bytes` of that layer): layers of several kinds have
+    their own Linears (DeepSeek's dense first layers, `first_k_dense_replace`: a wide MLP where the later layers
+    have a narrow shared expert; the stacked experts are 3-D parameters, `aten._grouped_mm`'s inputs, counted in
+    the traced tables)."""
+    if not applies(plan):
+        return (0,) * spec.num_layers
+    from llmem.components.quant import quantized_weights
+
+    quantized = {p.name for p in quantized_weights(spec, plan)}
+    return tuple(sum(local_numel(p, plan) for p in _linear_weights(spec, i) if p.name not in quantized)
+                 * plan.precision.compute_bytes for i in range(spec.num_layers))
 
 
 @per_spec("layout_key")

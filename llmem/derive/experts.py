@@ -11,9 +11,10 @@ test_moe_routing.py), so `Estimate.peak_bytes_range` is one point. An experts im
 shapes (the eager loop over `nonzero` experts) is refused (`check_grouped`). `aten._grouped_mm` runs through the
 simulation's stand-in (`llmem.simulate.stand_ins.grouped_mm`: its meta function accepts bf16 only).
 
-Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`), but configs whose dense and
-expert layers mix are still refused naming the field (`LAYER_KIND_FIELDS`): DeepSeek-V3 with a dense first layer,
-bf16-mixed and fully checkpointed, is estimated 1.2% above the measured peak (fp32 within 0.03%), outside 1%.
+Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`) and each layer's own autocast
+weight copies (`autocast.each_layer_copy_bytes`): DeepSeek-V2/V3's and GLM-4-MoE's dense first layers
+(`first_k_dense_replace`, `DENSE_FIRST_MEASURED`) are modelled; other configs whose dense and expert layers mix are
+refused naming the field (`LAYER_KIND_FIELDS`: Qwen3-MoE's `mlp_only_layers`, `decoder_sparse_step`).
 Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs (the
 hand-written mixtral and qwen2_moe are traced here for their TP program only, `TP_TRACED_MOE`).
 Pure Python: no torch (`check_grouped` reads a built model's config).
@@ -33,6 +34,10 @@ DERIVED_MOE = ("qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "granitemoeshare
 # hand-written MoE families whose TP program (transformers' plan) is traced like a derived one (`llmem.derive.tp`):
 # their experts run the same `grouped_mm_experts_forward` (measured on 2 ranks, tests/derive/test_tp_moe_lora.py)
 TP_TRACED_MOE = ("mixtral", "qwen2_moe")
+# dense first layers then expert layers (`first_k_dense_replace`), each layer counted by its kind
+# (`llmem.derive.kinds`; autocast's weight copies per layer, `autocast.each_layer_copy_bytes`), measured against real
+# CPU runs (tests/derive/test_dense_first.py)
+DENSE_FIRST_MEASURED = ("deepseek_v2", "deepseek_v3", "glm4_moe")
 
 
 def _count(value) -> int:
@@ -49,7 +54,7 @@ def _layer_kinds(values: dict) -> tuple[str, str, str] | None:
     layers: `first_k_dense_replace` dense layers first (DeepSeek-V2/V3, GLM-4-MoE `DecoderLayer.__init__`),
     `mlp_only_layers` or a `decoder_sparse_step` above 1 (Qwen3-MoE `Qwen3MoeDecoderLayer.__init__`)."""
     first = _count(values.get("first_k_dense_replace"))
-    if first:
+    if first and values.get("model_type") not in DENSE_FIRST_MEASURED:
         return "first_k_dense_replace", f"the first {first} decoder layers are dense, the others have experts", "0"
     if values.get("mlp_only_layers"):
         return "mlp_only_layers", "the listed decoder layers are dense, the others have experts", "[]"
@@ -70,7 +75,7 @@ def experts_refusal(values: dict, model_type, also: tuple = ()) -> InputError | 
         return InputError(experts[0], "mixture-of-experts layers are modelled for mixtral and qwen2_moe and derived "
                           f"for {', '.join(DERIVED_MOE)}; {model_type!r} is derived from transformers, dense layers "
                           "only")
-    kinds = _layer_kinds(values)
+    kinds = _layer_kinds({**values, "model_type": model_type})
     if kinds is not None:
         return InputError(kinds[0], f"mixture-of-experts: {kinds[1]}; layers of different kinds are not modelled "
                           f"for derived architectures yet (with {kinds[0]} = {kinds[2]} every layer has experts)")

@@ -29,17 +29,27 @@ CHECK = (24, 80)
 KINDS = ("fp32", "half", "mixed")
 
 
+ROTARY_FRACTIONS = ("partial_rotary_factor", "rotary_pct")
+
+
 def _config(config: dict, h: int) -> dict:
-    """The config with one decoder layer of hidden size `h` (one head, of the config's head_dim) and a small MLP (the
-    vocabulary its own: fake tensors allocate nothing)."""
+    """The config with one decoder layer of hidden size `h` (one head of size h) and a small MLP (the vocabulary its
+    own: fake tensors allocate nothing), RoPE on the whole head: the layer runs only to find the norm, and a fraction
+    of a head of size h can round to an odd width, which transformers' rotary embeddings cannot run (phi's 0.4 × 48
+    = 19 rotated channels against cos/sin of 20: `PhiRotaryEmbedding` makes `arange(0, dim, 2)` frequencies, then
+    `apply_rotary_pos_emb` broadcasts them, transformers 5.23 models/phi/modeling_phi.py:63, 109)."""
     sizes = dict(hidden_size=h, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                  intermediate_size=2 * h, n_embd=h, n_layer=1, n_head=1, n_inner=2 * h,
                  ffn_dim=2 * h, word_embed_proj_dim=h, layer_types=None, moe_intermediate_size=h,
-                 shared_expert_intermediate_size=h, num_experts=2, num_local_experts=2, num_experts_per_tok=1)
+                 shared_expert_intermediate_size=h, num_experts=2, num_local_experts=2, num_experts_per_tok=1,
+                 **dict.fromkeys(ROTARY_FRACTIONS, 1.0))
     from transformers import AutoConfig
 
     known = AutoConfig.for_model(config["model_type"])
     keep = {k: v for k, v in config.items() if k not in sizes}
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 keeps the fraction among the RoPE parameters
+        if isinstance(keep.get(key), dict):
+            keep[key] = {k: 1.0 if k in ROTARY_FRACTIONS else v for k, v in keep[key].items()}
     fields = known.to_dict()
     return {**keep, **{k: v for k, v in sizes.items() if k in config or k in fields}}
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from llmem.components import activations as act
 from llmem.components import attention_backward as ab
 from llmem.components import attention_core as core
-from llmem.components import autocast
 from llmem.walk.phase import Phase, moment
 
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ def attention_moments(t: Terms, layer: int, name: str, held: int, later: int) ->
     lp = act.layer_plan(plan, layer)
     items = tuple(act.layer_saved(spec, lp))
     terms = ab.moments(spec, plan, lp, items)
-    copies = autocast.saved_layer_copies(plan, layer) * t.casts + core.eager_core_weight_copy_bytes(spec, plan)
+    copies = t.copies_below(layer) + core.eager_core_weight_copy_bytes(spec, plan)
     own = core.eager_core_layer_gradient_bytes(spec, plan)
     return [moment(f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act - released,
                    gradients=t.grads_outer + later + own + transient, temporaries=copies, logits=t.logits,

@@ -60,7 +60,7 @@ def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase
         name, **t.persistent,
         activations=held + t.outer_act - act.mlp_output_dropout_bytes(ls, lp) - post_norm,
         gradients=t.grads_outer + later + layer_backward_peak_extra_bytes(ls, lp),
-        temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * t.casts
+        temporaries=t.copies_below(layer) + t.copies[layer]
         - t.first_casts * (not plan.checkpointed(0) or layer == 0)
         - autocast.released_by_mlp_backward_bytes(spec, lp),
         logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan))
@@ -112,7 +112,7 @@ def _post_norm_moment(t: Terms, layer: int, name: str, held: int, later: int) ->
         f"{name[:-1]}, post-feedforward norm)", **t.persistent, activations=held + t.outer_act,
         gradients=t.grads_outer + later + layer_output_gradient_bytes(t.spec, t.plan)
         + norm_bwd.post_mlp_norm_backward_bytes(t.spec, t.plan),
-        temporaries=(autocast.saved_layer_copies(t.plan, layer) + 1) * t.casts,
+        temporaries=t.copies_below(layer) + t.copies[layer],
         logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(t.spec, t.plan))
 
 
@@ -123,7 +123,7 @@ def _recompute_moments(t: Terms, layer: int, name: str, held: int, later: int) -
     return [moment(
         f"{name[:-1]}, {what})", **t.persistent, activations=held + t.outer_act + sum(s.bytes for s in fwd),
         gradients=t.grads_outer + later + layer_output_gradient_bytes(spec, plan) + sum(s.bytes for s in grads),
-        temporaries=(autocast.saved_layer_copies(plan, layer) + 1) * t.casts,
+        temporaries=t.copies_below(layer) + t.copies[layer],
         logits=t.logits, communication=t.gathered(layer + 1)) for what, (fwd, grads) in moments.items()]
 
 
@@ -135,12 +135,12 @@ def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phas
         f"{name[:-1]}, attention core)", **t.persistent,
         activations=held + t.outer_act - released,
         gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan) + transient,
-        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts + _core_copies(t, layer),
+        temporaries=t.copies_below(layer) + _core_copies(t, layer),
         logits=t.logits, communication=t.gathered(layer + 1))
 
 
 def _core_copies(t: Terms, layer: int) -> int:
-    """Autocast copies at the core's softmax backward beyond the layers below's (`saved_layer_copies`): this layer's
+    """Autocast copies at the core's softmax backward beyond the layers below's (`Terms.copies_below`): this layer's
     q/k/v copies (`eager_core_weight_copy_bytes`), less LoRA's layer-0 copies no mm saved (`first_casts`,
     `lora.first_layer_unsaved_copy_bytes`: those of the Linears whose input needs no gradient, q/k/v among them):
     below this layer when layer 0 kept its copies (not checkpointed), and in layer 0 its own q/k/v."""
@@ -195,7 +195,7 @@ def _query_moments(t: Terms, layer: int, name: str, held: int, later: int) -> li
     spec, plan = t.spec, t.plan
     lp = act.layer_plan(plan, layer)
     saved = act.layer_saved(spec, lp)
-    copies = autocast.saved_layer_copies(plan, layer) * t.casts
+    copies = t.copies_below(layer)
     on = dict(**t.persistent, logits=t.logits, communication=t.gathered(layer + 1))
     after_core = core.eager_core_layer_gradient_bytes(spec, plan)
     qkv_copies = core.eager_core_weight_copy_bytes(spec, plan)
@@ -224,7 +224,7 @@ def _falcon_math_moment(t: Terms, layer: int, name: str, held: int, later: int) 
         f"{name[:-1]}, attention core)", **t.persistent,
         activations=held + t.outer_act - mlp_dropout - act.attention_backward_freed_bytes(spec, plan),
         gradients=t.grads_outer + later + attention_backward_layer_gradient_bytes(spec, plan),
-        temporaries=autocast.saved_layer_copies(plan, layer) * t.casts
+        temporaries=t.copies_below(layer)
         + autocast.attention_backward_weight_copy_bytes(spec, plan)
         + act.attention_backward_transient_bytes(spec, plan),
         logits=t.logits, communication=t.gathered(layer + 1))

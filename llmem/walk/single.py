@@ -5,6 +5,7 @@ peaks names the peak). The per-plan terms every moment reads are computed once (
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,7 +73,9 @@ class Terms:
     kept_layers: Callable
     current_layer: Callable
     forward_acts: int
-    casts: int  # one layer's autocast weight copies
+    casts: int  # one layer's autocast weight copies (layer 0's)
+    copies: tuple  # each layer's own (`autocast.each_layer_copy_bytes`)
+    below: tuple  # [k]: those layers 0 .. k-1 keep into backward (the layers not checkpointed)
     head_cast: int
     fwd_casts: int
     first_casts: int
@@ -89,6 +92,10 @@ class Terms:
     @property
     def layers(self) -> int:
         return self.spec.num_layers
+
+    def copies_below(self, layer: int) -> int:
+        """The weight copies the layers below `layer` keep into backward (those not checkpointed)."""
+        return self.below[layer]
 
 
 def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
@@ -180,12 +187,17 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     being recomputed."""
     layers = spec.num_layers
     casts = autocast.layer_weight_copy_bytes(spec, plan)
+    copies = autocast.each_layer_copy_bytes(spec, plan)  # layers of several kinds: each its own
     saved_casts = autocast.saved_layer_copies(plan, layers)
-    fwd_casts, first_casts = autocast.forward_copy_layers(spec, plan, layers) * casts, 0
+    below = tuple(itertools.accumulate((c * _saves_copies(plan, i) for i, c in enumerate(copies)), initial=0))
+    # held at the forward's end: every layer's (autocast's cache), or only the saved ones (`forward_copy_layers`)
+    fwd_casts = sum(copies) if autocast.forward_copy_layers(spec, plan, layers) == layers else below[-1]
+    first_casts = 0
     if lora.is_lora(plan) and casts and spec.derived is not None:
         # traced LoRA: the copies mm saves are in the layer tables; the adapters' cached copies of the checkpointed
         # layers live until the forward's autocast region exits (`llmem.derive.lora`)
-        return dict(casts=0, head_cast=_head_cast(spec, plan), first_casts=0, base_casts=0,
+        return dict(casts=0, copies=(0,) * layers, below=(0,) * (layers + 1), head_cast=_head_cast(spec, plan),
+                    first_casts=0, base_casts=0,
                     fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
     if lora.is_lora(plan) and autocast.applies(plan):  # (a 4-bit base has no copies: `quant_autocast`)
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
@@ -193,9 +205,14 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
         first_casts = lora.first_layer_unsaved_copy_bytes(spec, plan)
         fwd_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0)) \
             + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan)
-    base_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0))
-    return dict(casts=casts, head_cast=_head_cast(spec, plan), fwd_casts=fwd_casts,
+    base_casts = below[-1] - first_casts * (not plan.checkpointed(0))
+    return dict(casts=casts, copies=copies, below=below, head_cast=_head_cast(spec, plan), fwd_casts=fwd_casts,
                 first_casts=first_casts, base_casts=base_casts)
+
+
+def _saves_copies(plan: TrainingPlan, layer: int) -> bool:
+    """Whether decoder layer `layer` keeps its weight copies into backward (`autocast.saved_layer_copies`)."""
+    return autocast.saved_layer_copies(plan, layer + 1) > autocast.saved_layer_copies(plan, layer)
 
 
 def _head_cast(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -35,7 +35,7 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
     (config("qwen3_moe"), ("--method", "lora"), "lora-dropout"),  # all-linear: PEFT's ParamWrapper on the experts
     (config("olmo2"), ("--method", "qlora", "--quant", "int8", "--precision", "bf16", "--gpus", "2", "--zero", "3"),
      "quant"),  # FSDP2 drops the 8-bit weight's CB/SCB: the real program cannot run
-    (config("deepseek_v3", first_k_dense_replace=1), (), "first_k_dense_replace"),  # dense and expert layers
+    (config("qwen3_moe", mlp_only_layers=[0]), (), "mlp_only_layers"),  # dense and expert layers
     (config("jetmoe"), (), "num_local_experts"),  # experts not derived
     ({**config("olmo2"), "auto_map": {"AutoModelForCausalLM": "x.Y"}}, (), "model_type"),
 ])

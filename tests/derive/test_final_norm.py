@@ -54,3 +54,18 @@ def test_every_entry_of_the_generated_table_is_a_fresh_trace():
     from llmem.derive.final_norm import table_text
 
     assert table_text() == Path(table.__file__).read_text()
+
+
+def test_a_partial_rope_of_odd_width_still_traces_the_norm(caplog):
+    """phi's partial_rotary_factor 0.4 on a one-head layer of h = 48 rotates 19 channels against cos/sin of 20:
+    transformers' layer cannot run there, the trace failed (a fake-tensor error log on stderr) and the final norm's
+    moment was dropped. Its curve is the real LayerNorm backward's."""
+    import logging
+
+    from tests.derive.configs import config
+
+    with caplog.at_level(logging.ERROR, logger="torch._subclasses.fake_tensor"):
+        events = curve(config("phi", partial_rotary_factor=0.4), "fp32")
+    assert not [r for r in caplog.records if r.name.startswith("torch")]
+    real = _real_rise(torch.nn.LayerNorm(H), torch.float32, False)
+    assert abs(real - max(a * T * H + b * T + c * H + d for a, b, c, d in events)) <= 64
