@@ -53,8 +53,27 @@ def each_layer_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...
     from llmem.components.quant import quantized_weights
 
     quantized = {p.name for p in quantized_weights(spec, plan)}
-    return tuple(sum(local_numel(p, plan) for p in _linear_weights(spec, i) if p.name not in quantized)
-                 * plan.precision.compute_bytes for i in range(spec.num_layers))
+    kinds, first = _layer_kinds(spec)
+    per_kind = [sum(local_numel(p, plan) for p in _linear_weights(spec, i) if p.name not in quantized)
+                * plan.precision.compute_bytes for i in first]
+    return tuple(per_kind[k] for k in kinds)
+
+
+def _layer_kinds(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(each decoder layer's kind, each kind's first layer): layers whose Linear weights have the same names within
+    the layer, shapes and TP splits hold the same copies (a 4,096-layer plan search asks for them per plan)."""
+
+    def kinds() -> tuple[tuple[int, ...], tuple[int, ...]]:
+        of_layer, first, index = [], [], {}
+        for i in range(spec.num_layers):
+            signature = tuple((p.name.split(f".{i}.", 1)[-1], p.shape, p.tp_split) for p in _linear_weights(spec, i))
+            kind = index.setdefault(signature, len(first))
+            if kind == len(first):
+                first.append(i)
+            of_layer.append(kind)
+        return tuple(of_layer), tuple(first)
+
+    return spec.memo(("autocast.layer_kinds",), kinds)
 
 
 @per_spec("layout_key")

@@ -189,7 +189,8 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     copies = autocast.each_layer_copy_bytes(spec, plan)  # layers of several kinds: each its own
     saved_casts = autocast.saved_layer_copies(plan, layers)
-    below = tuple(itertools.accumulate((c * _saves_copies(plan, i) for i, c in enumerate(copies)), initial=0))
+    below = tuple(itertools.accumulate((c * s for c, s in zip(copies, _copy_savers(plan, layers), strict=True)),
+                                       initial=0))
     # held at the forward's end: every layer's (autocast's cache), or only the saved ones (`forward_copy_layers`)
     fwd_casts = sum(copies) if autocast.forward_copy_layers(spec, plan, layers) == layers else below[-1]
     first_casts = 0
@@ -210,9 +211,14 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
                 first_casts=first_casts, base_casts=base_casts)
 
 
-def _saves_copies(plan: TrainingPlan, layer: int) -> bool:
-    """Whether decoder layer `layer` keeps its weight copies into backward (`autocast.saved_layer_copies`)."""
-    return autocast.saved_layer_copies(plan, layer + 1) > autocast.saved_layer_copies(plan, layer)
+def _copy_savers(plan: TrainingPlan, layers: int) -> list[bool]:
+    """Whether each decoder layer keeps its weight copies into backward (`autocast.saved_layer_copies`): every layer
+    but the checkpointed ones (layers 0, K, 2K, ... under full checkpointing; all under selective)."""
+    if plan.grad_ckpt is GradCkpt.SELECTIVE:
+        return [False] * layers
+    if plan.grad_ckpt is not GradCkpt.FULL:
+        return [True] * layers
+    return [i % plan.ckpt_every != 0 for i in range(layers)]
 
 
 def _head_cast(spec: ModelSpec, plan: TrainingPlan) -> int:
