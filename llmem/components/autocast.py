@@ -48,14 +48,8 @@ def each_layer_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...
     their own Linears (DeepSeek's dense first layers, `first_k_dense_replace`: a wide MLP where the later layers
     have a narrow shared expert; the stacked experts are 3-D parameters, `aten._grouped_mm`'s inputs, counted in
     the traced tables)."""
-    if not applies(plan):
-        return (0,) * spec.num_layers
-    from llmem.components.quant import quantized_weights
-
-    quantized = {p.name for p in quantized_weights(spec, plan)}
     kinds, first = _layer_kinds(spec)
-    per_kind = [sum(local_numel(p, plan) for p in _linear_weights(spec, i) if p.name not in quantized)
-                * plan.precision.compute_bytes for i in first]
+    per_kind = [weight_copy_bytes(spec, plan, layer=i) for i in first]
     return tuple(per_kind[k] for k in kinds)
 
 

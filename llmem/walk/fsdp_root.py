@@ -26,8 +26,7 @@ def root_copy_in_moment(w: FsdpTerms, held: dict[str, int]) -> Phase:
     spec, plan, cp = w.spec, w.plan, w.cp
     unsharded = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes
     if lora.is_lora(plan):
-        unsharded = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad \
-            + copies.unsharded_copy_gradient_bytes(spec, plan)  # the module copies' (`lora_copies_fsdp`)
+        unsharded = _root_lora_gradient_bytes(w)
     name = "backward end (root reduce-scatter copy-in)"
     held[name] = sum(w.sharded_layer) * w.resident
     return moment(name, **w.persistent, logits=w.logits, gradients=held[name] + unsharded,
@@ -76,10 +75,16 @@ def embedding_copy_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[
         return []
     from llmem.components.gradients import embedding_input_gradient_bytes
 
-    root_grads = lora.gathered_adapter_numel(spec, plan, None) * w.adapter_grad \
-        + copies.unsharded_copy_gradient_bytes(spec, plan)  # the embedding copy's just made, the lm_head copy's
+    root_grads = _root_lora_gradient_bytes(w)  # the embedding copy's just made, the lm_head copy's
     name = "backward end (embedding copy)"
     held[name] = sum(w.sharded_layer) * w.resident
     return [moment(name, **w.persistent, logits=w.logits, gradients=held[name] + root_grads,
                    temporaries=embedding_input_gradient_bytes(spec, cp),
                    communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)]
+
+
+def _root_lora_gradient_bytes(w: FsdpTerms) -> int:
+    """LoRA: the root group's unsharded gradients at the end of backward: its adapters' and PEFT's module copies'
+    (`lora_copies_fsdp`)."""
+    return lora.gathered_adapter_numel(w.spec, w.plan, None) * w.adapter_grad \
+        + copies.unsharded_copy_gradient_bytes(w.spec, w.plan)

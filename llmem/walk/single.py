@@ -212,13 +212,9 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
 
 
 def _copy_savers(plan: TrainingPlan, layers: int) -> list[bool]:
-    """Whether each decoder layer keeps its weight copies into backward (`autocast.saved_layer_copies`): every layer
-    but the checkpointed ones (layers 0, K, 2K, ... under full checkpointing; all under selective)."""
-    if plan.grad_ckpt is GradCkpt.SELECTIVE:
-        return [False] * layers
-    if plan.grad_ckpt is not GradCkpt.FULL:
-        return [True] * layers
-    return [i % plan.ckpt_every != 0 for i in range(layers)]
+    """Whether each decoder layer keeps its weight copies into backward (`autocast.saved_layer_copies`): the layers
+    not checkpointed (`TrainingPlan.checkpointed`)."""
+    return [not plan.checkpointed(i) for i in range(layers)]
 
 
 def _head_cast(spec: ModelSpec, plan: TrainingPlan) -> int:
