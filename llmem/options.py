@@ -229,9 +229,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("grad_accum", int, 1,
            "Micro-steps per optimizer step: gradients stay alive through the later micro-steps' forward and backward,"
            " so the peak grows by about one gradient copy (per GPU: its share of them). On more GPUs every micro-step"
-           " synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the sharded gradients; no no_sync).",
+           " synchronizes (DDP/ZeRO-1 all-reduce, ZeRO-2/3 reduce-scatter into the sharded gradients) unless "
+           "--no-sync.",
            low=1, high=MAX_APP_GRAD_ACCUM, link=WHEN_SET,
            widget=Widget("Gradient accumulation (micro-steps)", "w_grad_accum", NUMBER, group=G_BATCH)),
+    Option("no_sync", bool, False,
+           "With --grad-accum > 1 on several GPUs (DDP, ZeRO-1, FSDP2 ZeRO-2/3, --engine fsdp1): the first K-1 "
+           "micro-steps run without synchronizing, as accelerate's accumulate() and the HF Trainer do (DDP/FSDP1 "
+           "no_sync(), FSDP2 set_requires_gradient_sync(False)); under FSDP each GPU then keeps every layer's "
+           "unsharded gradient (FSDP2 in the reduce dtype) until the last micro-step, a whole model's gradients "
+           "instead of its share.",
+           link=WHEN_SET,
+           widget=Widget("Accumulate without syncing (no_sync)", "w_no_sync", CHECK, group=G_BATCH)),
     Option("offload", c.Offload, c.Offload.NONE,
            "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and optimizer "
            "states in pinned host memory and steps the optimizer on the CPU; the GPU keeps only gathered layers, "

@@ -160,6 +160,11 @@ class TrainingPlan(_PlanFields):
         return self.batch_size * self.seq_len * self.dp // self.cp  # --cp: a group of cp ranks shares a sequence
 
     def with_(self, **changes) -> TrainingPlan:
+        """The plan with `changes`. A derived plan of one GPU or one micro-step (a walk's compute plan) drops
+        `--no-sync`, which there synchronizes nothing (the refusal is for plans given so)."""
+        if self.no_sync and "no_sync" not in changes and (changes.get("gpus", 2) == 1
+                                                          or changes.get("grad_accum", 2) == 1):
+            changes["no_sync"] = False
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

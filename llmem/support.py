@@ -35,6 +35,7 @@ from llmem.support_fsdp1_wrap import FSDP1_WRAP_RULES
 from llmem.support_lora_dtype import LORA_DTYPE_RULES
 from llmem.support_lora_head import LORA_HEAD_RULES
 from llmem.support_lora_tp import LORA_TP_RULES
+from llmem.support_no_sync import NO_SYNC_RULES
 from llmem.support_pp import BNB_OPTIMIZERS, TORCH_OPTIMIZERS, pipeline_rules
 from llmem.support_rule import Rule, _r
 
@@ -350,7 +351,7 @@ RULES: tuple[Rule, ...] = (
        "leave --double-quant off", REFUSED, double_quant=True),
 )
 RULES = (*RULES, *RULES_FLOAT8, *LORA_TP_RULES, *LORA_HEAD_RULES, *activation_offload_rules(), *LORA_DTYPE_RULES,
-         *FSDP1_WRAP_RULES)
+         *FSDP1_WRAP_RULES, *NO_SYNC_RULES)
 
 
 def first_refusal(plan, among: Iterable[str] | None = None) -> InputError | None:

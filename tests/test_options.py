@@ -24,6 +24,7 @@ SAMPLES = {
     "fsdp_shard": ("dim1-if-short", {"gpus": "2", "zero": "3"}),
     "ddp_bucket_view": ("true", {"gpus": "2"}),
     "keep_grads": ("true", {}),
+    "no_sync": ("true", {"gpus": "2", "zero": "3", "grad_accum": "2"}),
     "float8": ("rowwise", {"precision": "bf16"}),
     "alloc_conf": ("expandable-segments", {}),
     "engine": ("fsdp1", {"gpus": "2", "zero": "3"}),

@@ -224,7 +224,7 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
             from llmem.runtime.context_parallel import shard_inputs
 
             cp_ctx, cp_inputs = shard_inputs(session.cp_mesh, session.input_ids)
-        with cp_ctx:
+        with cp_ctx, _sync_context(session, micro):
             with session.autocast():
                 out = session.model(**cp_inputs) if session.cp_mesh is not None else _forward_loss(session)
             mark("backward" + suffix)
@@ -234,6 +234,26 @@ def train_step(session: Session, mark: Mark = _no_mark) -> None:
     _step(session, mark)
     del out
     mark("end")
+
+
+@contextlib.contextmanager
+def _sync_context(session: Session, micro: int):
+    """`--no-sync`: micro-steps 1..K-1 of `--grad-accum K` (forward and backward) without synchronizing, the last
+    synced, as accelerate 1.15 `Accelerator.accumulate`/`no_sync` (accelerator.py:1255-1298, 1132-1178) and the HF
+    Trainer (transformers 5.23 trainer.py:1896-1907) run them: DDP's and FSDP1's `no_sync()`, FSDP2's
+    `set_requires_gradient_sync(False)` on the root (recursing into every group), restored after."""
+    plan = session.plan
+    if not plan.no_sync or micro == plan.grad_accum - 1:
+        yield
+    elif uses_fsdp(plan) and plan.engine is Engine.TORCH:
+        session.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            session.model.set_requires_gradient_sync(True)
+    else:
+        with session.model.no_sync():
+            yield
 
 
 def _backward(session: Session, loss, micro: int) -> None:
