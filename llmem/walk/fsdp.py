@@ -18,6 +18,7 @@ from llmem.components import (
     lora,
     lora_forward,
     moe_forward,
+    no_sync,
     offload,
     quant,
     returned_probs,
@@ -44,6 +45,7 @@ from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.chunked import fsdp_head_moments
 from llmem.walk.final_norm import norm_moment
+from llmem.walk.no_sync import fsdp_no_sync_phases
 from llmem.walk.phase import Phase, moment, with_extra
 
 
@@ -372,7 +374,9 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases += qlora_moments(w, phases, held)
     phases += embedding_backward_moments(w, held)
     phases += [root_copy_in_moment(w, held), root_reduce_moment(w, held)]
-    if gradients_kept(plan):
+    if no_sync.applies(plan):  # --no-sync: unsharded gradients accumulated, reduce-scattered in the last micro-step
+        phases += fsdp_no_sync_phases(w, phases, held)
+    elif gradients_kept(plan):
         phases += fsdp_accumulation_phases(spec, plan, phases, held)
     phases.append(moment("optimizer step", **w.persistent, gradients=gradient_bytes(spec, plan) * w.resident,
                          logits=w.logits, temporaries=optimizer_step_temporary_bytes(spec, plan) * w.resident))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
-from llmem.components import Category, flat_adapters, flat_lora, flat_qlora, lora, quant, returned_probs
+from llmem.components import Category, flat_adapters, flat_lora, flat_qlora, lora, no_sync, quant, returned_probs
 from llmem.components import activations as act
 from llmem.components import flat_param as fp
 from llmem.components import logits as lg
@@ -271,7 +271,11 @@ def fsdp1_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     phases += flat_qlora_moments(w, phases, held)
     end = end_moments(w)
     held |= dict.fromkeys((ph.name for ph in end[:-1]), sum(shards[1:]))
-    if gradients_kept(plan):
+    if no_sync.applies(plan):  # --no-sync: the unsharded flat gradients kept until the last micro-step
+        from llmem.walk.no_sync_fsdp1 import fsdp1_no_sync_phases
+
+        phases += fsdp1_no_sync_phases(w, phases, end[:-1], held)
+    elif gradients_kept(plan):
         phases += kept_gradient_moments(w, phases + end[:-1], held)
     return phases + end
 
