@@ -160,6 +160,7 @@ class Reader:
         self.ignored: list[Line] = []
         self.autos: list[Line] = []
         self.seen: set = set()
+        self.no_sync: Line | None = None  # a Trainer file's --no-sync (`importers.no_sync.hint`)
 
     def nested(self, key: str, tree: dict) -> Reader:
         """A reader of a section (an inline DeepSpeed config) whose lines go into this one's."""

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from llmem.importers.core import ImportResult, Line, Reader
 from llmem.importers.detect import detect
+from llmem.importers.no_sync import resolve as resolve_no_sync
 from llmem.importers.read import parse, read_path
 from llmem.options import BY_NAME, PLAN_OPTIONS
 
@@ -30,6 +31,7 @@ def import_uploads(files: Iterable[tuple[bytes, str]], engine_torch: bool = Fals
     explicit = dict(explicit or {})
     result = ImportResult()
     autos: list[Line] = []
+    no_sync = None  # the last Trainer file's (`importers.no_sync`)
     for data, name in files:
         reader, fmt = read_one(data, name, engine_torch)
         result.files.append((name, fmt))
@@ -37,7 +39,9 @@ def import_uploads(files: Iterable[tuple[bytes, str]], engine_torch: bool = Fals
             _use(result, line)
         result.ignored.extend(reader.ignored)
         autos.extend(reader.autos)
+        no_sync = reader.no_sync or no_sync
     _explicit(result, explicit)
+    resolve_no_sync(result, no_sync, explicit)
     auto_defaults = _autos(result, autos, explicit)
     result.defaults = _defaults(result, explicit, auto_defaults)
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from llmem.importers import common, deepspeed
 from llmem.importers.core import Reader
+from llmem.importers.no_sync import hint
 
 NAME = "Hugging Face TrainingArguments / TRL SFTConfig"
 NO_EFFECT = frozenset("""
@@ -44,6 +45,7 @@ def read(r: Reader) -> None:
               "RMSNorm, RoPE, SwiGLU are not modelled)")
     common.not_modelled(r, ("torch_compile", "auto_find_batch_size", "activation_offloading", "padding_free"))
     distributed(r)
+    r.no_sync = hint(r)
     r.finish(NO_EFFECT)
 
 
