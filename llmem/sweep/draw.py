@@ -138,7 +138,22 @@ def draw_one(seed: int, index: int, size: str, device: str, names: list[str] | N
     fields |= draw_cp(seed, index, fields, config)
     fields |= draw_activation_offload(seed, index, fields, config)  # cuda profile, where it runs (its own stream)
     fields |= draw_lora_adapter_dtype(seed, index, fields, _lora_tables(config))  # bf16 LoRA (own stream)
+    fields |= draw_no_sync(seed, index, fields)  # accumulation without syncing (own stream)
     return Draw(index, name, config, fields)
+
+
+def draw_no_sync(seed: int, index: int, fields: dict) -> dict:
+    """`--no-sync` (a stream of its own) in `NO_SYNC_SHARE` of the plans that take it: --grad-accum > 1 on several
+    GPUs under a data-parallel scheme the support rows allow (`llmem.support_no_sync`); a plan refused for another
+    reason draws nothing."""
+    if fields.get("grad_accum", 1) < 2 or fields["gpus"] < 2 \
+            or random.Random(f"{seed}:{index}:no-sync").random() >= NO_SYNC_SHARE:
+        return {}
+    try:
+        TrainingPlan(**{**fields, "no_sync": True})
+    except InputError:
+        return {}
+    return {"no_sync": True}
 
 
 def _idle_rank(pipeline: dict, config: dict) -> bool:
@@ -303,6 +318,7 @@ INTERLEAVED_SHARE = 1 / 3  # of those, ScheduleInterleaved1F1B with 2 or 3 stage
 
 SELECTIVE_SHARE = 1 / 3
 KEEP_GRADS_SHARE = 0.25  # --keep-grads (zero_grad(set_to_none=False)) in a quarter of the plans
+NO_SYNC_SHARE = 0.5  # --no-sync in half of the plans that take it
 CHUNKED_CE_SHARE = 0.15  # --loss chunked-ce in about one standard-loss plan in seven, from a stream of its own
 LOSS_CHUNKS = (1, 2, 4, 8)
 FSDP1_SHARE = 0.5  # --engine fsdp1 in half of the multi-GPU ZeRO-0/2/3 plans FSDP1 is modelled for
