@@ -76,8 +76,55 @@ def _last_layer_moments(w: FsdpTerms, layers: list[Phase], acc: list[int], root:
         elif ph.name.startswith("reduce-scatter"):
             extra = below
         else:
-            extra = below + acc[layer]
+            extra = below + acc[layer] - _added_in_place(w, ph.name)
         out.append(_renamed(ph, f"{ph.name} (no_sync, last micro-step)", extra + root - head))
+    return out + _weight_made_moments(w, out)
+
+
+_BACKWARD = re.compile(r"backward \(layer \d+(?:, ([^)]+))?\)")
+
+
+def _added_in_place(w: FsdpTerms, name: str) -> int:
+    """In place (`no_sync.in_place`), the layer's weight gradients micro-step 1's moment holds beside the later
+    layers' are no tensors of their own: each AccumulateGrad added its new gradient into the kept one and freed it
+    (torch/csrc/autograd/functions/accumulate_grad.h, `components.grad_accum`). Those made before the moment: at the
+    MLP's, none (its last Linear's new weight gradient was added before the activation's backward,
+    `grad_accum.mlp_weight_gradient_released_bytes`); at a norm's, those of the nodes after it
+    (`rms_norm_backward.weight_gradient_bytes`); at the attention core's, sdpa's and q's, those after the core
+    (`attention_core.eager_core_layer_gradient_bytes`)."""
+    from llmem.components import attention_core as core
+    from llmem.components import grad_accum
+    from llmem.components import rms_norm_backward as rms_bwd
+
+    m = _BACKWARD.fullmatch(name)
+    if not ns.in_place(w.plan) or m is None:
+        return 0
+    what = m.group(1)
+    if what is None:
+        return grad_accum.mlp_weight_gradient_released_bytes(w.spec, w.cp)
+    if what in ("pre-MLP norm", "input norm"):
+        return rms_bwd.weight_gradient_bytes(w.spec, w.cp, rms_bwd.PRE_MLP if what == "pre-MLP norm" else rms_bwd.INPUT)
+    if what in ("attention core", "sdpa backward", "q RoPE backward", "q_norm backward"):
+        return core.eager_core_layer_gradient_bytes(w.spec, w.cp)
+    return 0
+
+
+def _weight_made_moments(w: FsdpTerms, moments: list[Phase]) -> list[Phase]:
+    """In place: the span of the last MLP Linear's new weight gradient, from its MmBackward0 to its AccumulateGrad
+    (`weight_gradient.made_gradient_bytes`), in place of the MLP moment's activation gradients."""
+    from llmem.components import weight_gradient
+    from llmem.walk.fsdp_layer import _backward_terms
+
+    if not ns.in_place(w.plan) or not weight_gradient.applies(w.spec, w.cp):
+        return []
+    out = []
+    for ph in moments:
+        m = _BACKWARD.fullmatch(ph.name.rsplit(" (no_sync", 1)[0])
+        if m is not None and m.group(1) is None:
+            layer = int(_LAYER.search(ph.name).group(1))
+            made = weight_gradient.made_gradient_bytes(w.spec, w.cp) - _backward_terms(w, layer)[2] \
+                + _added_in_place(w, ph.name.rsplit(" (no_sync", 1)[0])
+            out.append(_renamed(ph, ph.name.replace(")", ", MLP weight gradient made)", 1), made))
     return out
 
 
@@ -103,12 +150,14 @@ def _unsynced_moments(w: FsdpTerms, after: list[Phase], held: dict[str, int], ac
                 cast = acc[layer] if not later_micro and not ns.in_place(plan) else 0
                 out.append(_renamed(ph, f"post-backward, gradient kept (layer {layer}) (no_sync, {step})", cast,
                                     -w.copy_in_extra))
-            elif not ph.name.startswith("reduce-scatter"):
-                out.append(Phase(f"{ph.name} (no_sync, {step})", ph.breakdown))
+            elif not ph.name.startswith("reduce-scatter"):  # micro-step 2: the kept gradients include the layer's
+                out.append(_renamed(ph, f"{ph.name} (no_sync, {step})",
+                                    -_added_in_place(w, ph.name) if later_micro else 0))
     end = after[0]  # the end of backward: every layer's gradient kept, no reduce-scatter input waiting
     root_grads = end.breakdown[_G] - held.get(end.name, 0)  # the root's unsharded gradients micro-step 1 holds
     if later_micro:  # in place: the root's new gradients are added into its accumulated ones (in `every`)
         grads = every if ns.in_place(plan) else root_grads + every
     else:
         grads = root_grads + sum(acc)
-    return out + [_renamed(end, f"{end.name} (no_sync, {step})", grads - end.breakdown[_G], -w.rs_in)]
+    out.append(_renamed(end, f"{end.name} (no_sync, {step})", grads - end.breakdown[_G], -w.rs_in))
+    return out + (_weight_made_moments(w, out) if later_micro else [])
