@@ -20,6 +20,7 @@ anyway (`gradients.gradient_bytes`), so no term changes.
 
 from __future__ import annotations
 
+from llmem.components import lora
 from llmem.components.gradients import head_gradient_bytes
 from llmem.components.trainable import trainable
 from llmem.plan import Engine, TrainingPlan
@@ -35,13 +36,15 @@ def applies(plan: TrainingPlan) -> bool:
     return plan.no_sync and (plan.scheme in FSDP_SCHEMES or plan.engine is Engine.FSDP1)
 
 
-def accumulated_elem_bytes(plan: TrainingPlan) -> int:
+def accumulated_elem_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     """Bytes per element of an accumulated unsharded gradient: FSDP2 the reduce dtype, which under a
     MixedPrecisionPolicy is float32 (llmem/runtime/parallel.py `_apply_fsdp`) and else the parameter dtype: the
-    sharded parameter's bytes either way; FSDP1 the FlatParameter's unsharded dtype (MixedPrecision's half param
-    dtype, else the parameter's)."""
+    sharded parameter's bytes either way (LoRA: fp32 under the policy, else the adapters' dtype); FSDP1 the
+    FlatParameter's unsharded dtype (MixedPrecision's half param dtype, else the parameter's)."""
     if plan.engine is Engine.FSDP1:
         return plan.precision.compute_bytes if plan.precision.is_mixed else plan.precision.param_bytes
+    if lora.is_lora(plan):  # the adapters' own dtype (`lora.adapter_elem_bytes`), fp32 under the policy's reduce
+        return 4 if plan.precision.is_mixed else lora.adapter_elem_bytes(spec)
     return plan.precision.param_bytes
 
 
@@ -51,22 +54,22 @@ def in_place(plan: TrainingPlan) -> bool:
     return plan.engine is Engine.FSDP1 or not plan.precision.is_mixed
 
 
-def _elems(spec: ModelSpec, cp: TrainingPlan, gradient_bytes: int) -> int:
-    return gradient_bytes // cp.precision.param_bytes
+def _elem_bytes(spec: ModelSpec, cp: TrainingPlan) -> int:
+    """Bytes per element of the compute plan's trained tensors (`trainable`): the adapters' under LoRA."""
+    return lora.adapter_elem_bytes(spec) if lora.is_lora(cp) else cp.precision.param_bytes
 
 
 def layer_accumulated_bytes(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan, layer: int) -> int:
     """Decoder layer `layer`'s unsharded accumulated gradient: its trained elements (the compute plan's unsharded
     `.grad`s, `trainable.Trainable.layer`) × `accumulated_elem_bytes`."""
-    return _elems(spec, cp, trainable(spec, cp).layer[layer]) * accumulated_elem_bytes(plan)
+    return trainable(spec, cp).layer[layer] // _elem_bytes(spec, cp) * accumulated_elem_bytes(spec, plan)
 
 
 def root_accumulated_bytes(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> int:
     """The root's (embeddings, final norm, lm_head: every trained tensor outside the layers) unsharded accumulated
     gradient, × `accumulated_elem_bytes`."""
     t = trainable(spec, cp)
-    outside = t.gradients - sum(t.layer)
-    return _elems(spec, cp, outside) * accumulated_elem_bytes(plan)
+    return (t.gradients - sum(t.layer)) // _elem_bytes(spec, cp) * accumulated_elem_bytes(spec, plan)
 
 
 def accumulated_bytes(spec: ModelSpec, plan: TrainingPlan, cp: TrainingPlan) -> int:

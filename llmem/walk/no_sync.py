@@ -97,7 +97,7 @@ def _added_in_place(w: FsdpTerms, name: str) -> int:
     from llmem.components import rms_norm_backward as rms_bwd
 
     m = _BACKWARD.fullmatch(name)
-    if not ns.in_place(w.plan) or m is None:
+    if not ns.in_place(w.plan) or m is None or w.lora:  # LoRA: its adapters' few, counted twice (measured exact)
         return 0
     what = m.group(1)
     if what is None:
