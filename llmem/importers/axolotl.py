@@ -4,7 +4,7 @@ gradient checkpointing, attention, Liger's fused cross-entropy, FSDP; `deepspeed
 
 from __future__ import annotations
 
-from llmem.importers import common, trainer
+from llmem.importers import common, no_sync, trainer
 from llmem.importers.core import AUTO, Reader
 
 NAME = "axolotl config"
@@ -39,6 +39,7 @@ def read(r: Reader) -> None:
     if r.flag("liger_fused_linear_cross_entropy") is True:
         r.set("liger_fused_linear_cross_entropy", "loss", "fused-linear-ce")
     trainer.distributed(r, 1, enabled=r.get("fsdp_version") is not None or bool(r.get("fsdp_config")))
+    r.no_sync = no_sync.hint(r)  # it trains with the HF Trainer's loop
     r.finish(NO_EFFECT)
 
 

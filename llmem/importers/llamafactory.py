@@ -4,7 +4,7 @@ checkpointing on, double quantization on, lora_alpha = 2 × rank)."""
 
 from __future__ import annotations
 
-from llmem.importers import common, trainer
+from llmem.importers import common, no_sync, trainer
 from llmem.importers.core import Reader
 
 NAME = "LLaMA-Factory config"
@@ -53,6 +53,7 @@ def read(r: Reader) -> None:
     common.not_modelled(r, ("use_unsloth", "use_badam", "use_galore", "use_apollo", "use_dora", "pissa_init",
                             "use_adam_mini"))
     trainer.distributed(r)
+    r.no_sync = no_sync.hint(r)  # it trains with the HF Trainer's loop
     r.finish(NO_EFFECT)
 
 

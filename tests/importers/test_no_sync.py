@@ -45,3 +45,11 @@ def test_the_command_line_wins():
     r = import_uploads([(FSDP2, "sft.yaml")], explicit={"gpus": 8, "no_sync": False})
     assert "no_sync" not in r.options
     assert "--no-sync on the command line" in ignored(r, "gradient_accumulation_steps").why
+
+
+def test_axolotl_and_llamafactory_run_the_trainer_loop():
+    axolotl = b"micro_batch_size: 2\ngradient_accumulation_steps: 4\nsequence_len: 512\n"
+    factory = b"per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\ncutoff_len: 512\nstage: sft\n"
+    for text, name in ((axolotl, "axolotl.yaml"), (factory, "llamafactory.yaml")):
+        r = import_uploads([(text, name)], explicit={"gpus": 4})
+        assert settings(r).get("no_sync") is True, (name, r.files, r.options)
