@@ -24,12 +24,11 @@ NO_SYNC_RULES: tuple[Rule, ...] = (
        "--no-sync is modelled for data parallelism alone (DDP, ZeRO-1, FSDP2 ZeRO-2/3, FSDP1), not with TP, pipeline "
        "or context parallelism; use --tp 1 --pp 1 --cp 1, or leave --no-sync off", GAP, no_sync=True, gpus=4, tp=2,
        zero=3, grad_accum=2),
-    _r("no_sync method engine lora_modules_to_save", "no-sync", lambda p: p.no_sync and (
-        p.method is Method.QLORA or (p.method is Method.LORA and (p.engine is Engine.FSDP1
-                                                                   or bool(p.lora_modules_to_save)))),
-       "--no-sync is measured for full fine-tuning, and LoRA (no module copies) under DDP, ZeRO-1 and FSDP2; use "
-       "--method full, --engine torch, or leave --no-sync off", GAP, no_sync=True, gpus=2, grad_accum=2,
-       method="lora", engine="fsdp1", zero=3),
+    _r("no_sync method lora_modules_to_save", "no-sync", lambda p: p.no_sync and (
+        p.method is Method.QLORA or (p.method is Method.LORA and bool(p.lora_modules_to_save))),
+       "--no-sync is measured for full fine-tuning and LoRA without module copies (not QLoRA); use --method full or "
+       "lora without --lora-modules-to-save, or leave --no-sync off", GAP, no_sync=True, gpus=2, grad_accum=2,
+       method="qlora", quant="nf4", precision="bf16"),
     _r("no_sync offload keep_grads ddp_bucket_view activation_offload", "no-sync",
        lambda p: p.no_sync and (p.offload is not Offload.NONE or p.keep_grads or p.ddp_bucket_view
                                 or p.activation_offload),

@@ -33,6 +33,8 @@ def fsdp1_no_sync_phases(w: Fsdp1Terms, phases: list[Phase], end: list[Phase], h
     the root's); an unsynced micro-step's layers (`_unsynced`)."""
     spec, flat = w.spec, w.flat
     acc = [fp.unsharded_grad_bytes(spec, flat, unit) for unit in range(1 + spec.num_layers)]  # root first
+    if w.frozen_root:  # LoRA: no gradient reaches the frozen root (`flat_param.requires_grad`)
+        acc[0] = 0
     every, label = sum(acc), f"no_sync, micro-step 2..{w.plan.grad_accum}"
     first = next(i for i, ph in enumerate(phases) if ph.name.startswith("backward (layer"))
     out = [with_extra(ph, f"{ph.name} ({label})", _G, every) for ph in phases[:first]]

@@ -1,6 +1,6 @@
 """`--no-sync` (`--grad-accum K`, the first K-1 micro-steps without synchronizing, as accelerate and the HF Trainer
 run them): real 2-rank CPU runs with the option on and off under DDP, FSDP2 ZeRO-2/3 and FSDP1 FULL_SHARD / NO_SHARD,
-fp32 and bf16-mixed, full fine-tuning and LoRA (DDP, FSDP2) — the estimate within 1% of each, and the change it
+fp32 and bf16-mixed, full fine-tuning and LoRA — the estimate within 1% of each, and the change it
 predicts (FSDP: each rank keeps every layer's unsharded gradient; DDP: none) the one measured, to 1% of the peak. A
 wide 4-layer llama with a small vocabulary, so that the layers' backward moments, not the loss's, hold the peak."""
 
@@ -19,7 +19,8 @@ WIDE = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 512, "nu
 SCHEMES = {"ddp": {"zero": 0}, "zero2": {"zero": 2}, "zero3": {"zero": 3}, "zero3-k3-ckpt": {"zero": 3,
            "grad_accum": 3, "grad_ckpt": "full"}, "fsdp1-full": {"engine": "fsdp1", "zero": 3},
            "fsdp1-noshard": {"engine": "fsdp1", "zero": 0}, "lora-ddp": {"zero": 0, "method": "lora"},
-           "lora-zero3": {"zero": 3, "method": "lora"}, "lora-zero2": {"zero": 2, "method": "lora"}}
+           "lora-zero3": {"zero": 3, "method": "lora"}, "lora-zero2": {"zero": 2, "method": "lora"},
+           "lora-fsdp1-full": {"engine": "fsdp1", "zero": 3, "method": "lora"}}
 CASES = [(s, p) for s in SCHEMES for p in ("fp32", "bf16-mixed")]
 ROWS = TwoRankRows(
     {"gpus": 2, "batch_size": 1, "seq_len": 32, "grad_accum": 2},
