@@ -98,7 +98,6 @@ class Terms:
         return self.below[layer]
 
 
-
 def _activation_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     """Kept activations: per layer (`kept`), outside the layers, a checkpointed layer's recompute; LoRA's frozen base
     keeps fewer inputs (layer 0 less still); --quant int8 Linears keep their inputs (quant.py)."""
