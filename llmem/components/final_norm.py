@@ -16,12 +16,19 @@ live bytes as a · tokens · h + b · tokens + c · h + d. The hand-written fami
 
 from __future__ import annotations
 
+import re
+
 from llmem.components import autocast, lora
 from llmem.components.final_norm_table import CURVES
 from llmem.plan import Precision, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 AFTER_NORM = ("lm_head", "project_out")  # the saved tensors of the modules after the norm (hand tables and traces)
+# A traced entry is named "<module>: <op> <dtype>" after the innermost module saving it (`llmem.derive.trace`); in a
+# PEFT model's trace that module sits under "base_model.model." (PEFT 0.21.2 `peft_model.py:177`,
+# `self.base_model`; `tuners/tuners_utils.py:322`, `self.model`) and a trained copy under ".modules_to_save.default"
+# (`utils/other.py:609`): a dotted component of the module path names the module after the norm.
+_AFTER_NORM_MODULE = re.compile(r"(^|\.)(" + "|".join(AFTER_NORM) + r")\b")
 
 
 def kind(plan: TrainingPlan) -> str:
@@ -57,4 +64,4 @@ def after_norm_saved_bytes(spec: ModelSpec, plan: TrainingPlan, saved: list | No
         from llmem.components.activations import final_norm_saved
 
         saved = final_norm_saved(spec, plan)
-    return sum(s.bytes for s in saved if s.name.startswith(AFTER_NORM))
+    return sum(s.bytes for s in saved if _AFTER_NORM_MODULE.search(s.name.split(": ", 1)[0]))

@@ -307,7 +307,7 @@ def largest_mlp_adapter_bytes(spec: ModelSpec, plan: TrainingPlan, elem_bytes: i
 _ACTIVATION_TERMS = frozenset((
     "check_supported", "current_layer_backward_bytes", "final_norm_bytes", "first_layer_saving_bytes",
     "first_layer_unsaved_copy_bytes", "kept_layers_bytes", "layer_activation_bytes", "layer_adapter_cast_bytes",
-    "layer_saved", "mlp_backward_gradient_bytes", "recompute_bytes", "traced_spec"))
+    "layer_saved", "mlp_backward_gradient_bytes", "recompute_bytes", "traced_spec", "unsaved_adapter_copy_bytes"))
 
 
 def __getattr__(name: str):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from llmem.components.lora import (
     _module,
-    _summary,
     in_out,
     is_lora,
     layer0_targeted,
-    linear_weights,
     targeted,
     trains_copy,
 )
@@ -35,43 +33,6 @@ def mlp_backward_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     from llmem.components.lora_forward import down_proj_backward_freed_bytes as freed
     done = sum(s.bytes for s in items) + qa.down_adapter_done_bytes(spec, plan)
     return max(2 * grad - freed(plan, items), 3 * grad - done)
-
-
-_GROUP_INPUT = {"q_proj": "input", "k_proj": "input", "v_proj": "input", "o_proj": "attention",
-                "gate_proj": "residual", "up_proj": "residual", "down_proj": "down_proj input",
-                "shared_expert_gate": "residual"}
-
-
-@per_spec("layout_key")
-def first_layer_unsaved_copy_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Autocast (bf16-/fp16-mixed, not FSDP2): a frozen base weight is not cached by autocast (it caches only leaves
-    that require grad), so its half-precision copy lives only where mm saves it, for the input gradient: where the
-    Linear's input requires grad. In layer 0 that is not so before the first adapted Linear (`_requires_grad`);
-    these copies, counted for every layer by `autocast.layer_weight_copy_bytes`, do not exist there."""
-    from llmem.components import autocast
-    if not is_lora(plan) or not autocast.layer_weight_copy_bytes(spec, plan) or layer0_input_requires_grad(spec, plan):
-        return 0
-    grad = _requires_grad(_layer_targets_short(spec, plan), first=True)
-    unsaved = [p for p in linear_weights(spec) if p.layer == 0
-               and not grad[_GROUP_INPUT.get(_module(p).rsplit(".", 1)[-1], "input")]]
-    return sum(p.numel for p in unsaved) * plan.precision.compute_bytes
-
-
-@per_spec("layout_key")
-def layer_adapter_cast_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """Autocast: the half-precision copies of one layer's adapter weights (fp32 leaves that require grad, so cached
-    until the forward's autocast region exits, in checkpointed layers too); mixtral's expert-stack factors are
-    not cast (`lora_experts.uncast_adapter_elements`)."""
-    from llmem.components import autocast
-    from llmem.components.lora_experts import uncast_adapter_elements
-
-    if not is_lora(plan) or not autocast.applies(plan):  # (a 4-bit base has no copies of its own: quant_autocast)
-        return 0
-    return (_summary(spec, plan)[1][0] - uncast_adapter_elements(spec, plan)) * plan.precision.compute_bytes
-
-
-def _layer_targets_short(spec: ModelSpec, plan: TrainingPlan) -> set[str]:
-    return {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
 
 
 # --- activations -------------------------------------------------------------------------------------------------
@@ -281,12 +242,12 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
     # the o_proj input is the sdpa output itself (fused sdpa, which saves it when it records a node); after eager or
     # the CPU math path it is a new contiguous tensor only o_proj's adapter keeps
     o_input_saved = grad["attention"] and _flash_output_is_o_input(spec, plan)
-    group_input_grad = (grad["input"], grad["attention"], grad["residual"], grad["down_proj input"])
+    group_input_grad = _group_input_grad(spec, plan, first)
     widths = {"h": spec.hidden_size, "q": spec.num_heads * spec.head_dim, "i": spec.intermediate_size,
               "si": spec.shared_expert_intermediate_size}
     a_bytes = 2 if plan.precision.is_mixed or half else FP32
     for k, (names, width, full_ft) in enumerate(_input_groups(spec)):
-        count, in_plus_out = groups[k]
+        count, ins, outs = groups[k]
         if not count:
             continue
         label = "/".join(names)
@@ -296,9 +257,18 @@ def _layer_saved(spec: ModelSpec, plan: TrainingPlan, first: bool, half: bool) -
         items.append(Saved(f"{label}: lora_A output (lora_B input)", count * tokens * plan.lora_rank * a_bytes))
         # `lora_B(...) * scaling`: the Python float becomes a 0-dim float64 tensor that MulBackward0 saves
         items.append(Saved(f"{label}: scaling (0-dim float64 saved by mul)", count * 8))
-        if plan.precision.is_mixed:
-            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights", plan.lora_rank * in_plus_out * 2))
+        if plan.precision.is_mixed:  # lora_A's only where its input requires grad (`unsaved_adapter_copy_bytes`)
+            items.append(Saved(f"{label}: autocast casts of lora_A/lora_B weights",
+                               plan.lora_rank * (outs + ins * group_input_grad[k]) * 2))
     return items + lora_experts.saved(spec, plan, half)
+
+
+def _group_input_grad(spec: ModelSpec, plan: TrainingPlan, first: bool) -> tuple[bool, ...]:
+    """Per group of `_input_groups`, whether its Linears' input requires grad (`_requires_grad`)."""
+    adapted, _ = _adapted_groups(spec, plan)
+    grad = _requires_grad(adapted, first)
+    return grad["input"], grad["attention"], grad["residual"], grad["down_proj input"]
+
 
 
 def _input_groups(spec: ModelSpec) -> tuple:
@@ -308,14 +278,16 @@ def _input_groups(spec: ModelSpec) -> tuple:
     return _INPUT_GROUPS[:2] + SHARED_EXPERT_GROUPS if spec.family.shared_expert else _INPUT_GROUPS
 
 
-def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+def _adapted_groups(spec: ModelSpec, plan: TrainingPlan) -> tuple[frozenset, tuple[tuple[int, int, int], ...]]:
     """Layer 0's adapted Linears by short name, and per group of `_INPUT_GROUPS` how many of its Linears are adapted
-    and the sum of their in + out features (the adapters' weights are rank × that); once per target list."""
-    def compute() -> tuple[frozenset, tuple[tuple[int, int], ...]]:
+    and the sums of their in and of their out features (lora_A's weight is rank × in, lora_B's out × rank); once per
+    target list."""
+    def compute() -> tuple[frozenset, tuple[tuple[int, int, int], ...]]:
         mods = layer0_targeted(spec, plan)
         short = [_module(p).rsplit(".", 1)[-1] for p in mods]
         pairs = list(zip(mods, short, strict=True))
-        groups = tuple((sum(n in names for n in short), sum(sum(in_out(spec, p)) for p, n in pairs if n in names))
+        groups = tuple((sum(n in names for n in short), sum(in_out(spec, p)[0] for p, n in pairs if n in names),
+                        sum(in_out(spec, p)[1] for p, n in pairs if n in names))
                        for names, _, _ in _input_groups(spec))
         return frozenset(short), groups
     return spec.memo(("lora.adapted_groups", plan.lora_targets), compute)
@@ -377,7 +349,13 @@ def final_norm_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return sum(s.bytes for s in final_norm_saved(spec, plan))
 
 
-# a checkpointed layer's recompute and the layers kept under `--ckpt-every` (their own module; read through this one)
+# autocast's weight copies under LoRA, a checkpointed layer's recompute and the layers kept under `--ckpt-every`
+# (their own modules; read through this one)
+from llmem.components.lora_casts import (  # noqa: E402, F401
+    first_layer_unsaved_copy_bytes,
+    layer_adapter_cast_bytes,
+    unsaved_adapter_copy_bytes,
+)
 from llmem.components.lora_checkpointed import (  # noqa: E402, F401
     current_layer_backward_bytes,
     kept_layers_bytes,

@@ -194,8 +194,11 @@ def adafactor_foreach_peak(shapes: list[tuple[int, ...]]) -> int:
     return matrices + vectors
 
 
-def _bnb_state_bytes(shapes: list[tuple[int, ...]], device_only: bool = False) -> int:
-    """AdamW8bit states; `device_only`: leave out the paged (unified-memory) ones of PagedAdamW8bit on CUDA."""
+def _bnb_state_bytes(shapes: list[tuple[int, ...]], device_only: bool = False, host_maps: bool = False) -> int:
+    """AdamW8bit states; `device_only`: leave out the paged (unified-memory) ones of PagedAdamW8bit on CUDA.
+    The two quantization maps: `Optimizer8bit.__init__` makes them on the CPU for every 8-bit optimizer
+    (bitsandbytes 0.50.2 optim/optimizer.py:154-155, `fill_qmap`), and `init_state` moves them to the device only
+    for a tensor with 8-bit states (:513-516); `host_maps`: the device is the CPU, where they always count."""
     total = 0
     any_8bit = False
     for shape in shapes:
@@ -206,7 +209,7 @@ def _bnb_state_bytes(shapes: list[tuple[int, ...]], device_only: bool = False) -
             total += 2 * 4 * math.ceil(n / BNB_BLOCKSIZE) + (0 if paged else 2 * n)
         elif not paged:
             total += 2 * 4 * n
-    return total + (BNB_QMAP_BYTES if any_8bit else 0)
+    return total + (BNB_QMAP_BYTES if any_8bit or host_maps else 0)
 
 
 @per_spec("layout_key")
@@ -228,7 +231,7 @@ def optimizer_state_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     its tensor's dtype (`Trained.elem_bytes`)."""
     if plan.optimizer in BNB_OPTIMIZERS:
         paged = plan.optimizer is Optimizer.PAGED_ADAMW8BIT and plan.device is Device.CUDA
-        return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged)
+        return _bnb_state_bytes(optimized_shapes(spec, plan), device_only=paged, host_maps=plan.device is Device.CPU)
     if plan.optimizer is Optimizer.ADAFACTOR:
         items = optimized(spec, plan)
         steps = len(items.numel) * STEP_TENSOR_BYTES if plan.device is Device.CPU else 0

@@ -259,12 +259,13 @@ def held_output_bytes(spec, plan: TrainingPlan, stage: int) -> int:
 
 def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
     """bf16-mixed: at the end of a stage forward, autocast's cache still holds the copies no mm saved (those of the
-    checkpointed layers: `autocast.forward_copy_layers` less `saved_layer_copies`), freed as the forward returns."""
+    checkpointed layers: `autocast.forward_copy_layers` less `saved_layer_copies`; LoRA: stage 0's layer-0 lora_A
+    copies, `pipeline_lora.first_layer_cached_copy_bytes`), freed as the forward returns."""
     from llmem.components import autocast
 
     q = microbatch_plan(plan)
     n = stage_layer_counts(spec.num_layers, num_stages(plan))[stage]
-    from llmem.components.pipeline_lora import cached_copy_bytes
+    from llmem.components.pipeline_lora import cached_copy_bytes, first_layer_cached_copy_bytes
 
     unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
-    return unsaved * cached_copy_bytes(spec, q)
+    return unsaved * cached_copy_bytes(spec, q) + (first_layer_cached_copy_bytes(spec, q) if stage == 0 and n else 0)

@@ -67,6 +67,17 @@ def first_layer_unsaved_copy_bytes(spec, q: TrainingPlan) -> int:
     return lora.first_layer_unsaved_copy_bytes(spec, q)
 
 
+def first_layer_cached_copy_bytes(spec, q: TrainingPlan) -> int:
+    """Autocast: the model's layer-0 lora_A copies no mm saved (their input needs no gradient), in autocast's cache
+    until the stage forward returns (`lora_activations.unsaved_adapter_copy_bytes`); 0 with the layer checkpointed
+    or without LoRA."""
+    from llmem.components import lora
+
+    if not hand_lora(spec, q) or q.checkpointed(0):
+        return 0
+    return lora.unsaved_adapter_copy_bytes(spec, q)
+
+
 def stage_first_layer_bytes(spec, q: TrainingPlan, stage: int) -> int:
     """What a stage's first layer holds in its backward beyond the model's layer 0 (the one-GPU walk's first-layer
     moment): after stage 0 the whole LoRA table and the weight copies mm saved (`first_layer_saving_bytes`,

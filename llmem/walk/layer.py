@@ -25,7 +25,7 @@ from llmem.components.gradients import (
     layer_output_gradient_bytes,
 )
 from llmem.components.lora_recompute import recompute_moments
-from llmem.walk.attention_backward import attention_moments
+from llmem.walk.attention_backward import attention_copies, attention_moments
 from llmem.walk.phase import Category, Phase, moment
 
 if TYPE_CHECKING:
@@ -60,9 +60,7 @@ def _mlp_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase
         name, **t.persistent,
         activations=held + t.outer_act - act.mlp_output_dropout_bytes(ls, lp) - post_norm,
         gradients=t.grads_outer + later + layer_backward_peak_extra_bytes(ls, lp),
-        temporaries=t.copies_below(layer) + t.copies[layer]
-        - t.first_casts * (not plan.checkpointed(0) or layer == 0)
-        - autocast.released_by_mlp_backward_bytes(spec, lp),
+        temporaries=t.copies_below(layer) + t.copies[layer] - autocast.released_by_mlp_backward_bytes(spec, lp),
         logits=t.logits, communication=t.gathered(layer + 1) + comm.backward_transient_bytes(spec, plan))
 
 
@@ -135,18 +133,8 @@ def _core_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phas
         f"{name[:-1]}, attention core)", **t.persistent,
         activations=held + t.outer_act - released,
         gradients=t.grads_outer + later + core.eager_core_layer_gradient_bytes(spec, plan) + transient,
-        temporaries=t.copies_below(layer) + _core_copies(t, layer),
+        temporaries=attention_copies(t, layer, core.eager_core_weight_copy_bytes(spec, plan)),
         logits=t.logits, communication=t.gathered(layer + 1))
-
-
-def _core_copies(t: Terms, layer: int) -> int:
-    """Autocast copies at the core's softmax backward beyond the layers below's (`Terms.copies_below`): this layer's
-    q/k/v copies (`eager_core_weight_copy_bytes`), less LoRA's layer-0 copies no mm saved (`first_casts`,
-    `lora.first_layer_unsaved_copy_bytes`: those of the Linears whose input needs no gradient, q/k/v among them):
-    below this layer when layer 0 kept its copies (not checkpointed), and in layer 0 its own q/k/v."""
-    if layer == 0:
-        return 0 if t.first_casts else core.eager_core_weight_copy_bytes(t.spec, t.plan)
-    return core.eager_core_weight_copy_bytes(t.spec, t.plan) - t.first_casts * (not t.plan.checkpointed(0))
 
 
 def _bloom_recompute_moment(t: Terms, layer: int, name: str, held: int, later: int) -> Phase:
@@ -195,24 +183,23 @@ def _query_moments(t: Terms, layer: int, name: str, held: int, later: int) -> li
     spec, plan = t.spec, t.plan
     lp = act.layer_plan(plan, layer)
     saved = act.layer_saved(spec, lp)
-    copies = t.copies_below(layer)
     on = dict(**t.persistent, logits=t.logits, communication=t.gathered(layer + 1))
     after_core = core.eager_core_layer_gradient_bytes(spec, plan)
-    qkv_copies = core.eager_core_weight_copy_bytes(spec, plan)
+    copies = attention_copies(t, layer, core.eager_core_weight_copy_bytes(spec, plan))
     phases = [moment(f"{name[:-1]}, q RoPE backward)", **on, activations=held + t.outer_act - qb.rope_released(saved),
                      gradients=t.grads_outer + later + after_core + qb.rope_transient_bytes(spec, lp),
-                     temporaries=copies + qkv_copies)]
+                     temporaries=copies)]
     if qb.applies_sdpa(spec, plan):
         phases.insert(0, moment(f"{name[:-1]}, sdpa backward)", **on,
                                 activations=held + t.outer_act - qb.sdpa_released(saved),
                                 gradients=t.grads_outer + later + after_core + qb.sdpa_transient_bytes(spec, lp),
-                                temporaries=copies + qkv_copies))
+                                temporaries=copies))
     if qb.applies_q_norm(spec, plan):
         phases.append(moment(f"{name[:-1]}, q_norm backward)", **on,
                              activations=held + t.outer_act - qb.q_norm_released(saved),
                              gradients=t.grads_outer + later + qb.q_norm_layer_gradient_bytes(spec, plan)
                              + qb.q_norm_transient_bytes(spec, lp),
-                             temporaries=copies + qb.q_norm_weight_copy_bytes(spec, plan)))
+                             temporaries=attention_copies(t, layer, qb.q_norm_weight_copy_bytes(spec, plan))))
     return phases
 
 

@@ -189,8 +189,7 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     casts = autocast.layer_weight_copy_bytes(spec, plan)
     copies = autocast.each_layer_copy_bytes(spec, plan)  # layers of several kinds: each its own
     saved_casts = autocast.saved_layer_copies(plan, layers)
-    below = tuple(itertools.accumulate((c * s for c, s in zip(copies, _copy_savers(plan, layers), strict=True)),
-                                       initial=0))
+    below = _below(plan, copies)
     # held at the forward's end: every layer's (autocast's cache), or only the saved ones (`forward_copy_layers`)
     fwd_casts = sum(copies) if autocast.forward_copy_layers(spec, plan, layers) == layers else below[-1]
     first_casts = 0
@@ -202,13 +201,22 @@ def _cast_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
                     fwd_casts=(layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan))
     if lora.is_lora(plan) and autocast.applies(plan):  # (a 4-bit base has no copies: `quant_autocast`)
         # frozen base weights are not cached by autocast: their copies live only where mm saves them (layers not
-        # checkpointed; in layer 0 only from the first adapted Linear on); the adapters' copies stay in the cache
+        # checkpointed; in layer 0 only from the first adapted Linear on), in layer 0's and its recompute's moments
+        # and below every later layer (`copies`, `below`); the adapters' copies stay in the cache to the forward's
+        # end, layer 0's lora_A copies that no mm saved too (`lora.unsaved_adapter_copy_bytes`)
         first_casts = lora.first_layer_unsaved_copy_bytes(spec, plan)
-        fwd_casts = saved_casts * casts - first_casts * (not plan.checkpointed(0)) \
-            + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan)
-    base_casts = below[-1] - first_casts * (not plan.checkpointed(0))
+        copies = (copies[0] - first_casts, *copies[1:])
+        below = _below(plan, copies)
+        fwd_casts = below[-1] + (layers - saved_casts) * lora.layer_adapter_cast_bytes(spec, plan) \
+            + lora.unsaved_adapter_copy_bytes(spec, plan) * (not plan.checkpointed(0))
     return dict(casts=casts, copies=copies, below=below, head_cast=_head_cast(spec, plan), fwd_casts=fwd_casts,
-                first_casts=first_casts, base_casts=base_casts)
+                first_casts=first_casts, base_casts=below[-1])
+
+
+def _below(plan: TrainingPlan, copies: tuple) -> tuple:
+    """[k]: the weight copies layers 0 .. k-1 keep into backward (`copies`: each layer's own)."""
+    return tuple(itertools.accumulate((c * s for c, s in zip(copies, _copy_savers(plan, len(copies)), strict=True)),
+                                      initial=0))
 
 
 def _copy_savers(plan: TrainingPlan, layers: int) -> list[bool]:

@@ -53,7 +53,8 @@ def test_lora_eager_moe_peak_matches_a_measurement(family, options):
 def test_eager_core_moment_drops_layer_0s_unsaved_weight_copies():
     """Wide attention at 2 × 256 in bf16-mixed: the peak is the last layer's softmax backward, where layer 0's frozen
     q/k/v weight copies (autocast's, saved by no mm: their input needs no gradient) were counted (+0.45 % on this
-    mixtral, +0.48 % on the dense twin; `walk.layer._core_copies`). Left: layer 0's lora_A weight casts (16,384 B)."""
+    mixtral, +0.48 % on the dense twin; `walk.attention_backward.attention_copies`); layer 0's lora_A weight casts
+    (16,384 B, `lora_casts.unsaved_adapter_copy_bytes`) are gone there too."""
     import yaml
 
     config = yaml.safe_load(open("tests/accuracy/suite.yaml"))["models"]["mixtral-attn"]
