@@ -8,6 +8,7 @@ place the estimator imports torch. Remote code is never executed.
 
 from __future__ import annotations
 
+import copy
 import re
 
 from llmem.errors import InputError
@@ -30,7 +31,8 @@ def meta_spec(config: dict) -> ModelSpec:
     except ImportError:
         raise InputError("model_type", f"{model_type!r} has no closed-form adapter, and counting it on the meta "
                          "device needs torch and transformers installed") from None
-    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    # a copy: transformers standardizes nested dicts in place (`rope_scaling`), the config is a cache key
+    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")})
     layers = rest.get("num_hidden_layers", rest.get("n_layer", 1))
     if not isinstance(layers, int) or not 1 <= layers <= 4096:
         raise InputError("num_hidden_layers", f"must be a whole number from 1 to 4,096, got {layers!r}")

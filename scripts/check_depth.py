@@ -3,8 +3,9 @@ model type of `depth.VERIFIED` (a small config of that type, deep enough that a 
 (full and LoRA, fp32 and bf16-mixed, micro-batch 1 and 2, a dropout on the cuda profile, FSDP2's half adapters,
 `--grad-ckpt full`, TP 2 with and without LoRA), `Derived._trace_and_fit` of the prefix and of every layer
 (plan_depth off) as JSON; a plan the type refuses (TP without a plan in its config) is printed and skipped.
-`python scripts/check_depth.py [--types opt,gpt2]`: prints each case, its trace times and `same`/`DIFFERENT`;
-exit 1 on a difference. No disk cache is read or written."""
+Dense layers among expert layers (`MIXED`: DeepSeek's first_k_dense_replace, Qwen3-MoE's mlp_only_layers,
+decoder_sparse_step) are cases of their own. `python scripts/check_depth.py [--types opt,gpt2,qwen3_moe+step2]`:
+prints each case, its trace times and `same`/`DIFFERENT`; exit 1 on a difference. No disk cache is read or written."""
 
 from __future__ import annotations
 
@@ -36,11 +37,26 @@ PLANS = {  # plan fields; "half": FSDP2's bf16-mixed LoRA tables (`Derived.with_
     "lora tp2 bf16-mixed q,v": {"method": "lora", "gpus": 2, "tp": 2, "lora_targets": "q_proj,v_proj"},
     "full tp2 bf16-mixed b2": {"gpus": 2, "tp": 2, "batch_size": 2},
 }
-MOE = ("mixtral", "gpt_oss", "qwen3_moe")  # PEFT's ParamWrapper (LoRA on experts) refuses a LoRA dropout
+# PEFT's ParamWrapper (LoRA on experts) refuses a LoRA dropout
+MOE = ("mixtral", "gpt_oss", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 EAGER = ("gpt_oss",)  # no sdpa path in transformers 5.23
 
 
+# dense and expert layers mixed (the layer's modules differ, `depth.layer_modules`): case name -> (model type, fields)
+MIXED = {
+    "deepseek_v2+dense1": ("deepseek_v2", {"first_k_dense_replace": 1}),
+    "deepseek_v3+dense2": ("deepseek_v3", {"first_k_dense_replace": 2}),
+    "glm4_moe+dense1": ("glm4_moe", {"first_k_dense_replace": 1}),
+    "qwen3_moe+step2": ("qwen3_moe", {"decoder_sparse_step": 2}),
+    "qwen3_moe+mlp_only": ("qwen3_moe", {"mlp_only_layers": [0, 3]}),
+}
+
+
 def case_config(model_type: str, layers: int) -> dict:
+    if model_type in MIXED:
+        from tests.derive.configs import config
+
+        return config(MIXED[model_type][0], num_hidden_layers=layers + 2, **MIXED[model_type][1])
     if model_type in HAND:
         key = "n_layer" if model_type == "bloom" else "num_hidden_layers"
         return {**HAND[model_type], key: layers}
@@ -78,7 +94,7 @@ def main() -> int:
     from llmem.errors import InputError
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default=",".join(depth.VERIFIED[1:]))
+    ap.add_argument("--types", default=",".join(depth.VERIFIED[1:]), help=f"model types, or {', '.join(MIXED)}")
     ap.add_argument("--plans", default=",".join(PLANS))
     args = ap.parse_args()
     cache.load = lambda config, key: None  # noqa: ARG005 - both depths traced, never read from disk

@@ -81,7 +81,11 @@ class ShardSummary:
     sizes: tuple[int, ...]  # local elements of each tensor, in spec.params order
     per_layer: tuple[int, ...]  # local elements of each decoder layer
     outer: int  # local elements outside the decoder layers
-    gathered_layer: int  # elements of layer 0 while all-gathered (FSDP2 keeps the padding; TP-local)
+    # elements of a decoder layer while all-gathered (FSDP2 keeps the padding; TP-local): the largest layer's, so
+    # layers of several sizes (DeepSeek's dense first layers, Qwen3-MoE's dense layers among the expert ones) are
+    # never under-counted; a smaller layer's gather is then counted at the largest's (measured: docs/notes/
+    # 2026-11-28-deepseek-presets-and-qwen3-moe-dense-layers.md)
+    gathered_layer: int
     gathered_outer: int  # the same for the tensors outside the decoder layers
     later: tuple[int, ...] = ()  # later[l]: local elements of the decoder layers after l (suffix sums of per_layer)
 
@@ -110,10 +114,18 @@ def _shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
         later[layer] = later[layer + 1] + per_layer[layer + 1]
     return ShardSummary(
         sizes, tuple(per_layer), outer,
-        gathered_layer=sum(unsharded_numel(p, plan) for p in spec.layer_params(0)),
+        gathered_layer=max(_gathered_per_layer(spec, plan), default=0),
         gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
         later=tuple(later),
     )
+
+
+def _gathered_per_layer(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
+    gathered = [0] * spec.num_layers
+    for p in spec.params:
+        if p.layer is not None:
+            gathered[p.layer] += unsharded_numel(p, plan)
+    return gathered
 
 
 def local_params(spec: ModelSpec, plan: TrainingPlan) -> int:

@@ -14,6 +14,7 @@ two keys read, the one whose value the model takes when both are set comes first
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 # Spellings of each name seen in published config.json files (transformers' attribute_map aliases and older ones),
@@ -80,7 +81,7 @@ def built(model_type: str, raw: dict) -> tuple | None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.for_model(model_type, **raw)
+        config = AutoConfig.for_model(model_type, **copy.deepcopy(raw))  # (nested dicts standardized in place)
         with torch.device("meta"):
             return fingerprint(AutoModelForCausalLM.from_config(config))
     except Exception:  # noqa: BLE001 - a value the class or the model rejects: that key is no way to set the name

@@ -5,6 +5,8 @@ them."""
 
 from __future__ import annotations
 
+import copy
+
 from llmem.derive import experts
 from llmem.derive.fit import REGIMES
 from llmem.errors import InputError
@@ -52,6 +54,6 @@ def dropout_keys(config: dict) -> list[str]:
 
         rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
         with quiet_libraries():
-            return _dropout_keys(AutoConfig.for_model(config["model_type"], **rest).to_dict())
+            return _dropout_keys(AutoConfig.for_model(config["model_type"], **copy.deepcopy(rest)).to_dict())
     except Exception:  # noqa: BLE001 - a config transformers rejects is named when it is built
         return []

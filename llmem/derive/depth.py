@@ -1,7 +1,9 @@
 """Tracing fewer decoder layers: a prefix of the layer pattern that holds every layer role of the full model.
 
 What a decoder layer saves and how its backward runs depends on its settings in the config's per-layer lists
-(`layer_types`: sliding-window or full attention; any list with one entry per layer) and, as traced, on its place:
+(`layer_types`: sliding-window or full attention; any list with one entry per layer), on the modules its
+`__init__` picks from the layer index (DeepSeek's dense first layers: its parameters, `layer_modules`) and, as
+traced, on its place:
 layer 0 (its backward frees what all layers share, e.g. the RoPE tables), the lowest layer of each setting (its
 backward frees what only those layers share) and the last layer (its output gradient comes from the final norm).
 A tensor two layers use is shared (`outer`), one only one layer uses is that layer's own, so a setting that has
@@ -9,27 +11,34 @@ two layers or more keeps two. `plan_depth` finds the shortest prefix of the full
 (`role`), ending in the same setting as the full model; it is traced instead of the full depth, and `expand` gives
 each full layer the kind of the prefix layer with its role, each held argument the full layers of those roles.
 Only the model types of `VERIFIED` are traced shallower (their fits compared with full-depth traces to the byte,
-names included: `scripts/check_depth.py`); any other is traced at full depth, since a per-layer rule the config's
-lists do not show (e.g. a layer index interval in the modeling code) would be missed. A traced name that holds a
-prefix layer's module path (a tensor outside the layers first saved by that layer) is given the path of the first
-full layer of its role (`expand`), as the full-depth trace names it. Pure Python: no torch.
+names included: `scripts/check_depth.py`); any other is traced at full depth, since a per-layer rule neither the
+config's lists nor the built modules show (e.g. a layer index test in a forward) would be missed. A traced name that
+holds a prefix layer's module path (a tensor outside the layers first saved by that layer) is given the path of the
+first full layer of its role (`expand`), as the full-depth trace names it. Pure Python: no torch.
 """
 
 from __future__ import annotations
 
-# every decoder layer built alike but for the config's per-layer lists; read in each modeling file (transformers
-# 5.23): the layer index only picks cache entries, those lists, or (gpt2's scale_attn_by_inverse_layer_idx) a scalar
+# model types whose decoder layers differ only by the config's per-layer lists and by the modules their
+# `DecoderLayer.__init__` picks from the layer index; read in each modeling file (transformers 5.23): the layer index
+# otherwise only picks cache entries, those lists, or (gpt2's scale_attn_by_inverse_layer_idx) a scalar. The modules
+# picked show in the layer's parameters (`layer_modules`): a dense MLP below `first_k_dense_replace`
+# (`modeling_deepseek_v2.py:427`, `modeling_deepseek_v3.py:492`, `modeling_glm4_moe.py:401`), in `mlp_only_layers`
+# or off `decoder_sparse_step` (`modeling_qwen3_moe.py:308-309`)
 VERIFIED = ("gemma3_text", "gpt2", "opt", "bloom", "falcon", "gpt_neox", "phi3", "gemma2", "olmo2", "granite",
-            "starcoder2", "stablelm", "phi", "cohere", "smollm3", "mixtral", "gpt_oss", "qwen3_moe")
+            "starcoder2", "stablelm", "phi", "cohere", "smollm3", "mixtral", "gpt_oss", "qwen3_moe", "deepseek_v2",
+            "deepseek_v3", "glm4_moe")
 
 
-def _qwen3_moe_uniform(values: dict) -> bool:
-    """Every qwen3_moe layer has experts: transformers 5.23 `modeling_qwen3_moe.py` `Qwen3MoeDecoderLayer.__init__`
-    picks a dense MLP for a layer in `mlp_only_layers` or with `(layer_idx + 1) % decoder_sparse_step != 0`."""
-    return not values.get("mlp_only_layers") and values.get("decoder_sparse_step", 1) == 1
-
-
-UNIFORM = {"qwen3_moe": _qwen3_moe_uniform}  # a layer-index rule in the modeling code: verified only when it is moot
+def layer_modules(params, layers: int) -> list[tuple]:
+    """Each decoder layer's parameters as the model builds them (`ParamTensor`s of the meta-device inventory):
+    (name within the layer, shape), e.g. a dense MLP's `mlp.down_proj.weight` where the expert layers have
+    `mlp.experts.down_proj` — the layer-index rules of a modeling file's `__init__` that no per-layer list shows."""
+    out: list[list] = [[] for _ in range(layers)]
+    for p in params:
+        if p.layer is not None and 0 <= p.layer < layers:
+            out[p.layer].append((p.name.split(f".{p.layer}.", 1)[-1], tuple(p.shape)))
+    return [(repr(sorted(modules)),) for modules in out]
 
 
 def per_layer_settings(values: dict, layers: int) -> tuple[list[str], list[tuple]]:
@@ -43,11 +52,11 @@ def role(settings: list[tuple], i: int) -> tuple:
     return settings[i], i == 0, settings.index(settings[i]) == i, i == len(settings) - 1
 
 
-def plan_depth(model_type: str, settings: list[tuple], values: dict | None = None) -> tuple[int, list[int]] | None:
-    """(prefix depth, the prefix layer of each full layer's role), or None: trace every layer. `values`: the
-    config's (`UNIFORM`)."""
+def plan_depth(model_type: str, settings: list[tuple]) -> tuple[int, list[int]] | None:
+    """(prefix depth, the prefix layer of each full layer's role), or None: trace every layer. `settings`: each
+    layer's per-layer list entries and its modules (`per_layer_settings`, `layer_modules`)."""
     n = len(settings)
-    if model_type not in VERIFIED or not UNIFORM.get(model_type, lambda v: True)(values or {}):
+    if model_type not in VERIFIED:
         return None
     roles = [role(settings, i) for i in range(n)]
     for depth in range(2, n):

@@ -13,8 +13,9 @@ simulation's stand-in (`llmem.simulate.stand_ins.grouped_mm`: its meta function 
 
 Layer kinds. The walk counts each decoder layer by its kind (`llmem.derive.kinds`) and each layer's own autocast
 weight copies (`autocast.each_layer_copy_bytes`): DeepSeek-V2/V3's and GLM-4-MoE's dense first layers
-(`first_k_dense_replace`, `DENSE_FIRST_MEASURED`) are modelled; other configs whose dense and expert layers mix are
-refused naming the field (`LAYER_KIND_FIELDS`: Qwen3-MoE's `mlp_only_layers`, `decoder_sparse_step`).
+(`first_k_dense_replace`) and Qwen3-MoE's dense layers among the expert ones (`mlp_only_layers`,
+`decoder_sparse_step`) are modelled; under TP a hand-written family's dense layers among the expert ones are refused
+naming the field (`LAYER_KIND_FIELDS`).
 Model types outside `DERIVED_MOE` are refused: their expert blocks are not checked against real runs (the
 hand-written mixtral and qwen2_moe are traced here for their TP program only, `TP_TRACED_MOE`).
 Pure Python: no torch (`check_grouped` reads a built model's config).
@@ -34,10 +35,12 @@ DERIVED_MOE = ("qwen3_moe", "olmoe", "flex_olmo", "granitemoe", "granitemoeshare
 # hand-written MoE families whose TP program (transformers' plan) is traced like a derived one (`llmem.derive.tp`):
 # their experts run the same `grouped_mm_experts_forward` (measured on 2 ranks, tests/derive/test_tp_moe_lora.py)
 TP_TRACED_MOE = ("mixtral", "qwen2_moe")
-# dense first layers then expert layers (`first_k_dense_replace`), each layer counted by its kind
-# (`llmem.derive.kinds`; autocast's weight copies per layer, `autocast.each_layer_copy_bytes`), measured against real
-# CPU runs (tests/derive/test_dense_first.py)
-DENSE_FIRST_MEASURED = ("deepseek_v2", "deepseek_v3", "glm4_moe")
+# Dense and expert decoder layers mixed are traced per layer kind from the model as built (`llmem.derive.kinds`,
+# `depth.layer_modules`; autocast's weight copies per layer, `autocast.each_layer_copy_bytes`), measured against
+# real CPU runs: DeepSeek-V2/V3 and GLM-4-MoE's `first_k_dense_replace` (tests/derive/test_dense_first.py),
+# Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step` (the suite's qwen3moe-mlponly / qwen3moe-step2 rows);
+# no other model type of `DERIVED_MOE` reads these fields (transformers 5.23). Refused: the hand-written families
+# traced for their TP program only (`TP_TRACED_MOE`: qwen2_moe's dense layers under TP are not measured).
 
 
 def _count(value) -> int:
@@ -50,11 +53,13 @@ def expert_count(values: dict) -> tuple[str, int] | None:
 
 
 def _layer_kinds(values: dict) -> tuple[str, str, str] | None:
-    """(field, why, the value that puts experts in every layer) when the config mixes dense and expert decoder
-    layers: `first_k_dense_replace` dense layers first (DeepSeek-V2/V3, GLM-4-MoE `DecoderLayer.__init__`),
-    `mlp_only_layers` or a `decoder_sparse_step` above 1 (Qwen3-MoE `Qwen3MoeDecoderLayer.__init__`)."""
+    """(field, why, the value that puts experts in every layer) when a config of a model type outside
+    `DERIVED_MOE` mixes dense and expert decoder layers: `first_k_dense_replace` dense layers first, `mlp_only_layers`
+    or a `decoder_sparse_step` above 1 (qwen2_moe's `Qwen2MoeDecoderLayer.__init__`)."""
+    if values.get("model_type") in DERIVED_MOE:
+        return None
     first = _count(values.get("first_k_dense_replace"))
-    if first and values.get("model_type") not in DENSE_FIRST_MEASURED:
+    if first:
         return "first_k_dense_replace", f"the first {first} decoder layers are dense, the others have experts", "0"
     if values.get("mlp_only_layers"):
         return "mlp_only_layers", "the listed decoder layers are dense, the others have experts", "[]"
@@ -78,7 +83,8 @@ def experts_refusal(values: dict, model_type, also: tuple = ()) -> InputError | 
     kinds = _layer_kinds({**values, "model_type": model_type})
     if kinds is not None:
         return InputError(kinds[0], f"mixture-of-experts: {kinds[1]}; layers of different kinds are not modelled "
-                          f"for derived architectures yet (with {kinds[0]} = {kinds[2]} every layer has experts)")
+                          f"for the TP program of {model_type!r} yet (with {kinds[0]} = {kinds[2]} every layer has "
+                          "experts)")
     return None
 
 

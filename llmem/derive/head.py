@@ -6,6 +6,8 @@ traced tables (asked only by plans naming the head: `--lora-targets ...,<head>`,
 
 from __future__ import annotations
 
+import copy
+
 from llmem.derive import cache
 
 KEY = ("output_layer",)
@@ -23,8 +25,8 @@ def _built(config: dict) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-    with torch.device("meta"):
+    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")})
+    with torch.device("meta"):  # (a copy: transformers standardizes `rope_scaling` in place; the config is a key)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **rest))
     head = model.get_output_embeddings()
     return next((n for n, m in model.named_modules() if m is head), "lm_head") if head is not None else "lm_head"

@@ -3,6 +3,8 @@ and the spec it gets with its traced tables attached (`derived_spec`)."""
 
 from __future__ import annotations
 
+import copy
+
 from llmem.derive import cache, experts
 from llmem.derive.tables import Derived, static_refusal
 from llmem.quiet import quiet_libraries
@@ -15,7 +17,7 @@ def _refuse_experts(config: dict, also: tuple = ()) -> dict:
     from transformers import AutoConfig
 
     rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
-    cfg = AutoConfig.for_model(config["model_type"], **rest)
+    cfg = AutoConfig.for_model(config["model_type"], **copy.deepcopy(rest))  # (`rope_scaling` standardized in place)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     values = {key: getattr(text, key, None) for key in experts.FIELDS}
     refusal = experts.experts_refusal(values, config.get("model_type"), also)

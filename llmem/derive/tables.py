@@ -185,12 +185,21 @@ class Derived:
         layers = values.get("num_hidden_layers")
         if not isinstance(layers, int):
             return self.config, None
+        if self.model_type not in depth.VERIFIED:
+            return self.config, None
         keys, settings = depth.per_layer_settings(values, layers)
-        planned = depth.plan_depth(self.model_type, settings, values)
+        # (the hand-written MoE families are traced for TP too)
+        modules = depth.layer_modules(inventory(self.config, experts.TP_TRACED_MOE).params, layers)
+        planned = depth.plan_depth(self.model_type, [s + m for s, m in zip(settings, modules, strict=True)])
         if planned is None:
             return self.config, None
         d, mapping = planned
-        return {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}, mapping
+        prefix = {**self.config, "num_hidden_layers": d, **{k: list(values[k][:d]) for k in keys}}
+        from llmem.meta import meta_spec
+
+        with quiet_libraries():  # the prefix builds its layers as the full model's first d (a list read otherwise)
+            built = depth.layer_modules(meta_spec(prefix).params, d)
+        return (prefix, mapping) if built == modules[:d] else (self.config, None)
 
     def _traces(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> tuple[list, list]:
         """The traces at regime `kind`'s fit points and check points."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -19,7 +21,10 @@ def hf_config(config: dict, plan: TrainingPlan):
     model_type = config.get("model_type")
     if not model_type:
         raise InputError("model", "the config has no 'model_type'")
-    rest = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    # a copy: transformers standardizes nested dicts in place (`rope_scaling` gains `rope_type`, `rope_theta`), which
+    # would change the caller's config, the derived tables' cache key (`llmem.derive.cache._path`)
+    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "architectures",
+                                                                       "transformers_version")})
     try:
         cfg = AutoConfig.for_model(model_type, **rest)
     except (ValueError, TypeError, StrictDataclassError) as exc:  # the config classes' validators (one line here)

@@ -108,8 +108,9 @@ def test_a_typed_model_id_and_lora_targets_with_markdown_render_as_plain_text():
 BAD_UPLOADS = {  # id: (file content, the field the message names)
     "json-nested-5000-deep": ('{"model_type": "llama", "x": ' + "[" * 5000 + "]" * 5000 + "}", "model"),
     "hidden-size-of-5000-digits": ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "model"),
-    # derived, dense layers among the expert ones (gptj, refused here for its missing sdpa path, runs eager now)
-    "qwen3-moe-dense-layer": (json.dumps({"model_type": "qwen3_moe", "mlp_only_layers": [0]}), "mlp_only_layers"),
+    # dense layers among the expert ones named by something other than a list (qwen3_moe's are derived now)
+    "qwen2-moe-dense-layers-not-a-list": (json.dumps({"model_type": "qwen2_moe", "mlp_only_layers": "x"}),
+                                          "mlp_only_layers"),
     "bert": (json.dumps({"model_type": "bert"}), "model_type"),
     "llama4-text-without-heads": (json.dumps({"model_type": "llama4_text"}), "num_local_experts"),
     "unknown-model-type": (json.dumps({"model_type": "no-such-arch"}), "model_type"),

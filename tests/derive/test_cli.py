@@ -35,7 +35,10 @@ def test_estimate_of_an_unseen_family(tmp_path, capsys):
     (config("qwen3_moe"), ("--method", "lora"), "lora-dropout"),  # all-linear: PEFT's ParamWrapper on the experts
     (config("olmo2"), ("--method", "qlora", "--quant", "int8", "--precision", "bf16", "--gpus", "2", "--zero", "3"),
      "quant"),  # FSDP2 drops the 8-bit weight's CB/SCB: the real program cannot run
-    (config("qwen3_moe", mlp_only_layers=[0]), (), "mlp_only_layers"),  # dense and expert layers
+    # qwen2_moe's dense layers among its expert ones under TP (its TP program traced as a derived one's)
+    (config("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+            shared_expert_intermediate_size=96, mlp_only_layers=[0]),
+     ("--method", "lora", "--lora-targets", "q_proj,v_proj", "--tp", "2", "--gpus", "2"), "tp"),
     (config("jetmoe"), (), "num_local_experts"),  # experts not derived
     ({**config("olmo2"), "auto_map": {"AutoModelForCausalLM": "x.Y"}}, (), "model_type"),
 ])

@@ -168,15 +168,34 @@ def test_a_prefix_table_naming_its_own_layer_expands_to_one_kind_per_full_layer_
     assert expand(fits, [0, 1, 1, 1, 2], paths)["layer_kinds"] == [0, 0, 0, 0, 0]
 
 
-def test_a_layer_index_rule_of_the_modeling_code_keeps_the_full_depth_unless_the_config_makes_it_moot():
-    """qwen3_moe picks a dense MLP by layer index (`mlp_only_layers`, `decoder_sparse_step`), which no per-layer
-    list shows: a prefix is traced only when every layer has experts (`scripts/check_depth.py` compares the prefix's
-    traces with the full depth's, to the byte, for qwen3_moe, mixtral and gpt_oss)."""
-    from llmem.derive.depth import plan_depth
+def test_the_modules_a_layer_index_picks_are_a_layer_setting_so_dense_layers_keep_their_own_prefix_layers():
+    """DeepSeek's dense first layers (`first_k_dense_replace`) and qwen3_moe's dense layers (`mlp_only_layers`,
+    `decoder_sparse_step`) are picked by layer index in `DecoderLayer.__init__`, which no per-layer list shows: the
+    layer's built parameters do (`layer_modules`), so each kind keeps a lowest and a repeated layer in the prefix
+    (`scripts/check_depth.py` compares the prefix's traces with the full depth's, to the byte)."""
+    from llmem.derive.depth import layer_modules, plan_depth
+    from llmem.spec import ParamTensor
 
-    uniform = {"mlp_only_layers": [], "decoder_sparse_step": 1}
-    d, mapping = plan_depth("qwen3_moe", [()] * 48, uniform)
-    assert d == 3 and mapping == [0] + [1] * 46 + [2]
-    assert plan_depth("qwen3_moe", [()] * 48, {**uniform, "decoder_sparse_step": 2}) is None
-    assert plan_depth("qwen3_moe", [()] * 48, {**uniform, "mlp_only_layers": [0]}) is None
+    dense, moe = ("dense",), ("experts",)
+    assert plan_depth("deepseek_v3", [dense] * 3 + [moe] * 58) == (6, [0, 1, 1, 3] + [4] * 56 + [5])
+    assert plan_depth("deepseek_v2", [dense] + [moe] * 26) == (4, [0, 1] + [2] * 24 + [3])
+    d, mapping = plan_depth("qwen3_moe", [dense, moe] * 24)  # decoder_sparse_step 2
+    assert d == 6 and mapping[:6] == [0, 1, 2, 3, 2, 3] and mapping[-1] == 5
+    assert plan_depth("qwen3_moe", [moe] * 48) == (3, [0] + [1] * 46 + [2])
     assert plan_depth("mixtral", [()] * 32) == (3, [0] + [1] * 30 + [2])
+    params = [ParamTensor("model.embed_tokens.weight", (8, 4)),
+              ParamTensor("model.layers.0.mlp.down_proj.weight", (4, 16), 0),
+              ParamTensor("model.layers.1.mlp.experts.down_proj", (2, 4, 8), 1),
+              ParamTensor("model.layers.2.mlp.experts.down_proj", (2, 4, 8), 2)]
+    modules = layer_modules(params, 3)
+    assert modules[0] != modules[1] == modules[2] and "mlp.experts.down_proj" in modules[1][0]
+
+
+def test_a_qwen3_moe_config_with_dense_layers_traces_a_prefix_built_as_the_full_models_first_layers():
+    from llmem.derive.tables import Derived
+    from tests.derive.configs import config
+
+    cfg = config("qwen3_moe", num_hidden_layers=12, mlp_only_layers=[0, 3])
+    prefix, mapping = Derived(cfg, "qwen3_moe")._shallower()
+    assert prefix["num_hidden_layers"] == 5 and prefix["mlp_only_layers"] == [0, 3]
+    assert mapping == [0, 1, 2, 3] + [2] * 7 + [4]
