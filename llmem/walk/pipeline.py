@@ -87,9 +87,17 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     sent = x * (not first) + pl.held_output_bytes(spec, plan, stage)
     head = head_gradient_bytes(spec, q) if last else 0
     name = f"stage {stage}: "
-    fwd_grads = grads if pl.forward_after_backward(plan, stage) else 0
+    # 1F1B's steady-state forward runs after a backward: its gradients, and what that backward's sends hold (`sent`:
+    # `bwd_sends` until the next backward, the warm-up's `send_work` until the cooldown, S:1062-1147)
+    after = pl.forward_after_backward(plan, stage)
+    fwd_grads, fwd_sent = (grads, sent) if after else (0, 0)
+    cache = pl.forward_cache_bytes(spec, plan, stage)
     phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
-                     activations=act + k * one, temporaries=pl.forward_cache_bytes(spec, plan, stage))]
+                     activations=act + k * one, temporaries=cache + fwd_sent)]
+    inflight = pl.layer_forward_bytes(spec, plan, stage)  # inside its last layer's down_proj adapter (LoRA)
+    if inflight:
+        phases.append(moment(name + "forward, last layer's down_proj LoRA", **on, gradients=fwd_grads,
+                             activations=act + k * one + inflight, temporaries=cache + fwd_sent))
     layers = s.num_layers
     if layers:
         phases.append(moment(name + "first backward, last layer", **on, gradients=head,
