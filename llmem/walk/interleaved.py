@@ -113,8 +113,8 @@ def rank_phases(spec: ModelSpec, plan: TrainingPlan, rank: int) -> list[Phase]:
         if kind == "F":
             held += st.one
             phases.append(moment(label, **on, gradients=grads, activations=act + held, temporaries=st.cache + sent))
-            if st.inflight:  # inside its last layer's down_proj adapter (LoRA)
-                phases.append(moment(label + ", last layer's down_proj LoRA", **on, gradients=grads,
+            if st.inflight:  # inside its last layer (`layer_forward_bytes`)
+                phases.append(moment(label + ", inside the last layer", **on, gradients=grads,
                                      activations=act + held + st.inflight, temporaries=st.cache + sent))
             continue
         first = st.index not in done

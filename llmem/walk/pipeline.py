@@ -94,9 +94,9 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     cache = pl.forward_cache_bytes(spec, plan, stage)
     phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
                      activations=act + k * one, temporaries=cache + fwd_sent)]
-    inflight = pl.layer_forward_bytes(spec, plan, stage)  # inside its last layer's down_proj adapter (LoRA)
+    inflight = pl.layer_forward_bytes(spec, plan, stage)  # inside its last layer (`layer_forward_bytes`)
     if inflight:
-        phases.append(moment(name + "forward, last layer's down_proj LoRA", **on, gradients=fwd_grads,
+        phases.append(moment(name + "forward, inside the last layer", **on, gradients=fwd_grads,
                              activations=act + k * one + inflight, temporaries=cache + fwd_sent))
     layers = s.num_layers
     if layers:
