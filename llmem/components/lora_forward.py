@@ -10,17 +10,68 @@ from llmem.spec import ModelSpec
 
 
 def applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """Hand-written dense LoRA families, fp32, one process per model replica (no TP), down_proj adapted, no
-    checkpointing, no activation offload (other plans keep the end-of-forward moment alone)."""
-    if not is_lora(plan) or plan.method is not Method.LORA or plan.precision is not Precision.FP32:
+    """The one-GPU, FSDP and DeepSpeed walks' moment (`down_proj_forward_extra_bytes`): fp32, where it was measured;
+    under autocast and pure half only a pipeline stage takes it (`components.pipeline.layer_forward_bytes`)."""
+    return plan.precision is Precision.FP32 and inflight_applies(spec, plan)
+
+
+def inflight_applies(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Hand-written dense LoRA families, one process per model replica (no TP), down_proj adapted, no checkpointing,
+    no activation offload; adapters computing in fp32 (not FSDP2's half ones under mixed precision)."""
+    if not is_lora(plan) or plan.method is not Method.LORA:
         return False
+    from llmem.components.sharding import FSDP_SCHEMES
+
     if spec.derived is not None or spec.family.grouped_experts or spec.is_moe or plan.tp > 1:
         return False
     if plan.grad_ckpt is not GradCkpt.NONE or plan.activation_offload:
         return False
+    if plan.precision is not Precision.FP32 and plan.scheme in FSDP_SCHEMES:
+        return False
     if spec.family.mlp_activation != "gated":
         return False
     return any(_module(p).rsplit(".", 1)[-1] == "down_proj" for p in layer0_targeted(spec, plan))
+
+
+def down_proj_inflight_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
+    """Inside a decoder layer's down_proj adapter (`inflight_applies`), beyond every tensor the layer saves, at the
+    larger of two moments of `result = self.base_layer(x)`, `x = self._cast_input_dtype(x, lora_A.weight.dtype)`,
+    `result + lora_B(lora_A(dropout(x))) * scaling` (PEFT 0.21.2 `tuners/lora/layer.py` Linear.forward, lines
+    1088, 1099, 1102; the adapters are fp32):
+      - unsaved and alive at both: the MLP's input (the post-attention norm's output, tokens x h, residual dtype, a
+        local of `LlamaMLP.forward`) unless gate/up's lora_A saves it (fp32, dropout 0, gate or up adapted);
+        down_proj's input (tokens x i, compute dtype) unless its lora_A saves it (fp32, dropout 0); from a half input
+        PEFT's fp32 copy of it (tokens x i x 4), unless lora_A saves it (pure half, dropout 0; under autocast lora_A
+        saves its own half cast); the base output `result` (tokens x h, compute dtype);
+      - at lora_B's `* scaling`: lora_B's output and the product (tokens x h each, the compute dtype under autocast,
+        else the adapters' fp32);
+      - at lora_A under autocast with dropout > 0: the dropout's output (tokens x i x 4; its half cast is what lora_A
+        saves), lora_B's half weight copy (counted with the layer's copies) not made yet;
+      - with a half residual stream (pure half) the layer's input (its caller's argument) and the attention's residual
+        sum (`residual`, a local of `LlamaDecoderLayer.forward`, transformers 5.23.0 `modeling_llama.py`): the RMSNorms
+        save their fp32 copies of them (`hidden_states.to(torch.float32)`), not them.
+    The layer's output (its residual add) is not made at either."""
+    if not inflight_applies(spec, plan):
+        return 0
+    from llmem.components import autocast
+    from llmem.components.saved import _bytes
+
+    tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
+    cb, rb = _bytes(plan)
+    mixed, p = autocast.applies(plan), plan.lora_dropout
+    adapted = {_module(q).rsplit(".", 1)[-1] for q in layer0_targeted(spec, plan)}
+    both = tokens * h * cb  # result
+    if cb != FP32 or p or not adapted & {"gate_proj", "up_proj"}:
+        both += tokens * h * rb
+    if cb != FP32 or p:
+        both += tokens * i * cb
+    if cb != FP32 and (mixed or p):
+        both += tokens * i * FP32
+    if rb != FP32:
+        both += 2 * tokens * h * rb
+    at_b = both + 2 * tokens * h * (cb if mixed else FP32)
+    at_a = both + tokens * i * FP32 - plan.lora_rank * h * cb if mixed and p else 0
+    return max(at_a, at_b)
 
 
 def down_proj_forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
@@ -41,17 +92,10 @@ def down_proj_forward_extra_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         return 0
     from llmem.components.lora_activations import embeddings_require_grad, final_norm_bytes
 
-    tokens, h, i = plan.batch_size * plan.seq_len, spec.hidden_size, spec.intermediate_size
-    adapted = {_module(p).rsplit(".", 1)[-1] for p in layer0_targeted(spec, plan)}
-    extra = 3 * tokens * h * FP32
-    if plan.lora_dropout:
-        extra += tokens * i * FP32
-    if plan.lora_dropout or not adapted & {"gate_proj", "up_proj"}:
-        extra += tokens * h * FP32
+    extra = down_proj_inflight_bytes(spec, plan)
     if not embeddings_require_grad(plan):
-        extra += tokens * h * FP32
+        extra += plan.batch_size * plan.seq_len * spec.hidden_size * FP32
     return extra - final_norm_bytes(spec, plan)
-
 
 
 def down_proj_backward_freed_bytes(plan: TrainingPlan, saved: list) -> int:

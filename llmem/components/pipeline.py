@@ -269,3 +269,30 @@ def forward_cache_bytes(spec, plan: TrainingPlan, stage: int) -> int:
 
     unsaved = autocast.forward_copy_layers(spec, q, n) - autocast.saved_layer_copies(q, n)
     return unsaved * cached_copy_bytes(spec, q) + (first_layer_cached_copy_bytes(spec, q) if stage == 0 and n else 0)
+
+
+def layer_forward_bytes(spec, plan: TrainingPlan, stage: int) -> int:
+    """Inside the forward of the stage's last decoder layer, beyond the stage's forward moment (a microbatch's
+    `microbatch_bytes` made in full): the layer's transients, from the layer tables' own terms — LoRA's down_proj
+    adapter (`lora_forward.down_proj_inflight_bytes`), a checkpointed layer's MLP (`checkpointed_forward`) — less
+    what the stage makes after them: before the last stage its output (`hidden_bytes`, the layer's residual add), on
+    the last stage the head's held tensors and the lm_head's weight copy (`head_freed_bytes`); and, where the
+    transients count the layer's unsaved input (LoRA in pure half), a stage's single layer's input is its receive
+    buffer (`buffer_bytes`, after stage 0). 0 for a stage without layers or where neither applies."""
+    from llmem.components import checkpointed_forward
+    from llmem.components.activations import _bytes
+    from llmem.components.lora_forward import down_proj_inflight_bytes
+
+    q = microbatch_plan(plan)
+    counts = stage_layer_counts(spec.num_layers, num_stages(plan))
+    n = counts[stage]
+    if not n:
+        return 0
+    last_layer = sum(counts[:stage]) + n - 1
+    lora = down_proj_inflight_bytes(spec, q)
+    inflight = lora or checkpointed_forward.mlp_forward_bytes(spec, q, last_layer)
+    if not inflight:
+        return 0
+    later = head_freed_bytes(spec, plan) if stage == num_stages(plan) - 1 else hidden_bytes(spec, plan)
+    received = hidden_bytes(spec, plan) if lora and n == 1 and stage > 0 and _bytes(q)[1] != 4 else 0
+    return max(0, inflight - later - received)

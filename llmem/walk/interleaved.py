@@ -88,6 +88,7 @@ class _Stage:
         # none: the one-GPU walk counts it apart)
         self.head_held = pl.head_held_bytes(spec, plan)
         self.cache = pl.forward_cache_bytes(spec, plan, stage)
+        self.inflight = pl.layer_forward_bytes(spec, plan, stage)
         self.sent = x * (not self.first) + x * (not self.last)  # held by the send works once backwarded
 
 
@@ -112,6 +113,9 @@ def rank_phases(spec: ModelSpec, plan: TrainingPlan, rank: int) -> list[Phase]:
         if kind == "F":
             held += st.one
             phases.append(moment(label, **on, gradients=grads, activations=act + held, temporaries=st.cache + sent))
+            if st.inflight:  # inside its last layer (`layer_forward_bytes`)
+                phases.append(moment(label + ", inside the last layer", **on, gradients=grads,
+                                     activations=act + held + st.inflight, temporaries=st.cache + sent))
             continue
         first = st.index not in done
         phases += _backward(st, label, on, ex, first, grads, act + held, sent)

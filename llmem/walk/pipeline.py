@@ -87,9 +87,7 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
     sent = x * (not first) + pl.held_output_bytes(spec, plan, stage)
     head = head_gradient_bytes(spec, q) if last else 0
     name = f"stage {stage}: "
-    fwd_grads = grads if pl.forward_after_backward(plan, stage) else 0
-    phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads,
-                     activations=act + k * one, temporaries=pl.forward_cache_bytes(spec, plan, stage))]
+    phases = _forward_moments(spec, plan, stage, on, grads, sent, act + k * one)
     layers = s.num_layers
     if layers:
         phases.append(moment(name + "first backward, last layer", **on, gradients=head,
@@ -124,6 +122,23 @@ def stage_phases(spec: ModelSpec, plan: TrainingPlan, stage: int) -> list[Phase]
                 + pipeline_fsdp.reduce_phases(spec, plan, stage, name, on, act + ends, act))
     return phases + [moment(name + "optimizer step", **on, gradients=grads, activations=act,
                             temporaries=optimizer_step_temporary_bytes(s, q))]
+
+
+def _forward_moments(spec: ModelSpec, plan: TrainingPlan, stage: int, on: dict, grads: int, sent: int,
+                     held: int) -> list[Phase]:
+    """The forward with its microbatches in flight (`held`), and inside its last layer (`layer_forward_bytes`). 1F1B's
+    steady-state forward runs after a backward: its gradients (`grads`), and what that backward's sends hold
+    (`sent`: `bwd_sends` until the next backward, the warm-up's `send_work` until the cooldown, S:1062-1147)."""
+    name = f"stage {stage}: "
+    fwd_grads, fwd_sent = (grads, sent) if pl.forward_after_backward(plan, stage) else (0, 0)
+    cache = pl.forward_cache_bytes(spec, plan, stage)
+    phases = [moment(name + "forward, microbatches in flight", **on, gradients=fwd_grads, activations=held,
+                     temporaries=cache + fwd_sent)]
+    inflight = pl.layer_forward_bytes(spec, plan, stage)
+    if inflight:
+        phases.append(moment(name + "forward, inside the last layer", **on, gradients=fwd_grads,
+                             activations=held + inflight, temporaries=cache + fwd_sent))
+    return phases
 
 
 def _layer_grads(s: ModelSpec, q: TrainingPlan) -> int:

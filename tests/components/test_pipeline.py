@@ -74,8 +74,13 @@ FOUR_LOOPED = TwoRankRows({**BASE, "gpus": 4, "pp": 4, "pp_schedule": "interleav
 }, lambda _name: {**CONFIG, "num_hidden_layers": 6})
 
 
+FLOOR = 0.0005  # below the measured peak by at most 0.05 %: an under-estimate is the error a planner must not make
+LOW = {("1f1b-m2-batch4", 1), ("qwen3-gpipe-fp32", 1)}  # -0.08 %, -0.12 %: in backward, not explained yet
+
+
 def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: dict | None = None) -> None:
-    """Each stage within `tolerance` of its rank's peak (`worse`: stage -> a wider bar where one is known)."""
+    """Each stage within `tolerance` of its rank's peak (`worse`: stage -> a wider bar where one is known), and not
+    below it by more than `FLOOR` (but the stages of `LOW`)."""
     spec = ModelSpec.from_config(runs.config_of(name))
     est = estimate(spec, runs.plan(name)).stage_peaks
     res = runs.measured(name)[name]
@@ -85,6 +90,8 @@ def _check_stages(runs: TwoRankRows, name: str, tolerance: float = 0.01, worse: 
     for stage, (e, m) in enumerate(zip(est, res["per_rank"], strict=True)):
         bar = (worse or {}).get(stage, tolerance)
         assert abs(e - m) <= bar * m, f"{name} stage {stage}: estimate {e:,} vs measured {m:,}"
+        if (name, stage) not in LOW and stage not in (worse or {}):
+            assert e >= m * (1 - FLOOR), f"{name} stage {stage} under: estimate {e:,} vs measured {m:,}"
     assert max(est) == estimate(spec, runs.plan(name)).peak_bytes
 
 

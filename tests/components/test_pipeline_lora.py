@@ -19,6 +19,7 @@ ROWS = {  # the default suite measures one (one launch); the rest -m heavy
     "1f1b-fp32-full": dict(pp_schedule="1f1b", precision="fp32", grad_ckpt="full"),
     "1f1b-fp32-dropout0": dict(pp_schedule="1f1b", precision="fp32", lora_dropout=0.0),
     "gpipe-bf16": dict(pp_schedule="gpipe", precision="bf16"),
+    "gpipe-bf16-mixed": dict(pp_schedule="gpipe", precision="bf16-mixed"),
     "gpipe-bf16-mixed-full": dict(pp_schedule="gpipe", precision="bf16-mixed", grad_ckpt="full"),
     "1f1b-fp16-mixed-full": dict(pp_schedule="1f1b", precision="fp16-mixed", grad_ckpt="full"),
     "gpipe-fp32-qv-r8": dict(pp_schedule="gpipe", precision="fp32", lora_targets="q_proj,v_proj", lora_rank=8),
