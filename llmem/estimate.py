@@ -110,9 +110,7 @@ class Estimate:
         if high is None:
             peak = next(p for p in self.phases if p.name == self.peak_phase)
             high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
-        if expandable:
-            return min(self.reserved_bytes, high), high
-        return self.reserved_bytes, max(self.reserved_bytes, high)
+        return min(self.reserved_bytes, high), max(self.reserved_bytes, high)
 
     @property
     def device_total_bytes_range(self) -> tuple[int, int]:
@@ -192,7 +190,7 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=_fragmentation_bytes(plan, peak, expandable),
+        fragmentation_bytes=_fragmentation_bytes(spec, plan, peak, expandable),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=_host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),
@@ -203,13 +201,17 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 _TOTAL = operator.attrgetter("total")
 
 
-def _fragmentation_bytes(plan: TrainingPlan, peak, expandable: int | None) -> int:
-    """Reserved minus the peak: the flat allowance (`outside.fragmentation_bytes`), except under `--alloc-conf
-    expandable-segments` on CUDA, where the caching allocator's rules (`reserved.reserved_bytes`: the peak or the
-    build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it — within 2.1 % of `simulate` on 29 full-size
-    rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`: that figure (None: not that setting)."""
+def _fragmentation_bytes(spec: ModelSpec, plan: TrainingPlan, peak, expandable: int | None) -> int:
+    """Reserved minus the peak. With default segments on CUDA, the allocator model's replay of the program with
+    nothing of the build cached where the request stream covers the plan, else the flat allowance
+    (`reserved.point_bytes`). Under `--alloc-conf expandable-segments` on CUDA, the caching allocator's rules
+    (`reserved.reserved_bytes`: the peak or the build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it —
+    within 2.1 % of `simulate` on 29 full-size rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`:
+    that figure (None: not that setting)."""
+    if plan.device is not Device.CUDA:
+        return 0
     if expandable is None:
-        return outside.fragmentation_bytes(peak.total, plan)
+        return reserved.point_bytes(spec, plan, peak) - peak.total
     return max(0, expandable - peak.total)
 
 

@@ -152,3 +152,17 @@ def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandabl
         on_side = peak.breakdown.get(Category.GRADIENTS, 0) if plan.scheme in FSDP_SCHEMES else 0
         return _up(max(build, peak.total - on_side), K_LARGE_BUFFER) + side
     return max(build + oversize_bytes(spec, plan), category_high_water(phases, plan), peak.total) + side
+
+
+def point_bytes(spec: ModelSpec, plan: TrainingPlan, peak) -> int:
+    """The point figure of `max_memory_reserved` with default segments on CUDA (the low end of the range): for the
+    plans `request_stream.replays` accepts, the allocator model's replay of the program with nothing of the build
+    cached (`request_stream_point`), each request on its stream (FSDP1's unshard, pre-unshard and post-backward
+    pools, FSDP2's all-gather and reduce-scatter pools, DDP's buckets); for the others the peak plus the flat
+    allowance (`outside.fragmentation_bytes`). `peak`: the walk's largest Phase."""
+    from llmem.components import outside
+    from llmem.components.request_stream_point import point_reserved_bytes
+
+    if request_stream.replays(spec, plan):
+        return max(peak.total, point_reserved_bytes(spec, plan))
+    return peak.total + outside.fragmentation_bytes(peak.total, plan)
