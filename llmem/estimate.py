@@ -26,9 +26,10 @@ from llmem.walk.replay import walked
 from llmem.walk.single import iteration_phases
 
 FITS, RISKY, NO_FIT = "fits", "risky", "no"  # a plan's verdict on a GPU (`Estimate.verdict`)
-# How a program reaches the low end of the reserved range (`Estimate.reserved_bytes_range`)
-RISK_FIX = ("the high end is a model built in full on the GPU whose freed blocks stay cached: build it on the meta "
-            "device or the CPU, or call torch.cuda.empty_cache() after wrapping, for the low end")
+# What the two ends of the reserved range are (`Estimate.reserved_bytes_range`)
+RISK_FIX = ("the ends are a model built in full on the GPU whose freed blocks stay cached, and one built on the meta "
+            "device or the CPU, or with torch.cuda.empty_cache() after wrapping (the point figure): how the run "
+            "builds decides its end")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class Estimate:
 
     @property
     def reserved_bytes(self) -> int:
-        """Predicted `max_memory_reserved`: the peak plus the caching allocator's rounding and fragmentation."""
+        """Predicted `max_memory_reserved`: the peak plus the caching allocator's rounding, fragmentation and stream
+        pools, for the program with nothing of the build cached (`_fragmentation_bytes`)."""
         return self.peak_bytes + self.fragmentation_bytes
 
     @property
@@ -93,18 +95,17 @@ class Estimate:
 
     @functools.cached_property
     def reserved_bytes_range(self) -> tuple[int, int]:
-        """(low, high) `max_memory_reserved` over the allocator state the user did not say: low is `reserved_bytes`
-        (the flat allowance: a build that leaves nothing cached), high what the caching allocator's rules reserve
-        for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
-        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`.
-        With expandable segments any freed page serves any later request of its stream, so the rules give the peak
-        in 20 MiB pages (within 2.1 % of `simulate` on 29 full-size rows): both ends are the rules' figure (the
-        point figure's allowance is derived from them, `_fragmentation_bytes`). With default segments the flat
-        allowance stays the low end and a floor of the high end; one GPU, DDP, ZeRO-1, FSDP2 and TP (autocast, fp32)
-        replay the program's own requests through the allocator model (`components.request_stream`: 29 full-size
-        rows within −2.6 … +0.3 % of `simulate`, docs/notes/2026-11-27-tp-request-stream.md); other plans keep
-        the category high-water, which misses cross-kind reuse and order effects (−14 … +19 %,
-        docs/notes/2026-11-27-reserved-agreement.md)."""
+        """(low, high) `max_memory_reserved` over the allocator state the user did not say: the figures of two
+        programs, `reserved_bytes` (nothing of the build cached: a meta-device or CPU build, or `empty_cache` after
+        wrapping) and what the caching allocator's rules reserve for DESIGN.md section 1's program
+        (`llmem.components.reserved`: the model built in full on the device, its segments kept cached), under
+        `--alloc-conf`; either may be the larger (a cached build segment can serve the step). With expandable
+        segments any freed page serves any later request of its stream, so the rules give the peak in 20 MiB pages
+        (within 2.1 % of `simulate` on 29 full-size rows) for both. With default segments the plans
+        `request_stream.replays` accepts (one GPU, DDP, ZeRO-1, TP, FSDP2, FSDP1 FULL_SHARD) replay the program's
+        own requests, each on its stream, through the allocator model for both programs (within 3 % of `simulate`
+        and of its emptied-cache replay, docs/notes/2026-11-28-fsdp1-reserved.md); other plans keep the flat
+        allowance and the category high-water (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
         high = self.expandable_reserved_bytes if expandable else None
         if high is None:

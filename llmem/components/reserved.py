@@ -2,9 +2,9 @@
 program DESIGN.md section 1 defines — the model built in full on the device (`from_config`), then wrapped, nothing
 emptied — from the allocator's rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.13; the rules that
 llmem/simulate/allocator.py replays), without a trace: the parameters the build allocates, the FSDP2 buffers on
-their own streams, and the walk's moments. The estimate's point figure (`outside.fragmentation_bytes`, a flat
-allowance) is the low end: a program that builds on the meta device or empties the cache after building reserves
-little beyond its peak (docs/PUBLISHED.md's single-GPU reserved row: +1.6 %). The verdict uses the high end.
+their own streams, and the walk's moments. The estimate's point figure (`point_bytes`) is the other end of the
+range: a program that builds on the meta device or empties the cache after wrapping, replayed through the same
+allocator model where the request stream covers the plan (else a flat allowance). The verdict uses the high end.
 
 Three facts of the allocator carry the figure (docs/MODEL.md, "Reserved memory"):
   1. Segments are never given back during a step (`free_block` caches; nothing calls `empty_cache`), and
