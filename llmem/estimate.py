@@ -42,7 +42,6 @@ class Estimate:
     breakdown: dict  # Category -> bytes at the peak
     phases: tuple[Phase, ...] = field(repr=False)
     cuda_context_bytes: int = 0
-    fragmentation_bytes: int = 0
     paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
     host_breakdown: dict = field(default_factory=dict)  # Category -> host bytes per rank (--offload), not in peak
     host_pinned_bytes: int = 0
@@ -80,6 +79,13 @@ class Estimate:
         tokens pick (tests/components/test_moe_routing.py measures both extremes to the byte), so the range is
         one point for every modelled plan; the verdict uses its high end."""
         return self.peak_bytes, self.peak_bytes
+
+    @functools.cached_property
+    def fragmentation_bytes(self) -> int:
+        """Reserved minus the peak (`_fragmentation_bytes`), worked out when first asked: a replay of the program's
+        requests where the request stream covers the plan, which `estimate` itself does not need."""
+        peak = next(p for p in self.phases if p.name == self.peak_phase)
+        return _fragmentation_bytes(self.spec, self.plan, peak, self.expandable_reserved_bytes)
 
     @property
     def reserved_bytes(self) -> int:
@@ -191,7 +197,6 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=_fragmentation_bytes(spec, plan, peak, expandable),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=_host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),

@@ -51,6 +51,8 @@ def without_build(events: list, marks: list) -> tuple:
     """`events` (key, bytes, stream) with what comes before the first iteration's mark replaced by
     `emptied_prefix`."""
     start = next(i for name, i in marks if name == "forward 1")
+    if all(nbytes.__class__ is str or nbytes > 0 for _, nbytes, _ in events[:start]):  # nothing freed, nothing to
+        return tuple(events)  # give back: every segment of the prefix holds a live tensor (one GPU, DDP, untied)
     return emptied_prefix(events[:start]) + tuple(events[start:])
 
 
