@@ -269,12 +269,12 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
 
 
 def _replayed_fit(spec: ModelSpec, plan: TrainingPlan, best: int, unit: int, capacity_bytes: int) -> int:
-    """The largest batch (in units) at most `best` whose estimate's device total fits: where the request stream
-    covers the plan, the reserved point figure is the allocator model's replay (`reserved.point_bytes`), which the
-    solve's flat allowance (`_device_total`) can under-state (FSDP1's stream pools: about +18 %)."""
-    from llmem.components import request_stream
+    """The largest batch (in units) at most `best` whose estimate's device total fits: where the reserved point
+    figure is the allocator model's replay (`reserved.point_replays`), which the solve's flat allowance
+    (`_device_total`) can under-state (FSDP1's stream pools: about +18 %)."""
+    from llmem.components import reserved
 
-    if plan.device is not Device.CUDA or not request_stream.replays(spec, plan):
+    if plan.device is not Device.CUDA or not reserved.point_replays(spec, plan):
         return best
     while best >= 1 and estimate(spec, plan.with_(batch_size=best * unit)).device_total_bytes > capacity_bytes:
         best -= 1

@@ -3,9 +3,10 @@
 the CPU leaves as little cached): the build's cached segments given back, each segment that holds a live tensor
 (a parameter, a shard, a bucket) kept whole with its free blocks. Its request stream is the plan's
 (`request_stream.program_requests`) with the build and the wrap replaced by a prefix that lays out the same
-segments (`emptied_prefix`); the two iterations follow as they are. Replayed through the allocator model it gives
-the estimate's reserved point figure (`reserved.point_bytes`); `simulate` checks it with the real runtime's events
-replayed through the same model with an `empty_cache()` at the peak reset (`Simulation.reserved_emptied_bytes`).
+segments (`emptied_prefix`); the two iterations follow as they are. Replayed through the allocator model it
+gives the estimate's reserved point figure where `reserved.point_replays` (`reserved.point_bytes`); `simulate` checks
+it with the real runtime's events replayed through the same model with an `empty_cache()` at the peak reset
+(`Simulation.reserved_emptied_bytes`).
 
 Rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.13, as llmem/allocator.py models them): `emptyCache` →
 `release_cached_blocks` frees every cached block that is a whole segment (`release_block`); a segment with any live

@@ -39,7 +39,7 @@ from __future__ import annotations
 from llmem.components import Category, request_stream
 from llmem.components import communication as comm
 from llmem.components.sharding import FSDP_SCHEMES
-from llmem.plan import Device, Scheme, TrainingPlan
+from llmem.plan import Device, Engine, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 K_MIN_BLOCK = 512  # kMinBlockSize
@@ -154,15 +154,23 @@ def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandabl
     return max(build + oversize_bytes(spec, plan), category_high_water(phases, plan), peak.total) + side
 
 
+def point_replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the point figure is the allocator model's replay (`point_bytes`): FSDP1 plans the request stream
+    covers, whose unshard, pre-unshard and post-backward pools the flat allowance cannot see (−7 … −20 % against
+    `simulate` before). The replay reads every replayed scheme within 3 % (docs/notes/2026-11-28-fsdp1-reserved.md)
+    but costs a replay per plan asked, which the checkpointing planner (an estimate per K) and `compare` (one per
+    strategy) cannot afford yet; the other schemes keep the flat allowance until the replay is faster."""
+    return plan.engine is Engine.FSDP1 and request_stream.replays(spec, plan)
+
+
 def point_bytes(spec: ModelSpec, plan: TrainingPlan, peak) -> int:
-    """The point figure of `max_memory_reserved` with default segments on CUDA (the low end of the range): for the
-    plans `request_stream.replays` accepts, the allocator model's replay of the program with nothing of the build
-    cached (`request_stream_point`), each request on its stream (FSDP1's unshard, pre-unshard and post-backward
-    pools, FSDP2's all-gather and reduce-scatter pools, DDP's buckets); for the others the peak plus the flat
-    allowance (`outside.fragmentation_bytes`). `peak`: the walk's largest Phase."""
+    """The point figure of `max_memory_reserved` with default segments on CUDA: where `point_replays`, the allocator
+    model's replay of the program with nothing of the build cached (`request_stream_point`), each request on its
+    stream; for the others the peak plus the flat allowance (`outside.fragmentation_bytes`). `peak`: the walk's
+    largest Phase."""
     from llmem.components import outside
     from llmem.components.request_stream_point import point_reserved_bytes
 
-    if request_stream.replays(spec, plan):
+    if point_replays(spec, plan):
         return max(peak.total, point_reserved_bytes(spec, plan))
     return peak.total + outside.fragmentation_bytes(peak.total, plan)
