@@ -26,9 +26,10 @@ from llmem.walk.replay import walked
 from llmem.walk.single import iteration_phases
 
 FITS, RISKY, NO_FIT = "fits", "risky", "no"  # a plan's verdict on a GPU (`Estimate.verdict`)
-# How a program reaches the low end of the reserved range (`Estimate.reserved_bytes_range`)
-RISK_FIX = ("the high end is a model built in full on the GPU whose freed blocks stay cached: build it on the meta "
-            "device or the CPU, or call torch.cuda.empty_cache() after wrapping, for the low end")
+# What the two ends of the reserved range are (`Estimate.reserved_bytes_range`)
+RISK_FIX = ("the ends are a model built in full on the GPU whose freed blocks stay cached, and one built on the meta "
+            "device or the CPU, or with torch.cuda.empty_cache() after wrapping (the point figure): how the run "
+            "builds decides its end")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,6 @@ class Estimate:
     breakdown: dict  # Category -> bytes at the peak
     phases: tuple[Phase, ...] = field(repr=False)
     cuda_context_bytes: int = 0
-    fragmentation_bytes: int = 0
     paged_state_bytes: int = 0  # PagedAdamW8bit on CUDA: states in unified memory, outside the allocator
     host_breakdown: dict = field(default_factory=dict)  # Category -> host bytes per rank (--offload), not in peak
     host_pinned_bytes: int = 0
@@ -80,9 +80,17 @@ class Estimate:
         one point for every modelled plan; the verdict uses its high end."""
         return self.peak_bytes, self.peak_bytes
 
+    @functools.cached_property
+    def fragmentation_bytes(self) -> int:
+        """Reserved minus the peak (`_fragmentation_bytes`), worked out when first asked: a replay of the program's
+        requests where `reserved.point_replays`, which `estimate` itself does not need."""
+        peak = next(p for p in self.phases if p.name == self.peak_phase)
+        return _fragmentation_bytes(self.spec, self.plan, peak, self.expandable_reserved_bytes)
+
     @property
     def reserved_bytes(self) -> int:
-        """Predicted `max_memory_reserved`: the peak plus the caching allocator's rounding and fragmentation."""
+        """Predicted `max_memory_reserved`: the peak plus the caching allocator's rounding, fragmentation and stream
+        pools, for the program with nothing of the build cached (`_fragmentation_bytes`)."""
         return self.peak_bytes + self.fragmentation_bytes
 
     @property
@@ -93,26 +101,24 @@ class Estimate:
 
     @functools.cached_property
     def reserved_bytes_range(self) -> tuple[int, int]:
-        """(low, high) `max_memory_reserved` over the allocator state the user did not say: low is `reserved_bytes`
-        (the flat allowance: a build that leaves nothing cached), high what the caching allocator's rules reserve
-        for DESIGN.md section 1's program (`llmem.components.reserved`: the full build's segments stay cached,
-        tensors reuse blocks of their own kind, FSDP2's streams keep pools of their own), under `--alloc-conf`.
-        With expandable segments any freed page serves any later request of its stream, so the rules give the peak
-        in 20 MiB pages (within 2.1 % of `simulate` on 29 full-size rows): both ends are the rules' figure (the
-        point figure's allowance is derived from them, `_fragmentation_bytes`). With default segments the flat
-        allowance stays the low end and a floor of the high end; one GPU, DDP, ZeRO-1, FSDP2 and TP (autocast, fp32)
-        replay the program's own requests through the allocator model (`components.request_stream`: 29 full-size
-        rows within −2.6 … +0.3 % of `simulate`, docs/notes/2026-11-27-tp-request-stream.md); other plans keep
-        the category high-water, which misses cross-kind reuse and order effects (−14 … +19 %,
-        docs/notes/2026-11-27-reserved-agreement.md)."""
+        """(low, high) `max_memory_reserved` over the allocator state the user did not say: the figures of two
+        programs, `reserved_bytes` (nothing of the build cached: a meta-device or CPU build, or `empty_cache` after
+        wrapping) and what the caching allocator's rules reserve for DESIGN.md section 1's program
+        (`llmem.components.reserved`: the model built in full on the device, its segments kept cached), under
+        `--alloc-conf`; either may be the larger (a cached build segment can serve the step). With expandable
+        segments any freed page serves any later request of its stream, so the rules give the peak in 20 MiB pages
+        (within 2.1 % of `simulate` on 29 full-size rows) for both. With default segments the plans
+        `request_stream.replays` accepts (one GPU, DDP, ZeRO-1, TP, FSDP2, FSDP1 FULL_SHARD) replay the program's
+        own requests, each on its stream, through the allocator model for the built program (within 3 % of
+        `simulate`) and, under FSDP1, for the point figure's (within 1 % of its emptied-cache replay,
+        docs/notes/2026-11-28-fsdp1-reserved.md); other plans keep the flat allowance and the category high-water
+        (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
         high = self.expandable_reserved_bytes if expandable else None
         if high is None:
             peak = next(p for p in self.phases if p.name == self.peak_phase)
             high = reserved.reserved_bytes(self.spec, self.plan, self.phases, peak, expandable)
-        if expandable:
-            return min(self.reserved_bytes, high), high
-        return self.reserved_bytes, max(self.reserved_bytes, high)
+        return min(self.reserved_bytes, high), max(self.reserved_bytes, high)
 
     @property
     def device_total_bytes_range(self) -> tuple[int, int]:
@@ -192,7 +198,6 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
         breakdown=dict(peak.breakdown),
         phases=phases,
         cuda_context_bytes=outside.cuda_context_bytes(plan),
-        fragmentation_bytes=_fragmentation_bytes(plan, peak, expandable),
         paged_state_bytes=paged_state_bytes(spec, plan),
         host_breakdown=_host_breakdown(spec, plan),
         host_pinned_bytes=offload.host_pinned_bytes(spec, plan) + act_offload.host_pinned_bytes(spec, plan),
@@ -203,13 +208,17 @@ def estimate(spec: ModelSpec, plan: TrainingPlan) -> Estimate:
 _TOTAL = operator.attrgetter("total")
 
 
-def _fragmentation_bytes(plan: TrainingPlan, peak, expandable: int | None) -> int:
-    """Reserved minus the peak: the flat allowance (`outside.fragmentation_bytes`), except under `--alloc-conf
-    expandable-segments` on CUDA, where the caching allocator's rules (`reserved.reserved_bytes`: the peak or the
-    build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it — within 2.1 % of `simulate` on 29 full-size
-    rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`: that figure (None: not that setting)."""
+def _fragmentation_bytes(spec: ModelSpec, plan: TrainingPlan, peak, expandable: int | None) -> int:
+    """Reserved minus the peak. With default segments on CUDA, the allocator model's replay of the program with
+    nothing of the build cached where `reserved.point_replays` (FSDP1), else the flat allowance
+    (`reserved.point_bytes`). Under `--alloc-conf expandable-segments` on CUDA, the caching allocator's rules
+    (`reserved.reserved_bytes`: the peak or the build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it —
+    within 2.1 % of `simulate` on 29 full-size rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`:
+    that figure (None: not that setting)."""
+    if plan.device is not Device.CUDA:
+        return 0
     if expandable is None:
-        return outside.fragmentation_bytes(peak.total, plan)
+        return reserved.point_bytes(spec, plan, peak) - peak.total
     return max(0, expandable - peak.total)
 
 

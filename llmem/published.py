@@ -241,8 +241,8 @@ def _summary_lines(results: list[Result]) -> list[str]:
     lines = ["", f"Median absolute error of the claimed rows: **{median_abs_error(results) * 100:.1f} %** "
              f"(bound {BOUND * 100:.0f} %); of the {len(unallocated)} reserved or nvidia-smi rows: "
              f"{median_abs_error(unallocated) * 100:.1f} %. The high end is that of the statistic's range (reserved: "
-             "the caching allocator's rules for a model built in full on the GPU, docs/MODEL.md; allocated: the peak "
-             "itself)."]
+             "the larger of the caching allocator's figures for the model built in full on the GPU and for the "
+             "point figure's program, the cache emptied after wrapping, docs/MODEL.md; allocated: the peak itself)."]
     for title, name, groups in (("Per source", "source", per_source(results)),
                                 ("Per scheme", "scheme", per_scheme(results))):
         lines += ["", f"## {title}", "", f"| {name} | rows | median abs error | mean error |", "|---|---:|---:|---:|"]
@@ -257,18 +257,21 @@ different run of a close program, so its error has parts the estimator cannot re
 
 - **sequence length**: most sources pad each batch to its longest sample (or bucket by length); the table uses the
   truncation length, the upper end, while the reported peak comes from whatever the longest batch really was;
-- **statistic**: reserved figures include allocator fragmentation, which the CUDA profile states as a flat 5 %
-  allowance; the method-comparison runs sample reserved memory after steps, at a percentile;
+- **statistic**: reserved figures include allocator fragmentation and stream pools, which the CUDA profile derives
+  from the caching-allocator model under FSDP1 (full fine-tuning: its requests replayed, each on its stream) and
+  states as a flat 5 % allowance elsewhere; the method-comparison runs sample reserved memory after steps, at a
+  percentile;
 - **model code and versions**: LitGPT and torchtune use their own Llama classes (fused qkv, chunked lm_head and
   loss, bf16 adapters); older bitsandbytes saved every 4-bit Linear's input; flash-attention kernels and cuBLAS
   workspaces differ from the profile in small ways;
 - **sharding implementation**: the LoRA and QLoRA runs under FSDP1 (torchtune of April 2024, Answer.AI's train.py)
   trained adapters under FullyShardedDataParallel as each wrapped it, which `--engine fsdp1` (accelerate's wrapping)
   does not model exactly; they are shown above for reference. The full fine-tunes under FSDP1 are claimed with
-  `--engine fsdp1`: LitGPT's Phi-2 run within a few per cent; torchtune's Llama-2-7B run on 4 GPUs above even the
-  high end of the reserved range, although its recipe, read at the README's commit, allocates our peak term by
-  term — the figure (statistic unnamed, "averaged over multiple runs") lies 2.7-6.0 GB above every reading of that
-  program, as the LoRA run of the same table lies above its own (docs/notes/2026-11-28-torchtune-fsdp1-rows.md);
+  `--engine fsdp1`: LitGPT's Phi-2 run within a few per cent; torchtune's Llama-2-7B run on 4 GPUs near the high
+  end of the reserved range, although its recipe, read at the README's commit, allocates our peak term by term and
+  empties the cache before training (the point figure's program) — the figure (statistic unnamed, "averaged over
+  multiple runs") lies 2.9 GB above that program's reserved memory, as the LoRA run of the same table lies above
+  its own (docs/notes/2026-11-28-torchtune-fsdp1-rows.md);
   the first thing to check on a GPU (`python -m llmem validate --device cuda` on a suite of `--engine fsdp1` rows).
 - **model code**: LitGPT's Phi computes the tanh GELU in one op where transformers' `gelu_new` composes it of
   elementwise ops that each keep a tensor; those claims set the config's `hidden_act` to `gelu_pytorch_tanh`, the

@@ -84,11 +84,13 @@ CLAIMS: dict[str, Claim] = {
         "(FlatParameter is a plain nn.Parameter) over the flat shards: weights, gradients, both bf16 states and "
         "_foreach_sqrt's one copy, 16.91 GB allocated. Differs: torchtune's FSDP1 wrapping (rank 0 builds on the "
         "CPU, the others on the meta device, sync_module_states; the cache emptied before training), its own Llama "
-        "code (fp32 logits, only around the loss), and FSDP1's unshard-stream pool (the root and two layers, "
-        "1.33 GB) held through the step: reserved at least 18.25 GB, which our point figure omits. The figure, "
-        "'averaged over multiple runs' with its statistic unnamed, lies 2.7-6.0 GB above every reading of this "
-        "program (allocated, reserved, nvidia-smi) and above the high end of our range; the same table holds "
-        "figures taken on other code and in other ways (docs/notes/2026-11-28-torchtune-fsdp1-rows.md).",
+        "code (fp32 logits, only around the loss). The point figure is that program's reserved memory: FSDP1's "
+        "requests replayed through the caching-allocator model with the cache emptied after wrapping, each on its "
+        "stream, so the unshard-stream pool (the root and two layers, 1.33 GB) and the post-backward pool stay "
+        "apart from the default stream's blocks (19.97 GB; the note's floor was 18.25). The figure, 'averaged over "
+        "multiple runs' with its statistic unnamed, lies 2.9 GB above it and 2.7-6.0 GB above every other reading "
+        "of this program (allocated, nvidia-smi); the same table holds figures taken on other code and in other "
+        "ways (docs/notes/2026-11-28-torchtune-fsdp1-rows.md, docs/notes/2026-11-28-fsdp1-reserved.md).",
         dict(precision="bf16", zero=3, seq_len=512, engine="fsdp1")),
     "litgpt_config_hub_024": Claim(
         "phi-2", ALLOCATED,

@@ -1,4 +1,5 @@
-"""`estimate`'s reserved high end against `simulate`'s caching-allocator replay at full size, both allocator settings.
+"""`estimate`'s reserved figures against `simulate`'s caching-allocator replay at full size: the program built in full
+on the device (both allocator settings) and the point program (the cache emptied after wrapping).
 
     PYTHONPATH=. .venv/bin/python scripts/check_reserved.py [--cache out/check_reserved.jsonl] [--only MODEL ...]
         [--scheme SCHEME ...]
@@ -39,6 +40,10 @@ SCHEMES = {
     "single ckpt bf16": {"grad_ckpt": "full", "precision": "bf16"},
     "ddp ckpt bf16": {"gpus": 8, "grad_ckpt": "full", "precision": "bf16"},
     "zero3 sel": {"gpus": 8, "zero": 3, "grad_ckpt": "selective"},
+    # FSDP1 (FullyShardedDataParallel FULL_SHARD as accelerate configures it): its unshard, pre-unshard and
+    # post-backward streams
+    "fsdp1": {"gpus": 8, "zero": 3, "engine": "fsdp1"},
+    "fsdp1 ckpt bf16": {"gpus": 4, "zero": 3, "engine": "fsdp1", "grad_ckpt": "full", "precision": "bf16"},
 }
 # schemes simulated for some models only (minutes a row at full size)
 FOR = {"zero3 ckpt": ["llama-3.1-8b"],
@@ -49,7 +54,8 @@ FOR = {"zero3 ckpt": ["llama-3.1-8b"],
        "ddp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
        "tp ckpt": ["qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b"],
        "tp ckpt2": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"],
-       "single ckpt bf16": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"], "zero3 sel": MODELS}
+       "single ckpt bf16": ["qwen2.5-1.5b", "qwen3-4b", "llama-3.1-8b"], "zero3 sel": MODELS,
+       "fsdp1 ckpt bf16": ["qwen2.5-1.5b", "llama-3.1-8b"]}
 BASE = {"batch_size": 1, "seq_len": 2048, "precision": "bf16-mixed"}
 GIB = 1 << 30
 
@@ -77,15 +83,18 @@ def simulated(model: str, scheme: str, cache: Path) -> dict:
 
     sim = simulate(load_preset(model), TrainingPlan(**(BASE | SCHEMES[scheme])))
     r = {"model": model, "scheme": scheme, "peak": sim.peak_bytes, "reserved": sim.reserved_bytes,
-         "expandable": sim.reserved_expandable_bytes, "at_reset": sim.reserved_at_reset_bytes}
+         "expandable": sim.reserved_expandable_bytes, "at_reset": sim.reserved_at_reset_bytes,
+         "emptied": sim.reserved_emptied_bytes}
     cache.parent.mkdir(parents=True, exist_ok=True)
     with cache.open("a") as fh:
         fh.write(json.dumps(r) + "\n")
     return r
 
 
-def estimated(model: str, scheme: str) -> tuple[int, int, int]:
-    """(peak, reserved high end, reserved high end with --alloc-conf expandable-segments)."""
+def estimated(model: str, scheme: str) -> tuple[int, int, int, int]:
+    """(peak, reserved of the program built in full on the device, the same with --alloc-conf expandable-segments,
+    the point figure: the program with the cache emptied after wrapping). The range is the two programs' figures."""
+    from llmem.components import reserved
     from llmem.estimate import estimate
     from llmem.plan import TrainingPlan
     from llmem.presets import load_preset
@@ -94,19 +103,23 @@ def estimated(model: str, scheme: str) -> tuple[int, int, int]:
     spec = ModelSpec.from_config(load_preset(model))
     plan = TrainingPlan(**(BASE | SCHEMES[scheme]))
     est = estimate(spec, plan)
+    built = reserved.reserved_bytes(est.spec, plan, est.phases, next(p for p in est.phases if p.name == est.peak_phase))
     exp = estimate(spec, plan.with_(alloc_conf="expandable-segments"))
-    return est.peak_bytes, est.reserved_bytes_range[1], exp.reserved_bytes_range[1]
+    return est.peak_bytes, built, exp.reserved_bytes_range[1], est.reserved_bytes
 
 
 def table(rows: list[tuple]) -> str:
-    lines = ["| model | scheme | peak sim | reserved est | sim | est − sim | expandable est | sim | est − sim |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | scheme | peak sim | built est | sim | est − sim | point est | emptied sim | est − sim | "
+             "expandable est | sim | est − sim |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model, scheme, sim, est in rows:
-        d, e = est[1] / sim["reserved"] - 1, est[2] / sim["expandable"] - 1
+        d, e, p = est[1] / sim["reserved"] - 1, est[2] / sim["expandable"] - 1, est[3] / sim["emptied"] - 1
         lines.append(f"| {model} | {scheme} | {sim['peak'] / GIB:.2f} | {est[1] / GIB:.2f} | "
-                     f"{sim['reserved'] / GIB:.2f} | {100 * d:+.1f}% | {est[2] / GIB:.2f} | "
+                     f"{sim['reserved'] / GIB:.2f} | {100 * d:+.1f}% | {est[3] / GIB:.2f} | "
+                     f"{sim['emptied'] / GIB:.2f} | {100 * p:+.1f}% | {est[2] / GIB:.2f} | "
                      f"{sim['expandable'] / GIB:.2f} | {100 * e:+.1f}% |")
-    for label, i, key in (("default segments", 1, "reserved"), ("expandable segments", 2, "expandable")):
+    for label, i, key in (("built in full, default segments", 1, "reserved"),
+                          ("point (cache emptied after wrapping), default segments", 3, "emptied"),
+                          ("expandable segments", 2, "expandable")):
         errs = [100 * (est[i] / sim[key] - 1) for _, _, sim, est in rows]
         if errs:
             absd = sorted(abs(e) for e in errs)

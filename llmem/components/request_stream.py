@@ -29,16 +29,15 @@ sizes it in the walk:
             the plain one): in iteration 1 `_init_group`'s `exp_avg`, `exp_avg_sq` per tensor (`zeros_like`), then
             foreach AdamW's one temporary list (`_foreach_sqrt(exp_avg_sqs)`, torch/optim/adamw.py
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
-FSDP2 (ZeRO-2/3, TP × FSDP2) wraps and runs otherwise, each request on the stream it allocates on: its program is
-`request_stream_fsdp`'s (docs/notes/2026-11-27-fsdp2-request-stream.md). Checkpointed: `request_stream_ckpt`.
-Left out: the op-level temporaries that live for an op or two (norm statistics, RoPE products, q/k/v projection
-outputs, activation gradients), carved from blocks freed moments before. Without them the replay is within 3 % of
-`simulate`'s (every aten allocation of the real runtime through the same model) on the 25 full-size one-GPU, DDP,
-ZeRO-1 and FSDP2 rows and on held-out pure-bf16, fp32 and small-model rows. Under TP they decide whether a freed
-logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so under TP the layers' forward and backward are
-written op by op, TP's all-reduce outputs included (`request_stream_tp`, `per_op`: the 4 full-size TP rows
-−0.6 … −0.0 %; pure bf16, docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the category
-rules (`reserved.reserved_bytes`).
+FSDP2 and FSDP1 wrap and run otherwise, each request on its stream: `request_stream_fsdp`, `request_stream_fsdp1`
+(docs/notes/2026-11-27-fsdp2-request-stream.md, 2026-11-28-fsdp1-reserved.md). Checkpointed: `request_stream_ckpt`.
+The point figure replays the stream with the cache emptied after wrapping (`request_stream_point`). Left out: the
+op-level temporaries that live for an op or two, carved from blocks freed moments before: without them the replay
+is within 3 % of `simulate`'s (every aten allocation of the real runtime through the same model) on the full-size
+one-GPU, DDP, ZeRO-1, FSDP2 and FSDP1 rows and held-out pure-bf16, fp32, small-model rows. Under TP they decide
+whether a freed logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so the TP layers are written op by
+op (`request_stream_tp`, `per_op`; docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the
+category rules (`reserved.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from llmem.components import autocast
 from llmem.components import communication as comm
 from llmem.components import request_stream_ckpt as ckpt_ops
 from llmem.components import request_stream_fsdp as fsdp
+from llmem.components import request_stream_fsdp1 as fsdp1
 from llmem.components import request_stream_tp as tp_ops
 from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
@@ -122,26 +122,24 @@ def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False
     return alloc.peak_reserved
 
 
-# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md,
-# TP under autocast: docs/notes/2026-11-27-tp-request-stream.md)
+# schemes whose replay meets simulate's within 3 % on every row (docs/notes/2026-11-27-fsdp2-request-stream.md)
 REPLAYED = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 
 
 def covers(spec: ModelSpec, plan: TrainingPlan) -> bool:
     """The plans whose program the stream writes out: full fine-tuning of a llama-like dense decoder on one GPU,
-    DDP, ZeRO-1, TP or FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) on CUDA in fp32, bf16 or
-    bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's fp32 softmax temporaries are not
-    written out), checkpointing as `_checkpointing` says, no accumulation, offload or float8, foreach AdamW
-    stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
-    return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.engine is Engine.TORCH
-            and plan.method is Method.FULL and _checkpointing(plan) and plan.grad_accum == 1
+    DDP, ZeRO-1, TP, FSDP2 (ZeRO-2/3, TP × FSDP2, dim-0 shards: `_dim0_shards`) or FSDP1 (`request_stream_fsdp1
+    .applies`) on CUDA in fp32, bf16 or bf16-mixed (fp16-mixed adds GradScaler's step), SDPA (eager attention's
+    fp32 softmax temporaries are not written out), checkpointing as `_checkpointing` says, no accumulation, offload
+    or float8, foreach AdamW stepped after backward, `zero_grad(set_to_none)`, the standard loss."""
+    return (plan.device is Device.CUDA and plan.scheme in SCHEMES and plan.method is Method.FULL
+            and (plan.engine is Engine.TORCH or fsdp1.applies(plan)) and _checkpointing(plan) and plan.grad_accum == 1
             and plan.precision in PRECISIONS and plan.attn is Attention.SDPA and plan.float8 is Float8.NONE
             and plan.optimizer is Optimizer.ADAMW and plan.effective_optimizer_impl is OptimizerImpl.FOREACH
-            and not plan.optimizer_in_backward and not plan.keep_grads
-            and plan.loss is Loss.STANDARD and plan.offload is Offload.NONE and not plan.activation_offload
+            and not plan.optimizer_in_backward and not plan.keep_grads and plan.loss is Loss.STANDARD
+            and plan.offload is Offload.NONE and not plan.activation_offload
             and not plan.ddp_bucket_view and _dim0_shards(spec, plan) and plan.pp == 1 and plan.cp == 1
-            and not spec.is_moe
-            and spec.derived is None and has_trait(spec.model_type, "request_stream"))
+            and not spec.is_moe and spec.derived is None and has_trait(spec.model_type, "request_stream"))
 
 
 def _dim0_shards(spec: ModelSpec, plan: TrainingPlan) -> bool:
@@ -276,7 +274,9 @@ def _distribute(req: Requests, plan: TrainingPlan, params: list, built: list[int
 
 def _fsdp_program(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes, params: list,
                   built: list[int]) -> Requests:
-    """FSDP2's wrap and two iterations (`request_stream_fsdp`)."""
+    """FSDP2's wrap and two iterations (`request_stream_fsdp`); FSDP1's (`request_stream_fsdp1`)."""
+    if fsdp1.applies(plan):
+        return fsdp1.program(req, spec, plan, sizes, params, built, _step)
     fsdp.wrap(req, spec, plan, params, built)
     layers, root, _ = fsdp.groups(spec, plan, params)
     for iteration in (1, 2):

@@ -2,9 +2,9 @@
 program DESIGN.md section 1 defines — the model built in full on the device (`from_config`), then wrapped, nothing
 emptied — from the allocator's rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.13; the rules that
 llmem/simulate/allocator.py replays), without a trace: the parameters the build allocates, the FSDP2 buffers on
-their own streams, and the walk's moments. The estimate's point figure (`outside.fragmentation_bytes`, a flat
-allowance) is the low end: a program that builds on the meta device or empties the cache after building reserves
-little beyond its peak (docs/PUBLISHED.md's single-GPU reserved row: +1.6 %). The verdict uses the high end.
+their own streams, and the walk's moments. The estimate's point figure (`point_bytes`) is the other end of the
+range: a program that builds on the meta device or empties the cache after wrapping, replayed through the same
+allocator model where the request stream covers the plan (else a flat allowance). The verdict uses the high end.
 
 Three facts of the allocator carry the figure (docs/MODEL.md, "Reserved memory"):
   1. Segments are never given back during a step (`free_block` caches; nothing calls `empty_cache`), and
@@ -39,7 +39,7 @@ from __future__ import annotations
 from llmem.components import Category, request_stream
 from llmem.components import communication as comm
 from llmem.components.sharding import FSDP_SCHEMES
-from llmem.plan import Device, Scheme, TrainingPlan
+from llmem.plan import Device, Engine, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 K_MIN_BLOCK = 512  # kMinBlockSize
@@ -152,3 +152,25 @@ def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandabl
         on_side = peak.breakdown.get(Category.GRADIENTS, 0) if plan.scheme in FSDP_SCHEMES else 0
         return _up(max(build, peak.total - on_side), K_LARGE_BUFFER) + side
     return max(build + oversize_bytes(spec, plan), category_high_water(phases, plan), peak.total) + side
+
+
+def point_replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Whether the point figure is the allocator model's replay (`point_bytes`): FSDP1 plans the request stream
+    covers, whose unshard, pre-unshard and post-backward pools the flat allowance cannot see (−7 … −20 % against
+    `simulate` before). The replay reads every replayed scheme within 3 % (docs/notes/2026-11-28-fsdp1-reserved.md)
+    but costs a replay per plan asked, which the checkpointing planner (an estimate per K) and `compare` (one per
+    strategy) cannot afford yet; the other schemes keep the flat allowance until the replay is faster."""
+    return plan.engine is Engine.FSDP1 and request_stream.replays(spec, plan)
+
+
+def point_bytes(spec: ModelSpec, plan: TrainingPlan, peak) -> int:
+    """The point figure of `max_memory_reserved` with default segments on CUDA: where `point_replays`, the allocator
+    model's replay of the program with nothing of the build cached (`request_stream_point`), each request on its
+    stream; for the others the peak plus the flat allowance (`outside.fragmentation_bytes`). `peak`: the walk's
+    largest Phase."""
+    from llmem.components import outside
+    from llmem.components.request_stream_point import point_reserved_bytes
+
+    if point_replays(spec, plan):
+        return max(peak.total, point_reserved_bytes(spec, plan))
+    return peak.total + outside.fragmentation_bytes(peak.total, plan)

@@ -35,8 +35,10 @@ class AllocatorStats:
 
 def replay(events: list[tuple[int, int, int]], reset_index: int = 0, expandable_segments: bool = False,
            max_split_size: int | None = None, capacity: int | None = None,
-           streams: Sequence[int] | None = None, **settings) -> AllocatorStats:
-    """Replay (op, block, delta) events; the peak statistics are reset before event `reset_index`.
+           streams: Sequence[int] | None = None, empty_at_reset: bool = False, **settings) -> AllocatorStats:
+    """Replay (op, block, delta) events; the peak statistics are reset before event `reset_index` (`empty_at_reset`:
+    after `torch.cuda.empty_cache()`, as a program that empties the cache after wrapping, or builds on the meta
+    device or the CPU, leaves nothing of the build cached).
     `streams[block]` is the stream block `block` was allocated on (default: all on stream 0); `settings` are the
     other `CachingAllocator` arguments (garbage_collection_threshold, memory_fraction, roundup_power2_divisions)."""
     from llmem.allocator import CachingAllocator
@@ -47,6 +49,8 @@ def replay(events: list[tuple[int, int, int]], reset_index: int = 0, expandable_
     best = -1
     for i, (_, block, delta) in enumerate(events):
         if i == reset_index:
+            if empty_at_reset:
+                alloc.empty_cache()
             alloc.reset_peak()
             at_peak, best, at_reset = (alloc.allocated, alloc.reserved), alloc.allocated, alloc.reserved
         if delta > 0:
@@ -57,6 +61,8 @@ def replay(events: list[tuple[int, int, int]], reset_index: int = 0, expandable_
             best = alloc.allocated
             at_peak = (alloc.allocated, alloc.reserved)
     if reset_index >= len(events):
+        if empty_at_reset:
+            alloc.empty_cache()
         alloc.reset_peak()
         at_peak = (alloc.allocated, alloc.reserved)
         at_reset = alloc.reserved

@@ -60,6 +60,8 @@ class Simulation:
     fragmentation_at_peak_bytes: int  # reserved minus allocated when allocated memory peaks
     reserved_expandable_bytes: int  # max_memory_reserved with expandable_segments:True
     reserved_at_reset_bytes: int = 0  # reserved when the peaks are reset: what build and wrap left cached
+    reserved_emptied_bytes: int = 0  # max_memory_reserved of the run with the cache emptied at the reset (the
+    #                                  estimate's point figure: nothing of the build cached)
     streams: int = 1  # CUDA streams the run allocated on (FSDP2: default, all-gather copy-in, reduce-scatter)
     paged_state_bytes: int = 0  # bitsandbytes' paged optimizer states in CUDA unified memory (not in the peak)
     host_bytes: int = 0  # --offload: the largest host tensor memory after the reset (fake_cuda.py), as estimate's
@@ -98,7 +100,8 @@ class Simulation:
             "fragmentation_bytes": self.fragmentation_bytes,
             "fragmentation_at_peak_bytes": self.fragmentation_at_peak_bytes,
             "reserved_expandable_bytes": self.reserved_expandable_bytes,
-            "reserved_at_reset_bytes": self.reserved_at_reset_bytes, "streams": self.streams,
+            "reserved_at_reset_bytes": self.reserved_at_reset_bytes,
+            "reserved_emptied_bytes": self.reserved_emptied_bytes, "streams": self.streams,
             "phases": [vars(p) for p in self.phases],
             "top_tensors": [t.to_dict() for t in self.top_tensors],
             "timeline": [list(p) for p in self.timeline_points(max_points)],
@@ -191,13 +194,15 @@ def build_result(plan, rank, tracker, drop: set, closed_form, notes, t0: float) 
     streams = [b.stream for b in tracker.blocks]  # each block's allocation stream (FSDP2's side streams)
     stats = replay(events, reset, streams=streams)
     expandable = replay(events, reset, expandable_segments=True, streams=streams)
+    emptied = replay(events, reset, streams=streams, empty_at_reset=True)
     return Simulation(
         plan=plan, rank=rank, peak_bytes=peak, peak_phase=peak_phase, peak_iteration=peak_iter,
         peak_op_index=peak_op, live_at_reset=live_at_reset, timeline=timeline,
         phases=_phases(phases_raw, marks, series), top_tensors=_top_tensors(tracker, events, peak_i),
         allocated_rounded_bytes=stats.max_allocated, reserved_bytes=stats.max_reserved,
         fragmentation_at_peak_bytes=stats.fragmentation_at_peak, reserved_expandable_bytes=expandable.max_reserved,
-        reserved_at_reset_bytes=stats.reserved_at_reset, streams=len(tracker.streams),
+        reserved_at_reset_bytes=stats.reserved_at_reset, reserved_emptied_bytes=emptied.max_reserved,
+        streams=len(tracker.streams),
         closed_form=closed_form, notes=notes, ops=tracker.op_index, events=len(events),
         seconds=time.perf_counter() - t0,
     )
