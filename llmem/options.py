@@ -240,6 +240,7 @@ OPTIONS: tuple[Option, ...] = (
            "unsharded gradient (FSDP2 in the reduce dtype) until the last micro-step, a whole model's gradients "
            "instead of its share.",
            link=WHEN_SET,
+           needs=Needs("gpus", repair="on one GPU there is nothing to synchronize", at_least=2),
            widget=Widget("Accumulate without syncing (no_sync)", "w_no_sync", CHECK, group=G_BATCH)),
     Option("offload", c.Offload, c.Offload.NONE,
            "optimizer+params: FSDP2 CPUOffloadPolicy (--zero 2/3) keeps sharded weights, gradients and optimizer "

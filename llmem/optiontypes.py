@@ -27,16 +27,27 @@ SELECT, NUMBER, TEXT, CHECK, SPECIAL = "select", "number", "text", "check", "spe
 
 @dataclass(frozen=True)
 class Needs:
-    """The option means something only when option `attr` is one of `values`: the app disables its widget and the
-    plan gets its default otherwise. With `repair`, a link setting it without them falls back to the default with
-    that warning (`{value}`: the option's value, `{other}`: `attr`'s)."""
+    """The option means something only when option `attr` is one of `values` (or, with `at_least`, a whole number of
+    at least that): the app disables its widget and the plan gets its default otherwise. With `repair`, a link
+    setting it without them falls back to the default with that warning (`{value}`: the option's value, `{other}`:
+    `attr`'s)."""
 
     attr: str
-    values: tuple[str, ...]
+    values: tuple[str, ...] = ()
     repair: str = ""
+    at_least: int | None = None
+
+    def holds(self, value: object) -> bool:
+        """Whether `attr`'s value (typed, or as a widget or a link gives it: text) meets the need."""
+        if self.at_least is None:
+            return str(value) in self.values
+        try:
+            return int(str(value)) >= self.at_least
+        except ValueError:
+            return False
 
     def met(self, inputs: object) -> bool:
-        return str(getattr(inputs, self.attr)) in self.values
+        return self.holds(getattr(inputs, self.attr))
 
 
 @dataclass(frozen=True)

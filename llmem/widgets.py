@@ -35,7 +35,7 @@ def _enabled(option: Option, state: Mapping) -> bool:
     if needs is None:
         return True
     needed = BY_NAME[needs.attr]
-    return str(state.get(needed.widget.key, _state_value(needed, needed.app_value))) in needs.values
+    return needs.holds(state.get(needed.widget.key, _state_value(needed, needed.app_value)))
 
 
 def widget_args(option: Option, state: Mapping) -> dict:
@@ -76,7 +76,7 @@ def inputs_from_state(state: Mapping, model: str, upload: str) -> AppInputs:
     for option in TABLE_WIDGETS:
         raw = state.get(option.widget.key)
         value = option.app_value if raw is None else _read(option, raw)
-        if option.needs is not None and str(values.get(option.needs.attr)) not in option.needs.values:
+        if option.needs is not None and not option.needs.holds(values.get(option.needs.attr)):
             value = option.app_value
         if option.name == "quant" and values["method"] is Method.QLORA and value is Quant.NONE:
             value = QLORA_BASE

@@ -99,3 +99,12 @@ def test_every_widget_names_its_sidebar_group():
     for option in OPTIONS:
         if option.widget:
             assert option.widget.group in (*GROUP_TITLES, "") and option.widget.key in grouped, option.name
+
+
+@pytest.mark.parametrize("value,held", [(1, False), (2, True), ("2", True), ("1", False), ("", False), ("x", False)])
+def test_a_need_of_at_least_reads_numbers_and_their_text(value, held):
+    """`Needs(at_least=...)` (no-sync's 2+ GPUs) reads the typed value a plan holds and the text a widget or link
+    gives; anything not a whole number does not meet it."""
+    from llmem.options import BY_NAME
+
+    assert BY_NAME["no_sync"].needs.holds(value) is held

@@ -144,7 +144,7 @@ def test_model_dependent_refusals_say_their_kind(model_type, plan, field, kind):
 
 SET = {"ckpt_every": 2, "lora_modules_to_save": "lm_head", "quant": "nf4", "double_quant": True, "loss_chunks": 4,
        "ds_reduce_bucket": 1000, "ds_overlap_comm": True, "pp_stages_per_rank": 3, "ds_prefetch_bucket": 1000,
-       "ds_persistence_threshold": 1000}
+       "ds_persistence_threshold": 1000, "no_sync": True}
 
 
 @pytest.mark.parametrize("name", sorted(SET))

@@ -91,3 +91,16 @@ def test_engine_fsdp1_reaches_the_strategies_the_link_and_the_estimate():
     assert shown == pytest.approx(estimate(spec, plan).peak_bytes / 2**30, abs=0.006)
     torch_engine = run({k: v for k, v in query.items() if k != "engine"})
     assert not any("FSDP1" in s for s in torch_engine.table[0].value.index)
+
+
+def test_no_sync_is_greyed_out_on_one_gpu_and_a_link_setting_it_there_is_repaired():
+    """`--no-sync` needs 2+ GPUs (`Needs("gpus", at_least=2)`): on one GPU its checkbox is disabled, and a link
+    setting it there opens with the default and a warning instead of the plan's refusal."""
+    one = run({**QUERY, "method": "full", "grad-accum": "2"})
+    assert not one.exception and one.checkbox(key="w_no_sync").disabled
+    two = run({**QUERY, "method": "full", "gpus": "2", "grad-accum": "2"})
+    assert not two.exception and not two.checkbox(key="w_no_sync").disabled
+    linked = run({**QUERY, "method": "full", "grad-accum": "2", "no-sync": "1"})
+    assert not linked.exception and not linked.error
+    warned = [w.value.replace("\\", "") for w in linked.warning if w.value.startswith("Share link")]
+    assert any("no-sync" in w for w in warned) and "no-sync" not in linked.query_params
