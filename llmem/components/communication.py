@@ -95,15 +95,27 @@ def reduce_bytes(plan: TrainingPlan) -> int:
     return 4 if plan.precision.is_mixed else plan.precision.param_bytes
 
 
+def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None = None) -> int:
+    """A: decoder layer `layer`'s all-gather output (padded) — also the size of its unsharded parameters' storage;
+    `layer` None: the largest layer's (a bound where the layer is not known). Each group gathers its own tensors
+    (`FSDPParamGroup.unshard` -> `foreach_all_gather(self.fsdp_params, ...)`, torch 2.13
+    `_fully_shard/_fsdp_param_group.py:407`), so layers of several sizes (DeepSeek's dense first layers, Qwen3-MoE's
+    `mlp_only_layers`) gather their own. LoRA: the frozen base and the fp32 adapters in one group; when their dtypes
+    differ (pure bf16/fp16 base) `foreach_all_gather` gathers them as bytes (a uint8 buffer), so A is the sum of both.
+    QLoRA: the base's share is its packed 4-bit codes (`quant.fsdp_layer_base_bytes`)."""
+    each = layers_unsharded_bytes(spec, plan)
+    return max(each, default=0) if layer is None else each[layer]
+
+
 @per_spec("layout_key")
-def layer_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """A: one decoder layer's all-gather output (padded) — also the size of its unsharded parameters' storage.
-    LoRA: the frozen base and the fp32 adapters in one group; when their dtypes differ (pure bf16/fp16 base)
-    `foreach_all_gather` gathers them as bytes (a uint8 buffer), so A is the sum of both. QLoRA: the base's share
-    is its packed 4-bit codes (`quant.fsdp_layer_base_bytes`)."""
+def layers_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
+    """`layer_unsharded_bytes` of each decoder layer."""
+    layers = range(spec.num_layers)
     if quant.is_qlora(plan):  # the packed uint8 codes, the norm weights and the adapters, gathered as bytes
-        return quant.fsdp_layer_base_bytes(spec, plan, 0, gathered=True) + _adapter_gather_bytes(spec, plan, 0)
-    return shard_summary(spec, plan).gathered_layer * gather_bytes(plan) + _adapter_gather_bytes(spec, plan, 0)
+        base = [quant.fsdp_layer_base_bytes(spec, plan, k, gathered=True) for k in layers]
+    else:
+        base = [n * gather_bytes(plan) for n in shard_summary(spec, plan).gathered_layers]
+    return tuple(b + _adapter_gather_bytes(spec, plan, k) for k, b in zip(layers, base, strict=True))
 
 
 def _adapter_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None) -> int:
@@ -120,14 +132,20 @@ def root_unsharded_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
         + lora_copies_fsdp.gathered_copy_bytes(spec, plan)  # PEFT's module copies (`lora_copies_fsdp`)
 
 
+def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None = None) -> int:
+    """Decoder layer `layer`'s `reduce_scatter_input` (padded, reduce dtype; None: the largest layer's). LoRA:
+    `foreach_reduce` gets only the gradients that exist, the adapters' (fp32: the reduce dtype under mixed
+    precision, their own dtype otherwise); the frozen base has none."""
+    each = layers_reduce_scatter_input_bytes(spec, plan)
+    return max(each, default=0) if layer is None else each[layer]
+
+
 @per_spec("layout_key")
-def layer_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
-    """One decoder layer's `reduce_scatter_input` (padded, reduce dtype). LoRA: `foreach_reduce` gets only the
-    gradients that exist, the adapters' (fp32: the reduce dtype under mixed precision, their own dtype otherwise);
-    the frozen base has none."""
+def layers_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> tuple[int, ...]:
+    """`layer_reduce_scatter_input_bytes` of each decoder layer."""
     if lora.is_lora(plan):
-        return lora.gathered_adapter_numel(spec, plan, 0) * 4
-    return shard_summary(spec, plan).gathered_layer * reduce_bytes(plan)
+        return tuple(lora.gathered_adapter_numel(spec, plan, k) * 4 for k in range(spec.num_layers))
+    return tuple(n * reduce_bytes(plan) for n in shard_summary(spec, plan).gathered_layers)
 
 
 @per_spec("layout_key")
@@ -140,23 +158,24 @@ def root_reduce_scatter_input_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
     return shard_summary(spec, plan).gathered_outer * reduce_bytes(plan)
 
 
-def reduce_scatter_scratch_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
-    """gloo's copy of the reduce-scatter input (CPU profile only)."""
+def reduce_scatter_scratch_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False,
+                                 layer: int | None = None) -> int:
+    """gloo's copy of the reduce-scatter input (CPU profile only), the root's or decoder layer `layer`'s."""
     from llmem.plan import Device
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
-    return root_reduce_scatter_input_bytes(spec, plan) if root else layer_reduce_scatter_input_bytes(spec, plan)
+    return root_reduce_scatter_input_bytes(spec, plan) if root else layer_reduce_scatter_input_bytes(spec, plan, layer)
 
 
 def gathered_parameter_bytes(spec: ModelSpec, plan: TrainingPlan) -> Callable[[int], int]:
     """f(n): unsharded parameter bytes (root + layers) once n decoder layers have run forward."""
     if plan.scheme not in FSDP_SCHEMES:
         return lambda n: 0
-    layer, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    each, root = layers_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
     if plan.scheme is Scheme.ZERO2:
-        return lambda n: root + n * layer
-    return lambda n: root + (layer if n else 0)
+        return lambda n: root + sum(each[:n])
+    return lambda n: root + (each[n - 1] if n else 0)
 
 
 @per_spec("layout_key")
@@ -165,9 +184,10 @@ def forward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, in_layer: bool) ->
     it: unsharded parameters plus the retained all-gather output of the last layer (`comm_ctx.all_gather_state`)."""
     if plan.scheme not in FSDP_SCHEMES:
         return 0
-    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    each, root = layers_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    a = each[-1] if each else 0  # the last layer's
     if plan.scheme is Scheme.ZERO2:
-        return root + spec.num_layers * a + a
+        return root + sum(each) + a
     return root + (a if in_layer else 0) + a
 
 
@@ -175,18 +195,19 @@ def forward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, in_layer: bool) ->
 def backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int | None, own: bool = True) -> int:
     """During the backward of decoder layer `layer` (None: the loss / lm_head, before any layer): the root,
     the layer's own unsharded parameters (`own`; False once `post_backward` resharded them), the layers still
-    gathered (ZeRO-2) and the prefetched all-gather output of the next layer backward runs (ZeRO-3)."""
+    gathered (ZeRO-2) and the prefetched all-gather output of the next layer backward runs (ZeRO-3), each at its
+    own size."""
     if plan.scheme not in FSDP_SCHEMES:
         return 0
-    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
-    if layer is None:
-        layer_count = spec.num_layers
-        return root + (layer_count * a if plan.scheme is Scheme.ZERO2 else a)
-    earlier = layer * a if plan.scheme is Scheme.ZERO2 else (a if layer > 0 else 0)
-    return root + (a if own else 0) + earlier
+    each, root = layers_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
+    if layer is None:  # the root's pre-backward prefetched the last layer
+        return root + (sum(each) if plan.scheme is Scheme.ZERO2 else (each[-1] if each else 0))
+    earlier = sum(each[:layer]) if plan.scheme is Scheme.ZERO2 else (each[layer - 1] if layer > 0 else 0)
+    return root + (each[layer] if own else 0) + earlier
 
 
-def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False,
+                                      layer: int | None = None) -> int:
     """(CPU profile) gloo's flat copy of a layer's (`root`: the root's) all-gather output:
     `ProcessGroupGloo::_allgather_base` chunks the output into one view per rank and runs `allgather`, whose
     `AsyncAllgatherWork::getOutputTensors` returns `newLikeFlat(outputs[0])` (world × chunk elements, A bytes) on the
@@ -196,91 +217,107 @@ def gloo_all_gather_flat_output_bytes(spec: ModelSpec, plan: TrainingPlan, root:
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
-    return root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
+    return root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan, layer)
 
 
 @per_spec("layout_key")
 def pre_backward_gather_bytes(spec: ModelSpec, plan: TrainingPlan, layer: int) -> int:
-    """ZeRO-3, in decoder layer `layer`'s pre-backward: the root's unsharded parameters, the layer's copy-out (its
-    new unsharded storage beside its prefetched all-gather output, 2A) and, for layer > 0, the same 2A once that
-    output is freed and `_backward_prefetch` has allocated layer - 1's, plus gloo's flat output during that
-    all-gather (`gloo_all_gather_flat_output_bytes`) and, under a MixedPrecisionPolicy, its input
-    (`all_gather_input_copy_bytes`) — or, if larger, the copy-out's Shard(1) temporaries
-    (`shard_dim1_copy_out_bytes`)."""
+    """ZeRO-3, in decoder layer `layer`'s pre-backward (`FSDPParamGroup.pre_backward`: `unshard`,
+    `wait_for_unshard`, then `_backward_prefetch`, torch 2.13 `_fully_shard/_fsdp_param_group.py:576-586`): the
+    root's unsharded parameters, the layer's copy-out (its new unsharded storage beside its prefetched all-gather
+    output, 2 A_l, and the copy-out's Shard(1) temporaries, `shard_dim1_copy_out_bytes`) and then, for layer > 0,
+    once that output is freed, the prefetch of layer - 1 (`_backward_prefetch`): its all-gather output A_(l-1)
+    beside A_l, with gloo's flat output during that all-gather (`gloo_all_gather_flat_output_bytes`) and, under a
+    MixedPrecisionPolicy, its input (`all_gather_input_copy_bytes`); the larger of the two."""
     if plan.scheme not in FSDP_SCHEMES or plan.scheme is Scheme.ZERO2:
         return 0
-    a, root = layer_unsharded_bytes(spec, plan), root_unsharded_bytes(spec, plan)
-    copy_out = shard_dim1_copy_out_bytes(spec, plan)  # its Shard(1) temporaries, only during the copy-out
+    a, root = layer_unsharded_bytes(spec, plan, layer), root_unsharded_bytes(spec, plan)
+    copy_out = 2 * a + shard_dim1_copy_out_bytes(spec, plan, layer=layer)  # Shard(1) temporaries: the copy-out only
     if layer == 0:
-        return root + 2 * a + copy_out
-    prefetch = gloo_all_gather_flat_output_bytes(spec, plan) + all_gather_input_copy_bytes(spec, plan)
-    return root + 2 * a + max(copy_out, prefetch)
+        return root + copy_out
+    return root + max(copy_out, a + all_gather_bytes(spec, plan, layer=layer - 1))
 
 
-def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
-    """Under a MixedPrecisionPolicy, a layer's (`root`: the root's) all-gather input: `_get_param_all_gather_inputs`
-    casts the group's sharded parameters into one new flat param_dtype tensor (`flat_foreach_copy_input`, A / dp
-    bytes), and `foreach_all_gather` keeps views of it (`all_gather_inputs`) until it returns, through the
-    collective. Without a policy the inputs are views of the sharded parameters (nothing allocated)."""
+def all_gather_input_copy_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False,
+                                layer: int | None = None) -> int:
+    """Under a MixedPrecisionPolicy, decoder layer `layer`'s (`root`: the root's) all-gather input:
+    `_get_param_all_gather_inputs` casts the group's sharded parameters into one new flat param_dtype tensor
+    (`flat_foreach_copy_input`, A / dp bytes), and `foreach_all_gather` keeps views of it (`all_gather_inputs`) until
+    it returns, through the collective. Without a policy the inputs are views of the sharded parameters (nothing
+    allocated)."""
     if plan.scheme not in FSDP_SCHEMES or not plan.precision.is_mixed:
         return 0
-    return (root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)) // plan.dp
+    return (root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan, layer)) // plan.dp
 
 
 @per_spec("layout_key")
-def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
-    """Inside one group's `foreach_all_gather` (`root`: the root's): its new all-gather output (A or R), its flat
-    half input copy under a MixedPrecisionPolicy and, on CPU, gloo's flat output, all alive through the collective
-    (the copy-out into the unsharded parameters follows in `wait_for_unshard`)."""
+def all_gather_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False, layer: int | None = None) -> int:
+    """Inside one group's `foreach_all_gather` (`root`: the root's, else decoder layer `layer`'s): its new all-gather
+    output (A or R), its flat half input copy under a MixedPrecisionPolicy and, on CPU, gloo's flat output, all alive
+    through the collective (the copy-out into the unsharded parameters follows in `wait_for_unshard`)."""
     if plan.scheme not in FSDP_SCHEMES:
         return 0
-    output = root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan)
-    return (output + all_gather_input_copy_bytes(spec, plan, root)
-            + gloo_all_gather_flat_output_bytes(spec, plan, root))
+    output = root_unsharded_bytes(spec, plan) if root else layer_unsharded_bytes(spec, plan, layer)
+    return (output + all_gather_input_copy_bytes(spec, plan, root, layer)
+            + gloo_all_gather_flat_output_bytes(spec, plan, root, layer))
 
 
-def _group_shapes(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> list[tuple]:
-    """The (TP-local) shapes of one FSDP2 group's tensors — a decoder layer's, or the root's — in registration
+def _group_shapes(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False,
+                  layer: int = 0) -> list[tuple]:
+    """The (TP-local) shapes of one FSDP2 group's tensors — decoder layer `layer`'s, or the root's — in registration
     order; LoRA: the frozen base's, then the adapters' (`trainable_only`: the adapters' alone, the tensors that
     have gradients)."""
     from llmem.components.sharding import tp_local_shape
 
-    params = spec.outer_params if root else spec.layer_params(0)
+    params = spec.outer_params if root else spec.layer_params(layer)
     frozen = lora.is_lora(plan)
     shapes = [] if frozen and trainable_only else [tp_local_shape(p, plan.tp) for p in params]
     if frozen:
-        shapes += [a.shape for a in lora.adapter_params(spec, plan) if a.layer == (None if root else 0)]
+        shapes += [a.shape for a in lora.adapter_params(spec, plan) if a.layer == (None if root else layer)]
     return shapes
 
 
+def _largest(term: Callable, spec: ModelSpec, plan: TrainingPlan, root: bool, layer: int | None) -> int:
+    """A group's term: the root's, decoder layer `layer`'s, or (None) the largest layer's."""
+    if root or layer is not None:
+        return term(spec, plan, root, layer or 0)
+    return max((term(spec, plan, False, k) for k in range(spec.num_layers)), default=0)
+
+
 @per_spec("layout_key")
-def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False) -> tuple:
+def _dim1_gathered_numels(spec: ModelSpec, plan: TrainingPlan, root: bool, trainable_only: bool = False,
+                          layer: int = 0) -> tuple:
     """Unsharded elements of the group's tensors that FSDP2 shards on dim 1, in registration order."""
     if plan.scheme not in FSDP_SCHEMES:
         return ()
     from llmem.components.sharding import fsdp_shard_dim
 
-    return tuple(math.prod(s) for s in _group_shapes(spec, plan, root, trainable_only) if fsdp_shard_dim(s, plan))
+    shapes = _group_shapes(spec, plan, root, trainable_only, layer)
+    return tuple(math.prod(s) for s in shapes if fsdp_shard_dim(s, plan))
 
 
 @per_spec("layout_key")
-def shard_dim1_copy_out_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+def shard_dim1_copy_out_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False,
+                              layer: int | None = None) -> int:
     """D: `foreach_all_gather_copy_out`'s `empty_like` temporaries of a group's dim-1-sharded tensors (param dtype),
     beside its all-gather output and new unsharded parameters (`_fsdp_collectives.py`, torch 2.13)."""
-    return sum(_dim1_gathered_numels(spec, plan, root)) * gather_bytes(plan)
+    return _largest(lambda s, p, r, k: sum(_dim1_gathered_numels(s, p, r, layer=k)) * gather_bytes(p),
+                    spec, plan, root, layer)
 
 
 @per_spec("layout_key")
-def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+def shard_dim1_reduce_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False, layer: int | None = None) -> int:
     """`foreach_reduce`: the original unsharded gradient of the group's last dim-1-sharded tensor that has one (the
     spec's tensors, and PEFT's adapters, follow the modules' registration order), kept by the loop's variables
     beside its `torch.cat` replacement until the function returns. LoRA: only the adapters have gradients."""
-    numels = _dim1_gathered_numels(spec, plan, root, trainable_only=True)
-    return (numels[-1] if numels else 0) * gather_bytes(plan)
+    def term(s: ModelSpec, p: TrainingPlan, r: bool, k: int) -> int:
+        numels = _dim1_gathered_numels(s, p, r, True, k)
+        return (numels[-1] if numels else 0) * gather_bytes(p)
+    return _largest(term, spec, plan, root, layer)
 
 
 @per_spec("layout_key")
-def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False) -> int:
+def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = False, layer: int | None = None) -> int:
     """(CPU profile) `foreach_reduce_scatter_copy_in` calls `torch._chunk_cat(grads, 0, world, out=...)`. On CPU that
     is the composite `at::native::_chunk_cat_out`, whose `_pad_chunk` copies every gradient whose dim 0 does not
     divide by the ranks into a `new_zeros` tensor of the padded size (grad dtype) and keeps them until the cat;
@@ -292,14 +329,16 @@ def chunk_cat_padding_bytes(spec: ModelSpec, plan: TrainingPlan, root: bool = Fa
 
     if plan.scheme not in FSDP_SCHEMES or plan.device is not Device.CPU:
         return 0
-    shapes = _group_shapes(spec, plan, root=root, trainable_only=True)
     if lora.is_lora(plan):
         elem = plan.precision.compute_bytes if plan.precision.is_mixed else lora.adapter_elem_bytes(spec)
     else:
         elem = gather_bytes(plan)
-    padded = [-(-s[0] // plan.dp) * plan.dp * math.prod(s[1:]) for s in shapes
-              if s[0] % plan.dp and not fsdp_shard_dim(s, plan)]
-    return sum(padded) * elem
+
+    def term(s: ModelSpec, p: TrainingPlan, r: bool, k: int) -> int:
+        shapes = _group_shapes(s, p, root=r, trainable_only=True, layer=k)
+        return sum(-(-x[0] // p.dp) * p.dp * math.prod(x[1:]) for x in shapes
+                   if x[0] % p.dp and not fsdp_shard_dim(x, p)) * elem
+    return _largest(term, spec, plan, root, layer)
 
 
 def root_resharded_after_forward(plan: TrainingPlan) -> bool:

@@ -81,13 +81,13 @@ class ShardSummary:
     sizes: tuple[int, ...]  # local elements of each tensor, in spec.params order
     per_layer: tuple[int, ...]  # local elements of each decoder layer
     outer: int  # local elements outside the decoder layers
-    # elements of a decoder layer while all-gathered (FSDP2 keeps the padding; TP-local): the largest layer's, so
-    # layers of several sizes (DeepSeek's dense first layers, Qwen3-MoE's dense layers among the expert ones) are
-    # never under-counted; a smaller layer's gather is then counted at the largest's (measured: docs/notes/
-    # 2026-11-28-deepseek-presets-and-qwen3-moe-dense-layers.md)
+    # elements of a decoder layer while all-gathered (FSDP2 keeps the padding; TP-local): the largest layer's (a
+    # bound where the layer is not known), and each layer's (`gathered_layers`: DeepSeek's dense first layers,
+    # Qwen3-MoE's dense layers among the expert ones are smaller; docs/notes/2026-11-28-per-layer-gathers.md)
     gathered_layer: int
     gathered_outer: int  # the same for the tensors outside the decoder layers
     later: tuple[int, ...] = ()  # later[l]: local elements of the decoder layers after l (suffix sums of per_layer)
+    gathered_layers: tuple[int, ...] = ()  # gathered_layers[l]: decoder layer l's elements while all-gathered
 
     @property
     def total(self) -> int:
@@ -112,11 +112,12 @@ def _shard_summary(spec: ModelSpec, plan: TrainingPlan) -> ShardSummary:
     later = [0] * spec.num_layers
     for layer in range(spec.num_layers - 2, -1, -1):
         later[layer] = later[layer + 1] + per_layer[layer + 1]
+    gathered = tuple(_gathered_per_layer(spec, plan))
     return ShardSummary(
         sizes, tuple(per_layer), outer,
-        gathered_layer=max(_gathered_per_layer(spec, plan), default=0),
+        gathered_layer=max(gathered, default=0),
         gathered_outer=sum(unsharded_numel(p, plan) for p in spec.outer_params),
-        later=tuple(later),
+        later=tuple(later), gathered_layers=gathered,
     )
 
 

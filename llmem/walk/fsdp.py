@@ -40,7 +40,7 @@ from llmem.components.optimizer import optimizer_state_bytes, optimizer_step_tem
 from llmem.components.parameters import buffer_bytes, parameter_bytes
 from llmem.components.sharding import local_numel, shard_summary
 from llmem.memo import remembered
-from llmem.plan import Engine, GradCkpt, Offload, Scheme, TrainingPlan
+from llmem.plan import Engine, GradCkpt, Offload, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 from llmem.walk.accumulation import fsdp_accumulation_phases, gradients_kept
 from llmem.walk.chunked import fsdp_head_moments
@@ -84,9 +84,10 @@ class FsdpTerms:
     sharded_layer: tuple
     sharded_later: tuple  # sharded_later[l]: the shards of the layers after l
     sharded_total: int
-    reduce_extra: int  # a layer's reduce-scatter: the last Shard(1) gradient's original (`shard_dim1_reduce_bytes`)
-    copy_in_extra: int  # ... its copy-in's padded copies (`chunk_cat_padding_bytes`)
-    rs_scratch: int  # ... and gloo's scratch (`reduce_scatter_scratch_bytes`)
+    # per decoder layer, each at its own size (DeepSeek's dense first layers, Qwen3-MoE's dense layers are smaller):
+    reduce_extras: tuple  # its reduce-scatter: the last Shard(1) gradient's original (`shard_dim1_reduce_bytes`)
+    copy_in_extras: tuple  # ... its copy-in's padded copies (`chunk_cat_padding_bytes`)
+    rs_scratches: tuple  # ... and gloo's scratch (`reduce_scatter_scratch_bytes`)
     lora: bool
     core: bool  # the layers' moments: the eager attention core's (`attention_core.applies`)
     core_grads: int  # ... with the weight gradients made before it
@@ -94,18 +95,18 @@ class FsdpTerms:
     post_norm_bwd: int  # ... with its backward's temporaries
     falcon_math: bool  # falcon's math-path attention core's
     recompute_end: tuple | None  # `fsdp_layer.lora_recompute_end`
-    layer_grads: int
+    layer_grads: tuple  # each layer's unsharded gradients
     residual_grad: int
-    rs_in: int
-    root_all_gather: int  # inside the root's / a layer's all-gather (`communication.all_gather_bytes`)
-    layer_all_gather: int
-    root_copy_out: int  # the Shard(1) temporaries of the root's / a layer's copy-out (`shard_dim1_copy_out_bytes`)
-    layer_copy_out: int
+    rs_ins: tuple  # each layer's reduce_scatter_input (`communication.layer_reduce_scatter_input_bytes`)
+    root_all_gather: int  # inside the root's / each layer's all-gather (`communication.all_gather_bytes`)
+    layer_all_gathers: tuple
+    root_copy_out: int  # the Shard(1) temporaries of the root's / each layer's copy-out (`shard_dim1_copy_out_bytes`)
+    layer_copy_outs: tuple
     end_in_layer: int  # at the end of forward, in the last layer and at the loss (`forward_gather_bytes`)
     end_at_loss: int
     bwd_head: int
     root_gather: int
-    layer_gather: int
+    layer_gathers: tuple  # each layer's unsharded parameters (`communication.layer_unsharded_bytes`)
     ids: int
     hidden: int
 
@@ -169,30 +170,33 @@ def _fsdp_layout_terms(spec: ModelSpec, plan: TrainingPlan) -> dict:
     adapter_grad = cp.precision.compute_bytes if half else lora.adapter_elem_bytes(spec)  # unsharded adapter gradients
     pb = plan.precision.param_bytes
     sharded_layer = [n * pb for n in shard_summary(spec, plan).per_layer]
-    layer_grads = layer_gradient_bytes(spec, cp, 0)  # unsharded, param_dtype
+    layers = range(spec.num_layers)
+    layer_grads = tuple(layer_gradient_bytes(spec, cp, k) for k in layers)  # unsharded, param_dtype
     if lora.is_lora(plan):  # only the adapters have gradients
         sharded_layer = lora.sharded_layer_adapter_bytes(spec, plan)
-        layer_grads = lora.layer_adapter_bytes(spec, cp, 0, adapter_grad)
+        layer_grads = tuple(lora.layer_adapter_bytes(spec, cp, k, adapter_grad) for k in layers)
     later = [0] * len(sharded_layer)
     for layer in range(len(sharded_layer) - 2, -1, -1):
         later[layer] = later[layer + 1] + sharded_layer[layer + 1]
     return dict(
         adapter_grad=adapter_grad, root_grads_head=head_gradient_bytes(spec, cp),  # unsharded, param_dtype
         sharded_layer=tuple(sharded_layer), sharded_later=tuple(later), sharded_total=sum(sharded_layer),
-        layer_grads=layer_grads, reduce_extra=comm.shard_dim1_reduce_bytes(spec, plan),
-        copy_in_extra=comm.chunk_cat_padding_bytes(spec, plan),
-        rs_scratch=comm.reduce_scatter_scratch_bytes(spec, plan), lora=lora.is_lora(plan),
+        layer_grads=layer_grads, reduce_extras=tuple(comm.shard_dim1_reduce_bytes(spec, plan, layer=k) for k in layers),
+        copy_in_extras=tuple(comm.chunk_cat_padding_bytes(spec, plan, layer=k) for k in layers),
+        rs_scratches=tuple(comm.reduce_scatter_scratch_bytes(spec, plan, layer=k) for k in layers),
+        lora=lora.is_lora(plan),
         core=core.applies(spec, plan), post_norm=norm_bwd.applies(spec) and not lora.is_lora(plan),
         core_grads=core.eager_core_layer_gradient_bytes(spec, cp, adapter_grad),
         falcon_math=act.falcon_math_attention(spec, plan) and not lora.is_lora(plan),  # (as the one-GPU walk)
         root_all_gather=comm.all_gather_bytes(spec, plan, root=True),
-        layer_all_gather=comm.all_gather_bytes(spec, plan),
+        layer_all_gathers=tuple(comm.all_gather_bytes(spec, plan, layer=k) for k in layers),
         root_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan, root=True),
-        layer_copy_out=comm.shard_dim1_copy_out_bytes(spec, plan),
+        layer_copy_outs=tuple(comm.shard_dim1_copy_out_bytes(spec, plan, layer=k) for k in layers),
         end_in_layer=comm.forward_gather_bytes(spec, plan, in_layer=True),
         end_at_loss=comm.forward_gather_bytes(spec, plan, in_layer=False),
-        rs_in=comm.layer_reduce_scatter_input_bytes(spec, plan), bwd_head=comm.backward_gather_bytes(spec, plan, None),
-        root_gather=comm.root_unsharded_bytes(spec, plan), layer_gather=comm.layer_unsharded_bytes(spec, plan))
+        rs_ins=comm.layers_reduce_scatter_input_bytes(spec, plan),
+        bwd_head=comm.backward_gather_bytes(spec, plan, None),
+        root_gather=comm.root_unsharded_bytes(spec, plan), layer_gathers=comm.layers_unsharded_bytes(spec, plan))
 
 
 def fsdp_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
@@ -205,60 +209,6 @@ def fsdp_terms(spec: ModelSpec, plan: TrainingPlan) -> FsdpTerms:
                       optimizer=optimizer_state_bytes(spec, plan) * resident)
     return FsdpTerms(spec=spec, plan=plan, cp=cp, persistent=persistent, resident=resident,
                      **_fsdp_activation_terms(spec, plan), **_fsdp_gradient_terms(spec, plan, cp))
-
-
-def forward_gather_moments(w: FsdpTerms) -> list[Phase]:
-    """The start of forward: the root's pre-forward all-gather (the step's input_ids alive), its copy-out (the output
-    beside the new unsharded storage); then, with the embeddings' output (layer 0's input) alive, layer 0's
-    all-gather and copy-out while the root's output is still retained (`all_gather_state`) beside the root's
-    unsharded parameters. Each copy-out frees the retained output only when it returns (`wait_for_unshard` holds
-    it in a local), so later forward all-gathers and copy-outs hold one retained layer output: the last layer's
-    are the largest (`last_layer_gather_moments`)."""
-    rg = w.root_gather
-    masks = _sdpa_masks(w)  # built before layer 0 runs
-    start = dict(**w.persistent, activations=w.ids)
-    layer0 = dict(**w.persistent, activations=w.outer_act + w.hidden + masks)
-    return [
-        moment("forward (root all-gather)", **start, communication=w.root_all_gather),
-        moment("forward (root all-gather copy-out)", **start, communication=2 * rg + w.root_copy_out),
-        moment("forward (layer 0 all-gather)", **layer0, communication=2 * rg + w.layer_all_gather),
-        moment("forward (layer 0 all-gather copy-out)", **layer0,
-               communication=2 * rg + 2 * w.layer_gather + w.layer_copy_out),
-    ] + last_layer_gather_moments(w)
-
-
-def last_layer_gather_moments(w: FsdpTerms) -> list[Phase]:
-    """The last layer's forward all-gather and copy-out (ZeRO-2 keeps every earlier layer gathered, ZeRO-3 only the
-    activations grow); its copy-out: `wait_for_unshard` binds the retained output of layer L-2 to a local
-    (`prev_all_gather_state`), so it is freed only when the copy-out returns."""
-    spec, plan, cp, layers = w.spec, w.plan, w.cp, w.layers
-    if layers <= 1:
-        return []
-    hand_lora = lora.is_lora(plan) and spec.derived is None  # (traced LoRA: layer 0 is a layer kind of its own)
-    earlier_layers = (layers - 1) * w.kept - w.first_saving if hand_lora else act.kept_layers_bytes(
-        spec, cp, layers - 1)
-    unsharded = (layers - 1) * w.layer_gather if plan.scheme is Scheme.ZERO2 else 0
-    # the model's forward holds the embeddings' output (`inputs_embeds`) through its layer loop: extra where no
-    # op of layer 0 saves it (LoRA: layer 0's input needs no grad; a half-precision RMSNorm saves its fp32 copy)
-    embeds = 0
-    if not act.checkpoints_layers(plan) and (lora.is_lora(plan) or not act.saves_layer_input(spec, cp)):
-        embeds = w.hidden
-    on = dict(**w.persistent, activations=earlier_layers + w.outer_act + embeds + w.hidden + _sdpa_masks(w))
-    return [
-        moment(f"forward (layer {layers - 1} all-gather)", **on,
-               communication=w.root_gather + unsharded + w.layer_gather + w.layer_all_gather),
-        moment(f"forward (layer {layers - 1} all-gather copy-out)", **on,
-               communication=w.root_gather + unsharded + 3 * w.layer_gather + w.layer_copy_out),
-    ]
-
-
-def _sdpa_masks(w: FsdpTerms) -> int:
-    """Under sdpa, the model forward's masks alive through its layer loop that no layer holds (qwen2_moe's
-    sliding-window boolean mask, `moe_forward.model_mask_bytes`; the eager masks the layers keep are in their tables,
-    `activations.eager_mask_held_saved`): 16,384 B of a checkpointed qwen2_moe cp 2 row (-0.26 % -> +0.015 %)."""
-    from llmem.components.saved import _sdpa
-
-    return moe_forward.model_mask_bytes(w.spec, w.cp) if _sdpa(w.spec, w.cp) else 0
 
 
 def head_moments(w: FsdpTerms) -> list[Phase]:
@@ -311,7 +261,7 @@ def root_prebackward_moments(w: FsdpTerms, logits: int | None = None) -> list[Ph
         moment("loss backward (root pre-backward copy-out)", **at_start,
                communication=2 * w.root_gather + w.root_copy_out),
         moment(f"loss backward (prefetch of layer {w.layers - 1})", **at_start,
-               communication=w.root_gather + w.layer_all_gather),
+               communication=w.root_gather + w.layer_all_gathers[-1]),
     ]
 
 
@@ -345,7 +295,7 @@ def embedding_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[Phase
         return embedding_copy_backward_moments(w, held)
     root_grads = sum(local_numel(p, cp) for p in spec.outer_params) * cp.precision.param_bytes  # unsharded
     end = dict(**w.persistent, logits=w.logits, gradients=sum(w.sharded_layer) * w.resident + root_grads,
-               communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)
+               communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_ins[0])
     accumulate = embedding_gradient_accumulate_bytes(spec, cp)
     phases = [moment("backward end", **end, temporaries=accumulate + embedding_input_gradient_bytes(spec, cp))]
     tied_sum = tied_gradient_sum_bytes(spec, cp)
@@ -383,7 +333,8 @@ def fsdp_phases(spec: ModelSpec, plan: TrainingPlan) -> list[Phase]:
     return phases
 
 
-# the root's post-backward (its own module; read through this one)
+# the forward's all-gathers and the root's post-backward (modules of their own; read through this one)
+from llmem.walk.fsdp_forward import forward_gather_moments, layer_gather_moments  # noqa: E402, F401
 from llmem.walk.fsdp_root import (  # noqa: E402
     embedding_copy_backward_moments,
     root_copy_in_moment,

@@ -271,17 +271,17 @@ def _lora_sdpa_moment(w: FsdpTerms, layer: int, later: int, on: dict, held: dict
 
 
 def _reduce_moments(w: FsdpTerms, layer: int, later: int, below: int, gathered: int) -> list[Phase]:
-    """`foreach_reduce`: the copy-in of the unsharded gradients into reduce_scatter_input, then the collective
-    (unsharded gradients freed, the output shard and gloo's copy allocated)."""
+    """`foreach_reduce`: the copy-in of the layer's unsharded gradients into its reduce_scatter_input, then the
+    collective (unsharded gradients freed, the output shard and gloo's copy allocated); each of the layer's size."""
     earlier = dict(**w.persistent, activations=below + w.outer_act - (w.first_saving if layer else 0), logits=w.logits)
-    gather = gathered + w.reduce_extra
+    gather, rs_in = gathered + w.reduce_extras[layer], w.rs_ins[layer]
     return [
         moment(f"reduce-scatter copy-in (layer {layer})", **earlier,
-               gradients=w.root_grads_head + later + w.layer_grads,
-               communication=gather + w.rs_in + w.copy_in_extra),
+               gradients=w.root_grads_head + later + w.layer_grads[layer],
+               communication=gather + rs_in + w.copy_in_extras[layer]),
         moment(f"reduce-scatter (layer {layer})", **earlier,
                gradients=w.root_grads_head + later + w.sharded_layer[layer],
-               communication=gather + w.rs_in + w.rs_scratch),
+               communication=gather + rs_in + w.rs_scratches[layer]),
     ]
 
 
@@ -292,7 +292,7 @@ def fsdp_layer_moments(w: FsdpTerms, layer: int, held: dict[str, int]) -> list[P
     if gradients_kept(w.plan):  # `held` is read by the accumulation phases only
         held |= {f"{what} (layer {layer}{where})": later for where in ("", ", attention core")
                  for what in ("backward", "reduce-scatter copy-in", "reduce-scatter")}
-    retained = w.rs_in if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
+    retained = w.rs_ins[layer + 1] if layer < w.layers - 1 else 0  # the previous layer's reduce_scatter_input
     phases, (below, own), (pre, during, after) = [], _kept(w, layer), _gathers(w, layer)
     if w.plan.scheme is not Scheme.ZERO2:
         phases.append(_prebackward_moment(w, layer, later, retained, below, own, pre))

@@ -80,7 +80,7 @@ def embedding_copy_backward_moments(w: FsdpTerms, held: dict[str, int]) -> list[
     held[name] = sum(w.sharded_layer) * w.resident
     return [moment(name, **w.persistent, logits=w.logits, gradients=held[name] + root_grads,
                    temporaries=embedding_input_gradient_bytes(spec, cp),
-                   communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_in)]
+                   communication=comm.backward_gather_bytes(spec, plan, 0, own=False) + w.rs_ins[0])]
 
 
 def _root_lora_gradient_bytes(w: FsdpTerms) -> int:

@@ -72,7 +72,7 @@ def _last_layer_moments(w: FsdpTerms, layers: list[Phase], acc: list[int], root:
         layer = int(_LAYER.search(ph.name).group(1))
         below = sum(acc[:layer])
         if ph.name.startswith("reduce-scatter copy-in"):
-            extra = below + acc[layer] - w.layer_grads
+            extra = below + acc[layer] - w.layer_grads[layer]
         elif ph.name.startswith("reduce-scatter"):
             extra = below
         else:
@@ -142,14 +142,14 @@ def _unsynced_moments(w: FsdpTerms, after: list[Phase], held: dict[str, int], ac
     suffix = [sum(acc[k + 1:]) for k in range(w.layers)]
     sharded_later = tuple(every for _ in acc) if later_micro else tuple(suffix)
     head = 0 if later_micro and ns.in_place(plan) else w.root_grads_head
-    u = replace(w, sharded_later=sharded_later, rs_in=0, root_grads_head=head)
+    u = replace(w, sharded_later=sharded_later, rs_ins=(0,) * w.layers, root_grads_head=head)
     out, scratch = [], {}
     for layer in backward_layers(w.spec, w.cp, edge=2):
         for ph in fsdp_layer_moments(u, layer, scratch):
             if ph.name.startswith("reduce-scatter copy-in"):
                 cast = acc[layer] if not later_micro and not ns.in_place(plan) else 0
                 out.append(_renamed(ph, f"post-backward, gradient kept (layer {layer}) (no_sync, {step})", cast,
-                                    -w.copy_in_extra))
+                                    -w.copy_in_extras[layer]))
             elif not ph.name.startswith("reduce-scatter"):  # micro-step 2: the kept gradients include the layer's
                 out.append(_renamed(ph, f"{ph.name} (no_sync, {step})",
                                     -_added_in_place(w, ph.name) if later_micro else 0))
@@ -159,5 +159,5 @@ def _unsynced_moments(w: FsdpTerms, after: list[Phase], held: dict[str, int], ac
         grads = every if ns.in_place(plan) else root_grads + every
     else:
         grads = root_grads + sum(acc)
-    out.append(_renamed(end, f"{end.name} (no_sync, {step})", grads - end.breakdown[_G], -w.rs_in))
+    out.append(_renamed(end, f"{end.name} (no_sync, {step})", grads - end.breakdown[_G], -w.rs_ins[0]))
     return out + (_weight_made_moments(w, out) if later_micro else [])

@@ -40,7 +40,7 @@ def persistent(spec: ModelSpec, plan: TrainingPlan, stage: int) -> dict[str, int
     """A stage's parameters (the sharded ones and, kept unsharded from the first forward, every group's gathered
     storage) and its sharded optimizer states."""
     s, q3 = pl.stage_spec(spec, plan, stage), shard_plan(plan)
-    unsharded = s.num_layers * comm.layer_unsharded_bytes(s, q3) + comm.root_unsharded_bytes(s, q3)
+    unsharded = sum(comm.layers_unsharded_bytes(s, q3)) + comm.root_unsharded_bytes(s, q3)  # each at its own size
     return {"parameters": parameter_bytes(s, q3) + unsharded, "optimizer": optimizer_state_bytes(s, q3)}
 
 
@@ -49,11 +49,10 @@ def _groups(s: ModelSpec, q: TrainingPlan, q3: TrainingPlan, first: bool) -> lis
     group of the stage, in module order: the embedding (stage 0), each decoder layer, [norm, lm_head] (the last
     stage); the stage's outer parameters are one group's (`components.pipeline.stage_spec`)."""
     elem = q.precision.param_bytes
-    layer = (comm.layer_unsharded_bytes(s, q3), sum(p.numel for p in s.layer_params(0)) * elem,
-             comm.layer_reduce_scatter_input_bytes(s, q3))
     outer = [] if not s.outer_params else [("embedding" if first else "norm and lm_head", comm.root_unsharded_bytes(
         s, q3), sum(p.numel for p in s.outer_params) * elem, comm.root_reduce_scatter_input_bytes(s, q3), True)]
-    layers = [(f"layer {i}", *layer, False) for i in range(s.num_layers)]
+    layers = [(f"layer {i}", comm.layer_unsharded_bytes(s, q3, i), sum(p.numel for p in s.layer_params(i)) * elem,
+               comm.layer_reduce_scatter_input_bytes(s, q3, i), False) for i in range(s.num_layers)]
     return outer + layers if first else layers + outer
 
 
@@ -63,12 +62,12 @@ def first_forward_phases(spec: ModelSpec, plan: TrainingPlan, stage: int, name: 
     groups one after another and keeps each (`reshard_after_forward=False`): its last decoder layer's all-gather and
     copy-out, and on the last stage the [norm, lm_head] group's after the layers, with every earlier group gathered,
     the previous group's all-gather output retained (`all_gather_state`, freed when the copy-out returns) and the
-    microbatch's activations so far (the one-GPU FSDP2 walk's `walk.fsdp.last_layer_gather_moments`). `act`: the
+    microbatch's activations so far (the one-GPU FSDP2 walk's `walk.fsdp_forward.layer_gather_moments`). `act`: the
     step's inputs."""
     from llmem.components import activations as acts
 
     s, q, q3 = pl.stage_spec(spec, plan, stage), pl.microbatch_plan(plan), shard_plan(plan)
-    n, layer, outer = s.num_layers, comm.layer_unsharded_bytes(s, q3), comm.root_unsharded_bytes(s, q3)
+    n, each, outer = s.num_layers, comm.layers_unsharded_bytes(s, q3), comm.root_unsharded_bytes(s, q3)
     first, last = stage == 0, stage == pl.num_stages(plan) - 1
     base = {"parameters": parameter_bytes(s, q3), "optimizer": on["optimizer"], "standing": on["standing"]}
     x, kept = pl.hidden_bytes(spec, plan), acts.kept_per_layer_bytes(spec, q)
@@ -77,18 +76,20 @@ def first_forward_phases(spec: ModelSpec, plan: TrainingPlan, stage: int, name: 
     embeds = x if first and not acts.checkpoints_layers(q) and not acts.saves_layer_input(spec, q) else 0
     ran = (n - 1) * kept - (x if not first and n > 1 and pl.input_saved(spec, plan, stage) else 0)
     phases = []
-    groups = ([(f"layer {n - 1}", outer * first + (n - 1) * layer, layer if n > 1 else outer * first, layer,
-                False, ran + embeds + (x if first or n > 1 else 0))] if n else [])
+    # each group at its own size (`layers_unsharded_bytes`); the last layer's is the one gathered at the moment
+    groups = ([(f"layer {n - 1}", outer * first + sum(each[:n - 1]), each[n - 2] if n > 1 else outer * first,
+                each[n - 1], False, ran + embeds + (x if first or n > 1 else 0))] if n else [])
     if last:
-        groups.append(("norm and lm_head", n * layer, layer if n else 0, outer, True, n * kept + embeds + x
+        groups.append(("norm and lm_head", sum(each), each[n - 1] if n else 0, outer, True, n * kept + embeds + x
                        - (x if not first and n and pl.input_saved(spec, plan, stage) else 0)))
     for label, gathered, retained, new, root, held in groups:
         held += act + (pl._outside_layers(spec, q) if n else 0)
         on_now = dict(base, parameters=base["parameters"] + gathered, activations=held)
+        k = None if root else n - 1
         phases.append(moment(f"{name}first forward, {label} all-gather", **on_now,
-                             communication=retained + comm.all_gather_bytes(s, q3, root=root)))
+                             communication=retained + comm.all_gather_bytes(s, q3, root=root, layer=k)))
         phases.append(moment(f"{name}first forward, {label} all-gather copy-out", **on_now,
-                             communication=retained + 2 * new + comm.shard_dim1_copy_out_bytes(s, q3, root=root)))
+                             communication=retained + 2 * new + comm.shard_dim1_copy_out_bytes(s, q3, root, k)))
     return phases
 
 
@@ -104,16 +105,17 @@ def reduce_phases(spec: ModelSpec, plan: TrainingPlan, stage: int, name: str, on
     left_grads = gradient_bytes(s, q)
     done = 0  # sharded gradients made so far
     phases = []
-    for label, unsharded, grads, rs_input, outer in groups:
+    for i, (label, unsharded, grads, rs_input, outer) in enumerate(groups):
+        k = None if outer else i - (len(groups) - s.num_layers if stage == 0 else 0)  # the decoder layer's index
         left_params -= unsharded  # `post_backward` reshards before it reduces
-        pads = comm.chunk_cat_padding_bytes(s, q3, root=outer)
+        pads = comm.chunk_cat_padding_bytes(s, q3, root=outer, layer=k)
         out = rs_input // plan.dp
         base = dict(sharded, parameters=sharded["parameters"] + left_params, activations=held)
         phases.append(moment(f"{name}reduce-scatter copy-in, {label}", **base, gradients=left_grads + done,
                              communication=rs_input, temporaries=pads))
         left_grads -= grads
         phases.append(moment(f"{name}reduce-scatter, {label}", **base, gradients=left_grads + done + out,
-                             communication=rs_input + comm.reduce_scatter_scratch_bytes(s, q3, root=outer)))
+                             communication=rs_input + comm.reduce_scatter_scratch_bytes(s, q3, outer, k)))
         done += out
     phases.append(moment(name + "optimizer step", **sharded, gradients=gradient_bytes(s, q3),
                          activations=act, temporaries=optimizer_step_temporary_bytes(s, q3)))

@@ -42,3 +42,34 @@ def test_the_gathered_decoder_layer_is_the_largest_layer_not_layer_0():
     per_layer = [sum(p.numel for p in spec.layer_params(k)) for k in range(3)]
     assert per_layer[0] < per_layer[1] == per_layer[2]  # a dense MLP of 128 against 4 experts of 48 and a router
     assert shard_summary(spec, plan).gathered_layer == per_layer[1]  # 2 ranks divide every dim 0 evenly here
+
+
+def test_each_decoder_layer_gathers_its_own_parameters():
+    """FSDP2 all-gathers each decoder layer's own group (`FSDPParamGroup.unshard`): counted per layer, against the
+    parameters of each layer of the model transformers builds (meta device), as the all-gather output holds them (2
+    ranks divide every dim 0 here, so no padding); with LoRA the layer's adapters join its group."""
+    import peft
+    import torch
+    import transformers
+
+    from llmem.components import communication as comm
+    from llmem.spec import ModelSpec
+    from tests.derive.configs import config
+
+    cfg = config("qwen3_moe", num_hidden_layers=4, decoder_sparse_step=2)  # layers 1 and 3 with experts
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    built = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
+    assert built[0] == built[2] < built[1] == built[3]
+    spec = ModelSpec.from_config(cfg)
+    assert comm.layers_unsharded_bytes(spec, TrainingPlan(gpus=2, zero=3, precision="fp32")) == tuple(
+        4 * n for n in built)
+    mixed = TrainingPlan(gpus=2, zero=3, precision="bf16-mixed")  # gathered in the policy's param_dtype
+    assert comm.layers_unsharded_bytes(spec, mixed) == tuple(2 * n for n in built)
+    assert comm.layer_unsharded_bytes(spec, mixed) == 2 * built[1]  # no layer named: the largest
+    lora = TrainingPlan(gpus=2, zero=3, precision="fp32", method="lora", lora_targets="all-linear", lora_rank=8)
+    with torch.device("meta"):
+        peft_model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear"))
+    adapted = [sum(p.numel() for p in layer.parameters()) for layer in peft_model.base_model.model.model.layers]
+    assert adapted[0] - built[0] != adapted[1] - built[1]  # a dense MLP's adapters and the experts' differ
+    assert comm.layers_unsharded_bytes(spec, lora) == tuple(4 * n for n in adapted)
