@@ -1,6 +1,18 @@
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# With PYTHONDONTWRITEBYTECODE set (as in this project's Dockerfile) every process of the run — each xdist
+# worker, torchrun rank, CLI subprocess, and tests/test_api.py's import of each module into a fresh package —
+# compiled the package's sources again. Write their bytecode once, as Python does itself without the variable
+# (`__pycache__/`, git-ignored; an up-to-date file is left alone, a changed source recompiled on import).
+if sys.dont_write_bytecode:
+    import compileall
+    from pathlib import Path
+
+    _ROOT = Path(__file__).resolve().parents[1]
+    compileall.compile_dir(_ROOT / "llmem", quiet=2)
+    compileall.compile_file(_ROOT / "app.py", quiet=2)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # derived architectures' traced tables (`llmem.derive.cache`): one directory per test session, not the user's cache
 if "LLMEM_CACHE_DIR" not in os.environ:

@@ -15,6 +15,7 @@ CPU); `peak_bytes_with_scratch` keeps it, and `scratch()` says which operators m
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from functools import lru_cache
@@ -26,11 +27,15 @@ STILL_S, STILL_MAX_S = 0.1, 3.0  # how long the live total must stay unchanged; 
 
 @lru_cache(maxsize=1)
 def extension():
-    """The compiled extension (about 20 s the first time, then cached by torch in its extensions directory)."""
+    """The compiled extension (about 20 s the first time, then cached by torch in its extensions directory). One
+    build directory per checkout (the name carries a digest of the source's path): torch 2.13's `load` keeps one
+    build.ninja per name (`cpp_extension.py:2483`), which names the source by its path, so two checkouts sharing a
+    name rebuilt it each time the other had built last."""
     from torch.utils.cpp_extension import load
 
-    src = Path(__file__).with_name("cpu_alloc.cpp")
-    return load("llmem_cpu_alloc_v2", [str(src)], extra_cflags=["-O2"], verbose=bool(os.environ.get("LLMEM_DEBUG")))
+    src = Path(__file__).resolve().with_name("cpu_alloc.cpp")
+    name = f"llmem_cpu_alloc_v2_{hashlib.sha256(str(src).encode()).hexdigest()[:10]}"
+    return load(name, [str(src)], extra_cflags=["-O2"], verbose=bool(os.environ.get("LLMEM_DEBUG")))
 
 
 def available() -> bool:

@@ -7,6 +7,7 @@ table again after a GPU-type change, an option toggled back): its walk is found 
 is not in the memo; the layout (every other field) was walked before, so its compiled record
 (`llmem.walk.replay`) evaluates the moments at the new length: the cost of an estimate that is computed."""
 
+import functools
 import itertools
 
 import pytest
@@ -18,10 +19,18 @@ from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
 from llmem.spec import ModelSpec
 
-SPEC = ModelSpec.from_config(load_preset("llama-3.3-70b-instruct"))
-EAGER = ModelSpec.from_config(load_preset("gemma-2-2b"))  # eager attention: the walk's extra moments
-TRACED = ModelSpec.from_config(load_preset("qwen3-30b-a3b"))  # an MoE whose tables are traced (`llmem.derive`)
-SPECS = {"llama-3.3-70b": SPEC, "gemma-2-2b": EAGER, "qwen3-30b-a3b": TRACED}
+PRESETS = {"llama-3.3-70b": "llama-3.3-70b-instruct",
+           "gemma-2-2b": "gemma-2-2b",  # eager attention: the walk's extra moments
+           "qwen3-30b-a3b": "qwen3-30b-a3b"}  # an MoE whose tables are traced (`llmem.derive`)
+
+
+@functools.cache
+def spec_of(model: str) -> ModelSpec:
+    """One spec per model for the whole module (its memo shared by the tests, as in a running app), built when a
+    test first asks: not at collection, where every xdist worker built them all (the traced MoE's ~4 s, for tests
+    that run only under -m heavy)."""
+    return ModelSpec.from_config(load_preset(PRESETS[model]))
+
 CAPACITY = get_gpu("h100-80gb").memory_bytes
 PLANS = {
     "single": {}, "ddp": {"gpus": 8}, "zero1": {"gpus": 8, "zero": 1}, "zero2": {"gpus": 8, "zero": 2},
@@ -38,7 +47,7 @@ CASES = [("llama-3.3-70b", name) for name in PLANS] + [("gemma-2-2b", name) for 
 
 
 def test_one_estimate(benchmark):
-    est = benchmark(estimate, SPEC, TrainingPlan(gpus=8, zero=3))
+    est = benchmark(estimate, spec_of("llama-3.3-70b"), TrainingPlan(gpus=8, zero=3))
     assert est.peak_bytes > 0
 
 
@@ -46,13 +55,13 @@ def test_one_estimate(benchmark):
 def test_estimate_with_a_fresh_plan(benchmark, model, name):
     """One estimate per scheme and method, a new plan equal to the first each round: the walk is found in the spec's
     memo (gemma2: no LoRA tables)."""
-    spec = SPECS[model]
+    spec = spec_of(model)
     estimate(spec, TrainingPlan(**PLANS[name]))  # the spec's structural terms, as in a running app
     est = benchmark.pedantic(estimate, setup=lambda: ((spec, TrainingPlan(**PLANS[name])), {}), rounds=300)
     assert est.peak_bytes > 0
 
 
-CHANGED = [(model, name) for model in SPECS for name in PLANS if (model, name) not in REFUSED
+CHANGED = [(model, name) for model in PRESETS for name in PLANS if (model, name) not in REFUSED
            and not (model == "gemma-2-2b" and name == "qlora") and not (model == "qwen3-30b-a3b" and "lora" in name)]
 # the traced MoE's tables for a scheme are traced the first time (~20-50 s without the on-disk cache; tests/derive
 # traces MoE layers by default) and gemma2's LoRA tables at full size (~90 s): under -m heavy
@@ -65,7 +74,7 @@ _HEAVY = [pytest.param(*case, marks=pytest.mark.heavy)
 def test_estimate_after_an_option_change(benchmark, model, name):
     """Each scheme and method with the sequence length changed every round: every size that reads the micro-batch
     or the sequence length is computed again, from the layout's compiled record (`llmem.walk.replay`)."""
-    spec, lengths = SPECS[model], itertools.count(1024)
+    spec, lengths = spec_of(model), itertools.count(1024)
     estimate(spec, TrainingPlan(**PLANS[name]))
     est = benchmark.pedantic(estimate, setup=lambda: ((spec, TrainingPlan(**PLANS[name], seq_len=next(lengths))), {}),
                              rounds=200)
@@ -73,8 +82,10 @@ def test_estimate_after_an_option_change(benchmark, model, name):
 
 
 def test_compare_one_to_sixty_four_gpus(benchmark):
+    spec = spec_of("llama-3.3-70b")
+
     def sweep():
-        return [compare(SPEC, TrainingPlan(gpus=n), CAPACITY) for n in (1, 2, 4, 8, 16, 32, 64)]
+        return [compare(spec, TrainingPlan(gpus=n), CAPACITY) for n in (1, 2, 4, 8, 16, 32, 64)]
 
     results = benchmark(sweep)
     assert len(results) == 7
