@@ -57,6 +57,7 @@ from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
+from llmem.components.request_events import Requests, layer_kind
 from llmem.components.request_stream_tp import applies as per_op
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
@@ -80,30 +81,6 @@ FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
 SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 PRECISIONS = (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
-
-
-class Requests:
-    """The stream: `events` of (key, bytes, stream) — bytes < 0 frees the request `key`; `marks` (phase name,
-    index of its first event)."""
-
-    __slots__ = ("events", "marks", "_n")
-
-    def __init__(self) -> None:
-        self.events: list[tuple[int, int, int]] = []
-        self.marks: list[tuple[str, int]] = []
-        self._n = 0
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, len(self.events)))
-
-    def alloc(self, nbytes: int, stream: int = 0) -> int:
-        self._n = n = self._n + 1
-        if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
-            self.events.append((n, nbytes, stream))
-        return n
-
-    def free(self, *keys: int) -> None:
-        self.events += [(k, -1, 0) for k in keys]
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
@@ -174,7 +151,7 @@ def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
     policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
     skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape, *policy)).events), per_plan=True)
+                         lambda: program_requests(spec, plan, _Skeleton(*shape, *policy)).columns(), per_plan=True)
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
@@ -182,9 +159,11 @@ def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
 
 
 def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
+    """The layout's stream (`Requests.columns`: keys, sizes, streams) replayed with the plan's `slots` filled in."""
+    events = zip(*skeleton, strict=False)  # one length: `Requests` writes the three together
     if not expandable:
-        return peak_reserved(skeleton, slots)
-    return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
+        return peak_reserved(events, slots)
+    return replay_reserved([(k, slots.get(n, n), st) for k, n, st in events if slots.get(n, n)], expandable)
 
 
 class _PlanSizes:
@@ -224,15 +203,15 @@ class _Skeleton:
         self.upcast, self.names, self.tokens = upcast, list(names), None
 
 
-def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Requests:
+def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None, repeat: bool = True) -> Requests:
     """Build, wrap and two iterations of the plan's program as requests (`sizes`: `_PlanSizes` of the plan, or a
-    layout's `_Skeleton`)."""
+    layout's `_Skeleton`; `repeat`: layers of one kind written from one record, `Requests.layer`)."""
     sizes = sizes or _PlanSizes(spec, plan)
-    req = Requests()
+    req = Requests(repeat)
     req.mark("build")
     params = model_order(spec)
     nbytes = plan.precision.param_bytes
-    built = [req.alloc(math.prod(p.shape) * nbytes) for p in params]
+    built = req.allocs([math.prod(p.shape) * nbytes for p in params])
     if spec.tie_word_embeddings:
         req.free(req.alloc(max(p.numel for p in spec.outer_params) * nbytes))
     if plan.tp > 1:
@@ -324,10 +303,15 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
     for layer in range(spec.num_layers):
-        keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
-        req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
-        kept.append(keys + [req.alloc(n) for n in sizes.table])
+        kept.append(req.layer(layer_kind(spec, layer), _layer_forward, (), spec, plan, sizes, layer))
     return kept
+
+
+def _layer_forward(req: Requests, _, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes, layer: int) -> list[int]:
+    """A layer's weight copies, RMSNorm's fp32 pow (freed) and saved tensors; returns the keys kept."""
+    keys = req.allocs(_copies(spec, plan, layer))
+    req.free(req.alloc(sizes.pow))
+    return keys + req.allocs(sizes.table)
 
 
 def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]],
@@ -360,14 +344,12 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
         ckpt_ops.backward(req, spec, plan, kept, g_in, grads, dict(zip(sizes.names, sizes.table, strict=True)),
                           sizes.tokens)
     elif per_op(plan):
-        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
+        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda r, n, cast: _gradient(r, n, cast, plan),
                         sizes.tokens)
     else:
         req.free(g_in)
         for layer in reversed(range(spec.num_layers)):
-            for p in reversed(spec.layer_params(layer)):
-                grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
-            req.free(*reversed(kept[layer + 1]))
+            grads += req.layer(layer_kind(spec, layer), _layer_backward, kept[layer + 1], spec, plan, layer)
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
     if spec.tie_word_embeddings and not mixed:  # InputBuffer: the waiting lm_head gradient is a view (`.t()` of its
@@ -377,6 +359,15 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
         req.free(embed)
     else:
         grads.append(embed)
+    return grads
+
+
+def _layer_backward(req: Requests, kept: list[int], spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
+    """Each parameter's gradient, last first, then the layer's kept tensors freed; returns the gradients' keys."""
+    mixed = autocast.applies(plan)
+    grads = [_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan)
+             for p in reversed(spec.layer_params(layer))]
+    req.free(*reversed(kept))
     return grads
 
 
@@ -394,7 +385,5 @@ def _step(req: Requests, spec: ModelSpec, plan: TrainingPlan, first: bool) -> No
     """Foreach AdamW, group by group: the states on the first step, then the one temporary list, freed."""
     for group in _group_bytes(spec, plan):
         if first:
-            for n in group:
-                req.alloc(n)
-                req.alloc(n)
-        req.free(*[req.alloc(n) for n in group])
+            req.allocs([n for n in group for _ in (0, 1)])
+        req.free(*req.allocs(group))

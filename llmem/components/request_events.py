@@ -1,0 +1,142 @@
+"""The request stream's writer (`Requests`): one tensor a request, `(key, bytes, stream)`, keys numbered in the order
+the requests are made. Decoder layers of one kind make the same requests: `Requests.layer` runs a layer's body once
+per kind on symbolic keys (its own requests numbered from `_OWN`, the keys it is given replaced by `_GIVEN` + their
+index) and writes every other layer of that kind from that record, its own keys shifted to where the stream has
+reached and the given keys filled in: the same requests, in the same order, as running the body again
+(tests/components/test_request_events.py, scripts/check_stream_identity.py)."""
+
+from __future__ import annotations
+
+_OWN = 1 << 28  # a recorded body's own keys: _OWN + 1, _OWN + 2, ... (below 2^30: CPython's one-digit ints)
+_GIVEN = 1 << 29  # the keys it was given: _GIVEN + their index
+
+
+class Requests:
+    """The stream in three columns, a request an index: `keys`, `sizes` (bytes, or a slot's name in a layout's
+    stream; -1 frees the request `key`), `streams`; `events` the (key, bytes, stream) rows; `marks` (phase name,
+    index of its first request). `repeat`: layers of one kind written from one record (`layer`); False runs every
+    layer's body."""
+
+    __slots__ = ("keys", "sizes", "streams", "marks", "_n", "_records")
+
+    def __init__(self, repeat: bool = True) -> None:
+        self.keys: list[int] = []
+        self.sizes: list = []
+        self.streams: list[int] = []
+        self.marks: list[tuple[str, int]] = []
+        self._n = 0
+        self._records: dict | None = {} if repeat else None
+
+    @property
+    def events(self) -> list[tuple[int, int, int]]:
+        return list(zip(self.keys, self.sizes, self.streams, strict=True))
+
+    def columns(self) -> tuple[tuple, tuple, tuple]:
+        return tuple(self.keys), tuple(self.sizes), tuple(self.streams)
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, len(self.keys)))
+
+    def alloc(self, nbytes: int, stream: int = 0) -> int:
+        self._n = n = self._n + 1
+        if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
+            self.keys.append(n)
+            self.sizes.append(nbytes)
+            self.streams.append(stream)
+        return n
+
+    def allocs(self, sizes: list, stream: int = 0) -> list[int]:
+        """`[self.alloc(n, stream) for n in sizes]`, in one step."""
+        n = self._n
+        keys = list(range(n + 1, n + 1 + len(sizes)))
+        self._n = n + len(sizes)
+        made = [(k, b) for k, b in zip(keys, sizes, strict=True) if b.__class__ is str or b > 0]
+        self.keys += [k for k, _ in made]
+        self.sizes += [b for _, b in made]
+        self.streams += [stream] * len(made)
+        return keys
+
+    def free(self, *keys: int) -> None:
+        self.keys += keys
+        self.sizes += [-1] * len(keys)
+        self.streams += [0] * len(keys)
+
+    def layer(self, kind, body, given, *args):
+        """`body(self, given, *args)`: a layer's requests, returning keys. `given`: the keys it reads (ints, in
+        lists, tuples and dicts; 0 a request not made); `kind`: everything else its requests follow from (`args`
+        besides the layer's index, itself no input but through `kind`). Layers of the same `kind` whose given keys
+        have the same structure, zeros and repeats are written from the first one's record."""
+        if self._records is None:
+            return body(self, given, *args)
+        seen: dict = {}
+        symbolic = _symbolic(given, seen)
+        key = (body, kind, repr(symbolic))  # its structure, names, zeros and repeats
+        record = self._records.get(key)
+        if record is None:
+            record = self._records[key] = _record(body, symbolic, args)
+        own, sizes, streams, patches, count, out = record
+        base, values, keys = self._n, list(seen), self.keys
+        if base + count >= _OWN:
+            raise ValueError("a stream of 2^28 requests")
+        self._n = base + count
+        start = len(keys)
+        keys += map(base.__add__, own)
+        for i, k in patches:
+            keys[start + i] = values[k - _GIVEN] if k >= _GIVEN else k
+        self.sizes += sizes
+        self.streams += streams
+        return _filled(out, base - _OWN, values)
+
+
+def _record(body, symbolic, args) -> tuple:
+    """`body` run on symbolic keys: its requests' keys relative to the first (`own`; the others, given keys and 0,
+    as `patches` (index, key)), sizes and streams, how many keys it numbers, its returned keys."""
+    rec = Requests(repeat=False)
+    rec._n = _OWN
+    out = body(rec, symbolic, *args)
+    if rec.marks:
+        raise ValueError("a layer's body marks no phase")
+    own = [k - _OWN if _OWN < k < _GIVEN else 0 for k in rec.keys]
+    patches = [(i, k) for i, k in enumerate(rec.keys) if not _OWN < k < _GIVEN]
+    return own, rec.sizes, rec.streams, patches, rec._n - _OWN, out
+
+
+def _symbolic(x, seen: dict):
+    """`x` with every key but 0 replaced by `_GIVEN` + its index in `seen` (a key given twice, one symbol)."""
+    c = x.__class__
+    if c is list or c is tuple:
+        out = [(seen.setdefault(v, _GIVEN + len(seen)) if v else 0) if v.__class__ is int else _symbolic(v, seen)
+               for v in x]
+        return out if c is list else tuple(out)
+    if c is dict:
+        return dict(zip(x, _symbolic(list(x.values()), seen), strict=True))
+    if c is int:
+        return seen.setdefault(x, _GIVEN + len(seen)) if x else 0
+    return x  # a name
+
+
+def _filled(x, shift: int, values: list):
+    """A record's returned keys for the layer written: its own shifted by `shift`, the given ones filled in."""
+    c = x.__class__
+    if c is list or c is tuple:
+        out = [(v if v <= _OWN else v + shift if v < _GIVEN else values[v - _GIVEN]) if v.__class__ is int else
+               _filled(v, shift, values) for v in x]
+        return out if c is list else tuple(out)
+    if c is dict:
+        return dict(zip(x, _filled(list(x.values()), shift, values), strict=True))
+    if c is int:
+        return x if x <= _OWN else x + shift if x < _GIVEN else values[x - _GIVEN]
+    return x
+
+
+def layer_kind(spec, layer: int) -> int:
+    """Decoder layer `layer`'s kind: layers whose parameters are the same but for the index (names, shapes, TP
+    splits) have the same number, what a layer's requests follow from besides the plan."""
+    return spec.memo(("request layer kinds",), lambda: _kinds(spec))[layer]
+
+
+def _kinds(spec) -> tuple[int, ...]:
+    numbers: dict = {}
+    return tuple(numbers.setdefault(tuple((p.name.replace(f".{i}.", ".", 1), p.shape, p.tp_split)
+                                          for p in spec.layer_params(i)), len(numbers))
+                 for i in range(spec.num_layers))
