@@ -7,8 +7,11 @@ reached and the given keys filled in: the same requests, in the same order, as r
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 _OWN = 1 << 28  # a recorded body's own keys: _OWN + 1, _OWN + 2, ... (below 2^30: CPython's one-digit ints)
 _GIVEN = 1 << 29  # the keys it was given: _GIVEN + their index
+_INT = {int}
 
 
 class Requests:
@@ -73,38 +76,89 @@ class Requests:
         key = (body, kind, repr(symbolic))  # its structure, names, zeros and repeats
         record = self._records.get(key)
         if record is None:
-            record = self._records[key] = _record(body, symbolic, args)
-        own, sizes, streams, patches, count, out = record
-        base, values, keys = self._n, list(seen), self.keys
+            record = self._records[key] = _record(body, symbolic, args, len(seen))
+        own, sizes, streams, runs, literals, count, out = record
+        base, keys = self._n, self.keys
         if base + count >= _OWN:
             raise ValueError("a stream of 2^28 requests")
         self._n = base + count
         start = len(keys)
         keys += map(base.__add__, own)
-        for i, k in patches:
-            keys[start + i] = values[k - _GIVEN] if k >= _GIVEN else k
+        values = [*seen, *literals]
+        for a, b, pick in runs:
+            keys[start + a:start + b] = pick(values)
         self.sizes += sizes
         self.streams += streams
-        return _filled(out, base - _OWN, values)
+        return _filled(out, base, values)  # (given keys first in `values`)
 
 
-def _record(body, symbolic, args) -> tuple:
-    """`body` run on symbolic keys: its requests' keys relative to the first (`own`; the others, given keys and 0,
-    as `patches` (index, key)), sizes and streams, how many keys it numbers, its returned keys."""
+def _record(body, symbolic, args, given: int) -> tuple:
+    """`body` run on symbolic keys: its requests' keys relative to the first (`own`; the others, given keys and keys
+    it names itself (0), written over them in `runs` of consecutive requests (first, end, what picks them from the
+    given keys followed by `literals`)), sizes and streams, how many keys it numbers, its returned keys."""
     rec = Requests(repeat=False)
     rec._n = _OWN
     out = body(rec, symbolic, *args)
     if rec.marks:
         raise ValueError("a layer's body marks no phase")
     own = [k - _OWN if _OWN < k < _GIVEN else 0 for k in rec.keys]
-    patches = [(i, k) for i, k in enumerate(rec.keys) if not _OWN < k < _GIVEN]
-    return own, rec.sizes, rec.streams, patches, rec._n - _OWN, out
+    literals: list = []
+    picks: dict = {}  # request index -> index in the given keys and literals
+    for i, k in enumerate(rec.keys):
+        if k >= _GIVEN:
+            picks[i] = k - _GIVEN
+        elif k <= _OWN:
+            picks[i] = given + len(literals)
+            literals.append(k)
+    runs = []
+    for i in sorted(picks):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+            runs[-1][2].append(picks[i])
+        else:
+            runs.append([i, i + 1, [picks[i]]])
+    runs = [(a, b, itemgetter(*idx) if len(idx) > 1 else lambda v, j=idx[0]: (v[j],)) for a, b, idx in runs]
+    return own, rec.sizes, rec.streams, runs, literals, rec._n - _OWN, _compiled(out)
+
+
+class _Own:
+    """A returned list or tuple of the body's own keys only: their offsets from the first, filled in one step."""
+
+    __slots__ = ("offsets", "tuple")
+
+    def __init__(self, keys, is_tuple: bool) -> None:
+        self.offsets, self.tuple = [k - _OWN for k in keys], is_tuple
+
+
+class _Dict:
+    __slots__ = ("names", "values")
+
+    def __init__(self, names: tuple, values) -> None:
+        self.names, self.values = names, values
+
+
+def _compiled(x):
+    """A record's returned keys with each list or tuple of its own keys only an `_Own`, each dict a `_Dict`."""
+    c = x.__class__
+    if c is list or c is tuple:
+        if x and all(v.__class__ is int and _OWN < v < _GIVEN for v in x):
+            return _Own(x, c is tuple)
+        out = [_compiled(v) for v in x]
+        return out if c is list else tuple(out)
+    if c is dict:
+        return _Dict(tuple(x), _compiled(list(x.values())))
+    return x
 
 
 def _symbolic(x, seen: dict):
     """`x` with every key but 0 replaced by `_GIVEN` + its index in `seen` (a key given twice, one symbol)."""
     c = x.__class__
     if c is list or c is tuple:
+        if x and set(map(type, x)) == _INT and 0 not in x and seen.keys().isdisjoint(x) and len(set(x)) == len(x):
+            first = _GIVEN + len(seen)  # distinct keys, none 0 nor seen: the next symbols in turn
+            out = list(range(first, first + len(x)))
+            seen.update(zip(x, out, strict=True))
+            return out if c is list else tuple(out)
         out = [(seen.setdefault(v, _GIVEN + len(seen)) if v else 0) if v.__class__ is int else _symbolic(v, seen)
                for v in x]
         return out if c is list else tuple(out)
@@ -115,15 +169,20 @@ def _symbolic(x, seen: dict):
     return x  # a name
 
 
-def _filled(x, shift: int, values: list):
-    """A record's returned keys for the layer written: its own shifted by `shift`, the given ones filled in."""
+def _filled(x, base: int, values: list):
+    """A record's returned keys (`_compiled`) for the layer written: its own from `base` on, the given ones filled
+    in."""
     c = x.__class__
+    if c is _Own:
+        out = list(map(base.__add__, x.offsets))
+        return tuple(out) if x.tuple else out
+    if c is _Dict:
+        return dict(zip(x.names, _filled(x.values, base, values), strict=True))
+    shift = base - _OWN
     if c is list or c is tuple:
         out = [(v if v <= _OWN else v + shift if v < _GIVEN else values[v - _GIVEN]) if v.__class__ is int else
-               _filled(v, shift, values) for v in x]
+               _filled(v, base, values) for v in x]
         return out if c is list else tuple(out)
-    if c is dict:
-        return dict(zip(x, _filled(list(x.values()), shift, values), strict=True))
     if c is int:
         return x if x <= _OWN else x + shift if x < _GIVEN else values[x - _GIVEN]
     return x

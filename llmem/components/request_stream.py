@@ -31,12 +31,14 @@ sizes it in the walk:
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 and FSDP1 wrap and run otherwise, each request on its stream: `request_stream_fsdp`, `request_stream_fsdp1`
 (docs/notes/2026-11-27-fsdp2-request-stream.md, 2026-11-28-fsdp1-reserved.md). Checkpointed: `request_stream_ckpt`.
-The point figure replays the stream with the cache emptied after wrapping (`request_stream_point`). Left out: the
-op-level temporaries that live for an op or two, carved from blocks freed moments before: without them the replay
-is within 3 % of `simulate`'s (every aten allocation of the real runtime through the same model) on the full-size
+The point figure replays the stream with the cache emptied after wrapping (`request_stream_point`). The stream is
+written as columns (`request_events.Requests`), each decoder layer's requests by a body of its own run once per kind
+of layer and repeated with shifted keys (`Requests.layer`, docs/notes/2026-11-28-stream-writing.md). Left out: the
+op-level temporaries that live for an op or two, carved from blocks freed moments before: without them the replay is
+within 3 % of `simulate`'s (every aten allocation of the real runtime through the same model) on the full-size
 one-GPU, DDP, ZeRO-1, FSDP2 and FSDP1 rows and held-out pure-bf16, fp32, small-model rows. Under TP they decide
-whether a freed logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so the TP layers are written op by
-op (`request_stream_tp`, `per_op`; docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the
+whether a freed logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so the TP layers are written op by op
+(`request_stream_tp`, `per_op`; docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the
 category rules (`reserved.reserved_bytes`).
 """
 
