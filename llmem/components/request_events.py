@@ -3,7 +3,9 @@ the requests are made. Decoder layers of one kind make the same requests: `Reque
 per kind on symbolic keys (its own requests numbered from `_OWN`, the keys it is given replaced by `_GIVEN` + their
 index) and writes every other layer of that kind from that record, its own keys shifted to where the stream has
 reached and the given keys filled in: the same requests, in the same order, as running the body again
-(tests/components/test_request_events.py, scripts/check_stream_identity.py)."""
+(tests/components/test_request_events.py, scripts/check_stream_identity.py). The op-by-op layers (TP, checkpointed)
+and the one-GPU / DDP / ZeRO-1 layers are written so; FSDP2's and FSDP1's, a few bulk requests each (`allocs`), are
+written directly: a record's copy costs about as much."""
 
 from __future__ import annotations
 
@@ -53,6 +55,11 @@ class Requests:
         n = self._n
         keys = list(range(n + 1, n + 1 + len(sizes)))
         self._n = n + len(sizes)
+        if 0 not in sizes:  # every request made (bytes > 0, or a slot)
+            self.keys += keys
+            self.sizes += sizes
+            self.streams += [stream] * len(sizes)
+            return keys
         made = [(k, b) for k, b in zip(keys, sizes, strict=True) if b.__class__ is str or b > 0]
         self.keys += [k for k, _ in made]
         self.sizes += [b for _, b in made]
@@ -188,10 +195,10 @@ def _filled(x, base: int, values: list):
     return x
 
 
-def layer_kind(spec, layer: int) -> int:
-    """Decoder layer `layer`'s kind: layers whose parameters are the same but for the index (names, shapes, TP
-    splits) have the same number, what a layer's requests follow from besides the plan."""
-    return spec.memo(("request layer kinds",), lambda: _kinds(spec))[layer]
+def layer_kinds(spec) -> tuple[int, ...]:
+    """Each decoder layer's kind: layers whose parameters are the same but for the index (names, shapes, TP splits)
+    have the same number, what a layer's requests follow from besides the plan."""
+    return spec.memo(("request layer kinds",), lambda: _kinds(spec))
 
 
 def _kinds(spec) -> tuple[int, ...]:

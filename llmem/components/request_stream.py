@@ -59,7 +59,7 @@ from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
-from llmem.components.request_events import Requests, layer_kind
+from llmem.components.request_events import Requests, layer_kinds
 from llmem.components.request_stream_tp import applies as per_op
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
@@ -304,8 +304,8 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
-    for layer in range(spec.num_layers):
-        kept.append(req.layer(layer_kind(spec, layer), _layer_forward, (), spec, plan, sizes, layer))
+    for layer, kind in enumerate(layer_kinds(spec)):
+        kept.append(req.layer(kind, _layer_forward, (), spec, plan, sizes, layer))
     return kept
 
 
@@ -350,8 +350,9 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
                         sizes.tokens)
     else:
         req.free(g_in)
+        kinds = layer_kinds(spec)
         for layer in reversed(range(spec.num_layers)):
-            grads += req.layer(layer_kind(spec, layer), _layer_backward, kept[layer + 1], spec, plan, layer)
+            grads += req.layer(kinds[layer], _layer_backward, kept[layer + 1], spec, plan, layer)
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
     if spec.tie_word_embeddings and not mixed:  # InputBuffer: the waiting lm_head gradient is a view (`.t()` of its

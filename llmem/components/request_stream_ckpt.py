@@ -26,7 +26,7 @@ from llmem.choices import GradCkpt
 from llmem.components import autocast
 from llmem.components import request_stream_tp as tp_ops
 from llmem.components import request_stream_tp_forward as tp_forward
-from llmem.components.request_events import layer_kind
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_tp import _Layer
 from llmem.components.sharding import FSDP_SCHEMES, local_numel
 
@@ -46,13 +46,13 @@ def forward(req, spec, plan, tokens, embedded: int, table: dict) -> list:
     the cached weight copies]."""
     cached: list = []
     kept, res = [[]], embedded
-    for layer in range(spec.num_layers):
+    for layer, kind in enumerate(layer_kinds(spec)):
         if not plan.checkpointed(layer):  # `every_n_layers`: this layer runs as without checkpointing
-            named, res = req.layer((layer_kind(spec, layer), layer == 0), tp_forward._layer, res, spec, plan, layer,
+            named, res = req.layer((kind, layer == 0), tp_forward._layer, res, spec, plan, layer,
                                    table, tokens)
             kept.append(named)
             continue
-        res, copies, held = req.layer(layer_kind(spec, layer), _checkpointed, res, spec, plan, layer, tokens)
+        res, copies, held = req.layer(kind, _checkpointed, res, spec, plan, layer, tokens)
         cached += copies
         kept.append(held)
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
@@ -69,8 +69,9 @@ def backward(req, spec, plan, kept: list, g_in: int, grads: list, table: dict, t
     `request_stream_tp_forward`, saving what autograd saves, on the kept input; its output dropped) and its
     backward (`request_stream_tp.layer_backward`: at one rank its all-reduces are the tensors themselves)."""
     g_res = tp_ops.final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    kinds = layer_kinds(spec)
     for layer in reversed(range(spec.num_layers)):
-        new, g_res = req.layer(layer_kind(spec, layer), _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
+        new, g_res = req.layer(kinds[layer], _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
                                table, tokens)
         grads.extend(new)
     req.free(g_res)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 
 from llmem.components import communication as comm
-from llmem.components.request_events import layer_kind
+from llmem.components.request_events import layer_kinds
 from llmem.components.sharding import local_numel, tp_local_shape, unsharded_numel
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -68,12 +68,11 @@ class _Group:
 
 
 def groups(spec: ModelSpec, plan: TrainingPlan, order: list) -> tuple[list[_Group], _Group, list]:
-    """The layers' groups (one per kind of layer, `layer_kind`), the root's, and the root's parameters (registration
+    """The layers' groups (one per kind of layer, `layer_kinds`), the root's, and the root's parameters (registration
     order)."""
     by_kind: dict = {}
     layers = []
-    for i in range(spec.num_layers):
-        kind = layer_kind(spec, i)
+    for i, kind in enumerate(layer_kinds(spec)):
         if kind not in by_kind:
             by_kind[kind] = _Group(spec.layer_params(i), plan, False, spec)
         layers.append(by_kind[kind])
@@ -110,8 +109,7 @@ def forward(req, spec: ModelSpec, plan: TrainingPlan, sizes, layers: list[_Group
     embed = req.alloc(sizes.residual)
     kept, unsharded = [], []
     for i, g in enumerate(layers):
-        out, params, saved = req.layer((layer_kind(spec, i), plan.checkpointed(i)), _forward_layer, out, g, plan, sizes,
-                                       i)
+        out, params, saved = _forward_layer(req, out, g, plan, sizes, i)
         kept.append(saved)
         unsharded.append(params)
     req.free(embed)
@@ -161,8 +159,7 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: lis
     req.free(g_half, g_in)
     held, rs_in = [logits], 0
     for i in reversed(range(spec.num_layers)):
-        kind = (layer_kind(spec, i), layer_kind(spec, i - 1) if i else None, plan.checkpointed(i))
-        out, rs_in, grad = req.layer(kind, _backward_layer, (out, unsharded[i], kept[i], rs_in), layers, plan, sizes, i)
+        out, rs_in, grad = _backward_layer(req, (out, unsharded[i], kept[i], rs_in), layers, plan, sizes, i)
         held.append(grad)
     grads = [g_head]
     if spec.tie_word_embeddings:  # accumulated into the lm_head's gradient: a new sum, both freed

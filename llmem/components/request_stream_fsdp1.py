@@ -38,7 +38,7 @@ Requests per phase (unit = a decoder layer, or the root: embeddings, final norm,
 from __future__ import annotations
 
 from llmem.components import flat_param as fp
-from llmem.components.request_events import layer_kind
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_fsdp import _layer_forward
 from llmem.plan import Engine, Method, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -71,11 +71,10 @@ class _Unit:
 
 
 def units(spec: ModelSpec, plan: TrainingPlan) -> tuple[_Unit, list[_Unit]]:
-    """The root's unit and each decoder layer's (layers of one kind share one, `layer_kind`)."""
+    """The root's unit and each decoder layer's (layers of one kind share one, `layer_kinds`)."""
     by_kind: dict = {}
     layers = []
-    for i in range(spec.num_layers):
-        kind = layer_kind(spec, i)
+    for i, kind in enumerate(layer_kinds(spec)):
         if kind not in by_kind:
             by_kind[kind] = _Unit(spec, plan, 1 + i)
         layers.append(by_kind[kind])
@@ -119,13 +118,12 @@ def forward(req, spec: ModelSpec, plan: TrainingPlan, sizes, first: bool) -> tup
         _lazy_init(req, root, layers)
     root_param = _unshard(req, root)
     embed = req.alloc(sizes.residual)
-    kept = [req.layer((layer_kind(spec, i), plan.checkpointed(i)), _forward_layer, (), u, plan, sizes, i)
-            for i, u in enumerate(layers)]
+    kept = [_forward_layer(req, u, plan, sizes, i) for i, u in enumerate(layers)]
     req.free(embed)
     return kept, root_param
 
 
-def _forward_layer(req, _, u: _Unit, plan: TrainingPlan, sizes, i: int) -> list[int]:
+def _forward_layer(req, u: _Unit, plan: TrainingPlan, sizes, i: int) -> list[int]:
     """A layer's unshard, forward and reshard; returns the keys kept to its backward."""
     param = _unshard(req, u)
     kept = _layer_forward(req, plan, sizes, i)
@@ -157,8 +155,7 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state) -> list:
     req.free(g_half, g_in)
     held = [logits]
     for i in reversed(range(spec.num_layers)):
-        kind = (layer_kind(spec, i), layer_kind(spec, i - 1) if i else None, plan.checkpointed(i))
-        gathered, grad = req.layer(kind, _backward_layer, (gathered, kept[i]), layers, plan, sizes, i)
+        gathered, grad = _backward_layer(req, (gathered, kept[i]), layers, plan, sizes, i)
         held.append(grad)
     embed = req.alloc(head)
     if spec.tie_word_embeddings:  # accumulated with the lm_head's: a new sum, both freed

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from llmem.components import autocast
-from llmem.components.request_events import layer_kind
+from llmem.components.request_events import layer_kinds
 from llmem.components.sharding import local_numel, tp_local_shape
 
 F32 = 4
@@ -39,9 +39,10 @@ def backward(req, spec, plan, kept: list, g_in: int, grads: list, grad, tokens: 
     """The final norm's and each layer's backward, the saved tensors freed by name; the residual gradient into the
     embedding freed as `embedding_dense_backward` is made (here: before it)."""
     g_res = final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    kinds = layer_kinds(spec)
     for layer in reversed(range(spec.num_layers)):
         req.mark(f"layer {layer} backward")
-        new, g_res = req.layer(layer_kind(spec, layer), _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
+        new, g_res = req.layer(kinds[layer], _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
                                grad, tokens)
         grads.extend(new)
     req.free(g_res)

@@ -7,7 +7,7 @@ torch/distributed/tensor/parallel/style.py)."""
 from __future__ import annotations
 
 from llmem.components import request_stream_tp as tp_ops
-from llmem.components.request_events import layer_kind
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_tp import _Layer
 from llmem.components.sharding import local_numel
 
@@ -17,9 +17,9 @@ def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
     tensors by name ..., [the last layer's output]]."""
     kept: list = [[]]
     res = embedded
-    for layer in range(spec.num_layers):
+    for layer, kind in enumerate(layer_kinds(spec)):
         req.mark(f"layer {layer} forward")
-        named, res = req.layer((layer_kind(spec, layer), layer == 0), _layer, res, spec, plan, layer, table, tokens)
+        named, res = req.layer((kind, layer == 0), _layer, res, spec, plan, layer, table, tokens)
         kept.append(named)
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
     if not s.norm_cast:

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from llmem.components import request_stream as rs
-from llmem.components.request_events import Requests, layer_kind
+from llmem.components.request_events import Requests, layer_kinds
 from llmem.errors import InputError
 from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
@@ -70,11 +70,11 @@ def _mixed(spec: ModelSpec, layer: int) -> ModelSpec:
 @pytest.mark.parametrize("fields", [{}, {"gpus": 4, "zero": 3}, {"gpus": 4, "zero": 2}, {"gpus": 2, "tp": 2},
                                     {"grad_ckpt": "full"}, {"gpus": 4, "zero": 3, "engine": "fsdp1"}])
 def test_a_layer_of_another_kind_gets_its_own_record(fields):
-    """A model whose layer 5 is wider than the others: its kind differs (`layer_kind`), its requests (weight copies,
+    """A model whose layer 5 is wider than the others: its kind differs (`layer_kinds`), its requests (weight copies,
     gradients, shards, the all-gather prefetched before it) are its own, and the stream is the one written layer by
     layer."""
     spec = _mixed(ModelSpec.from_config(load_preset("qwen2.5-0.5b")), 5)
-    assert layer_kind(spec, 5) != layer_kind(spec, 4) == layer_kind(spec, 6)
+    assert layer_kinds(spec)[5] != layer_kinds(spec)[4] == layer_kinds(spec)[6]
     plan = TrainingPlan(**fields, precision="bf16-mixed", batch_size=1, seq_len=256)
     fast, slow = _both(spec, plan, False)
     assert fast.events == slow.events
