@@ -226,7 +226,7 @@ def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None, repeat: bo
         req.mark(f"forward {iteration}")
         if ddp and iteration == 2:
             req.free(*buckets)
-            buckets = [req.alloc(n) for n in rebuilt_bucket_bytes(spec, plan)]
+            buckets = req.allocs(rebuilt_bucket_bytes(spec, plan))
         saved = _forward(req, spec, plan, sizes)
         req.mark(f"loss {iteration}")
         grads = _backward(req, spec, plan, saved, sizes)

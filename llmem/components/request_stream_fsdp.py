@@ -215,7 +215,7 @@ def _layer_forward(req, plan: TrainingPlan, sizes, layer: int) -> list[int]:
     recompute reaches them but the one dispatched after the layer's last pack. Returns the keys kept to the
     backward."""
     req.free(req.alloc(sizes.pow))
-    saved = [req.alloc(n) for n in sizes.table]
+    saved = req.allocs(sizes.table)
     if not plan.checkpointed(layer):
         return saved
     req.free(*saved)
