@@ -150,14 +150,23 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
-    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
-    skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: program_requests(spec, plan, _Skeleton(*shape, *policy)).columns(), per_plan=True)
+    skeleton, _ = layout_stream(spec, plan, sizes)
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
                      lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
+
+
+def layout_stream(spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> tuple[tuple, tuple]:
+    """The plan's layout's stream, its sizes as slots (`_Skeleton`), written once per layout for the high end and the
+    point figure: (`Requests.columns`, the phase marks)."""
+    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
+    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
+
+    def write() -> tuple[tuple, tuple]:
+        req = program_requests(spec, plan, _Skeleton(*shape, *policy))
+        return req.columns(), tuple(req.marks)
+    return spec.memo(("request_skeleton", plan.layout_key, shape), write, per_plan=True)
 
 
 def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
