@@ -292,10 +292,6 @@ def rebuilt_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     return sizes + ([cur] if cur else [])
 
 
-def _head_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return autocast._head_weight_numel(spec, plan)
-
-
 def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
     """Autocast's half copies of a layer's Linear weights (none without autocast)."""
     if not autocast.applies(plan):
@@ -333,7 +329,7 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     half, l32 = sizes.half, sizes.l32
     mixed = autocast.applies(plan)
     cached = kept.pop() if ckpt_ops.applies(plan) else []
-    head = _head_numel(spec, plan)
+    head = autocast._head_weight_numel(spec, plan)
     copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
     logits = req.alloc(half)
     upcast = req.alloc(l32) if sizes.upcast else 0
