@@ -31,12 +31,14 @@ sizes it in the walk:
             `_multi_tensor_adamw`), freed; `zero_grad(set_to_none)` frees the gradients.
 FSDP2 and FSDP1 wrap and run otherwise, each request on its stream: `request_stream_fsdp`, `request_stream_fsdp1`
 (docs/notes/2026-11-27-fsdp2-request-stream.md, 2026-11-28-fsdp1-reserved.md). Checkpointed: `request_stream_ckpt`.
-The point figure replays the stream with the cache emptied after wrapping (`request_stream_point`). Left out: the
-op-level temporaries that live for an op or two, carved from blocks freed moments before: without them the replay
-is within 3 % of `simulate`'s (every aten allocation of the real runtime through the same model) on the full-size
+The point figure replays the stream with the cache emptied after wrapping (`request_stream_point`). The stream is
+written as columns (`request_events.Requests`), each decoder layer's requests by a body of its own run once per kind
+of layer and repeated with shifted keys (`Requests.layer`, docs/notes/2026-11-28-stream-writing.md). Left out: the
+op-level temporaries that live for an op or two, carved from blocks freed moments before: without them the replay is
+within 3 % of `simulate`'s (every aten allocation of the real runtime through the same model) on the full-size
 one-GPU, DDP, ZeRO-1, FSDP2 and FSDP1 rows and held-out pure-bf16, fp32, small-model rows. Under TP they decide
-whether a freed logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so the TP layers are written op by
-op (`request_stream_tp`, `per_op`; docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the
+whether a freed logits block stays whole (qwen2.5-1.5b: −6.9 % without them), so the TP layers are written op by op
+(`request_stream_tp`, `per_op`; docs/notes/2026-11-27-reserved-tp-bf16.md). Plans outside `replays` keep the
 category rules (`reserved.reserved_bytes`).
 """
 
@@ -57,6 +59,7 @@ from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
+from llmem.components.request_events import Requests, layer_kinds
 from llmem.components.request_stream_tp import applies as per_op
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
@@ -80,30 +83,6 @@ FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
 SCHEMES = (Scheme.SINGLE, Scheme.DDP, Scheme.ZERO1, Scheme.TP, *FSDP_SCHEMES)
 PRECISIONS = (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
-
-
-class Requests:
-    """The stream: `events` of (key, bytes, stream) — bytes < 0 frees the request `key`; `marks` (phase name,
-    index of its first event)."""
-
-    __slots__ = ("events", "marks", "_n")
-
-    def __init__(self) -> None:
-        self.events: list[tuple[int, int, int]] = []
-        self.marks: list[tuple[str, int]] = []
-        self._n = 0
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, len(self.events)))
-
-    def alloc(self, nbytes: int, stream: int = 0) -> int:
-        self._n = n = self._n + 1
-        if nbytes.__class__ is str or nbytes > 0:  # a str: a slot of a layout's stream (`_Skeleton`)
-            self.events.append((n, nbytes, stream))
-        return n
-
-    def free(self, *keys: int) -> None:
-        self.events += [(k, -1, 0) for k in keys]
 
 
 def replay_reserved(events: list[tuple[int, int, int]], expandable: bool = False) -> int:
@@ -171,20 +150,31 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
     sizes = _PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
-    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
-    skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape, *policy)).events), per_plan=True)
+    skeleton, _ = layout_stream(spec, plan, sizes)
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),
                      lambda: _replay_slots(skeleton, slots, expandable), per_plan=True)
 
 
+def layout_stream(spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> tuple[tuple, tuple]:
+    """The plan's layout's stream, its sizes as slots (`_Skeleton`), written once per layout for the high end and the
+    point figure: (`Requests.columns`, the phase marks)."""
+    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
+    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
+
+    def write() -> tuple[tuple, tuple]:
+        req = program_requests(spec, plan, _Skeleton(*shape, *policy))
+        return req.columns(), tuple(req.marks)
+    return spec.memo(("request_skeleton", plan.layout_key, shape), write, per_plan=True)
+
+
 def _replay_slots(skeleton: tuple, slots: dict, expandable: bool) -> int:
+    """The layout's stream (`Requests.columns`: keys, sizes, streams) replayed with the plan's `slots` filled in."""
+    events = zip(*skeleton, strict=False)  # one length: `Requests` writes the three together
     if not expandable:
-        return peak_reserved(skeleton, slots)
-    return replay_reserved([(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)], expandable)
+        return peak_reserved(events, slots)
+    return replay_reserved([(k, slots.get(n, n), st) for k, n, st in events if slots.get(n, n)], expandable)
 
 
 class _PlanSizes:
@@ -224,15 +214,15 @@ class _Skeleton:
         self.upcast, self.names, self.tokens = upcast, list(names), None
 
 
-def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Requests:
+def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None, repeat: bool = True) -> Requests:
     """Build, wrap and two iterations of the plan's program as requests (`sizes`: `_PlanSizes` of the plan, or a
-    layout's `_Skeleton`)."""
+    layout's `_Skeleton`; `repeat`: layers of one kind written from one record, `Requests.layer`)."""
     sizes = sizes or _PlanSizes(spec, plan)
-    req = Requests()
+    req = Requests(repeat)
     req.mark("build")
     params = model_order(spec)
     nbytes = plan.precision.param_bytes
-    built = [req.alloc(math.prod(p.shape) * nbytes) for p in params]
+    built = req.allocs([math.prod(p.shape) * nbytes for p in params])
     if spec.tie_word_embeddings:
         req.free(req.alloc(max(p.numel for p in spec.outer_params) * nbytes))
     if plan.tp > 1:
@@ -245,7 +235,7 @@ def program_requests(spec: ModelSpec, plan: TrainingPlan, sizes=None) -> Request
         req.mark(f"forward {iteration}")
         if ddp and iteration == 2:
             req.free(*buckets)
-            buckets = [req.alloc(n) for n in rebuilt_bucket_bytes(spec, plan)]
+            buckets = req.allocs(rebuilt_bucket_bytes(spec, plan))
         saved = _forward(req, spec, plan, sizes)
         req.mark(f"loss {iteration}")
         grads = _backward(req, spec, plan, saved, sizes)
@@ -302,10 +292,6 @@ def rebuilt_bucket_bytes(spec: ModelSpec, plan: TrainingPlan) -> list[int]:
     return sizes + ([cur] if cur else [])
 
 
-def _head_numel(spec: ModelSpec, plan: TrainingPlan) -> int:
-    return autocast._head_weight_numel(spec, plan)
-
-
 def _copies(spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
     """Autocast's half copies of a layer's Linear weights (none without autocast)."""
     if not autocast.applies(plan):
@@ -323,11 +309,16 @@ def _forward(req: Requests, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSiz
     if per_op(plan):  # each layer's tensors by name, the last layer's output last
         return tp_forward.forward(req, spec, plan, dict(zip(sizes.names, sizes.table, strict=True)), kept[0].pop(),
                               sizes.tokens)
-    for layer in range(spec.num_layers):
-        keys = [req.alloc(n) for n in _copies(spec, plan, layer)]
-        req.free(req.alloc(sizes.pow))  # RMSNorm's fp32 pow
-        kept.append(keys + [req.alloc(n) for n in sizes.table])
+    for layer, kind in enumerate(layer_kinds(spec)):
+        kept.append(req.layer(kind, _layer_forward, (), spec, plan, sizes, layer))
     return kept
+
+
+def _layer_forward(req: Requests, _, spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes, layer: int) -> list[int]:
+    """A layer's weight copies, RMSNorm's fp32 pow (freed) and saved tensors; returns the keys kept."""
+    keys = req.allocs(_copies(spec, plan, layer))
+    req.free(req.alloc(sizes.pow))
+    return keys + req.allocs(sizes.table)
 
 
 def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[list[int]],
@@ -338,7 +329,7 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
     half, l32 = sizes.half, sizes.l32
     mixed = autocast.applies(plan)
     cached = kept.pop() if ckpt_ops.applies(plan) else []
-    head = _head_numel(spec, plan)
+    head = autocast._head_weight_numel(spec, plan)
     copy = req.alloc(head * plan.precision.compute_bytes) if mixed else 0
     logits = req.alloc(half)
     upcast = req.alloc(l32) if sizes.upcast else 0
@@ -360,14 +351,13 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
         ckpt_ops.backward(req, spec, plan, kept, g_in, grads, dict(zip(sizes.names, sizes.table, strict=True)),
                           sizes.tokens)
     elif per_op(plan):
-        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda n, cast: _gradient(req, n, cast, plan),
+        tp_ops.backward(req, spec, plan, kept, g_in, grads, lambda r, n, cast: _gradient(r, n, cast, plan),
                         sizes.tokens)
     else:
         req.free(g_in)
+        kinds = layer_kinds(spec)
         for layer in reversed(range(spec.num_layers)):
-            for p in reversed(spec.layer_params(layer)):
-                grads.append(_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan))
-            req.free(*reversed(kept[layer + 1]))
+            grads += req.layer(kinds[layer], _layer_backward, kept[layer + 1], spec, plan, layer)
     req.free(*kept[0])
     embed = req.alloc(local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes)  # TP: replicated
     if spec.tie_word_embeddings and not mixed:  # InputBuffer: the waiting lm_head gradient is a view (`.t()` of its
@@ -377,6 +367,15 @@ def _backward(req: Requests, spec: ModelSpec, plan: TrainingPlan, kept: list[lis
         req.free(embed)
     else:
         grads.append(embed)
+    return grads
+
+
+def _layer_backward(req: Requests, kept: list[int], spec: ModelSpec, plan: TrainingPlan, layer: int) -> list[int]:
+    """Each parameter's gradient, last first, then the layer's kept tensors freed; returns the gradients' keys."""
+    mixed = autocast.applies(plan)
+    grads = [_gradient(req, local_numel(p, plan), len(p.shape) >= 2 and mixed, plan)
+             for p in reversed(spec.layer_params(layer))]
+    req.free(*reversed(kept))
     return grads
 
 
@@ -394,7 +393,5 @@ def _step(req: Requests, spec: ModelSpec, plan: TrainingPlan, first: bool) -> No
     """Foreach AdamW, group by group: the states on the first step, then the one temporary list, freed."""
     for group in _group_bytes(spec, plan):
         if first:
-            for n in group:
-                req.alloc(n)
-                req.alloc(n)
-        req.free(*[req.alloc(n) for n in group])
+            req.allocs([n for n in group for _ in (0, 1)])
+        req.free(*req.allocs(group))

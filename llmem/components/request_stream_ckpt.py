@@ -26,6 +26,7 @@ from llmem.choices import GradCkpt
 from llmem.components import autocast
 from llmem.components import request_stream_tp as tp_ops
 from llmem.components import request_stream_tp_forward as tp_forward
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_tp import _Layer
 from llmem.components.sharding import FSDP_SCHEMES, local_numel
 
@@ -45,13 +46,15 @@ def forward(req, spec, plan, tokens, embedded: int, table: dict) -> list:
     the cached weight copies]."""
     cached: list = []
     kept, res = [[]], embedded
-    for layer in range(spec.num_layers):
+    for layer, kind in enumerate(layer_kinds(spec)):
         if not plan.checkpointed(layer):  # `every_n_layers`: this layer runs as without checkpointing
-            named, res = tp_forward.layer_forward(req, spec, plan, layer, table, res, tokens)
+            named, res = req.layer((kind, layer == 0), tp_forward._layer, res, spec, plan, layer,
+                                   table, tokens)
             kept.append(named)
             continue
-        kept.append([res])
-        res = layer_forward(req, spec, plan, layer, tokens, cached, kept[-1])
+        res, copies, held = req.layer(kind, _checkpointed, res, spec, plan, layer, tokens)
+        cached += copies
+        kept.append(held)
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
     if not s.norm_cast:
         return [*kept, [res], cached]
@@ -66,24 +69,39 @@ def backward(req, spec, plan, kept: list, g_in: int, grads: list, table: dict, t
     `request_stream_tp_forward`, saving what autograd saves, on the kept input; its output dropped) and its
     backward (`request_stream_tp.layer_backward`: at one rank its all-reduces are the tensors themselves)."""
     g_res = tp_ops.final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    kinds = layer_kinds(spec)
     for layer in reversed(range(spec.num_layers)):
-        if isinstance(kept[layer + 1], dict):  # not checkpointed: its saved tensors
-            new, g_res = tp_ops.layer_backward(req, spec, plan, layer, kept[layer + 1], g_res, _grad(req, plan), tokens)
-            grads.extend(new)
-            continue
-        inp, *held = kept[layer + 1]
-        extra = [k for n, k in held if n == LINEARS[-1]]  # dispatched after the last pack: never taken out
-        req.free(*(k for n, k in held if k not in extra))  # taken out of the cache as the recompute reaches them
-        named, out = tp_forward.layer_forward(req, spec, plan, layer, table, inp, tokens, held_input=True)
-        req.free(out)
-        new, g_res = tp_ops.layer_backward(req, spec, plan, layer, named, g_res, _grad(req, plan), tokens)
-        req.free(*extra)
+        new, g_res = req.layer(kinds[layer], _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
+                               table, tokens)
         grads.extend(new)
     req.free(g_res)
 
 
-def _grad(req, plan):
-    return lambda numel, cast: req.alloc(numel * plan.precision.param_bytes)
+def _checkpointed(req, res: int, spec, plan, layer: int, tokens) -> tuple[int, list, list]:
+    """`layer_forward` on the input `res` for `Requests.layer`: (its output, its cached weight copies, [its input,
+    the policy's saved outputs])."""
+    cached, kept = [], [res]
+    return layer_forward(req, spec, plan, layer, tokens, cached, kept), cached, kept
+
+
+def _layer_backward(req, given: tuple, spec, plan, layer: int, table: dict, tokens) -> tuple[list, int]:
+    """A layer's backward (`given`: its kept tensors, the residual gradient coming in): a checkpointed one's recompute
+    first; returns the gradients' keys and the residual gradient going out."""
+    kept, g_res = given
+    if isinstance(kept, dict):  # not checkpointed: its saved tensors
+        return tp_ops.layer_backward(req, spec, plan, layer, kept, g_res, _grad(plan), tokens)
+    inp, *held = kept
+    extra = [k for n, k in held if n == LINEARS[-1]]  # dispatched after the last pack: never taken out
+    req.free(*(k for n, k in held if k not in extra))  # taken out of the cache as the recompute reaches them
+    named, out = tp_forward.layer_forward(req, spec, plan, layer, table, inp, tokens, held_input=True)
+    req.free(out)
+    new, g_res = tp_ops.layer_backward(req, spec, plan, layer, named, g_res, _grad(plan), tokens)
+    req.free(*extra)
+    return new, g_res
+
+
+def _grad(plan):
+    return lambda req, numel, cast: req.alloc(numel * plan.precision.param_bytes)
 
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

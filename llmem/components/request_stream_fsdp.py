@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 
 from llmem.components import communication as comm
+from llmem.components.request_events import layer_kinds
 from llmem.components.sharding import local_numel, tp_local_shape, unsharded_numel
 from llmem.plan import Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -67,16 +68,14 @@ class _Group:
 
 
 def groups(spec: ModelSpec, plan: TrainingPlan, order: list) -> tuple[list[_Group], _Group, list]:
-    """The layers' groups (one per distinct layer shape), the root's, and the root's parameters (registration
+    """The layers' groups (one per kind of layer, `layer_kinds`), the root's, and the root's parameters (registration
     order)."""
-    by_shape: dict = {}
+    by_kind: dict = {}
     layers = []
-    for i in range(spec.num_layers):
-        params = spec.layer_params(i)
-        key = tuple((p.shape, p.tp_split) for p in params)
-        if key not in by_shape:
-            by_shape[key] = _Group(params, plan, False, spec)
-        layers.append(by_shape[key])
+    for i, kind in enumerate(layer_kinds(spec)):
+        if kind not in by_kind:
+            by_kind[kind] = _Group(spec.layer_params(i), plan, False, spec)
+        layers.append(by_kind[kind])
     root_params = [p for p in order if p.layer is None]
     return layers, _Group(root_params, plan, True, spec), root_params
 
@@ -86,8 +85,7 @@ def wrap(req, spec: ModelSpec, plan: TrainingPlan, order: list, built: list[int]
     key = dict(zip(map(id, order), built, strict=True))
     layers, root, root_params = groups(spec, plan, order)
     for g, params in [*((layers[i], spec.layer_params(i)) for i in range(spec.num_layers)), (root, root_params)]:
-        for n in g.shards:
-            req.alloc(n)
+        req.allocs(g.shards)
         req.free(*(key[id(p)] for p in params))
 
 
@@ -100,27 +98,36 @@ def _all_gather(req, g: _Group) -> int:
 
 
 def _copy_out(req, g: _Group) -> list[int]:
-    return [req.alloc(n) for n in g.copy_out]
+    return req.allocs(g.copy_out)
 
 
 def forward(req, spec: ModelSpec, plan: TrainingPlan, sizes, layers: list[_Group], root: _Group):
     """The root's and each layer's unshard, the layers' kept tensors; returns (kept per layer, the root's unsharded
-    parameters, the layers' (ZeRO-2), the last all-gather output)."""
-    zero3 = plan.scheme is not Scheme.ZERO2
+    parameters, the layers' (ZeRO-2; ZeRO-3 unshards them again in the backward), the last all-gather output)."""
     out = _all_gather(req, root)
     root_params = _copy_out(req, root)
     embed = req.alloc(sizes.residual)
     kept, unsharded = [], []
-    for g in layers:
-        prev, out = out, _all_gather(req, g)
-        params = _copy_out(req, g)
-        req.free(prev)
-        kept.append(_layer_forward(req, plan, sizes, len(kept)))
-        if zero3:
-            req.free(*params)
+    for i, g in enumerate(layers):
+        out, params, saved = _forward_layer(req, out, g, plan, sizes, i)
+        kept.append(saved)
         unsharded.append(params)
     req.free(embed)
     return kept, root_params, unsharded, out
+
+
+def _forward_layer(req, prev: int, g: _Group, plan: TrainingPlan, sizes, i: int) -> tuple[int, list[int], list[int]]:
+    """A layer's unshard (the previous group's all-gather output `prev` freed), its forward, ZeRO-3's reshard;
+    returns (its all-gather output, its unsharded parameters (ZeRO-3: [], resharded), the keys kept to its
+    backward)."""
+    out = _all_gather(req, g)
+    params = _copy_out(req, g)
+    req.free(prev)
+    kept = _layer_forward(req, plan, sizes, i)
+    if plan.scheme is Scheme.ZERO2:
+        return out, params, kept
+    req.free(*params)
+    return out, [], kept
 
 
 def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: list[_Group], root: _Group) -> list:
@@ -151,22 +158,9 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: lis
     g_in = req.alloc(sizes.g_in)
     req.free(g_half, g_in)
     held, rs_in = [logits], 0
-    recomputed = [plan.checkpointed(i) for i in range(spec.num_layers)]
     for i in reversed(range(spec.num_layers)):
-        g = layers[i]
-        if zero3:
-            unsharded[i] = _copy_out(req, g)
-            req.free(out)
-            out = _all_gather(req, layers[i - 1]) if i else 0
-        if recomputed[i]:  # the recompute, after the unshard: the layer's saved tensors
-            policy = kept[i][1:]  # selective: taken out of the cache as the recompute reaches them, but the last
-            req.free(*policy[:-1] if sizes.policy_extra else policy)  # output if dispatched after the last pack
-            kept[i] = kept[i][:1] + (policy[-1:] if sizes.policy_extra else [])
-            req.free(req.alloc(sizes.pow))
-            kept[i] += [req.alloc(n) for n in sizes.table]
-        grads = [req.alloc(n) for n in reversed(g.grads)]
-        req.free(*reversed(kept[i]))
-        rs_in = _reduce(req, g, unsharded[i], grads, rs_in, held)
+        out, rs_in, grad = _backward_layer(req, (out, unsharded[i], kept[i], rs_in), layers, plan, sizes, i)
+        held.append(grad)
     grads = [g_head]
     if spec.tie_word_embeddings:  # accumulated into the lm_head's gradient: a new sum, both freed
         dense = req.alloc(head)
@@ -176,6 +170,30 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state, layers: lis
         grads.append(req.alloc(root.grads[0]))
     req.free(_reduce(req, root, root_params, grads, rs_in, held))
     return held
+
+
+def _backward_layer(req, given: tuple, layers: list[_Group], plan: TrainingPlan, sizes, i: int) -> tuple:
+    """Layer `i`'s backward: ZeRO-3's unshard (the prefetched all-gather output freed, the next layer's prefetched),
+    the recompute if checkpointed, its gradients, its saved tensors freed, `post_backward`. `given`: the prefetched
+    all-gather output, the unsharded parameters (ZeRO-2), the kept tensors, the last reduce-scatter input. Returns
+    (the next all-gather output, the reduce-scatter input, the reduce-scatter output)."""
+    out, unsharded, kept, rs_in = given
+    g = layers[i]
+    if plan.scheme is not Scheme.ZERO2:
+        unsharded = _copy_out(req, g)
+        req.free(out)
+        out = _all_gather(req, layers[i - 1]) if i else 0
+    if plan.checkpointed(i):  # the recompute, after the unshard: the layer's saved tensors
+        policy = kept[1:]  # selective: taken out of the cache as the recompute reaches them, but the last
+        req.free(*policy[:-1] if sizes.policy_extra else policy)  # output if dispatched after the last pack
+        kept = kept[:1] + (policy[-1:] if sizes.policy_extra else [])
+        req.free(req.alloc(sizes.pow))
+        kept += req.allocs(sizes.table)
+    grads = req.allocs(g.grads[::-1])
+    req.free(*reversed(kept))
+    held: list = []
+    rs_in = _reduce(req, g, unsharded, grads, rs_in, held)
+    return out, rs_in, held[0]
 
 
 def _reduce(req, g: _Group, unsharded: list[int], grads: list[int], rs_in: int, held: list) -> int:
@@ -197,7 +215,7 @@ def _layer_forward(req, plan: TrainingPlan, sizes, layer: int) -> list[int]:
     recompute reaches them but the one dispatched after the layer's last pack. Returns the keys kept to the
     backward."""
     req.free(req.alloc(sizes.pow))
-    saved = [req.alloc(n) for n in sizes.table]
+    saved = req.allocs(sizes.table)
     if not plan.checkpointed(layer):
         return saved
     req.free(*saved)

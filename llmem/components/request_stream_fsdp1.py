@@ -38,6 +38,7 @@ Requests per phase (unit = a decoder layer, or the root: embeddings, final norm,
 from __future__ import annotations
 
 from llmem.components import flat_param as fp
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_fsdp import _layer_forward
 from llmem.plan import Engine, Method, Scheme, TrainingPlan
 from llmem.spec import ModelSpec
@@ -70,14 +71,13 @@ class _Unit:
 
 
 def units(spec: ModelSpec, plan: TrainingPlan) -> tuple[_Unit, list[_Unit]]:
-    """The root's unit and each decoder layer's (layers of one shape share one)."""
-    by_shape: dict = {}
+    """The root's unit and each decoder layer's (layers of one kind share one, `layer_kinds`)."""
+    by_kind: dict = {}
     layers = []
-    for i in range(spec.num_layers):
-        key = tuple(p.shape for p in spec.layer_params(i))
-        if key not in by_shape:
-            by_shape[key] = _Unit(spec, plan, 1 + i)
-        layers.append(by_shape[key])
+    for i, kind in enumerate(layer_kinds(spec)):
+        if kind not in by_kind:
+            by_kind[kind] = _Unit(spec, plan, 1 + i)
+        layers.append(by_kind[kind])
     return _Unit(spec, plan, 0), layers
 
 
@@ -118,13 +118,17 @@ def forward(req, spec: ModelSpec, plan: TrainingPlan, sizes, first: bool) -> tup
         _lazy_init(req, root, layers)
     root_param = _unshard(req, root)
     embed = req.alloc(sizes.residual)
-    kept = []
-    for i, u in enumerate(layers):
-        param = _unshard(req, u)
-        kept.append(_layer_forward(req, plan, sizes, i))
-        req.free(param)
+    kept = [_forward_layer(req, u, plan, sizes, i) for i, u in enumerate(layers)]
     req.free(embed)
     return kept, root_param
+
+
+def _forward_layer(req, u: _Unit, plan: TrainingPlan, sizes, i: int) -> list[int]:
+    """A layer's unshard, forward and reshard; returns the keys kept to its backward."""
+    param = _unshard(req, u)
+    kept = _layer_forward(req, plan, sizes, i)
+    req.free(param)
+    return kept
 
 
 def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state) -> list:
@@ -151,13 +155,8 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state) -> list:
     req.free(g_half, g_in)
     held = [logits]
     for i in reversed(range(spec.num_layers)):
-        u, param = layers[i], gathered
-        gathered = _unshard(req, layers[i - 1]) if i else 0  # BACKWARD_PRE: the next one's, before computing
-        if plan.checkpointed(i):
-            _recompute(req, sizes, kept, i)
-        views = [req.alloc(n) for n in reversed(u.view_grads)]
-        req.free(*reversed(kept[i]))
-        _post_backward(req, u, param, views, held)
+        gathered, grad = _backward_layer(req, (gathered, kept[i]), layers, plan, sizes, i)
+        held.append(grad)
     embed = req.alloc(head)
     if spec.tie_word_embeddings:  # accumulated with the lm_head's: a new sum, both freed
         summed = req.alloc(head)
@@ -169,13 +168,30 @@ def backward(req, spec: ModelSpec, plan: TrainingPlan, sizes, state) -> list:
     return held
 
 
-def _recompute(req, sizes, kept: list, i: int) -> None:
-    """The checkpointed layer's recompute after its unshard (as `request_stream_fsdp.backward`)."""
-    policy = kept[i][1:]
+def _backward_layer(req, given: tuple, layers: list[_Unit], plan: TrainingPlan, sizes, i: int) -> tuple[int, int]:
+    """Layer `i`'s backward (`given`: its prefetched unsharded parameter, its kept tensors): the one before it
+    prefetched, the recompute if checkpointed, the views' gradients, `_post_backward`; returns (the prefetched
+    parameter, the sharded gradient)."""
+    param, kept = given
+    u = layers[i]
+    gathered = _unshard(req, layers[i - 1]) if i else 0  # BACKWARD_PRE: the next one's, before computing
+    if plan.checkpointed(i):
+        kept = _recompute(req, sizes, kept)
+    views = req.allocs(u.view_grads[::-1])
+    req.free(*reversed(kept))
+    held: list = []
+    _post_backward(req, u, param, views, held)
+    return gathered, held[0]
+
+
+def _recompute(req, sizes, kept: list) -> list:
+    """The checkpointed layer's recompute after its unshard (as `request_stream_fsdp.backward`); returns the keys
+    kept to its backward."""
+    policy = kept[1:]
     req.free(*policy[:-1] if sizes.policy_extra else policy)
-    kept[i] = kept[i][:1] + (policy[-1:] if sizes.policy_extra else [])
+    kept = kept[:1] + (policy[-1:] if sizes.policy_extra else [])
     req.free(req.alloc(sizes.pow))
-    kept[i] += [req.alloc(n) for n in sizes.table]
+    return kept + req.allocs(sizes.table)
 
 
 def _post_backward(req, u: _Unit, param: int, views: list[int], held: list) -> None:

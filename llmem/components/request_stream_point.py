@@ -36,11 +36,10 @@ def _point(spec: ModelSpec, plan: TrainingPlan) -> int:
 
     sizes = rs._PlanSizes(spec, plan)
     shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))
-    policy = rs.ckpt_ops.policy_sizes(spec, plan, None)
 
     def skeleton() -> tuple:
-        req = rs.program_requests(spec, plan, rs._Skeleton(*shape, *policy))
-        return without_build(req.events, req.marks)
+        columns, marks = rs.layout_stream(spec, plan, sizes)  # the high end's, written once
+        return without_build(list(zip(*columns, strict=True)), marks)
 
     events = spec.memo(("point_skeleton", plan.layout_key, shape), skeleton, per_plan=True)
     slots = sizes.slots()

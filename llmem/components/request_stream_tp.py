@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from llmem.components import autocast
+from llmem.components.request_events import layer_kinds
 from llmem.components.sharding import local_numel, tp_local_shape
 
 F32 = 4
@@ -38,9 +39,11 @@ def backward(req, spec, plan, kept: list, g_in: int, grads: list, grad, tokens: 
     """The final norm's and each layer's backward, the saved tensors freed by name; the residual gradient into the
     embedding freed as `embedding_dense_backward` is made (here: before it)."""
     g_res = final_norm_backward(req, spec, plan, g_in, tokens, kept[-1][0])
+    kinds = layer_kinds(spec)
     for layer in reversed(range(spec.num_layers)):
         req.mark(f"layer {layer} backward")
-        new, g_res = layer_backward(req, spec, plan, layer, kept[layer + 1], g_res, grad, tokens)
+        new, g_res = req.layer(kinds[layer], _layer_backward, (kept[layer + 1], g_res), spec, plan, layer,
+                               grad, tokens)
         grads.extend(new)
     req.free(g_res)
 
@@ -91,9 +94,14 @@ def slots(spec, plan, tokens: int) -> dict:
     return named
 
 
+def _layer_backward(req, given: tuple, spec, plan, layer: int, grad, tokens) -> tuple[list[int], int]:
+    """`layer_backward` on `given` (its saved tensors, the residual gradient), for `Requests.layer`."""
+    return layer_backward(req, spec, plan, layer, *given, grad, tokens)
+
+
 def layer_backward(req, spec, plan, layer: int, kept: dict, g_res: int, grad, tokens: int) -> tuple[list[int], int]:
-    """One layer's backward; `kept` its saved tensors by name (weight copies by parameter name), `g_res` the key of
-    the residual stream's fp32 gradient coming in; `grad(numel, cast)` allocates a parameter's `.grad`. Returns
+    """One layer's backward; `kept` its saved tensors by name ("<Linear> weight copy": the copies), `g_res` the key of
+    the residual stream's fp32 gradient coming in; `grad(req, numel, cast)` allocates a parameter's `.grad`. Returns
     the gradients' keys and the residual gradient going out."""
     s = _Layer(spec, plan, layer, tokens)
     grads: list[int] = []
@@ -131,7 +139,7 @@ class _Freer:
 
     def weight(self, short: str) -> None:
         """Autocast's half copy of Linear `short`'s weight (kept under the parameter's name)."""
-        self(*[k for k in self.kept if k.endswith(f".{short}.weight")])
+        self(f"{short} weight copy")
 
     def prefix(self, start: str) -> None:
         self(*[k for k in self.kept if k.startswith(start)])
@@ -157,14 +165,14 @@ def _linear(req, s: _Layer, free: _Freer, grads: list, grad, name: str, d_out: i
     if not s.cast:  # fp32: the weight gradient is the `.grad`, the input gradient the residual stream's dtype
         grads.append(d_w)
         if name in s.bias:
-            grads.append(grad(local_numel(s.bias[name], s.plan), False))
+            grads.append(grad(req, local_numel(s.bias[name], s.plan), False))
         return all_reduce(req, s.plan, d_x, s.r_th)
     x32 = req.alloc(s.f_th)
     req.free(d_x)
     grads.append(req.alloc(numel * s.plan.precision.param_bytes))
     req.free(d_w)
     if name in s.bias:
-        grads.append(grad(local_numel(s.bias[name], s.plan), False))
+        grads.append(grad(req, local_numel(s.bias[name], s.plan), False))
     return all_reduce(req, s.plan, x32, s.f_th)
 
 

@@ -7,6 +7,7 @@ torch/distributed/tensor/parallel/style.py)."""
 from __future__ import annotations
 
 from llmem.components import request_stream_tp as tp_ops
+from llmem.components.request_events import layer_kinds
 from llmem.components.request_stream_tp import _Layer
 from llmem.components.sharding import local_numel
 
@@ -16,9 +17,9 @@ def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
     tensors by name ..., [the last layer's output]]."""
     kept: list = [[]]
     res = embedded
-    for layer in range(spec.num_layers):
+    for layer, kind in enumerate(layer_kinds(spec)):
         req.mark(f"layer {layer} forward")
-        named, res = layer_forward(req, spec, plan, layer, table, res, tokens)
+        named, res = req.layer((kind, layer == 0), _layer, res, spec, plan, layer, table, tokens)
         kept.append(named)
     s = _Layer(spec, plan, spec.num_layers - 1, tokens)
     if not s.norm_cast:
@@ -29,13 +30,19 @@ def forward(req, spec, plan, table: dict, embedded: int, tokens: int) -> list:
     return [*kept, [final]]
 
 
+def _layer(req, residual: int, spec, plan, layer: int, table: dict, tokens) -> tuple[dict, int]:
+    """`layer_forward` for `Requests.layer` (the first layer's input, the embedding's output, is freed by `forward`:
+    the layer's `kind` says whether it is the first)."""
+    return layer_forward(req, spec, plan, layer, table, residual, tokens)
+
+
 def layer_forward(req, spec, plan, layer: int, table: dict, residual: int, tokens: int,
                   held_input: bool = False) -> tuple[dict, int]:
     """One layer's forward op by op (the order of `simulate`'s record, as `layer_backward`): RMSNorm's fp32
     products, autocast's half weight copies and input casts per Linear, the q/k/v outputs, RoPE in fp32 with its
     half casts for SDPA, the RowwiseParallel outputs' all-reduce (`RowwiseParallel._prepare_output_fn`: Partial to
     Replicate, a new tensor) before the fp32 residual add. `table` the layer's saved tensors by name (sizes);
-    `residual` the key of the layer's input. Returns the kept tensors by name (weight copies by parameter name) and
+    `residual` the key of the layer's input. Returns the kept tensors by name ("<Linear> weight copy": the copies) and
     the layer's output's key. A saved tensor this does not make (qwen3's q/k norms) is allocated after the layer.
     `held_input`: the input is held past the layer by its caller (a checkpoint's recompute), kept by name."""
     s = _Layer(spec, plan, layer, tokens)
@@ -86,7 +93,7 @@ def _copy(req, s: _Layer, kept: dict, name: str, cast_input: bool = True) -> Non
     if not s.cast:
         return
     p = s.linear[name]
-    kept[p.name] = req.alloc(local_numel(p, s.plan) * s.c)
+    kept[f"{name} weight copy"] = req.alloc(local_numel(p, s.plan) * s.c)
     if cast_input:
         kept[f"input cast {name}"] = req.alloc(s.c_th)
 

@@ -84,7 +84,7 @@ def test_the_all_reduces_per_layer(monkeypatch):
     req = rs.Requests()
     kept, _ = tp_forward.layer_forward(req, spec, plan, 0, table, req.alloc(4 * th), tokens)
     forward, seen[:] = list(seen), []
-    tp_ops.layer_backward(req, spec, plan, 0, kept, req.alloc(4 * th), lambda n, c: req.alloc(4 * n), tokens)
+    tp_ops.layer_backward(req, spec, plan, 0, kept, req.alloc(4 * th), lambda r, n, c: r.alloc(4 * n), tokens)
     linears = autocast._linear_weights(spec, 0)
     assert forward == [2 * th] * sum(p.tp_split is TpSplit.ROWWISE for p in linears)
     assert seen == [4 * th] * sum(p.tp_split is TpSplit.COLWISE for p in linears)
