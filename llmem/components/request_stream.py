@@ -170,11 +170,10 @@ def replayed_reserved_bytes(spec: ModelSpec, plan: TrainingPlan, expandable: boo
 
 
 def _replayed(spec: ModelSpec, plan: TrainingPlan, expandable: bool) -> int:
+    from llmem.components.request_stream_point import layout_requests
+
     sizes = _PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
-    policy = ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
-    skeleton = spec.memo(("request_skeleton", plan.layout_key, shape),
-                         lambda: tuple(program_requests(spec, plan, _Skeleton(*shape, *policy)).events), per_plan=True)
+    skeleton, _ = layout_requests(spec, plan, sizes)
     slots = sizes.slots()
     # keyed by the stream itself: layouts that write the same stream (DDP on 2 ... 64 GPUs) replay it once
     return spec.memo(("replayed_stream", skeleton, tuple(slots.items()), expandable),

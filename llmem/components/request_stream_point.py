@@ -31,30 +31,38 @@ def point_reserved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def _point(spec: ModelSpec, plan: TrainingPlan) -> int:
-    from llmem.allocator_replay import peak_reserved
     from llmem.components import request_stream as rs
 
     sizes = rs._PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))
-    policy = rs.ckpt_ops.policy_sizes(spec, plan, None)
-
-    def skeleton() -> tuple:
-        req = rs.program_requests(spec, plan, rs._Skeleton(*shape, *policy))
-        return without_build(req.events, req.marks)
-
-    events = spec.memo(("point_skeleton", plan.layout_key, shape), skeleton, per_plan=True)
+    stream, start = layout_requests(spec, plan, sizes)  # the high end's stream, written once per layout
+    events = spec.memo(("point_skeleton", stream), lambda: without_build(stream, start), per_plan=True)
     slots = sizes.slots()
-    return spec.memo(("point_stream", events, tuple(slots.items())), lambda: peak_reserved(events, slots),
-                     per_plan=True)
+    # the high end's key: a stream whose build frees nothing is its own point program, replayed once for both
+    return spec.memo(("replayed_stream", events, tuple(slots.items()), False),
+                     lambda: rs._replay_slots(events, slots, False), per_plan=True)
 
 
-def without_build(events: list, marks: list) -> tuple:
-    """`events` (key, bytes, stream) with what comes before the first iteration's mark replaced by
-    `emptied_prefix`."""
-    start = next(i for name, i in marks if name == "forward 1")
+def layout_requests(spec: ModelSpec, plan: TrainingPlan, sizes) -> tuple[tuple, int]:
+    """The layout's stream (`request_stream.program_requests` with `sizes`' slot names, `_Skeleton`) and the index
+    of its first iteration's first event (where the point program's prefix ends); written once per layout and kept,
+    for the high end (`request_stream.replayed_reserved_bytes`) and the point figure alike."""
+    from llmem.components import request_stream as rs
+
+    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))  # the stream's structure besides the layout
+    policy = rs.ckpt_ops.policy_sizes(spec, plan, None)  # selective under FSDP2: the policy outputs' slots
+
+    def write() -> tuple[tuple, int]:
+        req = rs.program_requests(spec, plan, rs._Skeleton(*shape, *policy))
+        return tuple(req.events), next(i for name, i in req.marks if name == "forward 1")
+    return spec.memo(("request_skeleton", plan.layout_key, shape), write, per_plan=True)
+
+
+def without_build(events: tuple, start: int) -> tuple:
+    """`events` (key, bytes, stream) with what comes before the first iteration (index `start`) replaced by
+    `emptied_prefix`; `events` itself when the prefix frees nothing."""
     if all(nbytes.__class__ is str or nbytes > 0 for _, nbytes, _ in events[:start]):  # nothing freed, nothing to
-        return tuple(events)  # give back: every segment of the prefix holds a live tensor (one GPU, DDP, untied)
-    return emptied_prefix(events[:start]) + tuple(events[start:])
+        return events  # give back: every segment of the prefix holds a live tensor (one GPU, DDP, untied)
+    return emptied_prefix(events[:start]) + events[start:]
 
 
 def emptied_prefix(prefix: list) -> tuple:

@@ -241,7 +241,7 @@ def test_a_layouts_stream_filled_for_another_plan_is_that_plans_stream(first, se
     rs.replayed_reserved_bytes(spec, a)
     assert a.layout_key == b.layout_key
     sizes = rs._PlanSizes(spec, b)
-    skeleton = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast, tuple(sizes.names))),
+    skeleton, _ = spec.memo(("request_skeleton", b.layout_key, (len(sizes.table), sizes.upcast, tuple(sizes.names))),
                          lambda: pytest.fail("no stream kept for the layout"), per_plan=True)
     slots = sizes.slots()
     filled = [(k, slots.get(n, n), st) for k, n, st in skeleton if slots.get(n, n)]
