@@ -42,6 +42,18 @@ def _point(spec: ModelSpec, plan: TrainingPlan) -> int:
                      lambda: rs._replay_slots(events, slots, False), per_plan=True)
 
 
+class Stream(tuple):
+    """A layout's events, hashed once: the replays are kept keyed by the stream itself (layouts that write the same
+    stream replay it once), and a tuple of some 20,000 events costs ~1 ms a hash."""
+
+    def __hash__(self) -> int:
+        try:
+            return self.__dict__["hash"]
+        except KeyError:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+            return h
+
+
 def layout_requests(spec: ModelSpec, plan: TrainingPlan, sizes) -> tuple[tuple, int]:
     """The layout's stream (`request_stream.program_requests` with `sizes`' slot names, `_Skeleton`) and the index
     of its first iteration's first event (where the point program's prefix ends); written once per layout and kept,
@@ -53,7 +65,7 @@ def layout_requests(spec: ModelSpec, plan: TrainingPlan, sizes) -> tuple[tuple, 
 
     def write() -> tuple[tuple, int]:
         req = rs.program_requests(spec, plan, rs._Skeleton(*shape, *policy))
-        return tuple(req.events), next(i for name, i in req.marks if name == "forward 1")
+        return Stream(req.events), next(i for name, i in req.marks if name == "forward 1")
     return spec.memo(("request_skeleton", plan.layout_key, shape), write, per_plan=True)
 
 
@@ -62,7 +74,7 @@ def without_build(events: tuple, start: int) -> tuple:
     `emptied_prefix`; `events` itself when the prefix frees nothing."""
     if all(nbytes.__class__ is str or nbytes > 0 for _, nbytes, _ in events[:start]):  # nothing freed, nothing to
         return events  # give back: every segment of the prefix holds a live tensor (one GPU, DDP, untied)
-    return emptied_prefix(events[:start]) + events[start:]
+    return Stream(emptied_prefix(events[:start]) + events[start:])
 
 
 def emptied_prefix(prefix: list) -> tuple:
