@@ -85,7 +85,13 @@ class CkptOption:
 
     @property
     def fits(self) -> bool:
-        return self.estimate.device_total_bytes <= self.capacity_bytes
+        """Whether the device total fits; a peak that alone (with what lies outside the allocator) exceeds the
+        capacity does not fit whatever the reserved point figure (at least the peak: `reserved.point_bytes`), so a
+        plan over it is answered without the allocator model's replay (a 4,096-layer stream: ~1 M requests)."""
+        est = self.estimate
+        if est.peak_bytes + est.cuda_context_bytes + est.paged_state_bytes > self.capacity_bytes:
+            return False
+        return est.device_total_bytes <= self.capacity_bytes
 
     def to_dict(self) -> dict:
         return {"label": self.label, "options": self.options, "grad_ckpt": str(self.plan.grad_ckpt),

@@ -271,7 +271,7 @@ def _max_batch_size(spec: ModelSpec, plan: TrainingPlan, capacity_bytes: int, ph
 def _replayed_fit(spec: ModelSpec, plan: TrainingPlan, best: int, unit: int, capacity_bytes: int) -> int:
     """The largest batch (in units) at most `best` whose estimate's device total fits: where the reserved point
     figure is the allocator model's replay (`reserved.point_replays`), which the solve's flat allowance
-    (`_device_total`) can under-state (FSDP1's stream pools: about +18 %)."""
+    (`_device_total`) can under-state (FSDP1's stream pools about +18 %; the others up to +24 %)."""
     from llmem.components import reserved
 
     if plan.device is not Device.CUDA or not reserved.point_replays(spec, plan):

@@ -110,9 +110,9 @@ class Estimate:
         (within 2.1 % of `simulate` on 29 full-size rows) for both. With default segments the plans
         `request_stream.replays` accepts (one GPU, DDP, ZeRO-1, TP, FSDP2, FSDP1 FULL_SHARD) replay the program's
         own requests, each on its stream, through the allocator model for the built program (within 3 % of
-        `simulate`) and, under FSDP1, for the point figure's (within 1 % of its emptied-cache replay,
-        docs/notes/2026-11-28-fsdp1-reserved.md); other plans keep the flat allowance and the category high-water
-        (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
+        `simulate`) and for the point figure's (`reserved.point_replays`; within −2.9 … +4.7 % of its emptied-cache
+        replay, docs/notes/2026-11-28-point-replay-all.md); other plans keep the flat allowance and the category
+        high-water (−14 … +19 %, docs/notes/2026-11-27-reserved-agreement.md)."""
         expandable = self.plan.alloc_conf is AllocConf.EXPANDABLE  # --alloc-conf: the rules of that setting
         high = self.expandable_reserved_bytes if expandable else None
         if high is None:
@@ -210,7 +210,8 @@ _TOTAL = operator.attrgetter("total")
 
 def _fragmentation_bytes(spec: ModelSpec, plan: TrainingPlan, peak, expandable: int | None) -> int:
     """Reserved minus the peak. With default segments on CUDA, the allocator model's replay of the program with
-    nothing of the build cached where `reserved.point_replays` (FSDP1), else the flat allowance
+    nothing of the build cached where `reserved.point_replays` (the plans the request stream covers), else the flat
+    allowance
     (`reserved.point_bytes`). Under `--alloc-conf expandable-segments` on CUDA, the caching allocator's rules
     (`reserved.reserved_bytes`: the peak or the build's bytes in 20 MiB pages, plus FSDP2's stream pools) give it —
     within 2.1 % of `simulate` on 29 full-size rows (docs/notes/2026-11-27-reserved-agreement.md); `expandable`:

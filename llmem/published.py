@@ -258,9 +258,10 @@ different run of a close program, so its error has parts the estimator cannot re
 - **sequence length**: most sources pad each batch to its longest sample (or bucket by length); the table uses the
   truncation length, the upper end, while the reported peak comes from whatever the longest batch really was;
 - **statistic**: reserved figures include allocator fragmentation and stream pools, which the CUDA profile derives
-  from the caching-allocator model under FSDP1 (full fine-tuning: its requests replayed, each on its stream) and
-  states as a flat 5 % allowance elsewhere; the method-comparison runs sample reserved memory after steps, at a
-  percentile;
+  from the caching-allocator model where the program's requests are written out (full fine-tuning of dense
+  llama-likes: replayed, each on its stream) and states as a flat 5 % allowance elsewhere (LoRA, QLoRA, MoE,
+  DeepSpeed, offload, full checkpointing outside FSDP1); the method-comparison runs sample reserved memory after
+  steps, at a percentile;
 - **model code and versions**: LitGPT and torchtune use their own Llama classes (fused qkv, chunked lm_head and
   loss, bf16 adapters); older bitsandbytes saved every 4-bit Linear's input; flash-attention kernels and cuBLAS
   workspaces differ from the profile in small ways;

@@ -5,7 +5,8 @@ cuDNN, NCCL, PyTorch's own kernels) — commonly 0.5–1.3 GiB; we state 1 GiB o
 guide measured 1,343 MiB on a V100 with CUDA 11). The CPU profile has none.
 Fragmentation allowance: the caching allocator rounds blocks up (512 B small, 2 MiB large segments) and keeps
 freed blocks cached, so `max_memory_reserved` exceeds `max_memory_allocated`; we allow 5 % of the peak for the
-plans outside `reserved.point_replays`; for those (FSDP1) the allocator model's replay of the program's requests
+plans outside `reserved.point_replays`; for those (the plans the request stream covers, full checkpointing only
+under FSDP1) the allocator model's replay of the program's requests
 gives the figure (`reserved.point_bytes`), and under `--alloc-conf expandable-segments` the allocator's rules
 (`estimate._fragmentation_bytes`).
 """

@@ -59,7 +59,7 @@ from llmem.components import request_stream_tp_forward as tp_forward
 from llmem.components.activations import layer_saved
 from llmem.components.logits import _sizes
 from llmem.components.optimizer import _group_bytes
-from llmem.components.request_events import Requests, layer_kinds
+from llmem.components.request_events import Requests, Stream, layer_kinds
 from llmem.components.request_stream_tp import applies as per_op
 from llmem.components.sharding import FSDP_SCHEMES, fsdp_shard_dim, local_numel, tp_local_shape
 from llmem.components.trained import model_order
@@ -165,7 +165,7 @@ def layout_stream(spec: ModelSpec, plan: TrainingPlan, sizes: _PlanSizes) -> tup
 
     def write() -> tuple[tuple, tuple]:
         req = program_requests(spec, plan, _Skeleton(*shape, *policy))
-        return req.columns(), tuple(req.marks)
+        return Stream(req.columns()), tuple(req.marks)
     return spec.memo(("request_skeleton", plan.layout_key, shape), write, per_plan=True)
 
 

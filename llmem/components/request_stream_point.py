@@ -20,6 +20,7 @@ by its blocks alone.
 from __future__ import annotations
 
 from llmem.allocator import K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocator
+from llmem.components.request_events import Stream
 from llmem.plan import TrainingPlan
 from llmem.spec import ModelSpec
 
@@ -31,29 +32,27 @@ def point_reserved_bytes(spec: ModelSpec, plan: TrainingPlan) -> int:
 
 
 def _point(spec: ModelSpec, plan: TrainingPlan) -> int:
-    from llmem.allocator_replay import peak_reserved
     from llmem.components import request_stream as rs
 
     sizes = rs._PlanSizes(spec, plan)
-    shape = (len(sizes.table), sizes.upcast, tuple(sizes.names))
-
-    def skeleton() -> tuple:
-        columns, marks = rs.layout_stream(spec, plan, sizes)  # the high end's, written once
-        return without_build(list(zip(*columns, strict=True)), marks)
-
-    events = spec.memo(("point_skeleton", plan.layout_key, shape), skeleton, per_plan=True)
-    slots = sizes.slots()
-    return spec.memo(("point_stream", events, tuple(slots.items())), lambda: peak_reserved(events, slots),
-                     per_plan=True)
-
-
-def without_build(events: list, marks: list) -> tuple:
-    """`events` (key, bytes, stream) with what comes before the first iteration's mark replaced by
-    `emptied_prefix`."""
+    columns, marks = rs.layout_stream(spec, plan, sizes)  # the high end's stream, written once per layout
     start = next(i for name, i in marks if name == "forward 1")
-    if all(nbytes.__class__ is str or nbytes > 0 for _, nbytes, _ in events[:start]):  # nothing freed, nothing to
-        return tuple(events)  # give back: every segment of the prefix holds a live tensor (one GPU, DDP, untied)
-    return emptied_prefix(events[:start]) + tuple(events[start:])
+    events = spec.memo(("point_skeleton", columns), lambda: without_build(columns, start), per_plan=True)
+    slots = sizes.slots()
+    # the high end's key: a stream whose build frees nothing is its own point program, replayed once for both
+    return spec.memo(("replayed_stream", events, tuple(slots.items()), False),
+                     lambda: rs._replay_slots(events, slots, False), per_plan=True)
+
+
+def without_build(columns: tuple, start: int) -> tuple:
+    """The layout's stream (`Requests.columns`: keys, sizes, streams) with what comes before the first iteration
+    (index `start`) replaced by `emptied_prefix`; `columns` itself when the prefix frees nothing."""
+    keys, sizes, streams = columns
+    if all(nbytes.__class__ is str or nbytes > 0 for nbytes in sizes[:start]):  # nothing freed, nothing to give
+        return columns  # back: every segment of the prefix holds a live tensor (one GPU, DDP, untied embeddings)
+    prefix = emptied_prefix(list(zip(keys[:start], sizes[:start], streams[:start], strict=True)))
+    k, n, st = (tuple(c) for c in zip(*prefix, strict=True)) if prefix else ((), (), ())
+    return Stream((k + keys[start:], n + sizes[start:], st + streams[start:]))
 
 
 def emptied_prefix(prefix: list) -> tuple:

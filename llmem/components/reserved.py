@@ -39,7 +39,7 @@ from __future__ import annotations
 from llmem.components import Category, request_stream
 from llmem.components import communication as comm
 from llmem.components.sharding import FSDP_SCHEMES
-from llmem.plan import Device, Engine, Scheme, TrainingPlan
+from llmem.plan import Device, Engine, GradCkpt, Scheme, TrainingPlan
 from llmem.spec import ModelSpec, per_spec
 
 K_MIN_BLOCK = 512  # kMinBlockSize
@@ -155,12 +155,15 @@ def _reserved_bytes(spec: ModelSpec, plan: TrainingPlan, phases, peak, expandabl
 
 
 def point_replays(spec: ModelSpec, plan: TrainingPlan) -> bool:
-    """Whether the point figure is the allocator model's replay (`point_bytes`): FSDP1 plans the request stream
-    covers, whose unshard, pre-unshard and post-backward pools the flat allowance cannot see (−7 … −20 % against
-    `simulate` before). The replay reads every replayed scheme within 3 % (docs/notes/2026-11-28-fsdp1-reserved.md)
-    but costs a replay per plan asked, which the checkpointing planner (an estimate per K) and `compare` (one per
-    strategy) cannot afford yet; the other schemes keep the flat allowance until the replay is faster."""
-    return plan.engine is Engine.FSDP1 and request_stream.replays(spec, plan)
+    """Whether the point figure is the allocator model's replay (`point_bytes`): the plans the request stream covers
+    (`request_stream.replays`; against `simulate`'s emptied-cache replay at full size every scheme reads within
+    −2.9 … +4.7 %, the flat allowance −23.9 … +4.8 %: docs/notes/2026-11-28-point-replay-all.md), but full
+    checkpointing outside FSDP1, which the checkpointing planner estimates at up to ~200 `--ckpt-every` K of one plan
+    (each K its own stream: a replay per K took its search 0.19 → 2.0 s on llama-3.3-70b ZeRO-3, minutes on the
+    4,096-layer benchmark model) and which keeps the flat allowance."""
+    if not request_stream.replays(spec, plan):
+        return False
+    return plan.engine is Engine.FSDP1 or plan.grad_ckpt is not GradCkpt.FULL
 
 
 def point_bytes(spec: ModelSpec, plan: TrainingPlan, peak) -> int:

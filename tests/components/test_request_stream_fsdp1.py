@@ -40,6 +40,11 @@ def _emptied(events, marks) -> int:
     return alloc.peak_reserved
 
 
+def _columns(events: list) -> tuple:
+    """Events (key, bytes, stream) as the columns a layout's stream is kept in (`Requests.columns`)."""
+    return tuple(tuple(c) for c in zip(*events, strict=True))
+
+
 @pytest.mark.parametrize("plan", [{}, {"gpus": 4, "zero": 1}, {"gpus": 8, "zero": 3}, {"gpus": 2, "tp": 2},
                                   FSDP1, {**FSDP1, "precision": "bf16", "grad_ckpt": "full"}])
 def test_the_point_prefix_leaves_what_empty_cache_leaves(plan):
@@ -49,7 +54,8 @@ def test_the_point_prefix_leaves_what_empty_cache_leaves(plan):
     p = TrainingPlan(**(MIXED | plan))
     spec = _spec("qwen2.5-0.5b", p)
     req = rs.program_requests(spec, p)
-    assert peak_reserved(list(without_build(req.events, req.marks))) == _emptied(req.events, req.marks)
+    point = without_build(_columns(req.events), dict(req.marks)["forward 1"])
+    assert peak_reserved(list(zip(*point, strict=True))) == _emptied(req.events, req.marks)
     assert point_reserved_bytes(spec, p) == _emptied(req.events, req.marks)
 
 
@@ -68,7 +74,8 @@ def test_the_point_prefix_on_random_streams(seed):
         size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 10 << 20), rng.randint(10 << 20, 80 << 20)])
         events.append((n, size, rng.choice([0, 0, 1])))
         live.append(n)
-    assert peak_reserved(list(without_build(events, marks))) == _emptied(events, marks)
+    point = without_build(_columns(events), dict(marks)["forward 1"])
+    assert peak_reserved(list(zip(*point, strict=True))) == _emptied(events, marks)
 
 
 def test_fsdp1_streams_follow_its_program():
