@@ -290,9 +290,6 @@ def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:
     megatron = spec.model_type in FAMILIES and FAMILIES[spec.model_type].tp_plan and not is_lora(plan)
     if plan.tp == 1 or megatron or not spec.supports_tp:  # LoRA + TP: transformers' plan (`runtime.lora_tp`)
         return spec
-    from llmem.derive.tp import hand_moe_refusal, tp_spec
+    from llmem.derive.tp import tp_spec
 
-    refusal = hand_moe_refusal(spec, plan)
-    if refusal is not None:
-        raise refusal
     return tp_spec(spec, plan.tp)
