@@ -76,8 +76,6 @@ class Family:
     layer_params: Callable[[Config, ModelSpec, int], list]
     outer_params: Callable[[Config, ModelSpec], list]
     tp_plan: bool = False  # separate q/k/v/o and gate/up/down Linear layers: the Megatron plan of DESIGN.md applies
-    config_tp_plan: bool = False  # without `tp_plan`: the transformers 5.23 configuration class carries a non-empty
-    #   `base_model_tp_plan` (a class attribute; tests/test_families_traits.py reads it): `ModelSpec.supports_tp`
     norm: str = "rms"  # "rms" (RMSNorm) or "layer" (nn.LayerNorm)
     kv_heads: Callable[[Config, int, int], int] | None = None  # (config, heads, configured kv) -> kv heads in use
     extra: tuple[str, ...] = ()  # further config keys kept in ModelSpec.options for the activation model

@@ -127,18 +127,21 @@ class ModelSpec:
     @cached_property
     def supports_tp(self) -> bool:
         """A TP program exists: a hand-written unfused family's Megatron plan (`Family.tp_plan`), or the plan the
-        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`): for a hand-written
-        family its configuration class's (`Family.config_tp_plan`), else read by building that class (importing
-        transformers: seconds in a fresh process, then ~1 ms). Kept on the spec."""
+        model's config carries (`base_model_tp_plan`, applied by transformers: `llmem.derive.tp`): the configuration
+        class's as `llmem.tp_plans` lists it (generated from transformers by scripts/gen_tp_plans.py: no import of
+        transformers, which takes seconds in a fresh process), else read by building that class (a config that
+        spells its own plan, or a model type the table does not list). Kept on the spec."""
         from llmem.families import FAMILIES
+        from llmem.tp_plans import has_tp_plan
 
         if self.model_type in FAMILIES and self.family.tp_plan:
             return True
         config = getattr(self, "source_config", None) or getattr(self.derived, "config", None)
         if not config:
             return False
-        if self.model_type in FAMILIES and "base_model_tp_plan" not in config:  # the class's plan: no transformers
-            return self.family.config_tp_plan  # import (seconds in a fresh process)
+        listed = has_tp_plan(self.model_type)
+        if listed is not None and "base_model_tp_plan" not in config:
+            return listed
         from llmem.runtime.parallel import config_tp_plan
 
         return bool(config_tp_plan(config))
@@ -287,9 +290,6 @@ def hf_tp_spec(spec: ModelSpec, plan) -> ModelSpec:
     megatron = spec.model_type in FAMILIES and FAMILIES[spec.model_type].tp_plan and not is_lora(plan)
     if plan.tp == 1 or megatron or not spec.supports_tp:  # LoRA + TP: transformers' plan (`runtime.lora_tp`)
         return spec
-    from llmem.derive.tp import hand_moe_refusal, tp_spec
+    from llmem.derive.tp import tp_spec
 
-    refusal = hand_moe_refusal(spec, plan)
-    if refusal is not None:
-        raise refusal
     return tp_spec(spec, plan.tp)

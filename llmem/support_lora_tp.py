@@ -6,8 +6,7 @@ then peft 0.21.2 `get_peft_model`). PEFT's TP adapters run on column-parallel ta
 rest is a gap: not modelled or measured yet. A target whose style in the model's own plan is not "colwise" is
 refused or named by the estimate (`llmem.derive.tp.lora_target_refusal`), which knows the model; on a mixture of
 experts (mixtral, qwen2_moe, qwen3_moe: docs/MODEL-LORA-TP.md) the router and fused experts adapted under TP are a
-gap named by `llmem.derive.lora.moe_refusal`, full fine-tuning of mixtral and qwen2_moe under TP by
-`llmem.derive.tp.hand_moe_refusal`."""
+gap named by `llmem.derive.lora.moe_refusal`."""
 
 from __future__ import annotations
 

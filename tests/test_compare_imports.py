@@ -1,6 +1,6 @@
 """A first strategy table of a hand-written family imports neither transformers nor torch (seconds in a fresh
-process): whether the model has a TP plan is the family's trait (`Family.tp_plan`, `Family.config_tp_plan`), not its
-transformers configuration class built (docs/notes/2026-11-28-cold-compare.md)."""
+process): whether the model has a TP plan is the family's trait (`Family.tp_plan`) or the generated table
+`llmem.tp_plans`, not its transformers configuration class built (docs/notes/2026-11-28-cold-compare.md)."""
 
 import os
 import subprocess

@@ -252,24 +252,3 @@ def test_returned_probabilities_dtype_matches_a_real_forward(model_type):
     tells which `Family.returned_probs_dtype` is."""
     (probs,), _ = _returned_probabilities(model_type, autocast=True)
     assert FAMILIES[model_type].returned_probs_dtype == ("compute" if probs.dtype == torch.bfloat16 else "residual")
-
-
-@pytest.mark.parametrize("model_type", [t for t, f in FAMILIES.items() if not f.tp_plan])
-def test_config_tp_plan_is_the_config_class_plan(model_type):
-    """`Family.config_tp_plan` (what `ModelSpec.supports_tp` reads without importing transformers for a family
-    without a hand-written plan) is whether the configuration class carries a non-empty `base_model_tp_plan`, as
-    `runtime.parallel.config_tp_plan` reads it."""
-    from llmem.runtime.parallel import config_tp_plan
-
-    assert FAMILIES[model_type].config_tp_plan == bool(config_tp_plan({"model_type": model_type}))
-
-
-def test_supports_tp_reads_the_trait_as_the_config_class_would():
-    """Every preset of a hand-written family: the trait's answer is the configuration class's for that config."""
-    from llmem.presets import load_preset, preset_names
-    from llmem.runtime.parallel import config_tp_plan
-
-    for name in preset_names():
-        config = load_preset(name)
-        if config.get("model_type") in FAMILIES and not FAMILIES[config["model_type"]].tp_plan:
-            assert ModelSpec.from_config(config).supports_tp == bool(config_tp_plan(config)), name

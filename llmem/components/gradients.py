@@ -111,6 +111,15 @@ def offloaded_embedding_transient_bytes(spec: ModelSpec, plan: TrainingPlan) -> 
     return local_numel(spec.outer_params[0], plan) * plan.precision.param_bytes
 
 
+def traced_experts(spec: ModelSpec, plan: TrainingPlan) -> bool:
+    """Full fine-tuning of a hand-written grouped-experts family under TP (`llmem.derive.tp`: mixtral's and
+    qwen2_moe's TP spec is traced, `experts.TP_TRACED_MOE`): its layer backward is the traced window of TP rank 0,
+    as a derived MoE's, not `moe_layer_backward_moments` (whole experts: transformers' plan splits their width,
+    `packed_colwise` gate_up_proj and `rowwise` down_proj, transformers 5.23 `distributed/tensor_parallel.py:473-550`,
+    so rank 0 makes a 1/tp share of the intermediate gradients and expert weight gradients)."""
+    return spec.derived is not None and plan.tp > 1 and not lora.is_lora(plan)
+
+
 @per_spec()
 def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
                                     adapter_bytes: int | None = None) -> int:
@@ -121,8 +130,8 @@ def layer_backward_peak_extra_bytes(spec: ModelSpec, plan: TrainingPlan,
     two intermediate-sized activation gradients (d silu(gate)*up and d up; one for the gelu MLPs,
     `Family.mlp_activation`), before the MLP's saved tensors are freed, plus the gradient of the layer output
     (tokens × h), which the residual add hands to the attention branch later."""
-    if spec.is_moe and spec.family.grouped_experts:  # LoRA: the MoE block frozen (`lora_moe`) or adapted
-        from llmem.components import lora_experts as adapted
+    if spec.is_moe and spec.family.grouped_experts and not traced_experts(spec, plan):  # LoRA: the MoE block
+        from llmem.components import lora_experts as adapted  # frozen (`lora_moe`) or adapted
         if adapted.adapts_experts(spec, plan):
             return max(adapted.backward_moments(spec, plan).values())
         return (lora_moe.frozen_moe_backward_peak_extra_bytes if lora.is_lora(plan)
@@ -168,7 +177,7 @@ def layer_backward_held_gradient_bytes(spec: ModelSpec, plan: TrainingPlan) -> i
     every `.grad` — the layer's weight gradients AccumulateGrad has already taken there. Grouped-experts MoE: per
     moment (`moe_held_gradient_bytes`); traced layers: their window with each weight gradient added in place. Dense
     tables: 0 (their moment counts only the last Linear's weight gradient, not yet taken)."""
-    if spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan):
+    if spec.is_moe and spec.family.grouped_experts and not lora.is_lora(plan) and not traced_experts(spec, plan):
         return moe_layer_backward_peak_extra_bytes(spec, plan) - moe_layer_backward_peak_extra_bytes(spec, plan, True)
     if spec.derived is not None:  # traced: the window with each weight gradient added in place (`llmem.derive`)
         return (spec.derived.backward_extra_bytes(spec, plan)

@@ -79,24 +79,12 @@ def _tp_spec(spec: ModelSpec, config: dict) -> ModelSpec:
     by_name = styles(config)
     params = tuple(dataclasses.replace(p, tp_split=split(by_name.get(p.name), len(p.shape)))
                    for p in base.params)
-    return dataclasses.replace(base, params=params)
-
-
-def hand_moe_refusal(spec: ModelSpec, plan):
-    """Full fine-tuning under TP of the hand-written MoE families traced as derived ones (`experts.TP_TRACED_MOE`)
-    stays a gap: LoRA on their column-parallel attention Linears is measured (tests/derive/test_tp_moe_lora.py), full
-    fine-tuning only partly: qwen2_moe's traced walk lacks 262,144 B (T · h · 4 at 1 × 256, h = 256) that its
-    hand-written walk counts at the last layer's backward (-1.69 % under TP 2), mixtral checkpointed at 2 × 64 reads
-    +1.18 % (notes/2026-11-28-tp-moe-lora.md)."""
-    from llmem.components.lora import is_lora
-    from llmem.derive.experts import TP_TRACED_MOE
-    from llmem.errors import GAP, InputError
-
-    if plan.tp > 1 and not is_lora(plan) and spec.model_type in TP_TRACED_MOE:
-        return InputError("tp", f"full fine-tuning of {spec.model_type} under TP runs transformers' plan, whose "
-                          "traced walk is not within 1 % of the measured peak on every shape yet; use --tp 1, or "
-                          "--method lora with column-parallel targets (e.g. q_proj,k_proj,v_proj)", GAP)
-    return None
+    # a hand-written family keeps its own expert widths, which the meta inventory does not carry (`_SIZES`) and its
+    # MoE moments read (`components.moe_backward`: qwen2_moe's moe_intermediate_size, its shared expert's width)
+    widths = {} if spec.derived is not None else {
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "shared_expert_intermediate_size": spec.shared_expert_intermediate_size}
+    return dataclasses.replace(base, params=params, **widths)
 
 
 def wrap_tp(model, tp: int, lora: bool = False):

@@ -91,16 +91,3 @@ TWO = TwoRankRows(BASE, ROWS, _config)
 def test_moe_lora_tp_two_ranks_within_one_percent(name):
     """The estimate against `measure` on 2 gloo ranks (max over ranks), 1 %; a peak read high is re-read."""
     TWO.check(name, 0.01)
-
-
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
-def test_full_fine_tuning_under_tp_stays_a_gap(family):
-    """Full fine-tuning of the hand-written MoE families under TP is not lifted (`llmem.derive.tp.hand_moe_refusal`:
-    qwen2_moe's traced walk -1.69 %, mixtral checkpointed +1.18 %): one line naming tp."""
-    from llmem.errors import GAP, InputError
-    from llmem.estimate import estimate
-    from llmem.spec import ModelSpec
-
-    with pytest.raises(InputError) as err:
-        estimate(ModelSpec.from_config(CONFIGS[family]), _plan(method="full"))
-    assert err.value.field == "tp" and err.value.kind == GAP and "\n" not in str(err.value)
