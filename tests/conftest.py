@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # With PYTHONDONTWRITEBYTECODE set (as in this project's Dockerfile) every process of the run — each xdist
@@ -8,7 +9,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (`__pycache__/`, git-ignored; an up-to-date file is left alone, a changed source recompiled on import).
 if sys.dont_write_bytecode:
     import compileall
-    from pathlib import Path
 
     _ROOT = Path(__file__).resolve().parents[1]
     compileall.compile_dir(_ROOT / "llmem", quiet=2)
@@ -22,6 +22,10 @@ if "LLMEM_CACHE_DIR" not in os.environ:
 
     os.environ["LLMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="llmem-derive-")
     atexit.register(shutil.rmtree, os.environ["LLMEM_CACHE_DIR"], ignore_errors=True)
+    if os.environ.get("LLMEM_TEST_SEEDS", "1") != "0":  # the suite's traced tables, if the package is unchanged
+        from tests.seeds import seed
+
+        seed(Path(os.environ["LLMEM_CACHE_DIR"]))
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
