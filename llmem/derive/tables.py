@@ -36,6 +36,7 @@ from llmem.quiet import quiet_libraries
 from llmem.spec import ModelSpec
 
 MOE_KEYS = experts.EXPERT_KEYS
+CHECKPOINTED = "checkpointed"  # a key's last field: full fine-tuning with --grad-ckpt full (`Derived.key`)
 _KIND_PLACES = ("layer", "backward", "forward", "accumulating", "inflight", "recompute", "sdpa", "sdpa accumulating")
 
 
@@ -79,9 +80,9 @@ class Derived:
         return Family(self.model_type, {}, lambda *a: [], lambda *a: [], rope=rope)
 
     def key(self, plan: TrainingPlan) -> tuple:
-        """(dtype, autocast dtype, attention, sequence band, batch regime, kernels), then ("tp", degree) under TP, or
-        under LoRA the traced PEFT program's fields (`llmem.derive.lora.trace_key`). `kernels` is "cuda" when the
-        cuda profile runs a dropout (the model's or LoRA's): CUDA's dropout kernels save other tensors than CPU's."""
+        """(dtype, autocast dtype, attention, sequence band, batch regime, kernels), ("tp", degree) under TP, under
+        LoRA the traced PEFT program's fields (`llmem.derive.lora.trace_key`), else CHECKPOINTED with --grad-ckpt full.
+        `kernels`: "cuda" when the cuda profile runs a dropout: CUDA's dropout kernels save other tensors."""
         from llmem.components.lora import is_lora
         from llmem.plan import Device
         from llmem.spec import attention_implementation
@@ -92,12 +93,13 @@ class Derived:
         base = (p.torch_dtype_name, p.compute_dtype_name if p.is_mixed else "",
                 attention_implementation(self.model_type, plan.attn),
                 band(self.config, plan.seq_len), regime(plan.batch_size), "cuda" if cuda else "")
+        ckpt = (CHECKPOINTED,) if plan.grad_ckpt is GradCkpt.FULL and not lora else ()  # (`trace`'s checkpointed)
         if plan.tp > 1:  # traced on TP rank 0 under the fake process group (`llmem.derive.tp`); LoRA after TP
             from llmem.derive.lora import trace_key
 
-            return (*base, ("tp", plan.tp), *((trace_key(plan),) if lora else ()))
+            return (*base, ("tp", plan.tp), *((trace_key(plan),) if lora else ()), *ckpt)
         if not lora:
-            return base
+            return (*base, *ckpt)
         from llmem.derive.lora import trace_key
 
         return (*base, (*trace_key(plan), "half adapters") if self.half_adapters else trace_key(plan))
@@ -128,14 +130,15 @@ class Derived:
 
     def _trace_and_fit(self, k: tuple) -> dict:
         from llmem.derive.tp import fake_group
-        (dtype, mixed, attn, offset, kind, kernels), rest = k[:6], k[6:]
+        ckpt = k[-1] == CHECKPOINTED
+        (dtype, mixed, attn, offset, kind, kernels), rest = k[:6], k[6:len(k) - ckpt]
         tp = rest[0][1] if rest and rest[0][:1] == ("tp",) else 1
         lora = rest[0] if rest and tp == 1 else (rest[1] if len(rest) > 1 else None)
         config, mapping = self._shallower()
         with fake_group(tp):
             built = self._build(config, dtype, attn, lora, tp=tp)
             experts.check_grouped(built[1], self.model_type)
-            fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda")
+            fits = self._fit(built, kind, mixed or None, offset, kernels == "cuda", ckpt)
             paths = [] if mapping is None else _layer_paths(built)
         from llmem.derive.lora import checkpointed_windows, is_checkpointed
 
@@ -201,21 +204,22 @@ class Derived:
             built = depth.layer_modules(meta_spec(prefix).params, d)
         return (prefix, mapping) if built == modules[:d] else (self.config, None)
 
-    def _traces(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> tuple[list, list]:
-        """The traces at regime `kind`'s fit points and check points."""
+    def _traces(self, built, kind: str, mixed: str | None, offset: int, cuda: bool, ckpt: bool = False) \
+            -> tuple[list, list]:
+        """The traces at regime `kind`'s fit points and check points (`ckpt`: `trace`'s `checkpointed`)."""
         from llmem.derive.trace import trace
 
         points, check_points, _ = shifted(kind, offset)
         try:
-            return ([trace(built, b, s, mixed, cuda) for b, s in points],
-                    [trace(built, b, s, mixed, cuda) for b, s in check_points])
+            return ([trace(built, b, s, mixed, cuda, ckpt) for b, s in points],
+                    [trace(built, b, s, mixed, cuda, ckpt) for b, s in check_points])
         except Exception as e:  # noqa: BLE001 - a config transformers builds but cannot run (mismatched sizes)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise InputError("model_type", f"{self.model_type!r}: transformers builds this config but its forward "
                              f"fails ({first}); check the sizes (heads, key/value heads, head_dim)") from None
 
-    def _fit(self, built, kind: str, mixed: str | None, offset: int, cuda: bool) -> dict:
-        traces, checks = self._traces(built, kind, mixed, offset, cuda)
+    def _fit(self, built, kind: str, mixed: str | None, offset: int, cuda: bool, ckpt: bool = False) -> dict:
+        traces, checks = self._traces(built, kind, mixed, offset, cuda, ckpt)
         places = ("outer", "final", "head", "held", "locals")
         fits = {place: fit_sequence(place, [getattr(t, place) for t in traces], [getattr(t, place) for t in checks],
                                     kind, offset) for place in places}
@@ -300,7 +304,8 @@ class Derived:
         before it), as traced: the gradient of its output, its weight gradients and the transient activation
         gradients, less the saved tensors (and autocast weight copies) its nodes have released by then. A
         checkpointed layer's backward runs after its recompute restored the same saved tensors (the walk holds
-        them, `activations.recompute_bytes`), so the same window applies; its recompute is a moment of its own
+        them, `activations.recompute_bytes`), each freed when the node unpacking it returns: the window traced so
+        (`Derived.key`'s CHECKPOINTED, `trace_live.unpacked`); its recompute is a moment of its own
         (`recompute_extra_bytes`). Traced LoRA with `--grad-ckpt full`: the window of the checkpointed program,
         recompute included (`llmem.derive.lora.checkpointed_extra_bytes`)."""
         if "checkpointed backward" in self.fitted(plan):

@@ -51,7 +51,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from llmem.derive import int8
-from llmem.derive.trace_live import first_forward_window, grad_excess, kept_returned, note_returned, unsaved_locals
+from llmem.derive.trace_live import (
+    Packed,
+    first_forward_window,
+    grad_excess,
+    kept_returned,
+    note_returned,
+    unpacked,
+    unsaved_locals,
+)
 from llmem.derive.windows import _window, at_event, inflight_window
 
 PRE, POST, HEAD = "pre", "post", "head"
@@ -168,10 +176,12 @@ def build(config: dict, dtype_name: str, attn: str, lora=None, checkpointed: boo
 
 
 class _Recorder:
-    """The module hooks and the pack hook of one trace."""
+    """The module hooks and the pack hook of one trace. `checkpointed`: backward unpacks as a checkpointed layer's
+    (`trace_live.unpacked`): the layer backward's windows of a checkpointed layer after its recompute."""
 
-    def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype):
+    def __init__(self, model, layers, head, params: set[int], tracker, autocast_dtype, checkpointed: bool = False):
         self.params, self.tracker, self.alloc = params, tracker, _Allocations(params, autocast_dtype)
+        self.checkpointed = checkpointed
         self.alloc.events, self.place, self.stack, self.keep = tracker.events, PRE, [], []
         self.lora = hasattr(model, "peft_config")  # a PEFT model
         self.places: dict[int, list] = {}  # storage -> [[(place, weak ref to its _Packed)], name, bytes, weak ref]
@@ -252,7 +262,7 @@ class _Recorder:
             entry = self.places[key] = [[], "", st.nbytes(), weakref.ref(st)]
         if isinstance(self.place, int):  # a recompute stops here (`torch.utils.checkpoint`'s early stop)
             self.forwards[self.place][1:] = [len(self.tracker.events)]
-        packed = _Packed(t)
+        packed = Packed(t)
         entry[0].append((self.place, weakref.ref(packed)))
         if not entry[1]:
             entry[1] = f"{self.stack[-1] if self.stack else 'model'}: {self.alloc.origin.get(key, 'input')} {t.dtype}"
@@ -262,27 +272,12 @@ class _Recorder:
     def unpack(self, packed):
         if not self.alloc.forward:
             self.unpacks.append(len(self.tracker.events))
-        return _unpack(packed)
+        return unpacked(packed, self.checkpointed and not self.alloc.forward)
 
 
-class _Packed:
-    """What the pack hook hands autograd: the saved tensor, referenced by its node alone, so a weak reference tells
-    whether the node still exists at the end of the forward. A node no output reaches is freed then, with what it
-    saved (DeepSeek-V3's group-limited routing: the group top-k's indices only feed a mask); not counted."""
-
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t
-
-
-def _unpack(packed):
-    return packed.t if isinstance(packed, _Packed) else packed
-
-
-def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = False) -> Trace:
+def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = False, ckpt: bool = False) -> Trace:
     """One forward and backward at (batch, seq) of a model from `build`; `mixed_dtype`: under `torch.autocast`;
-    `cuda`: CUDA's branches where CPU code differs in memory (dropout, `simulate.patches.cuda_kernel_choices`)."""
+    `cuda`: CUDA's branches (dropout, `simulate.patches.cuda_kernel_choices`); `ckpt`: `_Recorder.checkpointed`."""
     import transformers.masking_utils as masking
 
     from llmem.derive.quant import default_gemm_4bit
@@ -297,7 +292,7 @@ def trace(built, batch: int, seq: int, mixed_dtype: str | None, cuda: bool = Fal
     tracker.stand_ins = stand_ins()  # e.g. grouped MoE experts' `aten._grouped_mm`, whose meta wants bf16
     for t in (*model.parameters(), *model.buffers()):  # made before the tracker: known, never allocations (a
         tracker.outside_allocator(_local(t).untyped_storage())  # weight first viewed in backward, `_grouped_mm`)
-    rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None)
+    rec = _Recorder(model, layers, head, params, tracker, getattr(torch, mixed_dtype) if mixed_dtype else None, ckpt)
     autocast = torch.autocast("cpu", dtype=getattr(torch, mixed_dtype)) if mixed_dtype else contextlib.nullcontext()
     kernels = cuda_kernel_choices(TrainingPlan(device="cuda" if cuda else "cpu"))
     try:

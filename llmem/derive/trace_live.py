@@ -4,6 +4,33 @@ unsaved locals at the last layer's start, and the gradients' excess over their p
 from __future__ import annotations
 
 
+class Packed:
+    """What the trace's pack hook hands autograd: the saved tensor, referenced by its node alone, so a weak reference
+    tells whether the node still exists at the end of the forward. A node no output reaches is freed then, with what
+    it saved (DeepSeek-V3's group-limited routing: the group top-k's indices only feed a mask); not counted."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+def unpacked(packed, checkpointed: bool = False):
+    """The saved tensor. `checkpointed`: handed over as a checkpointed layer's recomputed tensor is — torch 2.13
+    `utils/checkpoint.py:1205-1207` (`_checkpoint_hook.unpack_hook`) drops its handle, so the node's locals alone
+    hold it and it is freed when the node returns, before the engine's `validate_outputs` casts the node's outputs
+    (torch/csrc/autograd/engine.cpp `call_function`; the saved variables of a node not checkpointed go later, in
+    `release_variables`). DeepSeek-V3 in bf16: `proj_out * weights` (fp32 routing weights), whose gradient for the
+    bf16 `proj_out` is cast from fp32; the plain window held `proj_out` beside the cast, +32,752 B on the
+    checkpointed layer's backward (docs/notes/2026-11-28-deepseek-v3-ckpt-bf16.md)."""
+    if not isinstance(packed, Packed):
+        return packed
+    t = packed.t
+    if checkpointed:
+        packed.t = None
+    return t
+
+
 def _local(t):
     """The local tensor of a DTensor (TP's parameters and activations), else the tensor."""
     return getattr(t, "_local_tensor", t)
