@@ -41,8 +41,14 @@ def _versions() -> tuple[str, ...]:
     return tuple(versions)
 
 
+NAMES = ("_name_or_path", "name_or_path")  # what a config is called, not what it builds: left out of the file name
+
+
 def _path(config: dict, key: tuple) -> Path:
-    text = json.dumps([FORMAT, list(_versions()), list(key), config], sort_keys=True, default=str)
+    """The file of `key` for `config`: named by a digest of the format, the library versions, the key and the config
+    less its name (`NAMES`: the CLI names a preset's config, the app's source does not; one architecture, one file)."""
+    named = {k: v for k, v in config.items() if k not in NAMES} if isinstance(config, dict) else config
+    text = json.dumps([FORMAT, list(_versions()), list(key), named], sort_keys=True, default=str)
     return _directory() / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
