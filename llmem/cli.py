@@ -147,9 +147,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cols.append("host_node_gib")
     print(frame[cols + ["recommended"]].to_string(index=False))
     print(f"\nrecommended: {result.reason}")
-    from llmem.notes import plan_notes
+    from llmem.notes import table_notes
 
-    for note in dict.fromkeys(n for r in result.rows for n in plan_notes(spec, r.plan)):
+    for note in table_notes(spec, [r.plan for r in result.rows]):
         print(f"note: {note}")
     if args.csv:
         print(f"table written to {args.csv}")

@@ -97,3 +97,14 @@ def plan_notes(spec: ModelSpec, plan: TrainingPlan) -> tuple[str, ...]:
     notes = (fsdp_padding_note(spec, plan), moe_routing_note(spec, plan), qlora_experts_note(spec, plan),
              reserved_order_note(spec, plan))
     return tuple(n for n in notes if n)
+
+
+def table_notes(spec: ModelSpec, plans) -> tuple[str, ...]:
+    """The notes of a strategy table, each once: FSDP2's padding note only for the strategy with the most
+    data-parallel GPUs (its TP × FSDP2 rows pad the same tensors over fewer), the others as the rows give them."""
+    plans = list(plans)
+    padded = [p for p in plans if fsdp_padding_note(spec, p)]
+    notes = [fsdp_padding_note(spec, max(padded, key=lambda p: p.dp))] if padded else []
+    for p in plans:
+        notes += [moe_routing_note(spec, p), qlora_experts_note(spec, p), reserved_order_note(spec, p)]
+    return tuple(dict.fromkeys(n for n in notes if n))
