@@ -17,7 +17,7 @@ from llmem.gpus import get_gpu
 from llmem.plan import TrainingPlan
 from llmem.presets import load_preset
 from llmem.spec import ModelSpec
-spec = ModelSpec.from_config(load_preset(sys.argv[1]))
+spec = ModelSpec.from_config({"_name_or_path": sys.argv[1], **load_preset(sys.argv[1])})  # as llmem/cli.py names it
 for n in (1, 2, 8):
     [r.to_dict() for r in compare(spec, TrainingPlan(gpus=n), get_gpu("h100-80gb").memory_bytes).rows]
 print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
