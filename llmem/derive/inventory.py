@@ -61,7 +61,9 @@ def inventory(config: dict, also: tuple = ()) -> ModelSpec:
         cached = cache.store(config, ("inventory",), {
             "sizes": {k: getattr(spec, k) for k in _SIZES} | moe,
             "params": [[p.name, list(p.shape), p.layer] for p in spec.params]})
-    spec = ModelSpec(**cached["sizes"])
+    # the name is this config's (as `meta.meta_spec` names it), not that of the config the cached file was counted for
+    name = str(config.get("_name_or_path") or cached["sizes"]["model_type"])
+    spec = ModelSpec(**(cached["sizes"] | {"name": name}))
     params = tuple(ParamTensor(n, tuple(shape), layer) for n, shape, layer in cached["params"])
     object.__setattr__(spec, "params", params)
     return spec

@@ -101,3 +101,17 @@ def test_every_shipped_preset_s_workload_traces_again_to_the_shipped_files_and_t
                                      text=True, timeout=3600)
             outputs.append((out.returncode, out.stdout))
         assert outputs[0] == outputs[1], name
+
+
+def test_a_configs_name_does_not_name_its_file_and_each_spec_keeps_its_own_name(tmp_path, monkeypatch):
+    """One architecture, one file (`cache.NAMES` left out of the name: the CLI names a preset's config, the app's
+    source does not), and the spec read from it carries the asking config's name, not the one it was counted for."""
+    from llmem.derive import cache
+    from llmem.sources import resolve_model
+    from llmem.spec import modelled_spec
+
+    monkeypatch.setenv("LLMEM_CACHE_DIR", str(tmp_path))
+    config = resolve_model("deepseek-v2-lite").config
+    named = {"_name_or_path": "my-finetune", **config}
+    assert cache._path(config, ("inventory",)) == cache._path(named, ("inventory",))
+    assert modelled_spec(named).name == "my-finetune" and modelled_spec(config).name == config["model_type"]
